@@ -1,0 +1,112 @@
+"""Tessera's element types and their names in xDSL, torch and numpy."""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+import torch
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, IntegerType
+from xdsl.ir import Attribute
+
+from tessera.errors import TesseraError
+
+
+class DType(enum.Enum):
+    """An element type. The value is the MLIR spelling (``f32``, ``i1``...)."""
+
+    f32 = "f32"
+    f16 = "f16"
+    bf16 = "bf16"
+    i32 = "i32"
+    i64 = "i64"
+    i1 = "i1"
+
+    def __repr__(self) -> str:
+        return self.value
+
+    __str__ = __repr__
+
+    @property
+    def is_float(self) -> bool:
+        return self in (DType.f32, DType.f16, DType.bf16)
+
+    @property
+    def is_int(self) -> bool:
+        return self in (DType.i32, DType.i64)
+
+    @property
+    def itemsize(self) -> int:
+        return {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i64": 8, "i1": 1}[self.value]
+
+    def to_xdsl(self) -> Attribute:
+        return {
+            DType.f32: Float32Type(),
+            DType.f16: Float16Type(),
+            DType.bf16: BFloat16Type(),
+            DType.i32: IntegerType(32),
+            DType.i64: IntegerType(64),
+            DType.i1: IntegerType(1),
+        }[self]
+
+    def to_torch(self) -> torch.dtype:
+        return _TO_TORCH[self]
+
+
+_TO_TORCH = {
+    DType.f32: torch.float32,
+    DType.f16: torch.float16,
+    DType.bf16: torch.bfloat16,
+    DType.i32: torch.int32,
+    DType.i64: torch.int64,
+    DType.i1: torch.bool,
+}
+_FROM_TORCH = {v: k for k, v in _TO_TORCH.items()}
+_ALIASES = {
+    "float32": DType.f32, "float": DType.f32, "float16": DType.f16, "half": DType.f16,
+    "bfloat16": DType.bf16, "int32": DType.i32, "int64": DType.i64, "bool": DType.i1,
+}  # fmt: skip
+
+
+def dtype_from_xdsl(attr: Attribute) -> DType:
+    """The DType of an xDSL element type; raises TesseraError for unsupported ones."""
+    for dtype in DType:
+        if dtype.to_xdsl() == attr:
+            return dtype
+    raise TesseraError(f"unsupported element type {attr}; expected one of {list(DType)}")
+
+
+def as_dtype(value: object) -> DType:
+    """Converts a DType, its name, a torch dtype or a numpy dtype to a DType."""
+    if isinstance(value, DType):
+        return value
+    if isinstance(value, torch.dtype):
+        if value in _FROM_TORCH:
+            return _FROM_TORCH[value]
+    elif isinstance(value, str):
+        if value in DType.__members__:
+            return DType[value]
+        if value in _ALIASES:
+            return _ALIASES[value]
+    else:
+        try:
+            np_dtype = np.dtype(value)  # type: ignore[call-overload]
+        except TypeError:
+            np_dtype = None
+        if np_dtype is not None and np_dtype.name in _ALIASES:
+            return _ALIASES[np_dtype.name]
+        if np_dtype == np.float64:
+            return DType.f32
+    raise TesseraError(f"unsupported dtype {value!r}; expected one of {list(DType)}")
+
+
+_PROMOTION_ORDER = [DType.i1, DType.i32, DType.i64, DType.bf16, DType.f16, DType.f32]
+
+
+def promote(a: DType, b: DType) -> DType:
+    """The common dtype of two operands (torch's rules; f16 with bf16 gives f32)."""
+    if a == b:
+        return a
+    if {a, b} == {DType.f16, DType.bf16}:
+        return DType.f32
+    return max(a, b, key=_PROMOTION_ORDER.index)

@@ -1,0 +1,28 @@
+"""Errors Tessera raises for bad user programs, shardings and IR.
+
+Every error a user can trigger is a :class:`TesseraError`; subclasses say which stage
+found the problem. Messages name what was expected, what was found and, for traced
+programs, the user's source line.
+"""
+
+from __future__ import annotations
+
+
+class TesseraError(Exception):
+    """Base class of all errors reported to Tessera users."""
+
+
+class ShapeError(TesseraError):
+    """Operand shapes or dtypes do not fit an op (raised by the op's shape rule)."""
+
+
+class TraceError(TesseraError):
+    """A traced Python function did something Tessera cannot trace."""
+
+
+class ExecutionError(TesseraError):
+    """Arguments given to a compiled function do not match its signature."""
+
+
+class IRError(TesseraError):
+    """Textual IR could not be parsed or verified."""

@@ -1,0 +1,248 @@
+"""Tracing: running a Python function on abstract tensors to record graph ops.
+
+As in JAX, a :class:`Tensor` carries an abstract value (shape, dtype) and an SSA value;
+every operation on it binds a graph op through :func:`bind`, which asks the op's shape
+rule for the result type and appends the op to the function being traced. Shape errors
+are reported at the user's source line.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Region, SSAValue
+
+from tessera.dtypes import DType
+from tessera.errors import ShapeError, TesseraError, TraceError
+from tessera.ir import graph
+from tessera.ir.abstract import AbstractTensor
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def user_location() -> str:
+    """``file:line`` and source text of the innermost frame outside Tessera."""
+    for frame in reversed(traceback.extract_stack()):
+        if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIR + os.sep):
+            code = f": {frame.line.strip()}" if frame.line else ""
+            return f"{frame.filename}:{frame.lineno}{code}"
+    return "<unknown location>"
+
+
+class Trace:
+    """One function being traced: a block of graph ops under construction."""
+
+    def __init__(self, name: str, inputs: Sequence[AbstractTensor]):
+        self.name = name
+        self.block = Block(arg_types=[a.to_xdsl() for a in inputs])
+
+    def bind(self, op_type: type[graph.GraphOp], operands: Sequence[Tensor], **attrs: Any) -> list[Tensor]:
+        for operand in operands:
+            if operand.trace is not self:
+                raise TraceError(
+                    f"a tensor from another traced function was used in {op_type.name} "
+                    f"at {user_location()}"
+                )
+        try:
+            op = graph.build(op_type, [t.value for t in operands], **attrs)
+        except ShapeError as error:
+            shapes = ", ".join(str(t.aval) for t in operands)
+            raise ShapeError(
+                f"{op_type.name}: {error}\n  operands: {shapes or 'none'}\n  at {user_location()}"
+            ) from None
+        self.block.add_op(op)
+        return [Tensor(self, result) for result in op.results]
+
+    def finish(self, outputs: Sequence[Tensor]) -> ModuleOp:
+        """Closes the function with a return of ``outputs`` and wraps it in a module."""
+        self.block.add_op(func.ReturnOp(*[t.value for t in outputs]))
+        arg_types = [a.type for a in self.block.args]
+        function = func.FuncOp(
+            self.name,
+            (arg_types, [t.value.type for t in outputs]),
+            Region(self.block),
+        )
+        module = ModuleOp([function])
+        module.verify()
+        return module
+
+
+_active: list[Trace] = []
+
+
+@contextmanager
+def tracing(trace: Trace):
+    _active.append(trace)
+    try:
+        yield trace
+    finally:
+        _active.pop()
+
+
+def current_trace() -> Trace:
+    if not _active:
+        raise TraceError("tessera.op functions can only be called inside a @ts.jit function")
+    return _active[-1]
+
+
+class Tensor:
+    """A traced tensor: an abstract value standing for data known only at run time."""
+
+    __array_priority__ = 1000  # numpy scalars defer to our reflected operators
+
+    def __init__(self, trace: Trace, value: SSAValue):
+        self.trace = trace
+        self.value = value
+        self.aval = AbstractTensor.from_xdsl(value.type)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.aval.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.aval.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.aval.rank
+
+    @property
+    def size(self) -> int:
+        return self.aval.size
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.aval})"
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TraceError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __bool__(self) -> bool:
+        raise TraceError(
+            f"the truth value of a traced tensor {self.aval} is not known while tracing; "
+            f"use op.where instead of Python control flow, at {user_location()}"
+        )
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TraceError(
+            f"a traced tensor {self.aval} cannot be converted to a numpy array while "
+            f"tracing, at {user_location()}"
+        )
+
+    def __iter__(self) -> Any:
+        return (self[i] for i in range(len(self)))
+
+    # Operators delegate to tessera.op (imported lazily: op imports this module).
+    def __add__(self, other: Any) -> Tensor:
+        return _op().add(self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return _op().add(other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return _op().subtract(self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return _op().subtract(other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return _op().multiply(self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return _op().multiply(other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return _op().divide(self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return _op().divide(other, self)
+
+    def __pow__(self, other: Any) -> Tensor:
+        return _op().power(self, other)
+
+    def __rpow__(self, other: Any) -> Tensor:
+        return _op().power(other, self)
+
+    def __matmul__(self, other: Any) -> Tensor:
+        return _op().matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Tensor:
+        return _op().matmul(other, self)
+
+    def __neg__(self) -> Tensor:
+        return _op().negative(self)
+
+    def __pos__(self) -> Tensor:
+        return self
+
+    def __abs__(self) -> Tensor:
+        return _op().abs(self)
+
+    def __lt__(self, other: Any) -> Tensor:
+        return _op().less(self, other)
+
+    def __le__(self, other: Any) -> Tensor:
+        return _op().less_equal(self, other)
+
+    def __gt__(self, other: Any) -> Tensor:
+        return _op().greater(self, other)
+
+    def __ge__(self, other: Any) -> Tensor:
+        return _op().greater_equal(self, other)
+
+    def __eq__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return _op().equal(self, other)
+
+    def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return _op().not_equal(self, other)
+
+    __hash__ = object.__hash__
+
+    def __getitem__(self, index: Any) -> Tensor:
+        return _op().getitem(self, index)
+
+    @property
+    def T(self) -> Tensor:
+        return _op().transpose(self)
+
+    def reshape(self, *shape: Any) -> Tensor:
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return _op().reshape(self, shape)
+
+    def transpose(self, *axes: Any) -> Tensor:
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        return _op().transpose(self, axes or None)
+
+    def astype(self, dtype: Any) -> Tensor:
+        return _op().astype(self, dtype)
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return _op().sum(self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return _op().mean(self, axis=axis, keepdims=keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return _op().max(self, axis=axis, keepdims=keepdims)
+
+    def min(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return _op().min(self, axis=axis, keepdims=keepdims)
+
+
+def _op() -> Any:
+    from tessera import op
+
+    return op
+
+
+__all__ = ["Tensor", "Trace", "TesseraError", "current_trace", "tracing", "user_location"]

@@ -1,0 +1,112 @@
+"""Op properties as Python values, and their compact textual form.
+
+Graph ops keep their parameters (axes, eps, predicate...) as xDSL properties. Shape
+rules and kernels want plain Python values, and the custom syntax prints them without
+type noise: ``{axes = [1], keepdims = true, eps = 1.0e-05, approximate = tanh}``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from xdsl.dialects.builtin import (
+    BoolAttr,
+    DenseArrayBase,
+    FloatAttr,
+    IntegerAttr,
+    IntegerType,
+    StringAttr,
+    f64,
+    i64,
+)
+from xdsl.ir import Attribute
+from xdsl.parser import Parser
+from xdsl.printer import Printer
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")
+
+
+def to_attr(value: Any) -> Attribute:
+    """Python value -> property attribute (bool, int, float, str, int sequence)."""
+    if isinstance(value, Attribute):
+        return value
+    if isinstance(value, bool):
+        return BoolAttr.from_bool(value)
+    if isinstance(value, int):
+        return IntegerAttr(value, i64)
+    if isinstance(value, float):
+        return FloatAttr(value, f64)
+    if isinstance(value, str):
+        return StringAttr(value)
+    if isinstance(value, Sequence) and all(isinstance(v, int) for v in value):
+        return DenseArrayBase.from_list(i64, [int(v) for v in value])
+    raise TypeError(f"cannot store {value!r} as an op property")
+
+
+def to_python(attr: Attribute) -> Any:
+    """Property attribute -> Python value; other attributes are returned unchanged."""
+    if isinstance(attr, IntegerAttr):
+        if isinstance(attr.type, IntegerType) and attr.type.width.data == 1:
+            return attr.value.data != 0
+        return attr.value.data
+    if isinstance(attr, FloatAttr):
+        return attr.value.data
+    if isinstance(attr, StringAttr):
+        return attr.data
+    if isinstance(attr, DenseArrayBase):
+        return tuple(int(v) for v in attr.get_values())
+    return attr
+
+
+def _float_text(value: float) -> str:
+    text = repr(float(value))
+    if "e" in text and "." not in text.split("e")[0]:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}.0e{exponent}"
+    return text
+
+
+def print_value(printer: Printer, attr: Attribute) -> None:
+    """Prints a property in compact form (see the module docstring)."""
+    value = to_python(attr)
+    if isinstance(value, bool):
+        printer.print_string("true" if value else "false")
+    elif isinstance(value, int):
+        printer.print_string(str(value))
+    elif isinstance(value, float):
+        printer.print_string(_float_text(value))
+    elif isinstance(value, str):
+        if _IDENTIFIER.fullmatch(value) and value not in ("true", "false"):
+            printer.print_string(value)
+        else:
+            printer.print_string_literal(value)
+    elif isinstance(value, tuple):
+        printer.print_string("[" + ", ".join(str(v) for v in value) + "]")
+    else:
+        printer.print_attribute(attr)
+
+
+def parse_value(parser: Parser) -> Attribute:
+    """Parses a property printed by :func:`print_value`."""
+    if parser.parse_optional_punctuation("[") is not None:
+        if parser.parse_optional_punctuation("]") is not None:
+            return DenseArrayBase.from_list(i64, [])
+        values = parser.parse_comma_separated_list(
+            parser.Delimiter.NONE, lambda: parser.parse_integer(context_msg=" in an integer list")
+        )
+        parser.parse_punctuation("]")
+        return DenseArrayBase.from_list(i64, values)
+    boolean = parser.parse_optional_boolean()
+    if boolean is not None:
+        return BoolAttr.from_bool(boolean)
+    number = parser.parse_optional_number()
+    if number is not None:
+        return to_attr(number)
+    text = parser.parse_optional_str_literal()
+    if text is None:
+        text = parser.parse_optional_identifier()
+    if text is not None:
+        return StringAttr(text)
+    return parser.parse_attribute()

@@ -1,0 +1,266 @@
+"""Shape and dtype rules of the graph ops: the one place that says what an op yields.
+
+Each rule takes the operands' abstract values and the op's attributes as Python values
+and returns the result's abstract value (a tuple for ops with several results). A rule
+raises :class:`ShapeError` whose message says what was expected and what was found. The
+graph dialect's verifiers and the tracer both call these rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import prod
+
+from tessera.dtypes import DType
+from tessera.errors import ShapeError
+from tessera.ir.abstract import AbstractTensor
+
+REDUCTION_KINDS = ("mean", "sum", "none")
+COMPARE_PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge")
+GELU_APPROXIMATIONS = ("none", "tanh")
+
+
+def normalize_axis(axis: int, rank: int) -> int:
+    """Maps a possibly negative axis into ``range(rank)``."""
+    if not -rank <= axis < max(rank, 1):
+        raise ShapeError(f"axis {axis} is out of range for a tensor of rank {rank}")
+    return axis % max(rank, 1)
+
+
+def _check_axes(x: AbstractTensor, axes: Sequence[int], what: str = "axes") -> None:
+    for axis in axes:
+        if not 0 <= axis < x.rank:
+            raise ShapeError(
+                f"{what} must be in [0, {x.rank}) for operand {x}, found {list(axes)}"
+            )
+    if len(set(axes)) != len(axes):
+        raise ShapeError(f"{what} must be distinct, found {list(axes)}")
+
+
+def _require_float(x: AbstractTensor, role: str = "operand") -> None:
+    if not x.dtype.is_float:
+        raise ShapeError(f"expected a floating-point {role}, found {x}")
+
+
+def _require_same_dtype(*xs: AbstractTensor) -> DType:
+    dtypes = {x.dtype for x in xs}
+    if len(dtypes) != 1:
+        found = ", ".join(str(x) for x in xs)
+        raise ShapeError(f"expected operands of one element type, found {found}")
+    return xs[0].dtype
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """Numpy broadcasting of shapes; raises ShapeError naming the clashing dims."""
+    rank = max((len(s) for s in shapes), default=0)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    result = []
+    for dim, sizes in enumerate(zip(*padded, strict=True)):
+        non_one = {s for s in sizes if s != 1}
+        if len(non_one) > 1:
+            found = " and ".join(str(list(s)) for s in shapes)
+            raise ShapeError(
+                f"shapes {found} do not broadcast: dimension {dim} (aligned right) "
+                f"has sizes {sorted(non_one)}"
+            )
+        result.append(non_one.pop() if non_one else 1)
+    return tuple(result)
+
+
+# --- elementwise -------------------------------------------------------------------
+
+
+def unary(x: AbstractTensor) -> AbstractTensor:
+    """Same shape and dtype as the operand (neg, abs, relu)."""
+    return x
+
+
+def float_unary(x: AbstractTensor) -> AbstractTensor:
+    """Same shape and dtype; floating point only (exp, tanh, sigmoid...)."""
+    _require_float(x)
+    return x
+
+
+def gelu(x: AbstractTensor, approximate: str) -> AbstractTensor:
+    if approximate not in GELU_APPROXIMATIONS:
+        raise ShapeError(f"approximate must be one of {GELU_APPROXIMATIONS}, found {approximate!r}")
+    return float_unary(x)
+
+
+def binary(lhs: AbstractTensor, rhs: AbstractTensor) -> AbstractTensor:
+    """Broadcast shape of the operands; both have one dtype (add, mul, maximum...)."""
+    dtype = _require_same_dtype(lhs, rhs)
+    return AbstractTensor(broadcast_shapes(lhs.shape, rhs.shape), dtype)
+
+
+def float_binary(lhs: AbstractTensor, rhs: AbstractTensor) -> AbstractTensor:
+    """Like :func:`binary`, floating point only (div, pow)."""
+    result = binary(lhs, rhs)
+    _require_float(result, "operand pair")
+    return result
+
+
+def compare(lhs: AbstractTensor, rhs: AbstractTensor, predicate: str) -> AbstractTensor:
+    if predicate not in COMPARE_PREDICATES:
+        raise ShapeError(f"predicate must be one of {COMPARE_PREDICATES}, found {predicate!r}")
+    return binary(lhs, rhs).with_dtype(DType.i1)
+
+
+def select(cond: AbstractTensor, on_true: AbstractTensor, on_false: AbstractTensor) -> AbstractTensor:
+    if cond.dtype != DType.i1:
+        raise ShapeError(f"expected an i1 condition, found {cond}")
+    dtype = _require_same_dtype(on_true, on_false)
+    return AbstractTensor(broadcast_shapes(cond.shape, on_true.shape, on_false.shape), dtype)
+
+
+def cast(x: AbstractTensor, dtype: DType) -> AbstractTensor:
+    return x.with_dtype(dtype)
+
+
+# --- contractions --------------------------------------------------------------------
+
+
+def matmul(lhs: AbstractTensor, rhs: AbstractTensor) -> AbstractTensor:
+    """``[..., m, k] @ [..., k, n] -> [..., m, n]`` with broadcast batch dims."""
+    dtype = _require_same_dtype(lhs, rhs)
+    if lhs.rank < 2 or rhs.rank < 2:
+        raise ShapeError(f"expected operands of rank >= 2, found {lhs} and {rhs}")
+    if lhs.shape[-1] != rhs.shape[-2]:
+        raise ShapeError(
+            f"contraction dimension mismatch: lhs {lhs} has k = {lhs.shape[-1]}, "
+            f"rhs {rhs} has k = {rhs.shape[-2]}"
+        )
+    batch = broadcast_shapes(lhs.shape[:-2], rhs.shape[:-2])
+    return AbstractTensor((*batch, lhs.shape[-2], rhs.shape[-1]), dtype)
+
+
+# --- reductions and normalisations -----------------------------------------------------
+
+
+def reduce(x: AbstractTensor, axes: Sequence[int], keepdims: bool) -> AbstractTensor:
+    """sum / mean / max / min over ``axes``."""
+    _check_axes(x, axes)
+    if keepdims:
+        shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+    else:
+        shape = tuple(s for d, s in enumerate(x.shape) if d not in axes)
+    return x.with_shape(shape)
+
+
+def float_reduce(x: AbstractTensor, axes: Sequence[int], keepdims: bool) -> AbstractTensor:
+    """mean: a reduction that needs a floating-point operand."""
+    _require_float(x)
+    return reduce(x, axes, keepdims)
+
+
+def softmax(x: AbstractTensor, axis: int) -> AbstractTensor:
+    _require_float(x)
+    _check_axes(x, [axis], "axis")
+    return x
+
+
+def normalization(x: AbstractTensor, axes: Sequence[int], eps: float) -> AbstractTensor:
+    """layer_norm / rms_norm over ``axes``."""
+    _require_float(x)
+    _check_axes(x, axes)
+    if not axes:
+        raise ShapeError("expected at least one axis to normalize over, found none")
+    if eps < 0:
+        raise ShapeError(f"expected eps >= 0, found {eps}")
+    return x
+
+
+def cross_entropy(logits: AbstractTensor, labels: AbstractTensor, reduction: str) -> AbstractTensor:
+    """Logits ``[..., C]`` (classes last) and integer labels ``[...]``."""
+    _require_float(logits, "logits tensor")
+    if not labels.dtype.is_int:
+        raise ShapeError(f"expected integer labels, found {labels}")
+    if logits.rank < 1 or labels.shape != logits.shape[:-1]:
+        raise ShapeError(
+            f"expected labels of shape {list(logits.shape[:-1])} for logits {logits}, "
+            f"found {labels}"
+        )
+    if reduction not in REDUCTION_KINDS:
+        raise ShapeError(f"reduction must be one of {REDUCTION_KINDS}, found {reduction!r}")
+    return labels.with_dtype(logits.dtype) if reduction == "none" else logits.with_shape(())
+
+
+# --- layout ------------------------------------------------------------------------------
+
+
+def reshape(x: AbstractTensor, shape: Sequence[int]) -> AbstractTensor:
+    if any(s < 0 for s in shape) or prod(shape) != x.size:
+        raise ShapeError(
+            f"cannot reshape {x} ({x.size} elements) to shape {list(shape)} "
+            f"({prod(shape)} elements)"
+        )
+    return x.with_shape(tuple(shape))
+
+
+def transpose(x: AbstractTensor, perm: Sequence[int]) -> AbstractTensor:
+    if sorted(perm) != list(range(x.rank)):
+        raise ShapeError(f"expected a permutation of {list(range(x.rank))} for {x}, found {list(perm)}")
+    return x.with_shape(tuple(x.shape[p] for p in perm))
+
+
+def broadcast_to(x: AbstractTensor, shape: Sequence[int]) -> AbstractTensor:
+    shape = tuple(shape)
+    if len(shape) < x.rank or broadcast_shapes(x.shape, shape) != shape:
+        raise ShapeError(f"cannot broadcast {x} to shape {list(shape)}")
+    return x.with_shape(shape)
+
+
+def concat(*xs: AbstractTensor, axis: int) -> AbstractTensor:
+    if not xs:
+        raise ShapeError("expected at least one operand to concatenate, found none")
+    dtype = _require_same_dtype(*xs)
+    first = xs[0]
+    _check_axes(first, [axis], "axis")
+    for x in xs[1:]:
+        other = x.shape[:axis] + x.shape[axis + 1 :]
+        if x.rank != first.rank or other != first.shape[:axis] + first.shape[axis + 1 :]:
+            raise ShapeError(
+                f"operands must agree on every dimension but {axis}: {first} vs {x}"
+            )
+    size = sum(x.shape[axis] for x in xs)
+    return AbstractTensor(first.shape[:axis] + (size,) + first.shape[axis + 1 :], dtype)
+
+
+def split(x: AbstractTensor, axis: int, sizes: Sequence[int]) -> tuple[AbstractTensor, ...]:
+    _check_axes(x, [axis], "axis")
+    if any(s < 0 for s in sizes) or sum(sizes) != x.shape[axis]:
+        raise ShapeError(
+            f"split sizes {list(sizes)} must be non-negative and sum to dimension "
+            f"{axis} of {x} ({x.shape[axis]})"
+        )
+    return tuple(x.with_shape(x.shape[:axis] + (s,) + x.shape[axis + 1 :]) for s in sizes)
+
+
+def slice_(
+    x: AbstractTensor, starts: Sequence[int], limits: Sequence[int], strides: Sequence[int]
+) -> AbstractTensor:
+    """``x[starts:limits:strides]`` per dimension (static, positive strides)."""
+    if not len(starts) == len(limits) == len(strides) == x.rank:
+        raise ShapeError(
+            f"expected {x.rank} starts, limits and strides for {x}, found "
+            f"{len(starts)}, {len(limits)} and {len(strides)}"
+        )
+    shape = []
+    for dim, (start, limit, stride, size) in enumerate(
+        zip(starts, limits, strides, x.shape, strict=True)
+    ):
+        if stride < 1 or not 0 <= start <= limit <= size:
+            raise ShapeError(
+                f"dimension {dim} of {x}: expected 0 <= start <= limit <= {size} and "
+                f"stride >= 1, found start {start}, limit {limit}, stride {stride}"
+            )
+        shape.append(-(-(limit - start) // stride))
+    return x.with_shape(tuple(shape))
+
+
+def gather(x: AbstractTensor, indices: AbstractTensor, axis: int) -> AbstractTensor:
+    """``take(x, indices, axis)``: embedding lookup is ``gather(table, ids, 0)``."""
+    if not indices.dtype.is_int:
+        raise ShapeError(f"expected integer indices, found {indices}")
+    _check_axes(x, [axis], "axis")
+    return x.with_shape(x.shape[:axis] + indices.shape + x.shape[axis + 1 :])

@@ -1,0 +1,165 @@
+"""``ts.jit``: trace a Python function once per signature, then run the compiled program.
+
+The signature of a call is its pytree structure, the shape and dtype of every array
+leaf, and the value of every static leaf (Python scalars, strings, None and arguments
+named in ``static_argnums``). A second call with the same signature reuses the compiled
+program without retracing (``JitFunction.trace_count`` counts traces).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from xdsl.dialects.builtin import ModuleOp
+
+from tessera.backends.reference import run_function
+from tessera.dtypes import as_dtype
+from tessera.errors import ExecutionError, TesseraError, TraceError
+from tessera.frontend import pytree
+from tessera.frontend.tracer import Tensor, Trace, tracing
+from tessera.ir.abstract import AbstractTensor
+
+STAGES = ("graph",)
+
+
+def _is_array(leaf: Any) -> bool:
+    return isinstance(leaf, (torch.Tensor, np.ndarray))
+
+
+def _abstract(leaf: torch.Tensor | np.ndarray) -> AbstractTensor:
+    return AbstractTensor(tuple(int(d) for d in leaf.shape), as_dtype(leaf.dtype))
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a compiled program is specialised on."""
+
+    treedef: pytree.TreeDef
+    leaves: tuple[Any, ...]  # AbstractTensor for arrays, the value itself for static leaves
+
+
+class Lowered:
+    """A traced program for one signature (like ``jax.jit(f).lower(...)``)."""
+
+    def __init__(self, name: str, module: ModuleOp, signature: Signature, out_tree: pytree.TreeDef):
+        self.name = name
+        self.module = module
+        self.signature = signature
+        self.out_tree = out_tree
+
+    def as_text(self, stage: str = "graph") -> str:
+        """The IR at ``stage``: ``"graph"`` is the traced Graph IR."""
+        if stage not in STAGES:
+            raise TesseraError(f"unknown or not yet available stage {stage!r}; available: {STAGES}")
+        return str(self.module)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, _ = pytree.flatten((args, kwargs))
+        return self.run(leaves)
+
+    def run(self, leaves: Sequence[Any]) -> Any:
+        arrays = [leaf for leaf in leaves if _is_array(leaf)]
+        to_numpy = any(isinstance(a, np.ndarray) for a in arrays)
+        inputs = [_to_torch(a, aval) for a, aval in zip(arrays, self._input_avals(), strict=True)]
+        outputs = run_function(self.module, self.name, inputs)
+        results = [o.numpy() if to_numpy and o.dtype != torch.bfloat16 else o for o in outputs]
+        return pytree.unflatten(self.out_tree, results)
+
+    def _input_avals(self) -> list[AbstractTensor]:
+        return [leaf for leaf in self.signature.leaves if isinstance(leaf, AbstractTensor)]
+
+
+def _to_torch(array: torch.Tensor | np.ndarray, aval: AbstractTensor) -> torch.Tensor:
+    tensor = torch.from_numpy(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
+    return tensor.detach().to(device="cpu", dtype=aval.dtype.to_torch())
+
+
+class JitFunction:
+    """A function compiled by Tessera; call it like the original."""
+
+    def __init__(self, fn: Callable[..., Any], static_argnums: Sequence[int] = ()):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.static_argnums = tuple(static_argnums)
+        self.trace_count = 0
+        self._cache: dict[Signature, Lowered] = {}
+
+    def signature(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Signature:
+        marked = tuple(_Static(a) if i in self.static_argnums else a for i, a in enumerate(args))
+        leaves, treedef = pytree.flatten((marked, kwargs))
+        keys = []
+        for leaf in leaves:
+            if _is_array(leaf):
+                keys.append(_abstract(leaf))
+            else:
+                keys.append(leaf if isinstance(leaf, _Static) else _Static(leaf))
+        try:
+            hash(tuple(keys))
+        except TypeError as error:
+            raise TraceError(f"static arguments of {self.__name__} must be hashable: {error}") from None
+        return Signature(treedef, tuple(keys))
+
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        """Traces (or fetches from the cache) the program for these arguments."""
+        signature = self.signature(args, kwargs)
+        if signature not in self._cache:
+            self._cache[signature] = self._trace(signature)
+        return self._cache[signature]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        lowered = self.lower(*args, **kwargs)
+        leaves, _ = pytree.flatten((args, kwargs))
+        return lowered.run(leaves)
+
+    def _trace(self, signature: Signature) -> Lowered:
+        self.trace_count += 1
+        avals = [k for k in signature.leaves if isinstance(k, AbstractTensor)]
+        trace = Trace(getattr(self.fn, "__name__", "main"), avals)
+        arguments = iter(trace.block.args)
+        leaves = [
+            Tensor(trace, next(arguments)) if isinstance(k, AbstractTensor) else k.value
+            for k in signature.leaves
+        ]
+        args, kwargs = pytree.unflatten(signature.treedef, leaves)
+        with tracing(trace):
+            result = self.fn(*args, **kwargs)
+        out_leaves, out_tree = pytree.flatten(result)
+        for leaf in out_leaves:
+            if not isinstance(leaf, Tensor):
+                raise TraceError(
+                    f"{self.__name__} must return tensors (in tuples, lists or dicts), "
+                    f"found {type(leaf).__name__}: {leaf!r}"
+                )
+            if leaf.trace is not trace:
+                raise TraceError(f"{self.__name__} returned a tensor from another traced function")
+        return Lowered(trace.name, trace.finish(out_leaves), signature, out_tree)
+
+
+@dataclass(frozen=True)
+class _Static:
+    """A leaf the program is specialised on (compared by value)."""
+
+    value: Any
+
+
+def jit(
+    fn: Callable[..., Any] | None = None, *, static_argnums: int | Sequence[int] = ()
+) -> Any:
+    """Compiles ``fn`` with Tessera; usable as ``@jit`` or ``@jit(static_argnums=...)``."""
+    nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    if fn is None:
+        return lambda f: JitFunction(f, nums)
+    if not callable(fn):
+        raise TesseraError(f"ts.jit expects a function, found {type(fn).__name__}")
+    if inspect.isclass(fn):
+        raise TesseraError("ts.jit expects a function, found a class")
+    return JitFunction(fn, nums)
+
+
+__all__ = ["ExecutionError", "JitFunction", "Lowered", "jit"]

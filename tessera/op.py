@@ -1,0 +1,495 @@
+"""Array operations for traced code, with numpy / array-API names.
+
+Every function takes traced tensors (and Python scalars or numpy arrays, which become
+constants) and binds graph ops. Python scalars are weakly typed, as in JAX and torch:
+``x * 2`` keeps ``x``'s dtype. Tensors of different dtypes are promoted by torch's rules
+(an explicit ``graph.cast`` is recorded). Axes may be negative.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr
+
+from tessera.dtypes import DType, as_dtype, promote
+from tessera.errors import ShapeError, TraceError
+from tessera.ir import graph
+from tessera.ir.abstract import AbstractTensor
+from tessera.ir.shape_rules import normalize_axis
+from tessera.frontend.tracer import Tensor, current_trace, user_location
+
+Operand = Tensor | float | int | bool | np.ndarray | torch.Tensor
+Axis = int | Sequence[int] | None
+
+
+# --- constants -------------------------------------------------------------------------
+
+
+def _dense(value: np.ndarray, dtype: DType) -> DenseIntOrFPElementsAttr:
+    aval = AbstractTensor(tuple(value.shape), dtype)
+    flat = value.reshape(-1)
+    if flat.size > 1 and bool(np.all(flat == flat[0])):
+        flat = flat[:1]  # splat
+    items = [bool(v) if dtype == DType.i1 else (float(v) if dtype.is_float else int(v)) for v in flat]
+    return DenseIntOrFPElementsAttr.from_list(aval.to_xdsl(), items)
+
+
+def constant(value: Any, dtype: Any = None) -> Tensor:
+    """A constant tensor from a scalar, numpy array or CPU torch tensor."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().float().numpy() if value.dtype == torch.bfloat16 else value.detach().cpu().numpy()
+    array = np.asarray(value)
+    target = as_dtype(dtype) if dtype is not None else as_dtype(array.dtype)
+    (result,) = current_trace().bind(graph.ConstantOp, [], value=_dense(array, target))
+    return result
+
+
+def full(shape: Sequence[int], fill_value: float | int | bool, dtype: Any = "f32") -> Tensor:
+    """A tensor of ``shape`` filled with ``fill_value`` (a splat constant)."""
+    return constant(np.full(tuple(shape), fill_value), dtype)
+
+
+def zeros(shape: Sequence[int], dtype: Any = "f32") -> Tensor:
+    return full(shape, 0, dtype)
+
+
+def ones(shape: Sequence[int], dtype: Any = "f32") -> Tensor:
+    return full(shape, 1, dtype)
+
+
+def _is_weak(x: Any) -> bool:
+    return isinstance(x, (bool, int, float)) and not isinstance(x, Tensor)
+
+
+def _weak_dtype(x: bool | int | float, other: DType) -> DType:
+    """The dtype a Python scalar takes next to a tensor of dtype ``other``."""
+    if isinstance(x, bool):
+        return other
+    if isinstance(x, int):
+        return other if other != DType.i1 else DType.i64
+    return other if other.is_float else DType.f32
+
+
+def _tensors(*xs: Any) -> list[Tensor]:
+    """Converts operands to tensors of one promoted dtype (inserting casts)."""
+    items = [x if isinstance(x, Tensor) or _is_weak(x) else constant(x) for x in xs]
+    strong = [x for x in items if isinstance(x, Tensor)]
+    if not strong:
+        raise TraceError(f"expected at least one tensor operand, found {xs!r} at {user_location()}")
+    dtype = strong[0].dtype
+    for t in strong[1:]:
+        dtype = promote(dtype, t.dtype)
+    for weak in {_weak_dtype(x, dtype) for x in items if _is_weak(x)}:
+        dtype = promote(dtype, weak)
+    return [astype(x, dtype) if isinstance(x, Tensor) else constant(x, dtype) for x in items]
+
+
+def _bind1(op_type: type[graph.GraphOp], operands: Sequence[Tensor], **attrs: Any) -> Tensor:
+    (result,) = current_trace().bind(op_type, operands, **attrs)
+    return result
+
+
+def astype(x: Tensor, dtype: Any) -> Tensor:
+    """Converts ``x`` to ``dtype`` (no op when it already has it)."""
+    target = as_dtype(dtype)
+    if x.dtype == target:
+        return x
+    return _bind1(graph.CastOp, [x], dtype=target)
+
+
+cast = astype
+
+
+# --- elementwise -----------------------------------------------------------------------
+
+
+def _binary(op_type: type[graph.GraphOp], a: Operand, b: Operand) -> Tensor:
+    return _bind1(op_type, _tensors(a, b))
+
+
+def _float_binary(op_type: type[graph.GraphOp], a: Operand, b: Operand) -> Tensor:
+    lhs, rhs = _tensors(a, b)
+    if not lhs.dtype.is_float:  # true division of integers gives floats, as in numpy
+        lhs, rhs = astype(lhs, DType.f32), astype(rhs, DType.f32)
+    return _bind1(op_type, [lhs, rhs])
+
+
+def add(a: Operand, b: Operand) -> Tensor:
+    return _binary(graph.AddOp, a, b)
+
+
+def subtract(a: Operand, b: Operand) -> Tensor:
+    return _binary(graph.SubOp, a, b)
+
+
+def multiply(a: Operand, b: Operand) -> Tensor:
+    return _binary(graph.MulOp, a, b)
+
+
+def divide(a: Operand, b: Operand) -> Tensor:
+    return _float_binary(graph.DivOp, a, b)
+
+
+def power(a: Operand, b: Operand) -> Tensor:
+    return _float_binary(graph.PowOp, a, b)
+
+
+def maximum(a: Operand, b: Operand) -> Tensor:
+    return _binary(graph.MaximumOp, a, b)
+
+
+def minimum(a: Operand, b: Operand) -> Tensor:
+    return _binary(graph.MinimumOp, a, b)
+
+
+sub, mul, div, pow = subtract, multiply, divide, power
+
+
+def _compare(predicate: str, a: Operand, b: Operand) -> Tensor:
+    lhs, rhs = _tensors(a, b)
+    return _bind1(graph.CompareOp, [lhs, rhs], predicate=predicate)
+
+
+def equal(a: Operand, b: Operand) -> Tensor:
+    return _compare("eq", a, b)
+
+
+def not_equal(a: Operand, b: Operand) -> Tensor:
+    return _compare("ne", a, b)
+
+
+def less(a: Operand, b: Operand) -> Tensor:
+    return _compare("lt", a, b)
+
+
+def less_equal(a: Operand, b: Operand) -> Tensor:
+    return _compare("le", a, b)
+
+
+def greater(a: Operand, b: Operand) -> Tensor:
+    return _compare("gt", a, b)
+
+
+def greater_equal(a: Operand, b: Operand) -> Tensor:
+    return _compare("ge", a, b)
+
+
+def where(cond: Operand, x: Operand, y: Operand) -> Tensor:
+    """``x`` where ``cond`` is true, else ``y`` (numpy ``where``, broadcasting)."""
+    (condition,) = _tensors(cond)
+    if condition.dtype != DType.i1:
+        condition = not_equal(condition, 0)
+    on_true, on_false = _tensors(x, y)
+    return _bind1(graph.SelectOp, [condition, on_true, on_false])
+
+
+select = where
+
+
+def _unary(op_type: type[graph.GraphOp], x: Operand, *, floating: bool = False, **attrs: Any) -> Tensor:
+    (tensor,) = _tensors(x)
+    if floating and not tensor.dtype.is_float:
+        tensor = astype(tensor, DType.f32)
+    return _bind1(op_type, [tensor], **attrs)
+
+
+def negative(x: Operand) -> Tensor:
+    return _unary(graph.NegOp, x)
+
+
+neg = negative
+
+
+def abs(x: Operand) -> Tensor:  # noqa: A001 - numpy name
+    return _unary(graph.AbsOp, x)
+
+
+def relu(x: Operand) -> Tensor:
+    return _unary(graph.ReluOp, x)
+
+
+def exp(x: Operand) -> Tensor:
+    return _unary(graph.ExpOp, x, floating=True)
+
+
+def log(x: Operand) -> Tensor:
+    return _unary(graph.LogOp, x, floating=True)
+
+
+def tanh(x: Operand) -> Tensor:
+    return _unary(graph.TanhOp, x, floating=True)
+
+
+def sqrt(x: Operand) -> Tensor:
+    return _unary(graph.SqrtOp, x, floating=True)
+
+
+def rsqrt(x: Operand) -> Tensor:
+    return _unary(graph.RsqrtOp, x, floating=True)
+
+
+def silu(x: Operand) -> Tensor:
+    return _unary(graph.SiluOp, x, floating=True)
+
+
+def sigmoid(x: Operand) -> Tensor:
+    return _unary(graph.SigmoidOp, x, floating=True)
+
+
+def gelu(x: Operand, approximate: str | bool = "none") -> Tensor:
+    """GELU; ``approximate="tanh"`` (or True) for the tanh form, as in torch."""
+    mode = {True: "tanh", False: "none"}.get(approximate, approximate)  # type: ignore[call-overload]
+    return _unary(graph.GeluOp, x, floating=True, approximate=mode)
+
+
+# --- contractions ------------------------------------------------------------------------
+
+
+def matmul(a: Operand, b: Operand) -> Tensor:
+    """numpy ``matmul``: batched, batch dims broadcast; 1-d operands as numpy does."""
+    lhs, rhs = _tensors(a, b)
+    if lhs.ndim == 0 or rhs.ndim == 0:
+        raise ShapeError(
+            f"graph.matmul: expected operands of rank >= 1, found {lhs.aval} and {rhs.aval}\n"
+            f"  at {user_location()}"
+        )
+    squeeze_lhs, squeeze_rhs = lhs.ndim == 1, rhs.ndim == 1
+    if squeeze_lhs:
+        lhs = reshape(lhs, (1, lhs.shape[0]))
+    if squeeze_rhs:
+        rhs = reshape(rhs, (rhs.shape[0], 1))
+    result = _bind1(graph.MatmulOp, [lhs, rhs])
+    if squeeze_lhs or squeeze_rhs:
+        shape = result.shape[:-2]
+        shape += () if squeeze_lhs else (result.shape[-2],)
+        shape += () if squeeze_rhs else (result.shape[-1],)
+        result = reshape(result, shape)
+    return result
+
+
+# --- reductions ------------------------------------------------------------------------------
+
+
+def _axes(x: Tensor, axis: Axis) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(x.ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    try:
+        return tuple(sorted(normalize_axis(a, x.ndim) for a in axes))
+    except ShapeError as error:
+        raise ShapeError(f"{error} (tensor {x.aval}) at {user_location()}") from None
+
+
+def _reduce(op_type: type[graph.GraphOp], x: Operand, axis: Axis, keepdims: bool, floating: bool = False) -> Tensor:
+    (tensor,) = _tensors(x)
+    if floating and not tensor.dtype.is_float:
+        tensor = astype(tensor, DType.f32)
+    return _bind1(op_type, [tensor], axes=_axes(tensor, axis), keepdims=bool(keepdims))
+
+
+def sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _reduce(graph.SumOp, x, axis, keepdims)
+
+
+def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    return _reduce(graph.MeanOp, x, axis, keepdims, floating=True)
+
+
+def max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _reduce(graph.MaxOp, x, axis, keepdims)
+
+
+def min(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _reduce(graph.MinOp, x, axis, keepdims)
+
+
+def softmax(x: Operand, axis: int = -1) -> Tensor:
+    (tensor,) = _tensors(x)
+    return _unary(graph.SoftmaxOp, tensor, floating=True, axis=_axes(tensor, axis)[0])
+
+
+def log_softmax(x: Operand, axis: int = -1) -> Tensor:
+    (tensor,) = _tensors(x)
+    return _unary(graph.LogSoftmaxOp, tensor, floating=True, axis=_axes(tensor, axis)[0])
+
+
+def layer_norm(
+    x: Operand, axis: Axis = -1, eps: float = 1e-5, weight: Operand | None = None, bias: Operand | None = None
+) -> Tensor:
+    """Normalizes over ``axis`` (biased variance); optional elementwise affine."""
+    (tensor,) = _tensors(x)
+    y = _unary(graph.LayerNormOp, tensor, floating=True, axes=_axes(tensor, axis), eps=float(eps))
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def rms_norm(x: Operand, axis: Axis = -1, eps: float = 1e-6, weight: Operand | None = None) -> Tensor:
+    """``x / sqrt(mean(x^2) + eps)`` over ``axis``; optional elementwise scale."""
+    (tensor,) = _tensors(x)
+    y = _unary(graph.RmsNormOp, tensor, floating=True, axes=_axes(tensor, axis), eps=float(eps))
+    return y * weight if weight is not None else y
+
+
+def cross_entropy(logits: Operand, labels: Operand, reduction: str = "mean") -> Tensor:
+    """Softmax cross-entropy; classes on the last axis of ``logits``, integer labels."""
+    (scores,) = _tensors(logits)
+    if isinstance(labels, Tensor):
+        targets = labels
+    else:
+        targets = constant(labels)
+    return _bind1(graph.CrossEntropyOp, [scores, targets], reduction=reduction)
+
+
+# --- layout ------------------------------------------------------------------------------------
+
+
+def reshape(x: Operand, shape: Sequence[int] | int) -> Tensor:
+    """Row-major reshape; one entry may be -1."""
+    (tensor,) = _tensors(x)
+    dims = [shape] if isinstance(shape, int) else [int(d) for d in shape]
+    if dims.count(-1) > 1:
+        raise ShapeError(f"graph.reshape: at most one -1 is allowed, found {dims} at {user_location()}")
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        if known == 0 or tensor.size % known:
+            raise ShapeError(
+                f"graph.reshape: cannot reshape {tensor.aval} to {dims} at {user_location()}"
+            )
+        dims[dims.index(-1)] = tensor.size // known
+    if tuple(dims) == tensor.shape:
+        return tensor
+    return _bind1(graph.ReshapeOp, [tensor], shape=tuple(dims))
+
+
+def transpose(x: Operand, axes: Sequence[int] | None = None) -> Tensor:
+    """Permutes dimensions (reverses them when ``axes`` is None, like numpy)."""
+    (tensor,) = _tensors(x)
+    perm = tuple(reversed(range(tensor.ndim))) if axes is None else tuple(normalize_axis(a, tensor.ndim) for a in axes)
+    if perm == tuple(range(tensor.ndim)):
+        return tensor
+    return _bind1(graph.TransposeOp, [tensor], perm=perm)
+
+
+def permute_dims(x: Operand, axes: Sequence[int]) -> Tensor:
+    return transpose(x, axes)
+
+
+def swapaxes(x: Operand, axis1: int, axis2: int) -> Tensor:
+    (tensor,) = _tensors(x)
+    perm = list(range(tensor.ndim))
+    a, b = normalize_axis(axis1, tensor.ndim), normalize_axis(axis2, tensor.ndim)
+    perm[a], perm[b] = perm[b], perm[a]
+    return transpose(tensor, perm)
+
+
+def broadcast_to(x: Operand, shape: Sequence[int]) -> Tensor:
+    (tensor,) = _tensors(x)
+    if tuple(shape) == tensor.shape:
+        return tensor
+    return _bind1(graph.BroadcastToOp, [tensor], shape=tuple(shape))
+
+
+def concat(xs: Sequence[Operand], axis: int = 0) -> Tensor:
+    """Concatenates along ``axis`` (numpy ``concatenate``, torch ``cat``)."""
+    tensors = _tensors(*xs)
+    if len(tensors) == 1:
+        return tensors[0]
+    return _bind1(graph.ConcatOp, tensors, axis=normalize_axis(axis, tensors[0].ndim))
+
+
+cat = concatenate = concat
+
+
+def split(x: Operand, sizes: int | Sequence[int], axis: int = 0) -> list[Tensor]:
+    """torch ``split``: pieces of ``sizes`` (an int: equal pieces, the last smaller)."""
+    (tensor,) = _tensors(x)
+    ax = normalize_axis(axis, tensor.ndim)
+    length = tensor.shape[ax]
+    if isinstance(sizes, int):
+        if sizes <= 0:
+            raise ShapeError(f"graph.split: expected a positive piece size, found {sizes} at {user_location()}")
+        pieces = [sizes] * (length // sizes) + ([length % sizes] if length % sizes else [])
+    else:
+        pieces = [int(s) for s in sizes]
+    return current_trace().bind(graph.SplitOp, [tensor], axis=ax, sizes=tuple(pieces))
+
+
+def chunk(x: Operand, chunks: int, axis: int = 0) -> list[Tensor]:
+    """torch ``chunk``: ``chunks`` pieces of size ceil(n / chunks)."""
+    (tensor,) = _tensors(x)
+    length = tensor.shape[normalize_axis(axis, tensor.ndim)]
+    return split(tensor, -(-length // chunks) if chunks > 0 else 0, axis)
+
+
+def slice(x: Operand, starts: Sequence[int], limits: Sequence[int], strides: Sequence[int] | None = None) -> Tensor:  # noqa: A001
+    (tensor,) = _tensors(x)
+    steps = tuple(strides) if strides is not None else (1,) * tensor.ndim
+    return _bind1(graph.SliceOp, [tensor], starts=tuple(starts), limits=tuple(limits), strides=steps)
+
+
+def getitem(x: Tensor, index: Any) -> Tensor:
+    """Basic indexing: ints, slices with positive steps, ``None`` and ``...``."""
+    items = index if isinstance(index, tuple) else (index,)
+    if any(isinstance(i, Tensor) for i in items):
+        if len(items) == 1:
+            return take(x, items[0], axis=0)
+        raise TraceError(f"only one tensor index is supported, at {user_location()}")
+    explicit = [i for i in items if i is not None and i is not Ellipsis]
+    if len(explicit) > x.ndim:
+        raise ShapeError(f"too many indices {index!r} for {x.aval} at {user_location()}")
+    if items.count(Ellipsis) > 1:
+        raise TraceError(f"an index can only have one ellipsis, at {user_location()}")
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items = items[:at] + (builtins.slice(None),) * (x.ndim - len(explicit)) + items[at + 1 :]
+    items = items + (builtins.slice(None),) * (x.ndim - len([i for i in items if i is not None]))
+    starts, limits, strides, shape = [], [], [], []
+    dim = 0
+    for item in items:
+        if item is None:
+            shape.append(1)
+            continue
+        size = x.shape[dim]
+        if isinstance(item, builtins.slice):
+            start, stop, step = item.indices(size)
+            if step < 1:
+                raise TraceError(f"negative slice steps are not supported: {item} at {user_location()}")
+            stop = builtins.max(stop, start)
+            starts.append(start), limits.append(stop), strides.append(step)
+            shape.append(-(-(stop - start) // step))
+        elif isinstance(item, (int, np.integer)):
+            position = int(item) + size if item < 0 else int(item)
+            if not 0 <= position < size:
+                raise ShapeError(f"index {item} is out of bounds for dimension {dim} of {x.aval} at {user_location()}")
+            starts.append(position), limits.append(position + 1), strides.append(1)
+        else:
+            raise TraceError(f"unsupported index {item!r}, at {user_location()}")
+        dim += 1
+    result = x
+    if (tuple(starts), tuple(limits)) != ((0,) * x.ndim, x.shape) or builtins.max(strides, default=1) != 1:
+        result = slice(x, starts, limits, strides)
+    return reshape(result, shape)
+
+
+def take(x: Operand, indices: Operand, axis: int = 0) -> Tensor:
+    """numpy ``take``: ``x`` indexed by integer ``indices`` along ``axis``."""
+    (tensor,) = _tensors(x)
+    index = indices if isinstance(indices, Tensor) else constant(indices)
+    return _bind1(graph.GatherOp, [tensor, index], axis=normalize_axis(axis, tensor.ndim))
+
+
+gather = take
+
+
+def embedding(ids: Operand, table: Operand) -> Tensor:
+    """Rows of ``table`` (``[vocab, dim]``) for integer ``ids`` (torch's argument order)."""
+    return take(table, ids, axis=0)
