@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -121,6 +122,8 @@ class JitFunction:
         self.trace_count += 1
         avals = [k for k in signature.leaves if isinstance(k, AbstractTensor)]
         trace = Trace(getattr(self.fn, "__name__", "main"), avals)
+        for argument, name in zip(trace.block.args, self._argument_names(signature), strict=True):
+            argument.name_hint = name
         arguments = iter(trace.block.args)
         leaves = [
             Tensor(trace, next(arguments)) if isinstance(k, AbstractTensor) else k.value
@@ -139,6 +142,32 @@ class JitFunction:
             if leaf.trace is not trace:
                 raise TraceError(f"{self.__name__} returned a tensor from another traced function")
         return Lowered(trace.name, trace.finish(out_leaves), signature, out_tree)
+
+
+    def _argument_names(self, signature: Signature) -> list[str]:
+        """IR names of the array leaves: the parameter name plus the path into pytrees."""
+        try:
+            params = list(inspect.signature(self.fn).parameters)
+        except (TypeError, ValueError):
+            params = []
+        positional, keyword = signature.treedef.children
+        names: list[str] = []
+        leaves = iter(signature.leaves)
+
+        def visit(treedef: pytree.TreeDef, path: str) -> None:
+            if treedef.kind == "leaf":
+                if isinstance(next(leaves), AbstractTensor):
+                    names.append(re.sub(r"\W", "_", path) or "arg")
+                return
+            keys = treedef.meta if treedef.kind == "dict" else range(len(treedef.children))
+            for key, child in zip(keys, treedef.children, strict=True):
+                visit(child, f"{path}_{key}")
+
+        for index, child in enumerate(positional.children):
+            visit(child, params[index] if index < len(params) else f"arg{index}")
+        for key, child in zip(keyword.meta, keyword.children, strict=True):
+            visit(child, str(key))
+        return names
 
 
 @dataclass(frozen=True)
