@@ -3,9 +3,16 @@
 ``ts.jit`` traces array code written with :mod:`tessera.op` into Graph IR and runs it.
 """
 
-from tessera import op
+from tessera import dist, op
 from tessera.dtypes import DType
-from tessera.errors import ExecutionError, IRError, ShapeError, TesseraError, TraceError
+from tessera.errors import (
+    ExecutionError,
+    IRError,
+    ShapeError,
+    ShardingError,
+    TesseraError,
+    TraceError,
+)
 from tessera.jit import JitFunction, Lowered, jit
 
 __all__ = [
@@ -15,8 +22,10 @@ __all__ = [
     "JitFunction",
     "Lowered",
     "ShapeError",
+    "ShardingError",
     "TesseraError",
     "TraceError",
+    "dist",
     "jit",
     "op",
 ]

@@ -26,3 +26,7 @@ class ExecutionError(TesseraError):
 
 class IRError(TesseraError):
     """Textual IR could not be parsed or verified."""
+
+
+class ShardingError(TesseraError):
+    """A mesh, shard spec or sharding that does not fit its tensor or mesh."""

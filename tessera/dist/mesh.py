@@ -1,0 +1,137 @@
+"""Device meshes: devices arranged in an n-d grid with named axes.
+
+``Mesh(axes=["dp", "tp"], shape=(2, 4))`` puts 8 devices (0..7, row-major) on a 2 × 4
+grid; a rank's coordinates along each axis say which shard of a split tensor it owns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from tessera.errors import ShardingError as MeshError
+
+
+def _infer_shape(num_devices: int, num_axes: int) -> tuple[int, ...]:
+    side = round(num_devices ** (1 / num_axes))
+    for candidate in (side - 1, side, side + 1):
+        if candidate > 0 and candidate**num_axes == num_devices:
+            return (candidate,) * num_axes
+    raise MeshError(
+        f"cannot infer the shape of a {num_axes}-axis mesh over {num_devices} devices "
+        f"(not a perfect power); pass shape=..."
+    )
+
+
+class Mesh:
+    """A logical device mesh with named axes (major to minor)."""
+
+    def __init__(
+        self,
+        axes: Sequence[str],
+        shape: Sequence[int] | None = None,
+        devices: Iterable[Any] | None = None,
+        topology: Any = None,
+    ):
+        names = tuple(axes) if not isinstance(axes, str) else (axes,)
+        if not names:
+            raise MeshError("a mesh needs at least one axis")
+        for name in names:
+            if not isinstance(name, str) or not name.isidentifier():
+                raise MeshError(f"mesh axis names must be identifiers, found {name!r}")
+        if len(set(names)) != len(names):
+            raise MeshError(f"mesh axis names must be distinct, found {list(names)}")
+        device_list = list(devices) if devices is not None else None
+        if shape is None:
+            if device_list is None:
+                raise MeshError("give the mesh a shape=... or devices=...")
+            shape = _infer_shape(len(device_list), len(names))
+        sizes = tuple(int(s) for s in shape)
+        if len(sizes) != len(names):
+            raise MeshError(f"mesh has {len(names)} axes {list(names)} but shape {list(sizes)}")
+        if any(s < 1 for s in sizes):
+            raise MeshError(f"mesh axis sizes must be positive, found {list(sizes)}")
+        if device_list is None:
+            device_list = list(range(prod(sizes)))
+        if len(device_list) != prod(sizes):
+            raise MeshError(
+                f"mesh shape {list(sizes)} needs {prod(sizes)} devices, found {len(device_list)}"
+            )
+        self.axis_names = names
+        self.shape = sizes
+        self.devices = np.array(device_list, dtype=object).reshape(sizes)
+        self.hardware = topology  # a topology preset or name (see the overlap issue)
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def topology(self) -> str:
+        """Human-readable layout, e.g. ``tp × dp mesh, 4 × 4``."""
+        return f"{' × '.join(self.axis_names)} mesh, {' × '.join(map(str, self.shape))}"
+
+    def axis_size(self, axis: str) -> int:
+        return self.shape[self.axis_index(axis)]
+
+    def axis_index(self, axis: str) -> int:
+        if axis not in self.axis_names:
+            raise MeshError(f"unknown mesh axis {axis!r}; the mesh has axes {list(self.axis_names)}")
+        return self.axis_names.index(axis)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """The coordinates of ``rank`` (row-major over the axes)."""
+        if not 0 <= rank < self.size:
+            raise MeshError(f"rank {rank} is out of range for a mesh of {self.size} devices")
+        index = np.unravel_index(rank, self.shape)
+        return {a: int(i) for a, i in zip(self.axis_names, index, strict=True)}
+
+    def rank(self, coords: dict[str, int]) -> int:
+        index = tuple(coords[a] for a in self.axis_names)
+        return int(np.ravel_multi_index(index, self.shape))
+
+    def groups(self, axes: Sequence[str]) -> list[list[int]]:
+        """Rank groups that vary only along ``axes`` (the process groups of a collective).
+
+        Within a group, ranks are ordered by their coordinates along ``axes`` (major first).
+        """
+        for axis in axes:
+            self.axis_index(axis)
+        others = [a for a in self.axis_names if a not in axes]
+        groups: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
+        for rank in range(self.size):
+            c = self.coords(rank)
+            key = tuple(c[a] for a in others)
+            groups.setdefault(key, []).append((tuple(c[a] for a in axes), rank))
+        return [[rank for _, rank in sorted(members)] for _, members in sorted(groups.items())]
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Mesh)
+            and (self.axis_names, self.shape) == (other.axis_names, other.shape)
+            and self.devices.tolist() == other.devices.tolist()
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.axis_names, self.shape, str(self.devices.tolist())))
+
+    def __repr__(self) -> str:
+        axes = ", ".join(f"{a}={s}" for a, s in zip(self.axis_names, self.shape, strict=True))
+        return f"Mesh({axes})"
+
+
+def mesh(
+    devices: Iterable[Any] | None = None,
+    axes: Sequence[str] = ("dp",),
+    shape: Sequence[int] | None = None,
+    topology: Any = None,
+) -> Mesh:
+    """``dist.mesh(devices, axes, shape)``: the NVL72 guide's spelling of :class:`Mesh`."""
+    return Mesh(axes=axes, shape=shape, devices=devices, topology=topology)

@@ -1,0 +1,67 @@
+"""``ShardSpec``: how a tensor is laid out over a mesh, as users write it.
+
+``ShardSpec(partition=("row", "col"), mesh_axes=("tp", "dp"))`` splits dim 0 over ``tp``
+and dim 1 over ``dp``. An entry of ``mesh_axes`` may be a tuple of axes (the dim is split
+over all of them, major first), and a dim may be listed twice to the same effect.
+``ShardSpec(replicate=True)`` keeps every dim whole on every device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tessera.dist.mesh import Mesh
+from tessera.errors import ShardingError
+from tessera.ir.sharding import Sharding
+
+_NAMED_DIMS = {"row": 0, "col": 1}
+
+
+@dataclass(frozen=True, init=False)
+class ShardSpec:
+    """A tensor's layout: which dims are split over which mesh axes."""
+
+    partition: tuple[int | str, ...]
+    mesh_axes: tuple[str | tuple[str, ...], ...]
+    replicate: bool
+
+    def __init__(
+        self,
+        partition: Sequence[int | str] = (),
+        mesh_axes: Sequence[str | Sequence[str]] = (),
+        replicate: bool = False,
+    ):
+        partition = (partition,) if isinstance(partition, (int, str)) else tuple(partition)
+        mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
+        normalized = tuple(a if isinstance(a, str) else tuple(a) for a in mesh_axes)
+        if replicate and (partition or normalized):
+            raise ShardingError("ShardSpec(replicate=True) takes no partition or mesh_axes")
+        if len(partition) != len(normalized):
+            raise ShardingError(
+                f"ShardSpec needs one mesh axis (or tuple of axes) per partitioned dim: "
+                f"partition={list(partition)} but mesh_axes={list(normalized)}"
+            )
+        object.__setattr__(self, "partition", partition)
+        object.__setattr__(self, "mesh_axes", normalized)
+        object.__setattr__(self, "replicate", replicate)
+
+    def to_sharding(self, mesh: Mesh, shape: Sequence[int], name: str = "tensor") -> Sharding:
+        """The per-dim sharding of a tensor of ``shape``; raises ShardingError if invalid."""
+        rank = len(shape)
+        dims: list[list[str]] = [[] for _ in range(rank)]
+        for entry, axes in zip(self.partition, self.mesh_axes, strict=True):
+            dim = _NAMED_DIMS.get(entry, entry) if isinstance(entry, str) else entry
+            if isinstance(dim, str):
+                raise ShardingError(
+                    f"{name}: unknown partition entry {entry!r}; use a dim index, 'row' or 'col'"
+                )
+            if not -rank <= dim < rank:
+                raise ShardingError(
+                    f"{name}: partition dim {entry!r} is out of range for a tensor of rank "
+                    f"{rank} (shape {list(shape)})"
+                )
+            dims[dim % rank].extend((axes,) if isinstance(axes, str) else axes)
+        sharding = Sharding(tuple(tuple(d) for d in dims))
+        sharding.validate(mesh, shape, name)
+        return sharding

@@ -1,0 +1,187 @@
+"""Shardings: how a global tensor is laid out over a mesh.
+
+A :class:`Sharding` lists, per tensor dim, the mesh axes that split it (major to minor),
+plus the mesh axes over which the value is *partial* — each rank holds a term of a
+reduction (sum, mean, max, min) not yet performed. This is the information of MLIR's ``shard``
+dialect, of DTensor's Shard / Replicate / Partial placements and of JAX's PartitionSpec.
+
+In the IR it is ``#graph.sharding<@mesh, [[dp], []], partial = sum[tp]>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Protocol
+
+from xdsl.dialects.builtin import ArrayAttr, StringAttr, SymbolRefAttr
+from xdsl.ir import ParametrizedAttribute
+from xdsl.irdl import irdl_attr_definition, param_def
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+
+from tessera.errors import ShardingError
+
+REDUCTION_KINDS = ("sum", "mean", "max", "min")
+
+
+class MeshLike(Protocol):
+    axis_names: tuple[str, ...]
+
+    def axis_size(self, axis: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Per-dim split axes and partial axes (each with its reduction kind)."""
+
+    dims: tuple[tuple[str, ...], ...]
+    partial: tuple[tuple[str, str], ...] = ()  # (mesh axis, reduction kind)
+
+    @staticmethod
+    def replicated(rank: int) -> Sharding:
+        return Sharding(((),) * rank)
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    @property
+    def split_axes(self) -> tuple[str, ...]:
+        return tuple(a for dim in self.dims for a in dim)
+
+    @property
+    def partial_axes(self) -> tuple[str, ...]:
+        return tuple(a for a, _ in self.partial)
+
+    @property
+    def is_replicated(self) -> bool:
+        return not self.split_axes and not self.partial
+
+    def shards(self, mesh: MeshLike, dim: int) -> int:
+        """How many pieces dim ``dim`` is split into."""
+        return prod(mesh.axis_size(a) for a in self.dims[dim])
+
+    def local_shape(self, mesh: MeshLike, shape: Sequence[int]) -> tuple[int, ...]:
+        return tuple(size // self.shards(mesh, d) for d, size in enumerate(shape))
+
+    def validate(self, mesh: MeshLike, shape: Sequence[int], name: str = "tensor") -> None:
+        """Raises ShardingError naming the tensor, dim and axis when this doesn't fit."""
+        if len(self.dims) != len(shape):
+            raise ShardingError(
+                f"{name}: sharding has {len(self.dims)} dims but the tensor has rank "
+                f"{len(shape)} (shape {list(shape)})"
+            )
+        seen: set[str] = set()
+        for axis in (*self.split_axes, *self.partial_axes):
+            if axis not in mesh.axis_names:
+                raise ShardingError(
+                    f"{name}: unknown mesh axis {axis!r}; the mesh has axes {list(mesh.axis_names)}"
+                )
+            if axis in seen:
+                raise ShardingError(f"{name}: mesh axis {axis!r} is used more than once")
+            seen.add(axis)
+        for _, kind in self.partial:
+            if kind not in REDUCTION_KINDS:
+                raise ShardingError(
+                    f"{name}: partial reduction kind must be one of {REDUCTION_KINDS}, found {kind!r}"
+                )
+        for dim, size in enumerate(shape):
+            pieces = self.shards(mesh, dim)
+            if size % pieces:
+                axes = " × ".join(f"{a}={mesh.axis_size(a)}" for a in self.dims[dim])
+                raise ShardingError(
+                    f"{name}: dim {dim} of size {size} is not divisible by mesh axes {axes} "
+                    f"({pieces} shards)"
+                )
+
+    def __str__(self) -> str:
+        dims = ", ".join("[" + ", ".join(d) + "]" for d in self.dims)
+        text = f"[{dims}]"
+        if self.partial:
+            text += ", partial = " + _partial_text(self.partial)
+        return text
+
+
+def _partial_text(partial: Sequence[tuple[str, str]]) -> str:
+    groups: dict[str, list[str]] = {}
+    for axis, kind in partial:
+        groups.setdefault(kind, []).append(axis)
+    return " ".join(f"{kind}[{', '.join(axes)}]" for kind, axes in groups.items())
+
+
+@irdl_attr_definition
+class ShardingAttr(ParametrizedAttribute):
+    """``#graph.sharding<@mesh, [[dp], []], partial = sum[tp]>``."""
+
+    name = "graph.sharding"
+
+    mesh: SymbolRefAttr = param_def()
+    dims: ArrayAttr[ArrayAttr[StringAttr]] = param_def()
+    partial_axes: ArrayAttr[StringAttr] = param_def()
+    partial_kinds: ArrayAttr[StringAttr] = param_def()
+
+    @staticmethod
+    def get(mesh: str, sharding: Sharding) -> ShardingAttr:
+        return ShardingAttr(
+            SymbolRefAttr(mesh),
+            ArrayAttr([ArrayAttr([StringAttr(a) for a in dim]) for dim in sharding.dims]),
+            ArrayAttr([StringAttr(a) for a, _ in sharding.partial]),
+            ArrayAttr([StringAttr(k) for _, k in sharding.partial]),
+        )
+
+    @property
+    def mesh_name(self) -> str:
+        return self.mesh.root_reference.data
+
+    @property
+    def sharding(self) -> Sharding:
+        return Sharding(
+            tuple(tuple(a.data for a in dim) for dim in self.dims),
+            tuple(
+                (a.data, k.data)
+                for a, k in zip(self.partial_axes, self.partial_kinds, strict=True)
+            ),
+        )
+
+    def verify(self) -> None:
+        if len(self.partial_axes) != len(self.partial_kinds):
+            raise ShardingError("partial axes and reduction kinds differ in number")
+        for kind in self.partial_kinds:
+            if kind.data not in REDUCTION_KINDS:
+                raise ShardingError(
+                    f"partial reduction kind must be one of {REDUCTION_KINDS}, found {kind.data!r}"
+                )
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list:
+        with parser.in_angle_brackets():
+            mesh = parser.parse_attribute()
+            if not isinstance(mesh, SymbolRefAttr):
+                parser.raise_error(f"expected a mesh symbol like @mesh, found {mesh}")
+            parser.parse_punctuation(",")
+
+            def parse_axes() -> ArrayAttr[StringAttr]:
+                return ArrayAttr(
+                    parser.parse_comma_separated_list(
+                        parser.Delimiter.SQUARE, lambda: StringAttr(parser.parse_identifier())
+                    )
+                )
+
+            dims = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parse_axes)
+            axes: list[StringAttr] = []
+            kinds: list[StringAttr] = []
+            if parser.parse_optional_punctuation(",") is not None:
+                parser.parse_keyword("partial")
+                parser.parse_punctuation("=")
+                while (kind := parser.parse_optional_identifier()) is not None:
+                    group = parse_axes()
+                    axes.extend(group.data)
+                    kinds.extend([StringAttr(kind)] * len(group.data))
+                if not axes:
+                    parser.raise_error("expected partial axes like sum[tp]")
+        return [mesh, ArrayAttr(dims), ArrayAttr(axes), ArrayAttr(kinds)]
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<@{self.mesh_name}, {self.sharding}>")
