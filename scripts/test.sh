@@ -8,6 +8,6 @@ export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"
 echo "== ruff"
 ruff check .
 echo "== pytest"
-python -m pytest tests/unit -q -p no:cacheprovider "$@"
+python -m pytest tests/unit -p no:cacheprovider "$@"
 echo "== lit"
 lit -sv tests/lit

@@ -1,9 +1,15 @@
 """Tessera: a compiler for distributed deep learning.
 
 ``ts.jit`` traces array code written with :mod:`tessera.op` into Graph IR and runs it.
+The runtime parts (``jit``, ``op``, ``dist``) load on first use, so tools that only read
+and rewrite IR (``tessera-opt``) start without importing torch.
 """
 
-from tessera import dist, op
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from tessera.dtypes import DType
 from tessera.errors import (
     ExecutionError,
@@ -13,7 +19,29 @@ from tessera.errors import (
     TesseraError,
     TraceError,
 )
-from tessera.jit import JitFunction, Lowered, jit
+
+if TYPE_CHECKING:
+    from tessera import dist, op
+    from tessera.compiled import JitFunction, Lowered, jit
+
+_LAZY = {
+    "dist": ("tessera.dist", None),
+    "op": ("tessera.op", None),
+    "jit": ("tessera.compiled", "jit"),
+    "JitFunction": ("tessera.compiled", "JitFunction"),
+    "Lowered": ("tessera.compiled", "Lowered"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tessera' has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DType",

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import enum
+import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, IntegerType
 from xdsl.ir import Attribute
 
 from tessera.errors import TesseraError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class DType(enum.Enum):
@@ -50,18 +54,15 @@ class DType(enum.Enum):
         }[self]
 
     def to_torch(self) -> torch.dtype:
-        return _TO_TORCH[self]
+        import torch  # torch is only needed to run programs, not to read or rewrite IR
+
+        return getattr(torch, _TORCH_NAMES[self])
 
 
-_TO_TORCH = {
-    DType.f32: torch.float32,
-    DType.f16: torch.float16,
-    DType.bf16: torch.bfloat16,
-    DType.i32: torch.int32,
-    DType.i64: torch.int64,
-    DType.i1: torch.bool,
-}
-_FROM_TORCH = {v: k for k, v in _TO_TORCH.items()}
+_TORCH_NAMES = {
+    DType.f32: "float32", DType.f16: "float16", DType.bf16: "bfloat16",
+    DType.i32: "int32", DType.i64: "int64", DType.i1: "bool",
+}  # fmt: skip
 _ALIASES = {
     "float32": DType.f32, "float": DType.f32, "float16": DType.f16, "half": DType.f16,
     "bfloat16": DType.bf16, "int32": DType.i32, "int64": DType.i64, "bool": DType.i1,
@@ -80,9 +81,13 @@ def as_dtype(value: object) -> DType:
     """Converts a DType, its name, a torch dtype or a numpy dtype to a DType."""
     if isinstance(value, DType):
         return value
-    if isinstance(value, torch.dtype):
-        if value in _FROM_TORCH:
-            return _FROM_TORCH[value]
+    torch = sys.modules.get("torch")  # a torch dtype can only exist once torch is imported
+    if torch is not None and isinstance(value, torch.dtype):
+        name = str(value).removeprefix("torch.")
+        if name in _ALIASES:
+            return _ALIASES[name]
+        if name == "float64":  # as for numpy: there is no f64 in Tessera
+            return DType.f32
     elif isinstance(value, str):
         if value in DType.__members__:
             return DType[value]

@@ -7,6 +7,8 @@ programs, the user's source line.
 
 from __future__ import annotations
 
+import linecache
+
 
 class TesseraError(Exception):
     """Base class of all errors reported to Tessera users."""
@@ -30,3 +32,9 @@ class IRError(TesseraError):
 
 class ShardingError(TesseraError):
     """A mesh, shard spec or sharding that does not fit its tensor or mesh."""
+
+
+def describe_location(filename: str, line: int) -> str:
+    """``file:line: source text``: how error messages show a user's line."""
+    code = linecache.getline(filename, line).strip()
+    return f"{filename}:{line}{f': {code}' if code else ''}"

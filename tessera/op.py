@@ -19,10 +19,10 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr
 
 from tessera.dtypes import DType, as_dtype, promote
 from tessera.errors import ShapeError, TraceError
+from tessera.frontend.tracer import Tensor, current_trace, user_location
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.shape_rules import normalize_axis
-from tessera.frontend.tracer import Tensor, current_trace, user_location
 
 Operand = Tensor | float | int | bool | np.ndarray | torch.Tensor
 Axis = int | Sequence[int] | None
@@ -34,7 +34,7 @@ Axis = int | Sequence[int] | None
 def _dense(value: np.ndarray, dtype: DType) -> DenseIntOrFPElementsAttr:
     aval = AbstractTensor(tuple(value.shape), dtype)
     flat = value.reshape(-1)
-    if flat.size > 1 and bool(np.all(flat == flat[0])):
+    if flat.size > 1 and np.array_equal(flat, np.full_like(flat, flat[0]), equal_nan=flat.dtype.kind == 'f'):
         flat = flat[:1]  # splat
     items = [bool(v) if dtype == DType.i1 else (float(v) if dtype.is_float else int(v)) for v in flat]
     return DenseIntOrFPElementsAttr.from_list(aval.to_xdsl(), items)
@@ -43,15 +43,21 @@ def _dense(value: np.ndarray, dtype: DType) -> DenseIntOrFPElementsAttr:
 def constant(value: Any, dtype: Any = None) -> Tensor:
     """A constant tensor from a scalar, numpy array or CPU torch tensor."""
     if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().float().numpy() if value.dtype == torch.bfloat16 else value.detach().cpu().numpy()
+        dtype = value.dtype if dtype is None else dtype
+        value = value.detach().cpu()
+        value = (value.float() if value.dtype == torch.bfloat16 else value).numpy()
     array = np.asarray(value)
     target = as_dtype(dtype) if dtype is not None else as_dtype(array.dtype)
     (result,) = current_trace().bind(graph.ConstantOp, [], value=_dense(array, target))
     return result
 
 
-def full(shape: Sequence[int], fill_value: float | int | bool, dtype: Any = "f32") -> Tensor:
-    """A tensor of ``shape`` filled with ``fill_value`` (a splat constant)."""
+def full(shape: Sequence[int], fill_value: float | int | bool, dtype: Any = None) -> Tensor:
+    """A tensor of ``shape`` filled with ``fill_value`` (a splat constant).
+
+    Without ``dtype`` the fill value decides, as in numpy and torch: a float gives f32,
+    an int i64 and a bool i1.
+    """
     return constant(np.full(tuple(shape), fill_value), dtype)
 
 
@@ -79,9 +85,11 @@ def _weak_dtype(x: bool | int | float, other: DType) -> DType:
 def _tensors(*xs: Any) -> list[Tensor]:
     """Converts operands to tensors of one promoted dtype (inserting casts)."""
     items = [x if isinstance(x, Tensor) or _is_weak(x) else constant(x) for x in xs]
+    if not any(isinstance(x, Tensor) for x in items):  # only Python scalars, or nothing
+        if not items:
+            raise ShapeError(f"expected at least one operand, found none, at {user_location()}")
+        items[0] = constant(items[0])
     strong = [x for x in items if isinstance(x, Tensor)]
-    if not strong:
-        raise TraceError(f"expected at least one tensor operand, found {xs!r} at {user_location()}")
     dtype = strong[0].dtype
     for t in strong[1:]:
         dtype = promote(dtype, t.dtype)
@@ -206,7 +214,7 @@ def negative(x: Operand) -> Tensor:
 neg = negative
 
 
-def abs(x: Operand) -> Tensor:  # noqa: A001 - numpy name
+def abs(x: Operand) -> Tensor:
     return _unary(graph.AbsOp, x)
 
 
@@ -279,11 +287,16 @@ def matmul(a: Operand, b: Operand) -> Tensor:
 def _axes(x: Tensor, axis: Axis) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     try:
         return tuple(sorted(normalize_axis(a, x.ndim) for a in axes))
     except ShapeError as error:
         raise ShapeError(f"{error} (tensor {x.aval}) at {user_location()}") from None
+
+
+def _axis(x: Tensor, axis: int) -> int:
+    """``axis`` of ``x`` in ``range(x.ndim)``; a ShapeError naming the user's line if invalid."""
+    return _axes(x, axis)[0]
 
 
 def _reduce(op_type: type[graph.GraphOp], x: Operand, axis: Axis, keepdims: bool, floating: bool = False) -> Tensor:
@@ -293,19 +306,23 @@ def _reduce(op_type: type[graph.GraphOp], x: Operand, axis: Axis, keepdims: bool
     return _bind1(op_type, [tensor], axes=_axes(tensor, axis), keepdims=bool(keepdims))
 
 
-def sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    return _reduce(graph.SumOp, x, axis, keepdims)
+def sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Sum over ``axis``; booleans are counted in i64, as in numpy and torch."""
+    (tensor,) = _tensors(x)
+    if tensor.dtype == DType.i1:
+        tensor = astype(tensor, DType.i64)
+    return _reduce(graph.SumOp, tensor, axis, keepdims)
 
 
 def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:
     return _reduce(graph.MeanOp, x, axis, keepdims, floating=True)
 
 
-def max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+def max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:
     return _reduce(graph.MaxOp, x, axis, keepdims)
 
 
-def min(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+def min(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:
     return _reduce(graph.MinOp, x, axis, keepdims)
 
 
@@ -342,10 +359,7 @@ def rms_norm(x: Operand, axis: Axis = -1, eps: float = 1e-6, weight: Operand | N
 def cross_entropy(logits: Operand, labels: Operand, reduction: str = "mean") -> Tensor:
     """Softmax cross-entropy; classes on the last axis of ``logits``, integer labels."""
     (scores,) = _tensors(logits)
-    if isinstance(labels, Tensor):
-        targets = labels
-    else:
-        targets = constant(labels)
+    targets = labels if isinstance(labels, Tensor) else constant(labels)
     return _bind1(graph.CrossEntropyOp, [scores, targets], reduction=reduction)
 
 
@@ -373,7 +387,7 @@ def reshape(x: Operand, shape: Sequence[int] | int) -> Tensor:
 def transpose(x: Operand, axes: Sequence[int] | None = None) -> Tensor:
     """Permutes dimensions (reverses them when ``axes`` is None, like numpy)."""
     (tensor,) = _tensors(x)
-    perm = tuple(reversed(range(tensor.ndim))) if axes is None else tuple(normalize_axis(a, tensor.ndim) for a in axes)
+    perm = tuple(reversed(range(tensor.ndim))) if axes is None else tuple(_axis(tensor, a) for a in axes)
     if perm == tuple(range(tensor.ndim)):
         return tensor
     return _bind1(graph.TransposeOp, [tensor], perm=perm)
@@ -386,7 +400,7 @@ def permute_dims(x: Operand, axes: Sequence[int]) -> Tensor:
 def swapaxes(x: Operand, axis1: int, axis2: int) -> Tensor:
     (tensor,) = _tensors(x)
     perm = list(range(tensor.ndim))
-    a, b = normalize_axis(axis1, tensor.ndim), normalize_axis(axis2, tensor.ndim)
+    a, b = _axis(tensor, axis1), _axis(tensor, axis2)
     perm[a], perm[b] = perm[b], perm[a]
     return transpose(tensor, perm)
 
@@ -401,9 +415,10 @@ def broadcast_to(x: Operand, shape: Sequence[int]) -> Tensor:
 def concat(xs: Sequence[Operand], axis: int = 0) -> Tensor:
     """Concatenates along ``axis`` (numpy ``concatenate``, torch ``cat``)."""
     tensors = _tensors(*xs)
+    ax = _axis(tensors[0], axis)
     if len(tensors) == 1:
         return tensors[0]
-    return _bind1(graph.ConcatOp, tensors, axis=normalize_axis(axis, tensors[0].ndim))
+    return _bind1(graph.ConcatOp, tensors, axis=ax)
 
 
 cat = concatenate = concat
@@ -412,7 +427,7 @@ cat = concatenate = concat
 def split(x: Operand, sizes: int | Sequence[int], axis: int = 0) -> list[Tensor]:
     """torch ``split``: pieces of ``sizes`` (an int: equal pieces, the last smaller)."""
     (tensor,) = _tensors(x)
-    ax = normalize_axis(axis, tensor.ndim)
+    ax = _axis(tensor, axis)
     length = tensor.shape[ax]
     if isinstance(sizes, int):
         if sizes <= 0:
@@ -426,11 +441,11 @@ def split(x: Operand, sizes: int | Sequence[int], axis: int = 0) -> list[Tensor]
 def chunk(x: Operand, chunks: int, axis: int = 0) -> list[Tensor]:
     """torch ``chunk``: ``chunks`` pieces of size ceil(n / chunks)."""
     (tensor,) = _tensors(x)
-    length = tensor.shape[normalize_axis(axis, tensor.ndim)]
+    length = tensor.shape[_axis(tensor, axis)]
     return split(tensor, -(-length // chunks) if chunks > 0 else 0, axis)
 
 
-def slice(x: Operand, starts: Sequence[int], limits: Sequence[int], strides: Sequence[int] | None = None) -> Tensor:  # noqa: A001
+def slice(x: Operand, starts: Sequence[int], limits: Sequence[int], strides: Sequence[int] | None = None) -> Tensor:
     (tensor,) = _tensors(x)
     steps = tuple(strides) if strides is not None else (1,) * tensor.ndim
     return _bind1(graph.SliceOp, [tensor], starts=tuple(starts), limits=tuple(limits), strides=steps)
@@ -466,7 +481,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
             stop = builtins.max(stop, start)
             starts.append(start), limits.append(stop), strides.append(step)
             shape.append(-(-(stop - start) // step))
-        elif isinstance(item, (int, np.integer)):
+        elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
             position = int(item) + size if item < 0 else int(item)
             if not 0 <= position < size:
                 raise ShapeError(f"index {item} is out of bounds for dimension {dim} of {x.aval} at {user_location()}")
@@ -484,7 +499,7 @@ def take(x: Operand, indices: Operand, axis: int = 0) -> Tensor:
     """numpy ``take``: ``x`` indexed by integer ``indices`` along ``axis``."""
     (tensor,) = _tensors(x)
     index = indices if isinstance(indices, Tensor) else constant(indices)
-    return _bind1(graph.GatherOp, [tensor, index], axis=normalize_axis(axis, tensor.ndim))
+    return _bind1(graph.GatherOp, [tensor, index], axis=_axis(tensor, axis))
 
 
 gather = take

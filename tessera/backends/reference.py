@@ -15,11 +15,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import FileLineColLoc, ModuleOp
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
 from xdsl.interpreters.func import FuncFunctions
 
-from tessera.errors import ExecutionError, TesseraError
+from tessera.errors import ExecutionError, TesseraError, describe_location
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 
@@ -145,6 +145,11 @@ def _rms_norm(op: graph.RmsNormOp, x: torch.Tensor) -> torch.Tensor:
 @reference(graph.CrossEntropyOp)
 def _cross_entropy(op: graph.CrossEntropyOp, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     classes = logits.shape[-1]
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= classes):
+        raise ExecutionError(
+            f"graph.cross_entropy: labels must be in [0, {classes}) for logits of shape "
+            f"{list(logits.shape)}, found values in [{int(labels.min())}, {int(labels.max())}]"
+        )
     loss = F.cross_entropy(
         logits.reshape(-1, classes).float(), labels.reshape(-1).long(), reduction=op.attrs()["reduction"]
     )
@@ -197,8 +202,23 @@ def _gather(op: graph.GatherOp, x: torch.Tensor, indices: torch.Tensor) -> torch
     return picked.reshape(_result_aval(op).shape)
 
 
-missing = [t.name for t in graph.GRAPH_OPS if t not in IMPLS]
+@reference(*graph.COLLECTIVE_OPS, graph.ShardOp)
+def _layout_transition(op: graph.GraphOp, x: torch.Tensor) -> torch.Tensor:
+    """In the global view a collective or sharding constraint leaves the value as is."""
+    return x
+
+
+EXECUTABLE_OPS = (*graph.GRAPH_OPS, *graph.COLLECTIVE_OPS, graph.ShardOp)
+missing = [t.name for t in EXECUTABLE_OPS if t not in IMPLS]
 assert not missing, f"graph ops without reference semantics: {missing}"
+
+
+def _traced_at(op: graph.GraphOp) -> str:
+    """The user's line that created ``op``, when the tracer recorded it."""
+    location = op.location
+    if not isinstance(location, FileLineColLoc):
+        return ""
+    return f"\n  at {describe_location(location.filename.data, location.line.data)}"
 
 
 def _interpreter_method(op_type: type[graph.GraphOp]) -> Any:
@@ -207,10 +227,10 @@ def _interpreter_method(op_type: type[graph.GraphOp]) -> Any:
     def run(self: Any, interpreter: Interpreter, op: graph.GraphOp, args: tuple[Any, ...]) -> tuple[Any, ...]:
         try:
             result = fn(op, *args)
-        except TesseraError:
-            raise
+        except TesseraError as error:
+            raise type(error)(f"{error}{_traced_at(op)}") from None
         except Exception as error:  # a torch error: name the op that raised it
-            raise ExecutionError(f"{op.name} failed: {error}") from None
+            raise ExecutionError(f"{op.name} failed: {error}{_traced_at(op)}") from None
         return result if isinstance(result, tuple) else (result,)
 
     return impl(op_type)(run)
@@ -220,7 +240,7 @@ GraphFunctions = register_impls(
     type(
         "GraphFunctions",
         (InterpreterFunctions,),
-        {f"run_{t.name.replace('.', '_')}": _interpreter_method(t) for t in graph.GRAPH_OPS},
+        {f"run_{t.name.replace('.', '_')}": _interpreter_method(t) for t in EXECUTABLE_OPS},
     )
 )
 

@@ -50,6 +50,7 @@ class ShardSpec:
         """The per-dim sharding of a tensor of ``shape``; raises ShardingError if invalid."""
         rank = len(shape)
         dims: list[list[str]] = [[] for _ in range(rank)]
+        split_by: dict[str, int] = {}  # mesh axis -> the dim it splits
         for entry, axes in zip(self.partition, self.mesh_axes, strict=True):
             dim = _NAMED_DIMS.get(entry, entry) if isinstance(entry, str) else entry
             if isinstance(dim, str):
@@ -58,10 +59,23 @@ class ShardSpec:
                 )
             if not -rank <= dim < rank:
                 raise ShardingError(
-                    f"{name}: partition dim {entry!r} is out of range for a tensor of rank "
-                    f"{rank} (shape {list(shape)})"
+                    f"{name}: partition dim {entry!r} (split over {axes!r}) is out of range for "
+                    f"a tensor of rank {rank} (shape {list(shape)})"
                 )
-            dims[dim % rank].extend((axes,) if isinstance(axes, str) else axes)
+            dim %= rank
+            for axis in (axes,) if isinstance(axes, str) else axes:
+                if axis not in mesh.axis_names:
+                    raise ShardingError(
+                        f"{name}: dim {dim} is split over unknown mesh axis {axis!r}; "
+                        f"the mesh has axes {list(mesh.axis_names)}"
+                    )
+                if axis in split_by:
+                    raise ShardingError(
+                        f"{name}: mesh axis {axis!r} splits dim {split_by[axis]} and again dim "
+                        f"{dim}; a mesh axis may split a tensor only once"
+                    )
+                split_by[axis] = dim
+                dims[dim].append(axis)
         sharding = Sharding(tuple(tuple(d) for d in dims))
         sharding.validate(mesh, shape, name)
         return sharding

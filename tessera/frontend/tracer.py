@@ -8,38 +8,60 @@ are reported at the user's source line.
 
 from __future__ import annotations
 
+import functools
 import os
-import traceback
+import sys
 from collections.abc import Sequence
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block, Region, SSAValue
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DictionaryAttr,
+    FileLineColLoc,
+    IntAttr,
+    ModuleOp,
+    StringAttr,
+)
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
 from tessera.dtypes import DType
-from tessera.errors import ShapeError, TesseraError, TraceError
+from tessera.errors import ShapeError, TesseraError, TraceError, describe_location
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@functools.cache
+def _is_internal(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep)
+
+
+def _user_frame() -> FrameType | None:
+    """The innermost frame outside Tessera: the user's line that called into it."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and _is_internal(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
 def user_location() -> str:
     """``file:line`` and source text of the innermost frame outside Tessera."""
-    for frame in reversed(traceback.extract_stack()):
-        if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIR + os.sep):
-            code = f": {frame.line.strip()}" if frame.line else ""
-            return f"{frame.filename}:{frame.lineno}{code}"
-    return "<unknown location>"
+    frame = _user_frame()
+    if frame is None:
+        return "<unknown location>"
+    return describe_location(frame.f_code.co_filename, frame.f_lineno)
 
 
 class Trace:
     """One function being traced: a block of graph ops under construction."""
 
-    def __init__(self, name: str, inputs: Sequence[AbstractTensor]):
+    def __init__(self, name: str, inputs: Sequence[AbstractTensor], mesh: Any = None):
         self.name = name
+        self.mesh = mesh  # a tessera.dist.Mesh when traced with ts.jit(..., mesh=...)
         self.block = Block(arg_types=[a.to_xdsl() for a in inputs])
 
     def bind(self, op_type: type[graph.GraphOp], operands: Sequence[Tensor], **attrs: Any) -> list[Tensor]:
@@ -56,19 +78,41 @@ class Trace:
             raise ShapeError(
                 f"{op_type.name}: {error}\n  operands: {shapes or 'none'}\n  at {user_location()}"
             ) from None
+        if (frame := _user_frame()) is not None:  # run-time errors name the user's line
+            op.location = FileLineColLoc(
+                StringAttr(frame.f_code.co_filename), IntAttr(frame.f_lineno), IntAttr(0)
+            )
         self.block.add_op(op)
         return [Tensor(self, result) for result in op.results]
 
-    def finish(self, outputs: Sequence[Tensor]) -> ModuleOp:
-        """Closes the function with a return of ``outputs`` and wraps it in a module."""
+    def finish(
+        self,
+        outputs: Sequence[Tensor],
+        arg_attrs: Sequence[dict[str, Attribute]] | None = None,
+        result_attrs: Sequence[dict[str, Attribute]] | None = None,
+    ) -> ModuleOp:
+        """Closes the function with a return of ``outputs`` and wraps it in a module
+        (after a ``graph.mesh`` symbol when the trace has a mesh)."""
         self.block.add_op(func.ReturnOp(*[t.value for t in outputs]))
         arg_types = [a.type for a in self.block.args]
+
+        def attrs(per_value: Sequence[dict[str, Attribute]] | None) -> ArrayAttr | None:
+            if per_value is None or not any(per_value):
+                return None
+            return ArrayAttr([DictionaryAttr(dict(d)) for d in per_value])
+
         function = func.FuncOp(
             self.name,
             (arg_types, [t.value.type for t in outputs]),
             Region(self.block),
+            arg_attrs=attrs(arg_attrs),
+            res_attrs=attrs(result_attrs),
         )
-        module = ModuleOp([function])
+        ops: list[Operation] = [function]
+        if self.mesh is not None:
+            mesh_axes = list(zip(self.mesh.axis_names, self.mesh.shape, strict=True))
+            ops.insert(0, graph.MeshOp.get("mesh", mesh_axes))
+        module = ModuleOp(ops)
         module.verify()
         return module
 
@@ -87,7 +131,10 @@ def tracing(trace: Trace):
 
 def current_trace() -> Trace:
     if not _active:
-        raise TraceError("tessera.op functions can only be called inside a @ts.jit function")
+        raise TraceError(
+            f"tessera.op functions can only be called inside a @ts.jit function, "
+            f"at {user_location()}"
+        )
     return _active[-1]
 
 
@@ -122,7 +169,7 @@ class Tensor:
 
     def __len__(self) -> int:
         if not self.shape:
-            raise TraceError("len() of a 0-d tensor")
+            raise TraceError(f"len() of a 0-d tensor {self.aval}, at {user_location()}")
         return self.shape[0]
 
     def __bool__(self) -> bool:
@@ -130,6 +177,14 @@ class Tensor:
             f"the truth value of a traced tensor {self.aval} is not known while tracing; "
             f"use op.where instead of Python control flow, at {user_location()}"
         )
+
+    def _python_number(self, *args: Any) -> Any:
+        raise TraceError(
+            f"a traced tensor {self.aval} has no Python value while tracing; keep computing "
+            f"with tensors (or pass the value as a static argument), at {user_location()}"
+        )
+
+    __float__ = __int__ = __index__ = __complex__ = _python_number
 
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
         raise TraceError(
@@ -245,4 +300,4 @@ def _op() -> Any:
     return op
 
 
-__all__ = ["Tensor", "Trace", "TesseraError", "current_trace", "tracing", "user_location"]
+__all__ = ["Tensor", "TesseraError", "Trace", "current_trace", "tracing", "user_location"]

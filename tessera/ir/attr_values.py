@@ -2,7 +2,8 @@
 
 Graph ops keep their parameters (axes, eps, predicate...) as xDSL properties. Shape
 rules and kernels want plain Python values, and the custom syntax prints them without
-type noise: ``{axes = [1], keepdims = true, eps = 1.0e-05, approximate = tanh}``.
+type noise: ``{axes = [1], keepdims = true, eps = 1.0e-05, approximate = tanh}``;
+lists of names (mesh axes) print as ``[tp, dp]``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from xdsl.dialects.builtin import (
+    ArrayAttr,
     BoolAttr,
     DenseArrayBase,
     FloatAttr,
@@ -42,6 +44,8 @@ def to_attr(value: Any) -> Attribute:
         return StringAttr(value)
     if isinstance(value, Sequence) and all(isinstance(v, int) for v in value):
         return DenseArrayBase.from_list(i64, [int(v) for v in value])
+    if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+        return ArrayAttr([StringAttr(v) for v in value])
     raise TypeError(f"cannot store {value!r} as an op property")
 
 
@@ -57,6 +61,8 @@ def to_python(attr: Attribute) -> Any:
         return attr.data
     if isinstance(attr, DenseArrayBase):
         return tuple(int(v) for v in attr.get_values())
+    if isinstance(attr, ArrayAttr) and all(isinstance(a, StringAttr) for a in attr.data):
+        return tuple(a.data for a in attr.data)
     return attr
 
 
@@ -82,7 +88,9 @@ def print_value(printer: Printer, attr: Attribute) -> None:
             printer.print_string(value)
         else:
             printer.print_string_literal(value)
-    elif isinstance(value, tuple):
+    elif isinstance(value, tuple) and all(
+        isinstance(v, int) or _IDENTIFIER.fullmatch(v) for v in value
+    ):
         printer.print_string("[" + ", ".join(str(v) for v in value) + "]")
     else:
         printer.print_attribute(attr)
@@ -93,6 +101,12 @@ def parse_value(parser: Parser) -> Attribute:
     if parser.parse_optional_punctuation("[") is not None:
         if parser.parse_optional_punctuation("]") is not None:
             return DenseArrayBase.from_list(i64, [])
+        if (name := parser.parse_optional_identifier()) is not None:  # a list of names
+            names = [name]
+            while parser.parse_optional_punctuation(",") is not None:
+                names.append(parser.parse_identifier(" in a list of names"))
+            parser.parse_punctuation("]")
+            return ArrayAttr([StringAttr(n) for n in names])
         values = parser.parse_comma_separated_list(
             parser.Delimiter.NONE, lambda: parser.parse_integer(context_msg=" in an integer list")
         )

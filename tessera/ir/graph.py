@@ -13,10 +13,13 @@ A single type after ``:`` means every operand and the result have that type.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from xdsl.dialects.builtin import (
+    ArrayAttr,
     BoolAttr,
     DenseArrayBase,
     DenseIntOrFPElementsAttr,
@@ -38,13 +41,15 @@ from xdsl.irdl import (
 )
 from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.printer import Printer
-from xdsl.traits import Pure
+from xdsl.traits import Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
-from tessera.errors import TesseraError
+from tessera.dtypes import DType
+from tessera.errors import ShapeError, TesseraError
 from tessera.ir import shape_rules
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.attr_values import parse_value, print_value, to_attr, to_python
+from tessera.ir.sharding import ShardingAttr
 
 ShapeRule = Callable[..., AbstractTensor | tuple[AbstractTensor, ...]]
 
@@ -77,7 +82,10 @@ class GraphOp(IRDLOperation):
 
     @classmethod
     def _property_names(cls) -> list[str]:
-        return list(cls.get_irdl_definition().properties)
+        """Property names, those declared by base classes first."""
+        names = list(cls.get_irdl_definition().properties)
+        mro = list(reversed(cls.__mro__))
+        return sorted(names, key=lambda n: next(i for i, k in enumerate(mro) if n in vars(k)))
 
     def verify_(self) -> None:
         try:
@@ -158,22 +166,26 @@ class GraphOp(IRDLOperation):
 def _parse_signature(parser: Parser, num_operands: int) -> tuple[list[Attribute], list[Attribute]]:
     """Parses ``T`` or ``T1, T2 -> R`` or ``T -> (R1, R2)`` or ``-> R``."""
     types: list[Attribute] = []
+    start = parser.pos  # errors point at the signature, not at the token after it
     if parser.parse_optional_punctuation("->") is None:
         types = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_type)
         if parser.parse_optional_punctuation("->") is None:
             if len(types) != 1:
                 parser.raise_error(
                     f"expected one type shared by operands and result, or "
-                    f"'operand types -> result type', found {len(types)} types"
+                    f"'operand types -> result type', found {len(types)} types",
+                    start,
                 )
             return types * num_operands, types
     if parser.parse_optional_punctuation("(") is not None:
-        results = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_type)
-        parser.parse_punctuation(")")
+        results: list[Attribute] = []  # `-> ()`: a split into no pieces
+        if parser.parse_optional_punctuation(")") is None:
+            results = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_type)
+            parser.parse_punctuation(")")
     else:
         results = [parser.parse_type()]
     if len(types) != num_operands:
-        parser.raise_error(f"expected {num_operands} operand types, found {len(types)}")
+        parser.raise_error(f"expected {num_operands} operand types, found {len(types)}", start)
     return types, results
 
 
@@ -293,19 +305,40 @@ class ConstantOp(GraphOp):
     def print(self, printer: Printer) -> None:
         printer.print_op_attributes(self.attributes, print_keyword=True)
         printer.print_string(" ")
-        printer.print_attribute(self.value)
+        blob = _nonfinite_blob(self.value)
+        if blob is None:
+            printer.print_attribute(self.value)
+        else:  # xDSL reads its own hex-float spelling of inf/nan back as an integer
+            printer.print_string(f'dense<"0x{blob}"> : ')
+            printer.print_attribute(self.value.get_type())
 
     @classmethod
     def parse(cls, parser: Parser) -> ConstantOp:
         attributes = parser.parse_optional_attr_dict_with_keyword()
+        start = parser.pos
         value = parser.parse_attribute()
         if not isinstance(value, DenseIntOrFPElementsAttr):
-            parser.raise_error(f"expected a dense elements attribute, found {value}")
+            parser.raise_error(f"expected a dense elements attribute, found {value}", start)
         return cls.create(
             result_types=[value.get_type()],
             properties={"value": value},
             attributes=attributes.data if attributes else {},
         )
+
+
+def _nonfinite_blob(value: DenseIntOrFPElementsAttr) -> str | None:
+    """The little-endian hex blob of a float constant holding inf or nan, else None."""
+    aval = AbstractTensor.from_xdsl(value.get_type())
+    values = value.get_values()
+    if not aval.dtype.is_float or all(math.isfinite(v) for v in values):
+        return None
+    if aval.dtype == DType.bf16:  # bf16 is the top half of an f32 (inf/nan are exact)
+        bits = np.array(values, dtype=np.float32).view(np.uint32)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        raw = np.where(np.isnan(np.array(values, np.float32)), 0x7FC0, rounded).astype("<u2").tobytes()
+    else:
+        raw = np.array(values, dtype="<f2" if aval.dtype == DType.f16 else "<f4").tobytes()
+    return raw.hex().upper()
 
 
 # --- reductions and normalisations ------------------------------------------------------------
@@ -464,10 +497,15 @@ class SplitOp(GraphOp):
 
     def rule_attrs(self) -> dict[str, Any]:
         axis = self.attrs()["axis"]
-        sizes = [AbstractTensor.from_xdsl(r.type).shape for r in self.results]
-        if any(len(shape) <= axis for shape in sizes):
-            return {"axis": axis, "sizes": [-1]}  # rank mismatch: let the rule report it
-        return {"axis": axis, "sizes": [shape[axis] for shape in sizes]}
+        rank = AbstractTensor.from_xdsl(self.input.type).rank
+        shapes = [AbstractTensor.from_xdsl(r.type).shape for r in self.results]
+        for index, shape in enumerate(shapes):
+            if 0 <= axis < rank and len(shape) != rank:  # a bad axis: the rule reports it
+                raise ShapeError(
+                    f"expected results of rank {rank} like the operand, found result "
+                    f"{index} of type {self.results[index].type}"
+                )
+        return {"axis": axis, "sizes": [s[axis] if 0 <= axis < len(s) else 0 for s in shapes]}
 
 
 @irdl_op_definition
@@ -482,6 +520,144 @@ class GatherOp(GraphOp):
     shape_rule = staticmethod(shape_rules.gather)
 
 
+# --- sharding: meshes, constraints and collectives ---------------------------------------
+# Before shard-partition, types are global and a collective is a layout transition: the
+# global value is unchanged, only how it lies over the mesh (its sharding) changes.
+
+
+class CollectiveOp(UnaryGraphOp):
+    """Base of collectives over the mesh ``axes``."""
+
+    axes = prop_def(ArrayAttr)
+
+
+@irdl_op_definition
+class AllReduceOp(CollectiveOp):
+    """Resolves a value that is partial over ``axes`` by a ``kind`` reduction."""
+
+    name = "graph.all_reduce"
+    kind = prop_def(StringAttr)
+    shape_rule = staticmethod(shape_rules.all_reduce)
+
+
+@irdl_op_definition
+class AllGatherOp(CollectiveOp):
+    """Makes ``dim``, split over ``axes``, whole on every rank."""
+
+    name = "graph.all_gather"
+    dim = prop_def(IntegerAttr)
+    shape_rule = staticmethod(shape_rules.all_gather)
+
+
+@irdl_op_definition
+class AllSliceOp(CollectiveOp):
+    """Splits ``dim`` over ``axes``: every rank keeps its slice (no communication)."""
+
+    name = "graph.all_slice"
+    dim = prop_def(IntegerAttr)
+    shape_rule = staticmethod(shape_rules.all_slice)
+
+
+@irdl_op_definition
+class ReduceScatterOp(CollectiveOp):
+    """Resolves a value partial over ``axes`` into a split of ``dim`` over them."""
+
+    name = "graph.reduce_scatter"
+    dim = prop_def(IntegerAttr)
+    kind = prop_def(StringAttr)
+    shape_rule = staticmethod(shape_rules.reduce_scatter)
+
+
+@irdl_op_definition
+class AllToAllOp(CollectiveOp):
+    """Moves the split over ``axes`` from ``concat_dim`` to ``split_dim``."""
+
+    name = "graph.all_to_all"
+    split_dim = prop_def(IntegerAttr)
+    concat_dim = prop_def(IntegerAttr)
+    shape_rule = staticmethod(shape_rules.all_to_all)
+
+
+@irdl_op_definition
+class BroadcastOp(CollectiveOp):
+    """Every rank along ``axes`` takes the value of the rank at index ``src``."""
+
+    name = "graph.broadcast"
+    src = prop_def(IntegerAttr)
+    shape_rule = staticmethod(shape_rules.broadcast)
+
+
+@irdl_op_definition
+class ShardOp(UnaryGraphOp):
+    """A sharding constraint (``dist.shard``): the value must have ``sharding`` here."""
+
+    name = "graph.shard"
+    sharding = prop_def(ShardingAttr)
+    shape_rule = staticmethod(shape_rules.unary)
+
+    def rule_attrs(self) -> dict[str, Any]:
+        return {}
+
+
+@irdl_op_definition
+class MeshOp(IRDLOperation):
+    """A device mesh symbol: ``graph.mesh @mesh axes = [dp = 2, tp = 4]``."""
+
+    name = "graph.mesh"
+    sym_name = prop_def(StringAttr)
+    axis_names = prop_def(ArrayAttr)
+    axis_sizes = prop_def(DenseArrayBase)
+    traits = traits_def(SymbolOpInterface())
+
+    @staticmethod
+    def get(name: str, axes: Sequence[tuple[str, int]]) -> MeshOp:
+        return MeshOp.create(
+            properties={
+                "sym_name": StringAttr(name),
+                "axis_names": ArrayAttr([StringAttr(a) for a, _ in axes]),
+                "axis_sizes": to_attr([int(s) for _, s in axes]),
+            }
+        )
+
+    @property
+    def axes(self) -> list[tuple[str, int]]:
+        names = [a.data for a in self.axis_names.data]
+        return list(zip(names, to_python(self.axis_sizes), strict=True))
+
+    def verify_(self) -> None:
+        names = [a for a, _ in self.axes] if len(self.axis_names.data) == len(to_python(self.axis_sizes)) else None
+        if names is None:
+            raise VerifyException("graph.mesh: expected one size per axis name")
+        if not names or len(set(names)) != len(names):
+            raise VerifyException(f"graph.mesh: expected distinct axis names, found {names}")
+        for axis, size in self.axes:
+            if size < 1:
+                raise VerifyException(f"graph.mesh: axis {axis} must have a positive size, found {size}")
+
+    def print(self, printer: Printer) -> None:
+        axes = ", ".join(f"{a} = {s}" for a, s in self.axes)
+        printer.print_string(f" @{self.sym_name.data} axes = [{axes}]")
+
+    @classmethod
+    def parse(cls, parser: Parser) -> MeshOp:
+        name = parser.parse_symbol_name().data
+        parser.parse_keyword("axes")
+        parser.parse_punctuation("=")
+
+        def parse_axis() -> tuple[str, int]:
+            axis = parser.parse_identifier(" for a mesh axis name")
+            parser.parse_punctuation("=")
+            return axis, parser.parse_integer(context_msg=" for a mesh axis size")
+
+        axes = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parse_axis)
+        return cls.get(name, axes)
+
+
+COLLECTIVE_OPS: tuple[type[GraphOp], ...] = (
+    AllReduceOp, AllGatherOp, AllSliceOp, ReduceScatterOp, AllToAllOp, BroadcastOp,
+)  # fmt: skip
+
+
 GRAPH_OPS: tuple[type[GraphOp], ...] = (
     NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, GeluOp,
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
@@ -490,7 +666,7 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     SplitOp, GatherOp,
 )  # fmt: skip
 
-Graph = Dialect("graph", list(GRAPH_OPS), [])
+Graph = Dialect("graph", [*GRAPH_OPS, *COLLECTIVE_OPS, ShardOp, MeshOp], [ShardingAttr])
 
 
 def build(op_type: type[GraphOp], operands: Sequence[SSAValue], **attrs: Any) -> GraphOp:

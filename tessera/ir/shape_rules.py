@@ -175,7 +175,9 @@ def cross_entropy(logits: AbstractTensor, labels: AbstractTensor, reduction: str
     _require_float(logits, "logits tensor")
     if not labels.dtype.is_int:
         raise ShapeError(f"expected integer labels, found {labels}")
-    if logits.rank < 1 or labels.shape != logits.shape[:-1]:
+    if logits.rank < 1:
+        raise ShapeError(f"expected logits of rank >= 1 (classes last), found {logits}")
+    if labels.shape != logits.shape[:-1]:
         raise ShapeError(
             f"expected labels of shape {list(logits.shape[:-1])} for logits {logits}, "
             f"found {labels}"
@@ -220,10 +222,11 @@ def concat(*xs: AbstractTensor, axis: int) -> AbstractTensor:
         other = x.shape[:axis] + x.shape[axis + 1 :]
         if x.rank != first.rank or other != first.shape[:axis] + first.shape[axis + 1 :]:
             raise ShapeError(
-                f"operands must agree on every dimension but {axis}: {first} vs {x}"
+                f"expected operands that agree on every dimension but {axis}, "
+                f"found {first} and {x}"
             )
     size = sum(x.shape[axis] for x in xs)
-    return AbstractTensor(first.shape[:axis] + (size,) + first.shape[axis + 1 :], dtype)
+    return AbstractTensor((*first.shape[:axis], size, *first.shape[axis + 1 :]), dtype)
 
 
 def split(x: AbstractTensor, axis: int, sizes: Sequence[int]) -> tuple[AbstractTensor, ...]:
@@ -233,7 +236,7 @@ def split(x: AbstractTensor, axis: int, sizes: Sequence[int]) -> tuple[AbstractT
             f"split sizes {list(sizes)} must be non-negative and sum to dimension "
             f"{axis} of {x} ({x.shape[axis]})"
         )
-    return tuple(x.with_shape(x.shape[:axis] + (s,) + x.shape[axis + 1 :]) for s in sizes)
+    return tuple(x.with_shape((*x.shape[:axis], s, *x.shape[axis + 1 :])) for s in sizes)
 
 
 def slice_(
@@ -264,3 +267,60 @@ def gather(x: AbstractTensor, indices: AbstractTensor, axis: int) -> AbstractTen
         raise ShapeError(f"expected integer indices, found {indices}")
     _check_axes(x, [axis], "axis")
     return x.with_shape(x.shape[:axis] + indices.shape + x.shape[axis + 1 :])
+
+
+# --- collectives (global view: layout transitions, identity on the global value) -------
+
+COLLECTIVE_KINDS = ("sum", "mean", "max", "min")
+
+
+def _check_mesh_axes(axes: Sequence[str]) -> None:
+    if not axes:
+        raise ShapeError("expected at least one mesh axis, found none")
+    if len(set(axes)) != len(axes):
+        raise ShapeError(f"mesh axes must be distinct, found {list(axes)}")
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in COLLECTIVE_KINDS:
+        raise ShapeError(f"reduction kind must be one of {COLLECTIVE_KINDS}, found {kind!r}")
+
+
+def all_reduce(x: AbstractTensor, axes: Sequence[str], kind: str) -> AbstractTensor:
+    """Resolves a value partial over ``axes``."""
+    _check_mesh_axes(axes)
+    _check_kind(kind)
+    return x
+
+
+def all_gather(x: AbstractTensor, axes: Sequence[str], dim: int) -> AbstractTensor:
+    """Makes ``dim`` whole again (it was split over ``axes``)."""
+    _check_mesh_axes(axes)
+    _check_axes(x, [dim], "dim")
+    return x
+
+
+def all_slice(x: AbstractTensor, axes: Sequence[str], dim: int) -> AbstractTensor:
+    """Splits ``dim`` over ``axes`` by a local slice (no communication)."""
+    return all_gather(x, axes, dim)
+
+
+def reduce_scatter(x: AbstractTensor, axes: Sequence[str], dim: int, kind: str) -> AbstractTensor:
+    """Resolves a value partial over ``axes`` into a split of ``dim`` over them."""
+    _check_kind(kind)
+    return all_gather(x, axes, dim)
+
+
+def all_to_all(x: AbstractTensor, axes: Sequence[str], split_dim: int, concat_dim: int) -> AbstractTensor:
+    """Moves the split over ``axes`` from ``concat_dim`` to ``split_dim``."""
+    _check_mesh_axes(axes)
+    _check_axes(x, [split_dim, concat_dim], "split_dim and concat_dim")
+    return x
+
+
+def broadcast(x: AbstractTensor, axes: Sequence[str], src: int) -> AbstractTensor:
+    """Every rank along ``axes`` takes the value of the rank at index ``src``."""
+    _check_mesh_axes(axes)
+    if src < 0:
+        raise ShapeError(f"expected a non-negative source index, found {src}")
+    return x

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from math import prod
 from typing import Protocol
 
-from xdsl.dialects.builtin import ArrayAttr, StringAttr, SymbolRefAttr
-from xdsl.ir import ParametrizedAttribute
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, StringAttr, SymbolRefAttr
+from xdsl.ir import Operation, ParametrizedAttribute
 from xdsl.irdl import irdl_attr_definition, param_def
 from xdsl.parser import AttrParser
 from xdsl.printer import Printer
@@ -185,3 +186,37 @@ class ShardingAttr(ParametrizedAttribute):
 
     def print_parameters(self, printer: Printer) -> None:
         printer.print_string(f"<@{self.mesh_name}, {self.sharding}>")
+
+
+# --- where shardings live in the IR ----------------------------------------------------------
+
+SHARDING_KEY = "graph.sharding"
+
+
+def op_shardings(op: Operation) -> list[Sharding] | None:
+    """The shardings an op's results carry (``graph.sharding``), or None."""
+    attr = op.attributes.get(SHARDING_KEY)
+    if attr is None:
+        return None
+    attrs = attr.data if isinstance(attr, ArrayAttr) else (attr,)
+    return [a.sharding for a in attrs if isinstance(a, ShardingAttr)]
+
+
+def set_op_shardings(op: Operation, mesh: str, shardings: Sequence[Sharding]) -> None:
+    attrs = [ShardingAttr.get(mesh, s) for s in shardings]
+    op.attributes[SHARDING_KEY] = attrs[0] if len(attrs) == 1 else ArrayAttr(attrs)
+
+
+def arg_sharding(function: func.FuncOp, index: int) -> Sharding | None:
+    if function.arg_attrs is None:
+        return None
+    attr = function.arg_attrs.data[index].data.get(SHARDING_KEY)
+    return attr.sharding if isinstance(attr, ShardingAttr) else None
+
+
+def set_arg_sharding(function: func.FuncOp, index: int, mesh: str, sharding: Sharding) -> None:
+    count = len(function.args)
+    current = function.arg_attrs.data if function.arg_attrs else [DictionaryAttr({})] * count
+    updated = list(current)
+    updated[index] = DictionaryAttr({**current[index].data, SHARDING_KEY: ShardingAttr.get(mesh, sharding)})
+    function.arg_attrs = ArrayAttr(updated)

@@ -302,3 +302,29 @@ def sharding_rule(op: Operation) -> ShardingRule:
 
 def factor_product(rule: ShardingRule) -> int:
     return prod(f.size for f in rule.factors)
+
+
+# Partial values through linear ops: a value partial over an axis (each rank holds a term
+# of a sum or mean) stays partial through an op that is linear in it, so the reduction can
+# wait (GSPMD's lazy all-reduce). The entry says which operands may be partial: "all"
+# (every operand partial over the same axes, as in add) or a tuple of operand indices of
+# which exactly one may be partial (mul, matmul).
+PartialRule = str | tuple[int, ...]
+PARTIAL_PASSTHROUGH: dict[type[graph.GraphOp], PartialRule] = {
+    graph.NegOp: (0,),
+    graph.AddOp: "all",
+    graph.SubOp: "all",
+    graph.MulOp: (0, 1),
+    graph.DivOp: (0,),
+    graph.MatmulOp: (0, 1),
+    graph.SumOp: (0,),
+    graph.MeanOp: (0,),
+    graph.ReshapeOp: (0,),
+    graph.TransposeOp: (0,),
+    graph.BroadcastToOp: (0,),
+    graph.SliceOp: (0,),
+    graph.SplitOp: (0,),
+    graph.ConcatOp: "all",
+    graph.GatherOp: (0,),
+}
+LINEAR_KINDS = ("sum", "mean")

@@ -6,13 +6,21 @@ module happens only when its flag is asked for.
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 from collections.abc import Callable
+from pathlib import Path
 
 from xdsl.passes import ModulePass
 
 # flag -> (module, class name)
-_PASSES: dict[str, tuple[str, str]] = {}
+_PASSES: dict[str, tuple[str, str]] = {
+    "canonicalize": ("tessera.passes.canonicalize", "CanonicalizePass"),
+    "cse": ("tessera.passes.cse", "CSEPass"),
+    "dce": ("tessera.passes.dce", "DCEPass"),
+    "shard-propagate": ("tessera.passes.shard_propagate", "ShardPropagatePass"),
+}
 
 
 def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
@@ -22,3 +30,22 @@ def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
         return lambda: getattr(importlib.import_module(module), cls)
 
     return {flag: factory(module, cls) for flag, (module, cls) in _PASSES.items()}
+
+
+def pass_summaries() -> dict[str, str]:
+    """The first line of each pass class's (or module's) docstring, by flag, for ``--help``."""
+    return {flag: _summary(module, cls) for flag, (module, cls) in _PASSES.items()}
+
+
+def _summary(module: str, cls: str) -> str:
+    """Read from the source, so that ``--help`` imports no pass (and survives a broken one)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return ""
+    try:
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return ""
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+    doc = (ast.get_docstring(classes[0]) if classes else None) or ast.get_docstring(tree) or ""
+    return doc.split("\n")[0]

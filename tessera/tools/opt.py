@@ -1,20 +1,37 @@
-"""``tessera-opt``: run Tessera passes on textual IR (xDSL's opt driver, our dialects)."""
+"""``tessera-opt``: run Tessera passes on textual IR (xDSL's opt driver, our dialects).
+
+    tessera-opt in.mlir -p 'canonicalize,cse'
+    tessera-opt in.mlir -p 'canonicalize{max-fold-elements=16}' --print-between-passes
+
+Bad input is reported as ``FILE:LINE:COL: error: MESSAGE`` on stderr with exit status 1,
+never a traceback. With ``--verify-diagnostics`` (or ``--parsing-diagnostics``) the
+error is printed on stdout and the exit status is 0, as in ``xdsl-opt``.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
+from typing import IO
 
-from xdsl.dialects.builtin import Builtin
+from xdsl.dialects.builtin import Builtin, ModuleOp
 from xdsl.dialects.func import Func
+from xdsl.utils.arg_spec import parse_pipeline
+from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from tessera.ir.graph import Graph
-from tessera.passes import get_all_passes
+from tessera.passes import get_all_passes, pass_summaries
+from tessera.tools.diagnostics import LocatingParser, format_parse_error, format_verify_error
+
+
+class ToolError(Exception):
+    """Bad input or arguments: reported as one message on stderr, without a traceback."""
 
 
 class TesseraOptMain(xDSLOptMain):
-    """xdsl-opt with Tessera's dialects and passes only."""
+    """xdsl-opt with Tessera's dialects and passes only, and MLIR-style error messages."""
 
     def register_all_dialects(self) -> None:
         for dialect in (Builtin, Func, Graph):
@@ -24,9 +41,72 @@ class TesseraOptMain(xDSLOptMain):
         for flag, factory in get_all_passes().items():
             self.register_pass(flag, factory)
 
+    def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
+        super().register_all_arguments(arg_parser)
+        arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        width = max(map(len, self.available_passes), default=0) + 2
+        arg_parser.epilog = "Tessera passes (-p 'flag1,flag2{option=value}'):\n" + "\n".join(
+            f"  {flag:<{width}}{summary}" for flag, summary in pass_summaries().items()
+        )
+
+    def setup_pipeline(self) -> None:
+        """Checks pass names and options first, so that mistakes get a one-line error."""
+        try:
+            specs = list(parse_pipeline(self.args.passes))
+        except ArgSpecParseError as error:  # its text: header, location, source, caret, message
+            _, where, *_, message = str(error).strip().split("\n")
+            column = where.rsplit(":", 1)[-1]
+            raise ToolError(
+                f"tessera-opt: error: invalid pass pipeline '{self.args.passes}' "
+                f"at column {column}: {message.strip()}"
+            ) from None
+        for spec in specs:
+            if spec.name not in self.available_passes:
+                raise ToolError(
+                    f"tessera-opt: error: unknown pass '{spec.name}'; "
+                    f"available passes: {', '.join(self.available_passes)}"
+                )
+            try:
+                self.available_passes[spec.name]().from_pass_spec(spec)
+            except ValueError as error:
+                raise ToolError(
+                    f"tessera-opt: error: invalid options for pass '{spec.name}': {error}"
+                ) from None
+        super().setup_pipeline()
+
+    def parse_chunk(
+        self, chunk: IO[bytes], file_extension: str, start_offset: int = 0
+    ) -> ModuleOp | None:
+        """Parses with :class:`LocatingParser`, so that ops know their source lines."""
+        if file_extension != "mlir":
+            return super().parse_chunk(chunk, file_extension, start_offset)
+        parser = LocatingParser(self.ctx, chunk.read(), self.get_input_name(), start_offset)
+        return parser.parse_module(not self.args.no_implicit_module)
+
+    def apply_passes(self, prog: ModuleOp) -> None:
+        try:
+            super().apply_passes(prog)
+        except DiagnosticException as error:
+            if self.args.verify_diagnostics:
+                raise  # xDSL prints it
+            raise ToolError(format_verify_error(error, prog, self.get_input_name())) from None
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except ParseError as error:  # xDSL has set the line offset of split input
+            raise ToolError(format_parse_error(error)) from None
+
 
 def main(args: Sequence[str] | None = None) -> int:
-    TesseraOptMain(description="Tessera's IR optimizer driver", args=args).run()
+    try:
+        TesseraOptMain(description="Tessera's IR optimizer driver", args=args).run()
+    except ToolError as error:
+        print(error, file=sys.stderr)
+        return 1
+    except OSError as error:  # an unreadable input or unwritable output file
+        print(f"tessera-opt: error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -12,7 +12,7 @@ import functools
 import inspect
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,10 +30,11 @@ STAGES = ("graph",)
 
 
 def _is_array(leaf: Any) -> bool:
-    return isinstance(leaf, (torch.Tensor, np.ndarray))
+    """Arrays are traced; numpy scalars (``np.float32(1)``) count as 0-d arrays."""
+    return isinstance(leaf, (torch.Tensor, np.ndarray, np.generic))
 
 
-def _abstract(leaf: torch.Tensor | np.ndarray) -> AbstractTensor:
+def _abstract(leaf: torch.Tensor | np.ndarray | np.generic) -> AbstractTensor:
     return AbstractTensor(tuple(int(d) for d in leaf.shape), as_dtype(leaf.dtype))
 
 
@@ -66,9 +67,15 @@ class Lowered:
 
     def run(self, leaves: Sequence[Any]) -> Any:
         arrays = [leaf for leaf in leaves if _is_array(leaf)]
-        to_numpy = any(isinstance(a, np.ndarray) for a in arrays)
-        inputs = [_to_torch(a, aval) for a, aval in zip(arrays, self._input_avals(), strict=True)]
-        outputs = run_function(self.module, self.name, inputs)
+        expected, found = self._input_avals(), [_abstract(a) for a in arrays]
+        if found != expected:
+            raise ExecutionError(
+                f"{self.name} was compiled for arrays {', '.join(map(str, expected)) or 'none'}; "
+                f"found {', '.join(map(str, found)) or 'none'}"
+            )
+        to_numpy = any(not isinstance(a, torch.Tensor) for a in arrays)
+        inputs = [_to_torch(a, aval) for a, aval in zip(arrays, expected, strict=True)]
+        outputs = [_unaliased(o, inputs) for o in run_function(self.module, self.name, inputs)]
         results = [o.numpy() if to_numpy and o.dtype != torch.bfloat16 else o for o in outputs]
         return pytree.unflatten(self.out_tree, results)
 
@@ -76,9 +83,18 @@ class Lowered:
         return [leaf for leaf in self.signature.leaves if isinstance(leaf, AbstractTensor)]
 
 
-def _to_torch(array: torch.Tensor | np.ndarray, aval: AbstractTensor) -> torch.Tensor:
-    tensor = torch.from_numpy(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
+def _to_torch(array: torch.Tensor | np.ndarray | np.generic, aval: AbstractTensor) -> torch.Tensor:
+    """A CPU tensor of ``aval``'s dtype; numpy data is copied (``np.array`` keeps 0-d shapes)."""
+    tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.array(array, order="C"))
     return tensor.detach().to(device="cpu", dtype=aval.dtype.to_torch())
+
+
+def _unaliased(output: torch.Tensor, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``output``, copied if it shares memory with an argument: results are new values."""
+    address = output.untyped_storage().data_ptr()
+    if any(address == i.untyped_storage().data_ptr() for i in inputs):
+        return output.clone()
+    return output
 
 
 class JitFunction:
@@ -86,13 +102,15 @@ class JitFunction:
 
     def __init__(self, fn: Callable[..., Any], static_argnums: Sequence[int] = ()):
         functools.update_wrapper(self, fn)
+        self.__name__: str = getattr(fn, "__name__", "main")  # functools.partial has none
         self.fn = fn
         self.static_argnums = tuple(static_argnums)
         self.trace_count = 0
         self._cache: dict[Signature, Lowered] = {}
 
     def signature(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Signature:
-        marked = tuple(_Static(a) if i in self.static_argnums else a for i, a in enumerate(args))
+        static = {n % len(args) for n in self.static_argnums if -len(args) <= n < len(args)}
+        marked = tuple(_Static(a) if i in static else a for i, a in enumerate(args))
         leaves, treedef = pytree.flatten((marked, kwargs))
         keys = []
         for leaf in leaves:
@@ -121,7 +139,7 @@ class JitFunction:
     def _trace(self, signature: Signature) -> Lowered:
         self.trace_count += 1
         avals = [k for k in signature.leaves if isinstance(k, AbstractTensor)]
-        trace = Trace(getattr(self.fn, "__name__", "main"), avals)
+        trace = Trace(self.__name__, avals)
         for argument, name in zip(trace.block.args, self._argument_names(signature), strict=True):
             argument.name_hint = name
         arguments = iter(trace.block.args)
@@ -137,7 +155,7 @@ class JitFunction:
             if not isinstance(leaf, Tensor):
                 raise TraceError(
                     f"{self.__name__} must return tensors (in tuples, lists or dicts), "
-                    f"found {type(leaf).__name__}: {leaf!r}"
+                    f"found {type(leaf).__name__}: {leaf!r}\n  in {_definition(self.fn)}"
                 )
             if leaf.trace is not trace:
                 raise TraceError(f"{self.__name__} returned a tensor from another traced function")
@@ -170,11 +188,23 @@ class JitFunction:
         return names
 
 
+def _definition(fn: Callable[..., Any]) -> str:
+    """``file:line`` where ``fn`` is defined, for errors about the function as a whole."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    name = getattr(fn, "__qualname__", repr(fn))
+    return f"{name} defined at {code.co_filename}:{code.co_firstlineno}" if code else name
+
+
 @dataclass(frozen=True)
 class _Static:
-    """A leaf the program is specialised on (compared by value)."""
+    """A leaf the program is specialised on, compared by type and value: ``1``, ``1.0``
+    and ``True`` are equal in Python but trace differently (``x * 1.0`` is float)."""
 
     value: Any
+    kind: type = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", type(self.value))
 
 
 def jit(

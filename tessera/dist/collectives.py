@@ -1,0 +1,93 @@
+"""Sharding constraints and explicit collectives inside ``@ts.jit`` code.
+
+Traced code sees global tensors, so an explicit collective states a layout: after
+``dist.all_reduce(x, axis="tp")`` the value is no longer partial over ``tp``; after
+``dist.all_gather(x, axis="tp", dim=1)`` dim 1 is whole. The global value never
+changes; the sharding passes turn these into communication where the layout needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tessera.dist.mesh import Mesh
+from tessera.dist.shard_spec import ShardSpec
+from tessera.errors import ShardingError, TraceError
+from tessera.frontend.tracer import Tensor, current_trace, user_location
+from tessera.ir import graph
+from tessera.ir.sharding import Sharding, ShardingAttr
+from tessera.ir.shape_rules import normalize_axis
+
+MESH_SYMBOL = "mesh"
+
+
+def _mesh(what: str) -> Mesh:
+    mesh = current_trace().mesh
+    if mesh is None:
+        raise TraceError(f"{what} needs a device mesh: use ts.jit(fn, mesh=...), at {user_location()}")
+    return mesh
+
+
+def _axes(what: str, axis: str | Sequence[str]) -> tuple[str, ...]:
+    mesh = _mesh(what)
+    axes = (axis,) if isinstance(axis, str) else tuple(axis)
+    for name in axes:
+        if name not in mesh.axis_names:
+            raise ShardingError(
+                f"{what}: unknown mesh axis {name!r}; the mesh has axes {list(mesh.axis_names)}, "
+                f"at {user_location()}"
+            )
+    return axes
+
+
+def _bind(op_type: type[graph.GraphOp], x: Tensor, **attrs: Any) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TraceError(f"{op_type.name} expects a traced tensor, found {type(x).__name__} at {user_location()}")
+    (result,) = current_trace().bind(op_type, [x], **attrs)
+    return result
+
+
+def shard(x: Tensor, spec: ShardSpec | Sharding) -> Tensor:
+    """Constrains ``x`` to the layout ``spec`` at this point (JAX's sharding constraint)."""
+    mesh = _mesh("dist.shard")
+    sharding = spec.to_sharding(mesh, x.shape, f"dist.shard at {user_location()}") if isinstance(spec, ShardSpec) else spec
+    if isinstance(spec, Sharding):
+        spec.validate(mesh, x.shape, f"dist.shard at {user_location()}")
+    return _bind(graph.ShardOp, x, sharding=ShardingAttr.get(MESH_SYMBOL, sharding))
+
+
+def all_reduce(x: Tensor, axis: str | Sequence[str], op: str = "sum") -> Tensor:
+    """Resolves ``x``'s partial sums (max, min, mean) over ``axis``."""
+    return _bind(graph.AllReduceOp, x, axes=_axes("dist.all_reduce", axis), kind=op)
+
+
+def all_gather(x: Tensor, axis: str | Sequence[str], dim: int = 0) -> Tensor:
+    """Makes dim ``dim`` whole on every rank of ``axis``."""
+    return _bind(graph.AllGatherOp, x, axes=_axes("dist.all_gather", axis), dim=normalize_axis(dim, x.ndim))
+
+
+def reduce_scatter(x: Tensor, axis: str | Sequence[str], dim: int = 0, op: str = "sum") -> Tensor:
+    """Resolves partial sums over ``axis`` into a split of dim ``dim`` over it."""
+    axes = _axes("dist.reduce_scatter", axis)
+    return _bind(graph.ReduceScatterOp, x, axes=axes, dim=normalize_axis(dim, x.ndim), kind=op)
+
+
+def all_to_all(x: Tensor, axis: str | Sequence[str], split_dim: int, concat_dim: int) -> Tensor:
+    """Moves the split over ``axis`` from ``concat_dim`` to ``split_dim``."""
+    axes = _axes("dist.all_to_all", axis)
+    return _bind(
+        graph.AllToAllOp, x, axes=axes,
+        split_dim=normalize_axis(split_dim, x.ndim), concat_dim=normalize_axis(concat_dim, x.ndim),
+    )  # fmt: skip
+
+
+def broadcast(x: Tensor, axis: str | Sequence[str], src: int = 0) -> Tensor:
+    """Every rank along ``axis`` takes the value of the rank at index ``src``."""
+    axes = _axes("dist.broadcast", axis)
+    size = 1
+    for name in axes:
+        size *= _mesh("dist.broadcast").axis_size(name)
+    if not 0 <= src < size:
+        raise ShardingError(f"dist.broadcast: src {src} is out of range for {size} ranks, at {user_location()}")
+    return _bind(graph.BroadcastOp, x, axes=axes, src=src)
