@@ -17,24 +17,41 @@ from typing import Any
 
 import numpy as np
 import torch
+from xdsl.context import Context
+from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import BlockArgument, SSAValue
 
+from tessera.backends.collective_info import CollectiveInfo, collectives
+from tessera.backends.layout import assemble, scatter
 from tessera.backends.reference import run_function
+from tessera.backends.virtual import run_partitioned
+from tessera.dist.collectives import MESH_SYMBOL, shard
+from tessera.dist.mesh import Mesh
+from tessera.dist.shard_spec import ShardSpec
+from tessera.dist.tensor import DistTensor
 from tessera.dtypes import as_dtype
-from tessera.errors import ExecutionError, TesseraError, TraceError
+from tessera.errors import ExecutionError, ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, tracing
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_sharding, op_shardings
+from tessera.passes import get_all_passes
 
-STAGES = ("graph",)
+STAGES = ("graph", "sharded", "partitioned")
+_STAGE_PASSES = {
+    "graph": [],
+    "sharded": ["shard-propagate", "insert-collectives"],
+    "partitioned": ["shard-propagate", "insert-collectives", "shard-partition"],
+}
 
 
 def _is_array(leaf: Any) -> bool:
     """Arrays are traced; numpy scalars (``np.float32(1)``) count as 0-d arrays."""
-    return isinstance(leaf, (torch.Tensor, np.ndarray, np.generic))
+    return isinstance(leaf, (torch.Tensor, np.ndarray, np.generic, DistTensor))
 
 
-def _abstract(leaf: torch.Tensor | np.ndarray | np.generic) -> AbstractTensor:
+def _abstract(leaf: torch.Tensor | np.ndarray | np.generic | DistTensor) -> AbstractTensor:
     return AbstractTensor(tuple(int(d) for d in leaf.shape), as_dtype(leaf.dtype))
 
 
@@ -44,22 +61,51 @@ class Signature:
 
     treedef: pytree.TreeDef
     leaves: tuple[Any, ...]  # AbstractTensor for arrays, the value itself for static leaves
+    shardings: tuple[Sharding | None, ...] = ()  # per array leaf, when traced with a mesh
 
 
 class Lowered:
     """A traced program for one signature (like ``jax.jit(f).lower(...)``)."""
 
-    def __init__(self, name: str, module: ModuleOp, signature: Signature, out_tree: pytree.TreeDef):
+    def __init__(
+        self,
+        name: str,
+        module: ModuleOp,
+        signature: Signature,
+        out_tree: pytree.TreeDef,
+        mesh: Mesh | None = None,
+    ):
         self.name = name
         self.module = module
         self.signature = signature
         self.out_tree = out_tree
+        self.mesh = mesh
+        self._stages: dict[str, ModuleOp] = {"graph": module}
 
     def as_text(self, stage: str = "graph") -> str:
-        """The IR at ``stage``: ``"graph"`` is the traced Graph IR."""
+        """The IR at ``stage``: ``"graph"`` (traced, global shapes), ``"sharded"`` (every
+        value annotated with its sharding, collectives inserted) or ``"partitioned"``
+        (the per-rank program, local shapes)."""
+        return str(self.module_at(stage))
+
+    def module_at(self, stage: str) -> ModuleOp:
+        """The module after ``stage``'s passes (computed once, on a copy)."""
         if stage not in STAGES:
             raise TesseraError(f"unknown or not yet available stage {stage!r}; available: {STAGES}")
-        return str(self.module)
+        if stage not in self._stages:
+            passes = get_all_passes()
+            module = self.module.clone()
+            for flag in _STAGE_PASSES[stage]:
+                passes[flag]()().apply(Context(), module)
+            module.verify()
+            self._stages[stage] = module
+        return self._stages[stage]
+
+    def collectives(self) -> list[CollectiveInfo]:
+        """The communicating collectives each rank runs, in program order."""
+        if self.mesh is None:
+            return []
+        return collectives(self.module_at("partitioned"))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, _ = pytree.flatten((args, kwargs))
@@ -73,18 +119,51 @@ class Lowered:
                 f"{self.name} was compiled for arrays {', '.join(map(str, expected)) or 'none'}; "
                 f"found {', '.join(map(str, found)) or 'none'}"
             )
-        to_numpy = any(not isinstance(a, torch.Tensor) for a in arrays)
+        to_numpy = any(isinstance(a, (np.ndarray, np.generic)) for a in arrays)
         inputs = [_to_torch(a, aval) for a, aval in zip(arrays, expected, strict=True)]
-        outputs = [_unaliased(o, inputs) for o in run_function(self.module, self.name, inputs)]
+        if self.mesh is None:
+            outputs = [_unaliased(o, inputs) for o in run_function(self.module, self.name, inputs)]
+        else:
+            outputs = self._run_on_virtual_mesh(inputs)
         results = [o.numpy() if to_numpy and o.dtype != torch.bfloat16 else o for o in outputs]
         return pytree.unflatten(self.out_tree, results)
+
+    def _run_on_virtual_mesh(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Slices the global inputs per rank, runs every rank's partitioned program and
+        assembles the global outputs from the ranks' pieces."""
+        assert self.mesh is not None
+        module = self.module_at("partitioned")
+        function = next(o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == self.name)
+        pieces = [
+            scatter(x, arg_sharding(function, i) or Sharding.replicated(x.dim()), self.mesh)
+            for i, x in enumerate(inputs)
+        ]
+        rank_args = [[p[rank] for p in pieces] for rank in range(self.mesh.size)]
+        per_rank = run_partitioned(module, self.name, self.mesh, rank_args)
+        returned = function.body.block.last_op.operands
+        outputs = []
+        for index, value in enumerate(returned):
+            sharding = _value_sharding(function, value)
+            outputs.append(assemble([ranks[index] for ranks in per_rank], sharding, self.mesh))
+        return outputs
 
     def _input_avals(self) -> list[AbstractTensor]:
         return [leaf for leaf in self.signature.leaves if isinstance(leaf, AbstractTensor)]
 
 
+def _value_sharding(function: func.FuncOp, value: SSAValue) -> Sharding:
+    """The layout of a value of a sharded function (arguments and op results)."""
+    if isinstance(value, BlockArgument):
+        found = arg_sharding(function, value.index)
+    else:
+        found = (op_shardings(value.owner) or [None] * (value.index + 1))[value.index]
+    return found or Sharding.replicated(AbstractTensor.from_xdsl(value.type).rank)
+
+
 def _to_torch(array: torch.Tensor | np.ndarray | np.generic, aval: AbstractTensor) -> torch.Tensor:
     """A CPU tensor of ``aval``'s dtype; numpy data is copied (``np.array`` keeps 0-d shapes)."""
+    if isinstance(array, DistTensor):
+        array = array.data
     tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.array(array, order="C"))
     return tensor.detach().to(device="cpu", dtype=aval.dtype.to_torch())
 
@@ -100,7 +179,19 @@ def _unaliased(output: torch.Tensor, inputs: Sequence[torch.Tensor]) -> torch.Te
 class JitFunction:
     """A function compiled by Tessera; call it like the original."""
 
-    def __init__(self, fn: Callable[..., Any], static_argnums: Sequence[int] = ()):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        static_argnums: Sequence[int] = (),
+        mesh: Mesh | None = None,
+        in_shardings: Any = None,
+        out_shardings: Any = None,
+    ):
+        if mesh is None and (in_shardings is not None or out_shardings is not None):
+            raise ShardingError("in_shardings and out_shardings need a mesh: ts.jit(fn, mesh=...)")
+        self.mesh = mesh
+        self.in_shardings = in_shardings
+        self.out_shardings = out_shardings
         functools.update_wrapper(self, fn)
         self.__name__: str = getattr(fn, "__name__", "main")  # functools.partial has none
         self.fn = fn
@@ -122,7 +213,41 @@ class JitFunction:
             hash(tuple(keys))
         except TypeError as error:
             raise TraceError(f"static arguments of {self.__name__} must be hashable: {error}") from None
-        return Signature(treedef, tuple(keys))
+        return Signature(treedef, tuple(keys), self._input_shardings(args, leaves))
+
+    def _input_shardings(self, args: Sequence[Any], leaves: Sequence[Any]) -> tuple[Sharding | None, ...]:
+        """The sharding of each array leaf: from ``in_shardings`` (a pytree prefix of the
+        positional arguments) or from a ``dist.tensor``'s layout."""
+        if self.mesh is None:
+            if any(isinstance(leaf, DistTensor) for leaf in leaves):
+                raise ShardingError(f"{self.__name__} got a dist.tensor argument but has no mesh: ts.jit(fn, mesh=...)")
+            return ()
+        specs = self.in_shardings
+        if specs is not None and not isinstance(specs, (tuple, list)):
+            specs = (specs,) * len(args)
+        if specs is not None and len(specs) != len(args):
+            raise ShardingError(
+                f"{self.__name__}: in_shardings has {len(specs)} entries for {len(args)} positional arguments"
+            )
+        per_leaf: list[ShardSpec | None] = []
+        for index, arg in enumerate(args):
+            _, tree = pytree.flatten(arg)
+            per_leaf += _broadcast_prefix(specs[index] if specs else None, tree, f"in_shardings[{index}]")
+        per_leaf += [None] * (len(leaves) - len(per_leaf))  # keyword arguments: open
+        shardings: list[Sharding | None] = []
+        for position, (leaf, spec) in enumerate(zip(leaves, per_leaf, strict=True)):
+            if not _is_array(leaf):
+                continue
+            name = f"{self.__name__} argument leaf #{position}"
+            sharding = spec.to_sharding(self.mesh, leaf.shape, name) if spec is not None else None
+            if isinstance(leaf, DistTensor):
+                if leaf.mesh != self.mesh:
+                    raise ShardingError(f"{name}: dist.tensor on {leaf.mesh} but the function runs on {self.mesh}")
+                if sharding is not None and sharding != leaf.sharding:
+                    raise ShardingError(f"{name}: in_shardings says {sharding} but the dist.tensor is laid out {leaf.sharding}")
+                sharding = leaf.sharding
+            shardings.append(sharding)
+        return tuple(shardings)
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Traces (or fetches from the cache) the program for these arguments."""
@@ -139,7 +264,7 @@ class JitFunction:
     def _trace(self, signature: Signature) -> Lowered:
         self.trace_count += 1
         avals = [k for k in signature.leaves if isinstance(k, AbstractTensor)]
-        trace = Trace(self.__name__, avals)
+        trace = Trace(self.__name__, avals, mesh=self.mesh)
         for argument, name in zip(trace.block.args, self._argument_names(signature), strict=True):
             argument.name_hint = name
         arguments = iter(trace.block.args)
@@ -150,7 +275,13 @@ class JitFunction:
         args, kwargs = pytree.unflatten(signature.treedef, leaves)
         with tracing(trace):
             result = self.fn(*args, **kwargs)
-        out_leaves, out_tree = pytree.flatten(result)
+            out_leaves, out_tree = pytree.flatten(result)
+            if self.out_shardings is not None:
+                specs = _broadcast_prefix(self.out_shardings, out_tree, "out_shardings")
+                out_leaves = [
+                    shard(leaf, spec) if spec is not None and isinstance(leaf, Tensor) else leaf
+                    for leaf, spec in zip(out_leaves, specs, strict=True)
+                ]
         for leaf in out_leaves:
             if not isinstance(leaf, Tensor):
                 raise TraceError(
@@ -159,7 +290,12 @@ class JitFunction:
                 )
             if leaf.trace is not trace:
                 raise TraceError(f"{self.__name__} returned a tensor from another traced function")
-        return Lowered(trace.name, trace.finish(out_leaves), signature, out_tree)
+        arg_attrs = [
+            {SHARDING_KEY: ShardingAttr.get(MESH_SYMBOL, s)} if s is not None else {}
+            for s in signature.shardings
+        ]
+        module = trace.finish(out_leaves, arg_attrs or None)
+        return Lowered(trace.name, module, signature, out_tree, self.mesh)
 
 
     def _argument_names(self, signature: Signature) -> list[str]:
@@ -208,17 +344,42 @@ class _Static:
 
 
 def jit(
-    fn: Callable[..., Any] | None = None, *, static_argnums: int | Sequence[int] = ()
+    fn: Callable[..., Any] | None = None,
+    *,
+    static_argnums: int | Sequence[int] = (),
+    mesh: Mesh | None = None,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
 ) -> Any:
-    """Compiles ``fn`` with Tessera; usable as ``@jit`` or ``@jit(static_argnums=...)``."""
+    """Compiles ``fn`` with Tessera; usable as ``@jit`` or ``@jit(static_argnums=...)``.
+
+    With a ``mesh``, ``in_shardings`` gives one entry per positional argument (a
+    ``dist.ShardSpec``, None for "let Tessera choose", or a pytree of those matching the
+    argument) and ``out_shardings`` constrains the outputs the same way.
+    """
     nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    options = {"mesh": mesh, "in_shardings": in_shardings, "out_shardings": out_shardings}
     if fn is None:
-        return lambda f: JitFunction(f, nums)
+        return lambda f: JitFunction(f, nums, **options)
     if not callable(fn):
         raise TesseraError(f"ts.jit expects a function, found {type(fn).__name__}")
     if inspect.isclass(fn):
         raise TesseraError("ts.jit expects a function, found a class")
-    return JitFunction(fn, nums)
+    return JitFunction(fn, nums, **options)
+
+
+def _broadcast_prefix(prefix: Any, tree: pytree.TreeDef, what: str) -> list[Any]:
+    """One entry per leaf of ``tree``: a leaf of ``prefix`` applies to its whole subtree."""
+    if prefix is None or isinstance(prefix, ShardSpec):
+        return [prefix] * tree.num_leaves
+    prefix_leaves, prefix_tree = pytree.flatten(prefix)
+    if prefix_tree == tree:
+        return prefix_leaves
+    if tree.kind in ("tuple", "list", "namedtuple") and isinstance(prefix, (tuple, list)) and len(prefix) == len(tree.children):
+        return [x for p, child in zip(prefix, tree.children, strict=True) for x in _broadcast_prefix(p, child, what)]
+    if tree.kind == "dict" and isinstance(prefix, dict) and set(prefix) == set(tree.meta):
+        return [x for key, child in zip(tree.meta, tree.children, strict=True) for x in _broadcast_prefix(prefix[key], child, what)]
+    raise ShardingError(f"{what} does not match the structure of the values it describes")
 
 
 __all__ = ["ExecutionError", "JitFunction", "Lowered", "jit"]

@@ -28,6 +28,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     TensorType,
 )
+from xdsl.dialects.func import FuncOp
 from xdsl.ir import Attribute, Dialect, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
@@ -525,10 +526,35 @@ class GatherOp(GraphOp):
 # global value is unchanged, only how it lies over the mesh (its sharding) changes.
 
 
+PARTITIONED = "graph.partitioned"  # unit attribute of a func.func with per-rank types
+
+
 class CollectiveOp(UnaryGraphOp):
     """Base of collectives over the mesh ``axes``."""
 
     axes = prop_def(ArrayAttr)
+
+    def rule_attrs(self) -> dict[str, Any]:
+        return {**self.attrs(), "group_size": self.group_size()}
+
+    def group_size(self) -> int | None:
+        """Ranks per group in a partitioned function (looked up in the module's
+        ``graph.mesh``); None in the global view."""
+        function = self.parent_op()
+        while function is not None and not isinstance(function, FuncOp):
+            function = function.parent_op()
+        if function is None or PARTITIONED not in function.attributes:
+            return None
+        module = function.parent_op()
+        meshes = [o for o in module.walk() if isinstance(o, MeshOp)] if module else []
+        if len(meshes) != 1:
+            raise VerifyException(f"{self.name}: a partitioned function needs exactly one graph.mesh")
+        sizes = dict(meshes[0].axes)
+        axes = self.attrs()["axes"]
+        unknown = [a for a in axes if a not in sizes]
+        if unknown:
+            raise VerifyException(f"{self.name}: unknown mesh axes {unknown}; the mesh has {list(sizes)}")
+        return math.prod(sizes[a] for a in axes)
 
 
 @irdl_op_definition
@@ -593,10 +619,12 @@ class ShardOp(UnaryGraphOp):
 
     name = "graph.shard"
     sharding = prop_def(ShardingAttr)
-    shape_rule = staticmethod(shape_rules.unary)
 
-    def rule_attrs(self) -> dict[str, Any]:
-        return {}
+    @staticmethod
+    def shape_rule(x: AbstractTensor, sharding: Any = None) -> AbstractTensor:
+        """A constraint leaves the value's type as is (its sharding is checked against
+        the mesh by the sharding passes)."""
+        return x
 
 
 @irdl_op_definition

@@ -269,7 +269,10 @@ def gather(x: AbstractTensor, indices: AbstractTensor, axis: int) -> AbstractTen
     return x.with_shape(x.shape[:axis] + indices.shape + x.shape[axis + 1 :])
 
 
-# --- collectives (global view: layout transitions, identity on the global value) -------
+# --- collectives ---------------------------------------------------------------------------
+# Before shard-partition (global view) a collective is a layout transition and its type
+# is its operand's; in a partitioned function (local view) types are per rank and a
+# gather or slice changes the local size by the rank group's size.
 
 COLLECTIVE_KINDS = ("sum", "mean", "max", "min")
 
@@ -286,39 +289,61 @@ def _check_kind(kind: str) -> None:
         raise ShapeError(f"reduction kind must be one of {COLLECTIVE_KINDS}, found {kind!r}")
 
 
-def all_reduce(x: AbstractTensor, axes: Sequence[str], kind: str) -> AbstractTensor:
+def _resize(x: AbstractTensor, dim: int, group_size: int | None, grow: bool) -> AbstractTensor:
+    """Global view (``group_size`` None): the type is unchanged. Local view (after
+    shard-partition): ``dim`` grows or shrinks by the size of the rank group."""
+    if group_size is None:
+        return x
+    size = x.shape[dim]
+    if not grow and size % group_size:
+        raise ShapeError(
+            f"dim {dim} of {x} (size {size}) is not divisible by the group of {group_size} ranks"
+        )
+    new = size * group_size if grow else size // group_size
+    return x.with_shape((*x.shape[:dim], new, *x.shape[dim + 1 :]))
+
+
+def all_reduce(x: AbstractTensor, axes: Sequence[str], kind: str, group_size: int | None = None) -> AbstractTensor:
     """Resolves a value partial over ``axes``."""
     _check_mesh_axes(axes)
     _check_kind(kind)
     return x
 
 
-def all_gather(x: AbstractTensor, axes: Sequence[str], dim: int) -> AbstractTensor:
+def all_gather(x: AbstractTensor, axes: Sequence[str], dim: int, group_size: int | None = None) -> AbstractTensor:
     """Makes ``dim`` whole again (it was split over ``axes``)."""
     _check_mesh_axes(axes)
     _check_axes(x, [dim], "dim")
-    return x
+    return _resize(x, dim, group_size, grow=True)
 
 
-def all_slice(x: AbstractTensor, axes: Sequence[str], dim: int) -> AbstractTensor:
+def all_slice(x: AbstractTensor, axes: Sequence[str], dim: int, group_size: int | None = None) -> AbstractTensor:
     """Splits ``dim`` over ``axes`` by a local slice (no communication)."""
-    return all_gather(x, axes, dim)
+    _check_mesh_axes(axes)
+    _check_axes(x, [dim], "dim")
+    return _resize(x, dim, group_size, grow=False)
 
 
-def reduce_scatter(x: AbstractTensor, axes: Sequence[str], dim: int, kind: str) -> AbstractTensor:
+def reduce_scatter(
+    x: AbstractTensor, axes: Sequence[str], dim: int, kind: str, group_size: int | None = None
+) -> AbstractTensor:
     """Resolves a value partial over ``axes`` into a split of ``dim`` over them."""
     _check_kind(kind)
-    return all_gather(x, axes, dim)
+    return all_slice(x, axes, dim, group_size)
 
 
-def all_to_all(x: AbstractTensor, axes: Sequence[str], split_dim: int, concat_dim: int) -> AbstractTensor:
+def all_to_all(
+    x: AbstractTensor, axes: Sequence[str], split_dim: int, concat_dim: int, group_size: int | None = None
+) -> AbstractTensor:
     """Moves the split over ``axes`` from ``concat_dim`` to ``split_dim``."""
     _check_mesh_axes(axes)
     _check_axes(x, [split_dim, concat_dim], "split_dim and concat_dim")
-    return x
+    if split_dim == concat_dim:
+        raise ShapeError(f"expected split_dim and concat_dim to differ, found {split_dim} for both")
+    return _resize(_resize(x, split_dim, group_size, grow=False), concat_dim, group_size, grow=True)
 
 
-def broadcast(x: AbstractTensor, axes: Sequence[str], src: int) -> AbstractTensor:
+def broadcast(x: AbstractTensor, axes: Sequence[str], src: int, group_size: int | None = None) -> AbstractTensor:
     """Every rank along ``axes`` takes the value of the rank at index ``src``."""
     _check_mesh_axes(axes)
     if src < 0:

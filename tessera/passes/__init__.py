@@ -20,6 +20,8 @@ _PASSES: dict[str, tuple[str, str]] = {
     "cse": ("tessera.passes.cse", "CSEPass"),
     "dce": ("tessera.passes.dce", "DCEPass"),
     "shard-propagate": ("tessera.passes.shard_propagate", "ShardPropagatePass"),
+    "insert-collectives": ("tessera.passes.insert_collectives", "InsertCollectivesPass"),
+    "shard-partition": ("tessera.passes.shard_partition", "ShardPartitionPass"),
 }
 
 

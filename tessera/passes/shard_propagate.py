@@ -18,32 +18,21 @@ Values never reached are replicated. The result sharding is written on each op
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from math import prod
 
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
 from tessera.dist.mesh import Mesh
 from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
-from tessera.ir.reshard import reshard_cost
+from tessera.ir.op_sharding import Assignment, after_collective, choose, results
 from tessera.ir.sharding import Sharding, arg_sharding, set_arg_sharding, set_op_shardings
-from tessera.ir.sharding_rules import (
-    LINEAR_KINDS,
-    PARTIAL_PASSTHROUGH,
-    RULES,
-    FactorKind,
-    ShardingRule,
-    sharding_rule,
-)
-
-Assignment = dict[int, tuple[str, ...]]  # factor -> mesh axes splitting it
+from tessera.ir.sharding_rules import RULES, FactorKind, sharding_rule
 
 
 def module_mesh(module: ModuleOp) -> tuple[str, Mesh] | None:
@@ -115,110 +104,18 @@ class _Propagation:
             source = self.shardings.get(op.input)
             if source is None:
                 return False
-            return self._set(op.result, _after_collective(op, source))
+            return self._set(op.result, after_collective(op, source))
         if type(op) not in RULES or not op.operands:
             return False
         known = [self.shardings.get(v) for v in op.operands]
         if all(k is None for k in known):
             return False
         rule = sharding_rule(op)
-        assignment = self._choose(op, rule, known)
+        assignment = choose(op, rule, known, self.mesh)
         changed = False
-        for result, sharding in zip(op.results, self._results(op, rule, assignment, known), strict=True):
+        for result, sharding in zip(op.results, results(op, rule, assignment, known), strict=True):
             changed |= self._set(result, sharding)
         return changed
-
-    def _choose(self, op: graph.GraphOp, rule: ShardingRule, known: Sequence[Sharding | None]) -> Assignment:
-        """Greedy over all proposals: each round adds the split that moves the fewest bytes.
-
-        Every operand proposes the axes on its dims. A round costs each proposal that still
-        fits (its axes unused, its factor divisible) together with the splits already
-        chosen and keeps the cheapest, if it moves no more bytes than before; equal costs
-        go to the factor of the largest tensor. Comparing across factors, not factor by
-        factor, keeps the choice independent of operand order.
-        """
-        proposals: list[tuple[int, tuple[str, ...]]] = []
-        for sharding, dims in zip(known, rule.operands, strict=True):
-            if sharding is None:
-                continue
-            for factor, axes in zip(dims, sharding.dims, strict=True):
-                splittable = factor is not None and axes and rule.factors[factor].kind != FactorKind.REPLICATED
-                if splittable and (factor, axes) not in proposals:
-                    proposals.append((factor, axes))
-        weight = {f: 0 for f, _ in proposals}
-        for value, dims in zip(op.operands, rule.operands, strict=True):
-            for factor in dims:
-                if factor in weight:
-                    weight[factor] = max(weight[factor], _aval(value).nbytes)
-        assignment: Assignment = {}
-        current = self._cost(op, rule, assignment, known)
-        while True:
-            used = {a for axes in assignment.values() for a in axes}
-            best: tuple[tuple[float, int], int, tuple[str, ...]] | None = None
-            for factor, axes in proposals:
-                if factor in assignment or used & set(axes):
-                    continue
-                if rule.factors[factor].size % prod(self.mesh.axis_size(a) for a in axes):
-                    continue
-                key = (self._cost(op, rule, {**assignment, factor: axes}, known), -weight[factor])
-                if best is None or key < best[0]:
-                    best = (key, factor, axes)
-            if best is None or best[0][0] > current:
-                return assignment
-            (current, _), factor, axes = best
-            assignment[factor] = axes
-
-    def _cost(self, op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: Sequence[Sharding | None]) -> float:
-        total = 0.0
-        for index, (value, sharding) in enumerate(zip(op.operands, known, strict=True)):
-            if sharding is None:
-                continue
-            required = self._required(op, rule, assignment, known, index)
-            aval = _aval(value)
-            total += reshard_cost(sharding, required, aval.shape, aval.dtype.itemsize, self.mesh)
-        return total
-
-    def _required(self, op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: Sequence[Sharding | None], index: int) -> Sharding:
-        """The layout operand ``index`` must have under ``assignment``."""
-        dims = tuple(
-            assignment.get(f, ()) if f is not None and rule.factors[f].kind != FactorKind.REPLICATED else ()
-            for f in rule.operands[index]
-        )
-        return Sharding(dims, self._passthrough(op, known, assignment).get(index, ()))
-
-    def _passthrough(self, op: graph.GraphOp, known: Sequence[Sharding | None], assignment: Assignment) -> dict[int, tuple[tuple[str, str], ...]]:
-        """Partial (sum/mean) axes each operand may keep because the op is linear in it."""
-        policy = PARTIAL_PASSTHROUGH.get(type(op))
-        partials = [tuple((a, k) for a, k in s.partial if k in LINEAR_KINDS) if s else () for s in known]
-        split = {a for axes in assignment.values() for a in axes}
-        if policy is None or any(a in split for p in partials for a, _ in p):
-            return {}
-        if policy == "all":
-            if partials and partials[0] and all(p == partials[0] for p in partials):
-                return dict.fromkeys(range(len(partials)), partials[0])
-            return {}
-        carriers = [i for i in policy if i < len(partials) and partials[i]]
-        if len(carriers) == 1 and all(not partials[i] for i in range(len(partials)) if i != carriers[0]):
-            return {carriers[0]: partials[carriers[0]]}
-        return {}
-
-    def _results(self, op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: Sequence[Sharding | None]) -> list[Sharding]:
-        partial = [
-            (axis, rule.reduction_kind)
-            for factor, axes in assignment.items()
-            if rule.factors[factor].kind == FactorKind.REDUCTION
-            for axis in axes
-        ]
-        passed = self._passthrough(op, known, assignment)
-        inherited = next(iter(passed.values()), ())
-        results = []
-        for dims in rule.results:
-            split = tuple(
-                assignment.get(f, ()) if f is not None and rule.factors[f].kind != FactorKind.REDUCTION else ()
-                for f in dims
-            )
-            results.append(Sharding(split, (*inherited, *partial)))
-        return results
 
     # --- backward ---------------------------------------------------------------------------
 
@@ -246,7 +143,7 @@ class _Propagation:
         known = [self.shardings.get(v) for v in op.operands]
         shown = {f for dims in rule.results for f in dims}
         used = {a for axes in assignment.values() for a in axes}
-        for factor, axes in self._choose(op, rule, known).items():
+        for factor, axes in choose(op, rule, known, self.mesh).items():
             if factor not in shown and not used & set(axes):
                 assignment[factor] = axes
                 used |= set(axes)
@@ -278,21 +175,3 @@ class _Propagation:
         for op in self.ops:
             shardings = [self.shardings.get(r, Sharding.replicated(_aval(r).rank)) for r in op.results]
             set_op_shardings(op, self.mesh_name, shardings)
-
-
-def _after_collective(op: Operation, source: Sharding) -> Sharding:
-    """The layout a collective leaves, given its operand's layout."""
-    attrs = op.attrs()  # type: ignore[attr-defined]
-    axes = set(attrs["axes"])
-    dims = [list(d) for d in source.dims]
-    partial = [(a, k) for a, k in source.partial if a not in axes]
-    if isinstance(op, graph.AllGatherOp):
-        dims[attrs["dim"]] = [a for a in dims[attrs["dim"]] if a not in axes]
-    elif isinstance(op, (graph.AllSliceOp, graph.ReduceScatterOp)):
-        dims[attrs["dim"]] += [a for a in attrs["axes"] if a not in dims[attrs["dim"]]]
-    elif isinstance(op, graph.AllToAllOp):
-        dims[attrs["concat_dim"]] = [a for a in dims[attrs["concat_dim"]] if a not in axes]
-        dims[attrs["split_dim"]] += list(attrs["axes"])
-    elif isinstance(op, graph.BroadcastOp):
-        partial = list(source.partial)
-    return Sharding(tuple(tuple(d) for d in dims), tuple(partial))

@@ -1,0 +1,111 @@
+"""Global values and their per-rank pieces under a :class:`Sharding`.
+
+``scatter`` cuts a global tensor into the pieces the ranks of a mesh hold; ``assemble``
+puts pieces back together. A split dim is cut into ``prod(axis sizes)`` contiguous blocks
+and a rank holds the block at the mixed-radix index of its coordinates along the dim's
+axes, major first (as :meth:`DistTensor.local`). A value *partial* over an axis is held
+as terms whose reduction along that axis (sum, mean, max, min) is the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import prod
+
+import torch
+
+from tessera.dist.mesh import Mesh
+from tessera.errors import ShardingError
+from tessera.ir.sharding import Sharding
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def reduce_pieces(values: Sequence[torch.Tensor], kind: str) -> torch.Tensor:
+    """The ``kind`` reduction (sum, mean, max, min) of same-shaped tensors, in their
+    dtype; sum and mean of f16/bf16 accumulate in f32 and round once."""
+    stacked = torch.stack(list(values))
+    dtype = stacked.dtype
+    if kind in ("sum", "mean"):
+        accumulate = torch.float32 if dtype in _LOW_PRECISION else dtype
+        total = stacked.to(accumulate).sum(0)
+        if kind == "mean":
+            exact = total.is_floating_point() or total.is_complex()
+            total = (
+                total / len(values)
+                if exact
+                else torch.div(total, len(values), rounding_mode="floor")
+            )
+        return total.to(dtype)
+    if kind == "max":
+        return stacked.amax(0)
+    if kind == "min":
+        return stacked.amin(0)
+    raise ShardingError(f"reduction kind must be one of sum, mean, max, min, found {kind!r}")
+
+
+def block(rank: int, sharding: Sharding, mesh: Mesh, shape: Sequence[int]) -> tuple[slice, ...]:
+    """The index of ``rank``'s block in a global tensor of ``shape``."""
+    coords = mesh.coords(rank)
+    index = []
+    for size, axes in zip(shape, sharding.dims, strict=True):
+        position = 0
+        for axis in axes:  # major to minor
+            position = position * mesh.axis_size(axis) + coords[axis]
+        step = size // prod(mesh.axis_size(a) for a in axes)
+        index.append(slice(position * step, (position + 1) * step))
+    return tuple(index)
+
+
+def scatter(value: torch.Tensor, sharding: Sharding, mesh: Mesh) -> list[torch.Tensor]:
+    """Every rank's piece of the global ``value`` (a list indexed by rank).
+
+    For a sum-partial axis the group's first member holds the value and the others
+    zeros; for mean, max and min every member holds the value.
+    """
+    sharding.validate(mesh, tuple(value.shape), "value")
+    sum_axes = [a for a, kind in sharding.partial if kind == "sum"]
+    pieces = []
+    for rank in range(mesh.size):
+        piece = value[block(rank, sharding, mesh, value.shape)].clone()
+        coords = mesh.coords(rank)
+        if any(coords[a] for a in sum_axes):
+            piece = torch.zeros_like(piece)
+        pieces.append(piece)
+    return pieces
+
+
+def assemble(pieces: Sequence[torch.Tensor], sharding: Sharding, mesh: Mesh) -> torch.Tensor:
+    """The global value held as ``pieces`` (indexed by rank): partial axes are reduced
+    in the order ``sharding.partial`` lists them, splits undone, and replicated copies
+    taken from any one rank."""
+    if len(pieces) != mesh.size:
+        raise ShardingError(
+            f"expected {mesh.size} pieces (one per rank of {mesh}), found {len(pieces)}"
+        )
+    local = tuple(pieces[0].shape)
+    if len(local) != sharding.rank:
+        raise ShardingError(
+            f"sharding {sharding} has {sharding.rank} dims but the pieces have shape {list(local)}"
+        )
+    shape = tuple(size * sharding.shards(mesh, d) for d, size in enumerate(local))
+    sharding.validate(mesh, shape, "value")
+    for rank, piece in enumerate(pieces):
+        if tuple(piece.shape) != local or piece.dtype != pieces[0].dtype:
+            raise ShardingError(
+                f"piece of rank {rank} is {piece.dtype}{list(piece.shape)}; rank 0's is "
+                f"{pieces[0].dtype}{list(local)}"
+            )
+    values = list(pieces)
+    for axis, kind in sharding.partial:
+        for group in mesh.groups([axis]):
+            reduced = reduce_pieces([values[r] for r in group], kind)
+            for r in group:
+                values[r] = reduced
+    result = torch.empty(shape, dtype=pieces[0].dtype)
+    split = set(sharding.split_axes)
+    for rank in range(mesh.size):
+        coords = mesh.coords(rank)
+        if all(coords[a] == 0 for a in mesh.axis_names if a not in split):  # one copy per block
+            result[block(rank, sharding, mesh, shape)] = values[rank]
+    return result

@@ -1,0 +1,149 @@
+"""``insert-collectives``: make every operand's layout what its consumer needs.
+
+Runs after ``shard-propagate`` (values without a ``graph.sharding`` count as
+replicated). Walking each function in order, for every op:
+
+- a graph op needs its operands laid out as ``op_sharding.decide`` says; where an
+  operand's layout differs, the reshard steps of ``reshard.plan_reshard`` are inserted
+  before the op as collective ops (all_reduce, reduce_scatter, all_slice, all_to_all,
+  all_gather), each annotated with the layout it leaves;
+- a ``graph.shard`` constraint or an explicit collective written by the user is a layout
+  statement: it is replaced by the planned reshard to the layout it states (nothing,
+  when the value already has it);
+- ``func.return`` needs values that are not partial: partial sums are all-reduced;
+- constants are produced replicated (every rank builds them) and sliced where a split
+  is needed, which is free.
+
+A value resharded the same way for several consumers is resharded once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from tessera.dist.mesh import Mesh
+from tessera.ir import graph
+from tessera.ir.abstract import AbstractTensor
+from tessera.ir.op_sharding import after_collective, decide
+from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard
+from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
+from tessera.ir.sharding_rules import RULES
+from tessera.passes.shard_propagate import module_mesh
+
+_STEP_OPS: dict[str, type[graph.GraphOp]] = {
+    "all_reduce": graph.AllReduceOp,
+    "reduce_scatter": graph.ReduceScatterOp,
+    "all_slice": graph.AllSliceOp,
+    "all_to_all": graph.AllToAllOp,
+    "all_gather": graph.AllGatherOp,
+}
+
+
+@dataclass(frozen=True)
+class InsertCollectivesPass(ModulePass):
+    name = "insert-collectives"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        found = module_mesh(op)
+        if found is None:
+            return
+        mesh_name, mesh = found
+        for function in op.ops:
+            if isinstance(function, func.FuncOp) and function.body.blocks:
+                _Inserter(mesh, mesh_name, function).run()
+
+
+def _aval(value: SSAValue) -> AbstractTensor:
+    return AbstractTensor.from_xdsl(value.type)
+
+
+class _Inserter:
+    def __init__(self, mesh: Mesh, mesh_name: str, function: func.FuncOp):
+        self.mesh = mesh
+        self.mesh_name = mesh_name
+        self.function = function
+        self.layout: dict[SSAValue, Sharding] = {}
+        self.resharded: dict[tuple[SSAValue, Sharding], SSAValue] = {}
+        for index, arg in enumerate(function.args):
+            self.layout[arg] = arg_sharding(function, index) or Sharding.replicated(_aval(arg).rank)
+
+    def run(self) -> None:
+        for op in list(self.function.body.block.ops):
+            if isinstance(op, func.ReturnOp):
+                for index, value in enumerate(op.operands):
+                    current = self.of(value)
+                    op.operands[index] = self.reshard(value, Sharding(current.dims), op)
+            elif isinstance(op, (graph.ShardOp, graph.CollectiveOp)):
+                self._replace_statement(op)
+            elif isinstance(op, graph.ConstantOp):
+                replicated = [Sharding.replicated(_aval(r).rank) for r in op.results]
+                self._record(op, replicated)
+            elif isinstance(op, graph.GraphOp) and type(op) in RULES:
+                layout = decide(op, [self.of(v) for v in op.operands], self.mesh)
+                for index, (value, needed) in enumerate(zip(op.operands, layout.operands, strict=True)):
+                    op.operands[index] = self.reshard(value, needed, op)
+                self._record(op, list(layout.results))
+
+    def of(self, value: SSAValue) -> Sharding:
+        return self.layout.get(value) or Sharding.replicated(_aval(value).rank)
+
+    def _record(self, op: Operation, shardings: list[Sharding]) -> None:
+        for result, sharding in zip(op.results, shardings, strict=True):
+            self.layout[result] = sharding
+        set_op_shardings(op, self.mesh_name, shardings)
+
+    def _replace_statement(self, op: graph.GraphOp) -> None:
+        """A constraint or user collective becomes the reshard to the layout it states."""
+        source = self.of(op.operands[0])
+        if isinstance(op, graph.ShardOp):
+            target = op.sharding.sharding
+        else:
+            target = after_collective(op, source)
+        replacement = self.reshard(op.operands[0], target, op)
+        op.results[0].replace_all_uses_with(replacement)
+        Rewriter.erase_op(op)
+
+    def reshard(self, value: SSAValue, target: Sharding, before: Operation) -> SSAValue:
+        """``value`` laid out as ``target``, inserting collectives before ``before``."""
+        current = self.of(value)
+        if current == target:
+            return value
+        key = (value, target)
+        if key in self.resharded:
+            return self.resharded[key]
+        result = value
+        for step in plan_reshard(current, target):
+            current = apply_step(current, step)
+            result = self._emit(step, result, current, before)
+        self.resharded[key] = result
+        return result
+
+    def _emit(self, step: ReshardStep, value: SSAValue, after: Sharding, before: Operation) -> SSAValue:
+        attrs: dict[str, object] = {"axes": step.axes}
+        if step.kind == "all_to_all":
+            attrs |= {"split_dim": step.dim, "concat_dim": step.concat_dim}
+        elif step.dim is not None:
+            attrs["dim"] = step.dim
+        if step.reduction is not None:
+            attrs["kind"] = step.reduction
+        op = graph.build(_STEP_OPS[step.kind], [value], **attrs)
+        Rewriter.insert_op(op, InsertPoint.before(before))
+        self._record(op, [after])
+        return op.results[0]
+
+
+def value_sharding(value: SSAValue) -> Sharding | None:
+    """The sharding annotated on the op that defines ``value`` (None for arguments)."""
+    owner = value.owner
+    if isinstance(owner, Operation):
+        shardings = op_shardings(owner)
+        if shardings:
+            return shardings[value.index]
+    return None
