@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main demo: traces the GPT block example, prints its Graph IR, checks it vs torch.
+# The main demo: the GPT block (Graph IR, checked vs torch) and the Megatron MLP sharded
+# over a 2 x 4 virtual mesh (partitioned IR, its one all-reduce, checked vs torch).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup-env.sh"
 cd "$root"
 python examples/gpt_block.py "$@"
+python examples/megatron_mlp.py

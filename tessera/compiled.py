@@ -213,9 +213,12 @@ class JitFunction:
             hash(tuple(keys))
         except TypeError as error:
             raise TraceError(f"static arguments of {self.__name__} must be hashable: {error}") from None
-        return Signature(treedef, tuple(keys), self._input_shardings(args, leaves))
+        names = self._argument_names(Signature(treedef, tuple(keys)))
+        return Signature(treedef, tuple(keys), self._input_shardings(args, leaves, names))
 
-    def _input_shardings(self, args: Sequence[Any], leaves: Sequence[Any]) -> tuple[Sharding | None, ...]:
+    def _input_shardings(
+        self, args: Sequence[Any], leaves: Sequence[Any], names: Sequence[str]
+    ) -> tuple[Sharding | None, ...]:
         """The sharding of each array leaf: from ``in_shardings`` (a pytree prefix of the
         positional arguments) or from a ``dist.tensor``'s layout."""
         if self.mesh is None:
@@ -235,10 +238,11 @@ class JitFunction:
             per_leaf += _broadcast_prefix(specs[index] if specs else None, tree, f"in_shardings[{index}]")
         per_leaf += [None] * (len(leaves) - len(per_leaf))  # keyword arguments: open
         shardings: list[Sharding | None] = []
-        for position, (leaf, spec) in enumerate(zip(leaves, per_leaf, strict=True)):
+        array_names = iter(names)
+        for leaf, spec in zip(leaves, per_leaf, strict=True):
             if not _is_array(leaf):
                 continue
-            name = f"{self.__name__} argument leaf #{position}"
+            name = f"argument {next(array_names)!r} of {self.__name__}"
             sharding = spec.to_sharding(self.mesh, leaf.shape, name) if spec is not None else None
             if isinstance(leaf, DistTensor):
                 if leaf.mesh != self.mesh:

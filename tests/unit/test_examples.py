@@ -94,11 +94,28 @@ def test_mlp_main_prints_ir_and_ok(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.rstrip().endswith("OK")
 
 
-def test_readme_quick_start_runs() -> None:
+def test_readme_python_blocks_run() -> None:
+    """Every ```python block of the README runs (the quick start and the sharding one)."""
     readme = (ROOT / "README.md").read_text()
-    match = re.search(r"```python\n(.*?)```", readme, re.DOTALL)
-    assert match, "README.md has no ```python block"
-    exec(compile(match.group(1), "README.md", "exec"), {"__name__": "readme"})
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+    assert len(blocks) >= 2, "README.md should show the quick start and sharding"
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+
+
+def test_megatron_example_inserts_one_all_reduce(capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import megatron_mlp
+    finally:
+        sys.path.pop(0)
+    sys.argv = ["megatron_mlp.py"]
+    megatron_mlp.main()
+    out = capsys.readouterr().out
+    assert out.count("collective: all_reduce over ['tp']") == 1
+    assert "graph.partitioned" in out and out.rstrip().endswith("OK")
 
 
 def test_readme_tessera_opt_example(tmp_path: Path) -> None:
