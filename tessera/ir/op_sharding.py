@@ -96,6 +96,9 @@ def choose(op: graph.GraphOp, rule: ShardingRule, known: Sequence[Sharding | Non
         assignment[factor] = axes
 
 def _cost(op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: Sequence[Sharding | None], mesh: MeshLike) -> float:
+    """Bytes received per device: the operands' reshards, plus the all-reduce that a
+    split reduction factor's partial result will eventually need (priced on this op's
+    result; a later linear op may reduce a smaller tensor, so this is an upper bound)."""
     total = 0.0
     for index, (value, sharding) in enumerate(zip(op.operands, known, strict=True)):
         if sharding is None:
@@ -103,6 +106,14 @@ def _cost(op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: 
         needed = required(op, rule, assignment, known, index)
         aval = _aval(value)
         total += reshard_cost(sharding, needed, aval.shape, aval.dtype.itemsize, mesh)
+    produced = results(op, rule, assignment, known)
+    inherited = {a for s in known if s is not None for a, _ in s.partial}
+    for result, sharding in zip(op.results, produced, strict=True):
+        new_partial = [a for a in sharding.partial_axes if a not in inherited]
+        if new_partial:
+            aval = _aval(result)
+            resolved = Sharding(sharding.dims, tuple(p for p in sharding.partial if p[0] not in new_partial))
+            total += reshard_cost(sharding, resolved, aval.shape, aval.dtype.itemsize, mesh)
     return total
 
 def required(op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: Sequence[Sharding | None], index: int) -> Sharding:

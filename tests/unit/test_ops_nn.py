@@ -167,7 +167,10 @@ def test_layer_norm_over_a_leading_axis(shape, seed):
     mean = x.double().mean(dim=0, keepdim=True)
     var = x.double().var(dim=0, keepdim=True, unbiased=False)
     expected = (x.double() - mean) / torch.sqrt(var + 1e-5)
-    check(ts.jit(lambda x: op.layer_norm(x, axis=0))(x), expected, "f32", args=[x])
+    # Over a short leading axis (size 2) normalising is ill-conditioned: |x - mean| can be
+    # tiny next to sqrt(var + eps), and f32 differs from float64 by up to ~2e-5 relative.
+    result = ts.jit(lambda x: op.layer_norm(x, axis=0))(x)
+    check(result, expected, "f32", args=[x], rtol=5e-5, atol=2e-5)
 
 
 @settings(max_examples=30)

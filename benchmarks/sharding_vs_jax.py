@@ -1,0 +1,534 @@
+"""Bytes moved by Tessera's sharding passes next to JAX/GSPMD for the same programs.
+
+Tessera claims it never moves more bytes than GSPMD. For each program below the script
+builds the same computation twice, once with ``tessera.op`` and once with ``jax.numpy``,
+with the same global shapes, the same input shardings and the same output sharding on a
+``dp × tp = 2 × 4`` mesh (JAX: 8 simulated CPU devices), and compares:
+
+- Tessera: ``ts.jit(...).lower(...).collectives()`` (after shard-propagate,
+  insert-collectives and shard-partition);
+- JAX: the collectives of the optimized HLO (``jax.jit(...).lower(...).compile().as_text()``:
+  all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute), with their
+  result shapes and replica groups.
+
+Bytes follow Tessera's ``CollectiveInfo.nbytes`` convention (per device: the local operand
+of all_reduce / all_to_all / collective_permute, the gathered result of all_gather, the
+unscattered input of reduce_scatter) and, separately, bytes *received* per device under
+ring algorithms: all_reduce 2(n-1)/n·S, all_gather (n-1)/n·S_result, reduce_scatter
+(n-1)/n·S_input, all_to_all (n-1)/n·S, collective_permute and broadcast S. Each column is
+the busiest device's sum over the program's collectives (every device takes part in every
+all_* collective; a collective_permute counts on its target devices only). Both programs
+also run on random data and must agree (rtol, atol 1e-4), so the comparison is between
+the same computations. Every input is given an explicit sharding (replicated ones too),
+and every output the same explicit sharding in both, so neither side can leave a result
+in a cheaper layout than the other.
+
+JAX is not a Tessera dependency: ``pip install jax`` (the CPU build) first. CPU only;
+runs in about 10 seconds.
+
+    python benchmarks/sharding_vs_jax.py [--verbose] [--only NAME]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+
+import argparse
+import datetime
+import functools
+import math
+import platform
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+import tessera as ts
+from tessera import dist, op
+
+try:
+    import jax
+    import jax.numpy as jnp
+    import jaxlib
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+except ImportError:  # pragma: no cover - depends on the environment
+    jax = None
+
+MESH_AXES, MESH_SHAPE = ("dp", "tp"), (2, 4)
+EPS = 1e-5
+Spec = tuple[str | tuple[str, ...] | None, ...]  # a PartitionSpec as a tuple; () is replicated
+
+
+# --- the programs, written once against a numpy-like namespace -------------------------
+
+
+def _jax_layer_norm(x: Any, weight: Any = None, bias: Any = None) -> Any:
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    y = centered * jax.lax.rsqrt(jnp.mean(centered * centered, axis=-1, keepdims=True) + EPS)
+    if weight is not None:
+        y = y * weight
+    return y + bias if bias is not None else y
+
+
+def _namespaces() -> tuple[SimpleNamespace, SimpleNamespace]:
+    tessera_ns = SimpleNamespace(
+        gelu=op.gelu,
+        softmax=lambda x, axis=-1: op.softmax(x, axis=axis),
+        layer_norm=lambda x, weight=None, bias=None: op.layer_norm(
+            x, axis=-1, eps=EPS, weight=weight, bias=bias
+        ),
+        sum=lambda x, axis=None: op.sum(x, axis=axis),
+        reshape=op.reshape,
+        transpose=op.transpose,
+        where=op.where,
+        chunk=lambda x, n, axis: op.chunk(x, n, axis=axis),
+    )
+    jax_ns = SimpleNamespace(
+        gelu=functools.partial(jax.nn.gelu, approximate=False),
+        softmax=lambda x, axis=-1: jax.nn.softmax(x, axis=axis),
+        layer_norm=_jax_layer_norm,
+        sum=lambda x, axis=None: jnp.sum(x, axis=axis),
+        reshape=jnp.reshape,
+        transpose=jnp.transpose,
+        where=jnp.where,
+        chunk=lambda x, n, axis: jnp.split(x, n, axis=axis),
+    )
+    return tessera_ns, jax_ns
+
+
+def megatron_mlp(m: SimpleNamespace, x: Any, w1: Any, w2: Any) -> Any:
+    return m.gelu(x @ w1) @ w2
+
+
+def _attention(m: SimpleNamespace, x: Any, wq: Any, wk: Any, wv: Any, wo: Any, heads: int) -> Any:
+    """Causal multi-head self-attention on ``x: [B, T, C]``; ``wq`` may be the fused
+    ``[C, 3C]`` q/k/v projection (then ``wk`` and ``wv`` are None)."""
+    batch, seq, dim = x.shape
+    head_dim = dim // heads
+
+    def split_heads(t: Any) -> Any:  # [B, T, C] -> [B, H, T, D]
+        return m.transpose(m.reshape(t, (batch, seq, heads, head_dim)), (0, 2, 1, 3))
+
+    if wk is None:
+        q, k, v = (split_heads(t) for t in m.chunk(x @ wq, 3, axis=-1))
+    else:
+        q, k, v = split_heads(x @ wq), split_heads(x @ wk), split_heads(x @ wv)
+    scores = (q @ m.transpose(k, (0, 1, 3, 2))) * (1.0 / math.sqrt(head_dim))
+    causal = np.tril(np.ones((seq, seq), dtype=bool))  # a constant in both
+    attended = m.softmax(m.where(causal, scores, -1e9), axis=-1) @ v  # [B, H, T, D]
+    return m.reshape(m.transpose(attended, (0, 2, 1, 3)), (batch, seq, dim)) @ wo
+
+
+def attention(m: SimpleNamespace, x: Any, wq: Any, wk: Any, wv: Any, wo: Any) -> Any:
+    return _attention(m, x, wq, wk, wv, wo, heads=8)
+
+
+def attention_fused_qkv(m: SimpleNamespace, x: Any, wqkv: Any, wo: Any) -> Any:
+    return _attention(m, x, wqkv, None, None, wo, heads=8)
+
+
+def transformer_layer(
+    m: SimpleNamespace, x: Any, ln1_w: Any, ln1_b: Any, wq: Any, wk: Any, wv: Any, wo: Any,
+    ln2_w: Any, ln2_b: Any, w1: Any, w2: Any,
+) -> Any:  # fmt: skip
+    x = x + _attention(m, m.layer_norm(x, ln1_w, ln1_b), wq, wk, wv, wo, heads=8)
+    return x + m.gelu(m.layer_norm(x, ln2_w, ln2_b) @ w1) @ w2
+
+
+def sum_last(m: SimpleNamespace, x: Any) -> Any:
+    return m.sum(x, axis=-1)
+
+
+def sum_all(m: SimpleNamespace, x: Any) -> Any:
+    return m.sum(x)
+
+
+def softmax_last(m: SimpleNamespace, x: Any) -> Any:
+    return m.softmax(x, axis=-1)
+
+
+def layer_norm_last(m: SimpleNamespace, x: Any, w: Any, b: Any) -> Any:
+    return m.layer_norm(x, w, b)
+
+
+def add(m: SimpleNamespace, a: Any, b: Any) -> Any:
+    return a + b
+
+
+def matmul(m: SimpleNamespace, a: Any, b: Any) -> Any:
+    return a @ b
+
+
+def split_heads(m: SimpleNamespace, x: Any) -> Any:
+    batch, seq, dim = x.shape
+    return m.transpose(m.reshape(x, (batch, seq, 8, dim // 8)), (0, 2, 1, 3))
+
+
+def transpose_flatten(m: SimpleNamespace, x: Any) -> Any:
+    return m.reshape(m.transpose(x, (1, 0)), (x.shape[0] * x.shape[1],))
+
+
+def linear_gelu(m: SimpleNamespace, x: Any, w: Any) -> Any:
+    return m.gelu(x @ w)
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    fn: Callable[..., Any]
+    inputs: tuple[tuple[tuple[int, ...], Spec], ...]  # (global shape, sharding) per argument
+    out: Spec
+
+
+B, T, C, F = 8, 16, 128, 512  # batch, sequence, hidden, MLP width: f32, small enough for CPU
+_X_DP = ((B, T, C), ("dp", None, None))
+_ATTN_W = (((C, C), (None, "tp")),) * 3 + (((C, C), ("tp", None)),)
+_NORM_W = ((C,), ())
+
+PROGRAMS = [
+    Program(
+        "megatron_mlp",
+        megatron_mlp,
+        (((64, C), ("dp", None)), ((C, F), (None, "tp")), ((F, C), ("tp", None))),
+        ("dp", None),
+    ),
+    Program("attention (heads over tp)", attention, (_X_DP, *_ATTN_W), ("dp", None, None)),
+    Program(
+        "attention, fused qkv + chunk",
+        attention_fused_qkv,
+        (_X_DP, ((C, 3 * C), (None, "tp")), ((C, C), ("tp", None))),
+        ("dp", None, None),
+    ),
+    Program(
+        "transformer_layer",
+        transformer_layer,
+        (
+            _X_DP,
+            _NORM_W,
+            _NORM_W,
+            *_ATTN_W,
+            _NORM_W,
+            _NORM_W,
+            ((C, F), (None, "tp")),
+            ((F, C), ("tp", None)),
+        ),
+        ("dp", None, None),
+    ),
+    Program("sum over sharded dim", sum_last, (((64, 256), (None, "tp")),), ()),
+    Program("softmax over sharded dim", softmax_last, (((64, 256), (None, "tp")),), (None, "tp")),
+    Program(
+        "layer_norm over sharded dim",
+        layer_norm_last,
+        (((64, 256), (None, "tp")), ((256,), ("tp",)), ((256,), ("tp",))),
+        (None, "tp"),
+    ),
+    Program(
+        "add rows(tp) + cols(tp) -> rows",
+        add,
+        (((64, 256), ("tp", None)), ((64, 256), (None, "tp"))),
+        ("tp", None),
+    ),
+    Program(
+        "add rows(dp) + cols(tp) -> (dp,tp)",
+        add,
+        (((64, 256), ("dp", None)), ((64, 256), (None, "tp"))),
+        ("dp", "tp"),
+    ),
+    Program(
+        "matmul k split -> replicated",
+        matmul,
+        (((64, 256), (None, "tp")), ((256, C), ("tp", None))),
+        (),
+    ),
+    Program(
+        "matmul k split -> rows(tp)",
+        matmul,
+        (((64, 256), (None, "tp")), ((256, C), ("tp", None))),
+        ("tp", None),
+    ),
+    Program(
+        "reshape+transpose (split heads)",
+        split_heads,
+        (((B, T, C), (None, None, "tp")),),
+        (None, "tp", None, None),
+    ),
+    Program(
+        "transpose+flatten of sharded dim", transpose_flatten, (((64, C), ("tp", None)),), ("tp",)
+    ),
+    Program(
+        "2-D: x(dp,tp) @ w(tp,-)",
+        matmul,
+        (((64, 256), ("dp", "tp")), ((256, C), ("tp", None))),
+        ("dp", None),
+    ),
+    Program(
+        "2-D: FSDP x TP gelu(x @ w)",
+        linear_gelu,
+        (((64, C), ("dp", None)), ((C, F), ("dp", "tp"))),
+        ("dp", "tp"),
+    ),
+    Program("2-D: sum over both axes", sum_all, (((64, 256), ("dp", "tp")),), ()),
+]
+
+
+# --- bytes ------------------------------------------------------------------------------
+
+_ITEMSIZE = {
+    "f64": 8,
+    "f32": 4,
+    "bf16": 2,
+    "f16": 2,
+    "s64": 8,
+    "s32": 4,
+    "u32": 4,
+    "s8": 1,
+    "u8": 1,
+    "pred": 1,
+}
+
+
+@dataclass(frozen=True)
+class Collective:
+    kind: str  # all_reduce, all_gather, reduce_scatter, all_to_all, collective_permute, broadcast
+    group_size: int
+    nbytes: int  # Tessera's CollectiveInfo.nbytes convention
+    receivers: frozenset[int] | None = None  # collective_permute: the target devices; None: all
+
+    @property
+    def ring_bytes(self) -> float:
+        """Bytes each device receives under ring algorithms."""
+        n, s = self.group_size, self.nbytes
+        if self.kind == "all_reduce":
+            return 2 * (n - 1) / n * s
+        if self.kind in ("all_gather", "reduce_scatter", "all_to_all"):
+            return (n - 1) / n * s
+        return float(s)  # collective_permute, broadcast: one buffer in
+
+
+def per_device(collectives: Sequence[Collective], num_devices: int, ring: bool = False) -> float:
+    """The busiest device's total: every device takes part in every collective except a
+    collective_permute, which only its targets receive."""
+    totals = [0.0] * num_devices
+    for c in collectives:
+        for device in range(num_devices):
+            if c.receivers is None or device in c.receivers:
+                totals[device] += c.ring_bytes if ring else c.nbytes
+    return max(totals)
+
+
+def tessera_collectives(lowered: ts.compiled.Lowered) -> list[Collective]:
+    return [Collective(c.kind, c.group_size, c.nbytes) for c in lowered.collectives()]
+
+
+_HLO_COLLECTIVE = re.compile(
+    r"=\s*(?P<type>\(.*?\)|\S+)\s+(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
+    r"(?P<async>-start|-done)?\("
+)
+_HLO_ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
+
+
+def _hlo_nbytes(type_text: str) -> int:
+    """Bytes of an HLO type: an array ``f32[16,128]{1,0}`` or a tuple of them."""
+    total = 0
+    for dtype, dims in _HLO_ARRAY.findall(type_text):
+        total += _ITEMSIZE[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+    return total
+
+
+def _group_size(line: str, num_devices: int) -> int:
+    """Devices per replica group, in any of the printed forms."""
+    if match := re.search(r"replica_groups=\{(\{[\d,]*\})", line):  # {{0,1,2,3},{4,5,6,7}}
+        members = match.group(1).strip("{}")
+        return len(members.split(",")) if members else num_devices
+    if re.search(r"replica_groups=\{\}", line):
+        return num_devices
+    if match := re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line):  # iota: [groups,size]<=[...]
+        return int(match.group(2))
+    if match := re.search(
+        r"replica_groups=mesh\[([^\]]*)\].*?\{([^}]*)\}", line
+    ):  # mesh[...] {'axis_1'}
+        sizes = dict(re.findall(r"'(\w+)'=(\d+)", match.group(1)))
+        return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", match.group(2)))
+    if "source_target_pairs" in line:  # a permutation: one sender per receiver
+        return 2
+    raise ValueError(f"cannot read the replica groups of: {line.strip()}")
+
+
+def hlo_collectives(hlo_text: str, num_devices: int) -> list[Collective]:
+    """The collectives of optimized (SPMD-partitioned) HLO, in text order."""
+    found = []
+    for line in hlo_text.splitlines():
+        match = _HLO_COLLECTIVE.search(line)
+        if match is None:
+            continue
+        if match.group("async"):
+            raise ValueError(f"async collectives are not handled: {line.strip()}")
+        kind = match.group("op").replace("-", "_")
+        result_bytes = _hlo_nbytes(match.group("type"))
+        n = _group_size(line, num_devices)
+        nbytes = (
+            result_bytes * n if kind == "reduce_scatter" else result_bytes
+        )  # reduce_scatter: the input
+        receivers = None
+        if pairs := re.search(r"source_target_pairs=\{(.*?)\}\}", line):
+            receivers = frozenset(
+                int(t) for _, t in re.findall(r"\{(\d+),(\d+)", pairs.group(1) + "}")
+            )
+        found.append(Collective(kind, n, nbytes, receivers))
+    return found
+
+
+def summary(collectives: Sequence[Collective]) -> str:
+    counts = Counter(c.kind for c in collectives)
+    return ", ".join(f"{kind}×{n}" for kind, n in sorted(counts.items())) or "none"
+
+
+# --- running one program both ways --------------------------------------------------------
+
+
+def _shard_spec(spec: Spec) -> dist.ShardSpec:
+    partition = [d for d, axes in enumerate(spec) if axes is not None]
+    if not partition:
+        return dist.ShardSpec(replicate=True)
+    return dist.ShardSpec(partition=partition, mesh_axes=[spec[d] for d in partition])
+
+
+@dataclass
+class Row:
+    name: str
+    tessera: list[Collective]
+    jax: list[Collective]
+    error: float
+    tessera_ir: str
+    jax_lines: list[str]
+
+
+def measure(
+    program: Program, tessera_ns: SimpleNamespace, jax_ns: SimpleNamespace, seed: int = 0
+) -> Row:
+    rng = np.random.default_rng(seed)
+    data = [
+        rng.standard_normal(shape).astype(np.float32) / math.sqrt(shape[0])
+        for shape, _ in program.inputs
+    ]
+    specs = [spec for _, spec in program.inputs]
+
+    ts_mesh = dist.Mesh(axes=list(MESH_AXES), shape=MESH_SHAPE)
+    compiled = ts.jit(
+        functools.partial(program.fn, tessera_ns),
+        mesh=ts_mesh,
+        in_shardings=tuple(_shard_spec(s) for s in specs),
+        out_shardings=_shard_spec(program.out),
+    )
+    torch_args = [torch.from_numpy(d) for d in data]
+    lowered = compiled.lower(*torch_args)
+    tessera_out = compiled(*torch_args).numpy()
+
+    jax_mesh = Mesh(np.array(jax.devices()[: math.prod(MESH_SHAPE)]).reshape(MESH_SHAPE), MESH_AXES)
+    in_shardings = tuple(NamedSharding(jax_mesh, PartitionSpec(*s)) for s in specs)
+    out_sharding = NamedSharding(jax_mesh, PartitionSpec(*program.out))
+    jitted = jax.jit(
+        functools.partial(program.fn, jax_ns), in_shardings=in_shardings, out_shardings=out_sharding
+    )
+    jax_args = [jax.device_put(d, s) for d, s in zip(data, in_shardings, strict=True)]
+    executable = jitted.lower(*jax_args).compile()
+    (jax_out_sharding,) = jax.tree.leaves(executable.output_shardings)
+    if not jax_out_sharding.is_equivalent_to(out_sharding, len(tessera_out.shape)):
+        raise AssertionError(
+            f"{program.name}: JAX returned {jax_out_sharding}, asked for {out_sharding}"
+        )
+    hlo = executable.as_text()
+    jax_out = np.asarray(executable(*jax_args))
+
+    np.testing.assert_allclose(tessera_out, jax_out, rtol=1e-4, atol=1e-4, err_msg=program.name)
+    error = float(np.max(np.abs(tessera_out - jax_out))) if tessera_out.size else 0.0
+    jax_lines = [line.strip() for line in hlo.splitlines() if _HLO_COLLECTIVE.search(line)]
+    return Row(
+        program.name,
+        tessera_collectives(lowered),
+        hlo_collectives(hlo, jax_mesh.size),
+        error,
+        lowered.as_text("partitioned"),
+        jax_lines,
+    )
+
+
+def _ratio(tessera_bytes: float, jax_bytes: float) -> str:
+    if jax_bytes == 0:
+        return "1.00 (both 0)" if tessera_bytes == 0 else "inf"
+    return f"{tessera_bytes / jax_bytes:.2f}"
+
+
+def table(rows: Sequence[Row]) -> str:
+    lines = [
+        "| program | Tessera collectives | Tessera bytes | JAX collectives | JAX bytes | ratio Tessera/JAX "
+        "| Tessera ring recv/dev | JAX ring recv/dev | ring ratio |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        n = math.prod(MESH_SHAPE)
+        tb, jb = per_device(row.tessera, n), per_device(row.jax, n)
+        tr, jr = per_device(row.tessera, n, ring=True), per_device(row.jax, n, ring=True)
+        lines.append(
+            f"| {row.name} | {summary(row.tessera)} | {tb:.0f} | {summary(row.jax)} | {jb:.0f} | {_ratio(tb, jb)} "
+            f"| {tr:.0f} | {jr:.0f} | {_ratio(tr, jr)} |"
+        )
+    return "\n".join(lines)
+
+
+def versions() -> str:
+    return (
+        f"date {datetime.date.today().isoformat()}; jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
+        f"torch {torch.__version__}, python {platform.python_version()}; "
+        f"mesh dp×tp = {MESH_SHAPE[0]}×{MESH_SHAPE[1]}, f32"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print Tessera's partitioned IR and JAX's collective HLO lines",
+    )
+    parser.add_argument("--only", help="run the programs whose name contains this text")
+    args = parser.parse_args(argv)
+    if jax is None:
+        print(
+            "sharding_vs_jax: jax is not installed; run `pip install jax` (CPU build) and retry",
+            file=sys.stderr,
+        )
+        return 2
+    if len(jax.devices()) < math.prod(MESH_SHAPE):
+        print(f"sharding_vs_jax: need {math.prod(MESH_SHAPE)} JAX devices, found {len(jax.devices())} "
+              "(XLA_FLAGS must be set before jax is imported)", file=sys.stderr)  # fmt: skip
+        return 2
+    tessera_ns, jax_ns = _namespaces()
+    rows = []
+    for program in PROGRAMS:
+        if args.only and args.only not in program.name:
+            continue
+        row = measure(program, tessera_ns, jax_ns)
+        rows.append(row)
+        if args.verbose:
+            print(f"== {row.name} (max |Tessera - JAX| = {row.error:.1e})")
+            print(row.tessera_ir)
+            print("\n".join(row.jax_lines) or "(JAX: no collectives)", end="\n\n")
+    print(table(rows))
+    print(versions())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
