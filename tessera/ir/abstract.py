@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from math import prod
 
 from xdsl.dialects.builtin import TensorType
-from xdsl.ir import Attribute
+from xdsl.ir import Attribute, SSAValue
 
 from tessera.dtypes import DType, dtype_from_xdsl
 from tessera.errors import TesseraError
@@ -56,3 +56,8 @@ class AbstractTensor:
     def __str__(self) -> str:
         dims = "".join(f"{d}x" for d in self.shape)
         return f"tensor<{dims}{self.dtype.value}>"
+
+
+def aval(value: SSAValue) -> AbstractTensor:
+    """The abstract value of an SSA value of tensor type."""
+    return AbstractTensor.from_xdsl(value.type)

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
 
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Operation
 
 from tessera.ir import graph
-from tessera.ir.abstract import AbstractTensor
+from tessera.ir.abstract import aval
 from tessera.ir.reshard import reshard_cost
 from tessera.ir.sharding import MeshLike, Sharding
 from tessera.ir.sharding_rules import (
@@ -32,10 +32,6 @@ from tessera.ir.sharding_rules import (
 )
 
 Assignment = dict[int, tuple[str, ...]]  # factor -> mesh axes splitting it
-
-
-def _aval(value: SSAValue) -> AbstractTensor:
-    return AbstractTensor.from_xdsl(value.type)
 
 
 @dataclass(frozen=True)
@@ -76,7 +72,7 @@ def choose(op: graph.GraphOp, rule: ShardingRule, known: Sequence[Sharding | Non
     for value, dims in zip(op.operands, rule.operands, strict=True):
         for factor in dims:
             if factor in weight:
-                weight[factor] = max(weight[factor], _aval(value).nbytes)
+                weight[factor] = max(weight[factor], aval(value).nbytes)
     assignment: Assignment = {}
     current = _cost(op, rule, assignment, known, mesh)
     while True:
@@ -104,16 +100,16 @@ def _cost(op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: 
         if sharding is None:
             continue
         needed = required(op, rule, assignment, known, index)
-        aval = _aval(value)
-        total += reshard_cost(sharding, needed, aval.shape, aval.dtype.itemsize, mesh)
+        typ = aval(value)
+        total += reshard_cost(sharding, needed, typ.shape, typ.dtype.itemsize, mesh)
     produced = results(op, rule, assignment, known)
     inherited = {a for s in known if s is not None for a, _ in s.partial}
     for result, sharding in zip(op.results, produced, strict=True):
         new_partial = [a for a in sharding.partial_axes if a not in inherited]
         if new_partial:
-            aval = _aval(result)
+            typ = aval(result)
             resolved = Sharding(sharding.dims, tuple(p for p in sharding.partial if p[0] not in new_partial))
-            total += reshard_cost(sharding, resolved, aval.shape, aval.dtype.itemsize, mesh)
+            total += reshard_cost(sharding, resolved, typ.shape, typ.dtype.itemsize, mesh)
     return total
 
 def required(op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: Sequence[Sharding | None], index: int) -> Sharding:

@@ -30,12 +30,12 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from tessera.dist.mesh import Mesh
 from tessera.ir import graph
-from tessera.ir.abstract import AbstractTensor
+from tessera.ir.abstract import aval
+from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.op_sharding import after_collective, decide
 from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard
-from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
+from tessera.ir.sharding import Sharding, arg_sharding, set_op_shardings
 from tessera.ir.sharding_rules import RULES
-from tessera.passes.shard_propagate import module_mesh
 
 _STEP_OPS: dict[str, type[graph.GraphOp]] = {
     "all_reduce": graph.AllReduceOp,
@@ -51,17 +51,8 @@ class InsertCollectivesPass(ModulePass):
     name = "insert-collectives"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        found = module_mesh(op)
-        if found is None:
-            return
-        mesh_name, mesh = found
-        for function in op.ops:
-            if isinstance(function, func.FuncOp) and function.body.blocks:
-                _Inserter(mesh, mesh_name, function).run()
-
-
-def _aval(value: SSAValue) -> AbstractTensor:
-    return AbstractTensor.from_xdsl(value.type)
+        for mesh_name, mesh, function in sharded_functions(op):
+            _Inserter(mesh, mesh_name, function).run()
 
 
 class _Inserter:
@@ -72,7 +63,7 @@ class _Inserter:
         self.layout: dict[SSAValue, Sharding] = {}
         self.resharded: dict[tuple[SSAValue, Sharding], SSAValue] = {}
         for index, arg in enumerate(function.args):
-            self.layout[arg] = arg_sharding(function, index) or Sharding.replicated(_aval(arg).rank)
+            self.layout[arg] = arg_sharding(function, index) or Sharding.replicated(aval(arg).rank)
 
     def run(self) -> None:
         for op in list(self.function.body.block.ops):
@@ -83,7 +74,7 @@ class _Inserter:
             elif isinstance(op, (graph.ShardOp, graph.CollectiveOp)):
                 self._replace_statement(op)
             elif isinstance(op, graph.ConstantOp):
-                replicated = [Sharding.replicated(_aval(r).rank) for r in op.results]
+                replicated = [Sharding.replicated(aval(r).rank) for r in op.results]
                 self._record(op, replicated)
             elif isinstance(op, graph.GraphOp) and type(op) in RULES:
                 layout = decide(op, [self.of(v) for v in op.operands], self.mesh)
@@ -92,7 +83,7 @@ class _Inserter:
                 self._record(op, list(layout.results))
 
     def of(self, value: SSAValue) -> Sharding:
-        return self.layout.get(value) or Sharding.replicated(_aval(value).rank)
+        return self.layout.get(value) or Sharding.replicated(aval(value).rank)
 
     def _record(self, op: Operation, shardings: list[Sharding]) -> None:
         for result, sharding in zip(op.results, shardings, strict=True):
@@ -138,12 +129,3 @@ class _Inserter:
         self._record(op, [after])
         return op.results[0]
 
-
-def value_sharding(value: SSAValue) -> Sharding | None:
-    """The sharding annotated on the op that defines ``value`` (None for arguments)."""
-    owner = value.owner
-    if isinstance(owner, Operation):
-        shardings = op_shardings(owner)
-        if shardings:
-            return shardings[value.index]
-    return None

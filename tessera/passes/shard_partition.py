@@ -32,10 +32,10 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from tessera.dist.mesh import Mesh
 from tessera.errors import ShardingError
 from tessera.ir import graph
-from tessera.ir.abstract import AbstractTensor
+from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.attr_values import to_attr
+from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.sharding import Sharding, arg_sharding, op_shardings
-from tessera.passes.shard_propagate import module_mesh
 
 
 @dataclass(frozen=True)
@@ -43,17 +43,9 @@ class ShardPartitionPass(ModulePass):
     name = "shard-partition"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        found = module_mesh(op)
-        if found is None:
-            return
-        _, mesh = found
-        for function in op.ops:
-            if isinstance(function, func.FuncOp) and function.body.blocks and graph.PARTITIONED not in function.attributes:
+        for _, mesh, function in sharded_functions(op):
+            if graph.PARTITIONED not in function.attributes:
                 _Partitioner(mesh, function).run()
-
-
-def _aval(value: SSAValue) -> AbstractTensor:
-    return AbstractTensor.from_xdsl(value.type)
 
 
 class _Partitioner:
@@ -62,19 +54,19 @@ class _Partitioner:
         self.function = function
 
     def local(self, value: SSAValue, sharding: Sharding) -> AbstractTensor:
-        aval = _aval(value)
-        sharding.validate(self.mesh, aval.shape, f"value {value.name_hint or ''} of type {aval}")
-        return aval.with_shape(sharding.local_shape(self.mesh, aval.shape))
+        typ = aval(value)
+        sharding.validate(self.mesh, typ.shape, f"value {value.name_hint or ''} of type {typ}")
+        return typ.with_shape(sharding.local_shape(self.mesh, typ.shape))
 
     def run(self) -> None:
         block = self.function.body.block
         for index, arg in enumerate(block.args):
-            sharding = arg_sharding(self.function, index) or Sharding.replicated(_aval(arg).rank)
+            sharding = arg_sharding(self.function, index) or Sharding.replicated(aval(arg).rank)
             Rewriter.replace_value_with_new_type(arg, self.local(arg, sharding).to_xdsl())
         for op in list(block.ops):
             if isinstance(op, func.ReturnOp):
                 continue
-            shardings = op_shardings(op) or [Sharding.replicated(_aval(r).rank) for r in op.results]
+            shardings = op_shardings(op) or [Sharding.replicated(aval(r).rank) for r in op.results]
             if isinstance(op, graph.ShardOp):
                 raise ShardingError("shard-partition needs insert-collectives first: found a graph.shard")
             self._localize(op, shardings)
@@ -93,7 +85,7 @@ class _Partitioner:
             Rewriter.replace_value_with_new_type(result, self.local(result, sharding).to_xdsl())
         if isinstance(op, graph.SliceOp):  # only whole dims can be split: clip them
             attrs = op.attrs()
-            limits = [min(limit, size) for limit, size in zip(attrs["limits"], _aval(op.input).shape, strict=True)]
+            limits = [min(limit, size) for limit, size in zip(attrs["limits"], aval(op.input).shape, strict=True)]
             op.properties["limits"] = to_attr(limits)
 
     def _split_axes(self, op: graph.GraphOp, sharding: Sharding) -> tuple[str, ...]:
@@ -121,7 +113,7 @@ class _Partitioner:
             else:
                 result = emit(graph.SubOp, [shifted, emit(graph.LogOp, [total])])
         else:
-            eps = emit.scalar(attrs["eps"], _aval(x))
+            eps = emit.scalar(attrs["eps"], aval(x))
             if isinstance(op, graph.LayerNormOp):
                 centered = emit(graph.SubOp, [x, stat(graph.MeanOp, x, "mean")])
                 variance = stat(graph.MeanOp, emit(graph.MulOp, [centered, centered]), "mean")

@@ -27,23 +27,12 @@ from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
 from tessera.dist.mesh import Mesh
-from tessera.errors import ShardingError
 from tessera.ir import graph
-from tessera.ir.abstract import AbstractTensor
+from tessera.ir.abstract import aval
+from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.op_sharding import Assignment, after_collective, choose, results
 from tessera.ir.sharding import Sharding, arg_sharding, set_arg_sharding, set_op_shardings
 from tessera.ir.sharding_rules import RULES, FactorKind, sharding_rule
-
-
-def module_mesh(module: ModuleOp) -> tuple[str, Mesh] | None:
-    """The module's ``graph.mesh`` as a (symbol, Mesh) pair, or None."""
-    meshes = [op for op in module.ops if isinstance(op, graph.MeshOp)]
-    if not meshes:
-        return None
-    if len(meshes) > 1:
-        raise ShardingError("expected one graph.mesh per module, found several")
-    axes = meshes[0].axes
-    return meshes[0].sym_name.data, Mesh([a for a, _ in axes], [s for _, s in axes])
 
 
 @dataclass(frozen=True)
@@ -53,17 +42,8 @@ class ShardPropagatePass(ModulePass):
     max_iterations: int = 16
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        found = module_mesh(op)
-        if found is None:
-            return
-        mesh_name, mesh = found
-        for function in op.ops:
-            if isinstance(function, func.FuncOp) and function.body.blocks:
-                _Propagation(mesh, mesh_name, function).run(self.max_iterations)
-
-
-def _aval(value: SSAValue) -> AbstractTensor:
-    return AbstractTensor.from_xdsl(value.type)
+        for mesh_name, mesh, function in sharded_functions(op):
+            _Propagation(mesh, mesh_name, function).run(self.max_iterations)
 
 
 class _Propagation:
@@ -76,7 +56,7 @@ class _Propagation:
         for index, arg in enumerate(function.args):
             sharding = arg_sharding(function, index)
             if sharding is not None:
-                sharding.validate(mesh, _aval(arg).shape, f"argument #{index} of @{function.sym_name.data}")
+                sharding.validate(mesh, aval(arg).shape, f"argument #{index} of @{function.sym_name.data}")
                 self.shardings[arg] = sharding
                 self.closed.add(arg)
         self.ops = [o for o in function.body.block.ops if isinstance(o, graph.GraphOp)]
@@ -97,7 +77,7 @@ class _Propagation:
     def _forward(self, op: graph.GraphOp) -> bool:
         if isinstance(op, graph.ShardOp):
             sharding = op.sharding.sharding
-            sharding.validate(self.mesh, _aval(op.result).shape, f"{op.name} constraint")
+            sharding.validate(self.mesh, aval(op.result).shape, f"{op.name} constraint")
             self.closed.add(op.result)
             return self._set(op.result, sharding)
         if isinstance(op, graph.CollectiveOp):
@@ -170,8 +150,8 @@ class _Propagation:
 
     def _write(self) -> None:
         for index, arg in enumerate(self.function.args):
-            sharding = self.shardings.get(arg, Sharding.replicated(_aval(arg).rank))
+            sharding = self.shardings.get(arg, Sharding.replicated(aval(arg).rank))
             set_arg_sharding(self.function, index, self.mesh_name, sharding)
         for op in self.ops:
-            shardings = [self.shardings.get(r, Sharding.replicated(_aval(r).rank)) for r in op.results]
+            shardings = [self.shardings.get(r, Sharding.replicated(aval(r).rank)) for r in op.results]
             set_op_shardings(op, self.mesh_name, shardings)

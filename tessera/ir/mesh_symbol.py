@@ -1,0 +1,34 @@
+"""The module's ``graph.mesh`` symbol, and the functions the sharding passes work on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+
+from tessera.dist.mesh import Mesh
+from tessera.errors import ShardingError
+from tessera.ir import graph
+
+
+def module_mesh(module: ModuleOp) -> tuple[str, Mesh] | None:
+    """The module's ``graph.mesh`` as a (symbol, Mesh) pair, or None."""
+    meshes = [op for op in module.ops if isinstance(op, graph.MeshOp)]
+    if not meshes:
+        return None
+    if len(meshes) > 1:
+        raise ShardingError("expected one graph.mesh per module, found several")
+    axes = meshes[0].axes
+    return meshes[0].sym_name.data, Mesh([a for a, _ in axes], [s for _, s in axes])
+
+
+def sharded_functions(module: ModuleOp) -> Iterator[tuple[str, Mesh, func.FuncOp]]:
+    """(mesh symbol, mesh, function) for every function with a body, when the module
+    has a mesh; nothing otherwise."""
+    found = module_mesh(module)
+    if found is None:
+        return
+    for function in list(module.ops):
+        if isinstance(function, func.FuncOp) and function.body.blocks:
+            yield found[0], found[1], function
