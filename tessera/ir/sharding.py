@@ -21,6 +21,7 @@ from xdsl.ir import Operation, ParametrizedAttribute
 from xdsl.irdl import irdl_attr_definition, param_def
 from xdsl.parser import AttrParser
 from xdsl.printer import Printer
+from xdsl.utils.exceptions import VerifyException
 
 from tessera.errors import ShardingError
 
@@ -148,10 +149,10 @@ class ShardingAttr(ParametrizedAttribute):
 
     def verify(self) -> None:
         if len(self.partial_axes) != len(self.partial_kinds):
-            raise ShardingError("partial axes and reduction kinds differ in number")
+            raise VerifyException("partial axes and reduction kinds differ in number")
         for kind in self.partial_kinds:
             if kind.data not in REDUCTION_KINDS:
-                raise ShardingError(
+                raise VerifyException(
                     f"partial reduction kind must be one of {REDUCTION_KINDS}, found {kind.data!r}"
                 )
 

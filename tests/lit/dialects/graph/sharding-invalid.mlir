@@ -1,0 +1,91 @@
+// RUN: tessera-opt %s --split-input-file --verify-diagnostics | filecheck %s
+
+graph.mesh @mesh axes = [dp = 2, dp = 4]
+// CHECK: graph.mesh: expected distinct axis names, found ['dp', 'dp']
+
+// -----
+
+graph.mesh @mesh axes = [dp = 0]
+// CHECK: graph.mesh: axis dp must have a positive size, found 0
+
+// -----
+
+func.func @bad_kind(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %a = graph.all_reduce %x {axes = [tp], kind = product} : tensor<4xf32>
+  func.return %a : tensor<4xf32>
+}
+// CHECK: graph.all_reduce: reduction kind must be one of ('sum', 'mean', 'max', 'min'), found 'product'
+
+// -----
+
+func.func @repeated_axes(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %a = graph.all_gather %x {axes = [tp, tp], dim = 0} : tensor<4xf32>
+  func.return %a : tensor<4xf32>
+}
+// CHECK: graph.all_gather: mesh axes must be distinct, found ['tp', 'tp']
+
+// -----
+
+func.func @bad_dim(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %a = graph.all_slice %x {axes = [tp], dim = 1} : tensor<4xf32>
+  func.return %a : tensor<4xf32>
+}
+// CHECK: graph.all_slice: dim must be in [0, 1) for operand tensor<4xf32>, found [1]
+
+// -----
+
+func.func @same_dims(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  %a = graph.all_to_all %x {axes = [tp], split_dim = 1, concat_dim = 1} : tensor<4x4xf32>
+  func.return %a : tensor<4x4xf32>
+}
+// CHECK: graph.all_to_all: split_dim and concat_dim must be distinct, found [1, 1]
+
+// -----
+
+func.func @negative_src(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %a = graph.broadcast %x {axes = [tp], src = -1} : tensor<4xf32>
+  func.return %a : tensor<4xf32>
+}
+// CHECK: graph.broadcast: expected a non-negative source index, found -1
+
+// -----
+
+graph.mesh @mesh axes = [tp = 4]
+func.func @wrong_local_size(%x: tensor<8xf32>) -> tensor<16xf32> attributes {graph.partitioned} {
+  %a = graph.all_gather %x {axes = [tp], dim = 0} : tensor<8xf32> -> tensor<16xf32>
+  func.return %a : tensor<16xf32>
+}
+// CHECK: graph.all_gather: result 0 type mismatch: expected tensor<32xf32>, found tensor<16xf32>
+
+// -----
+
+graph.mesh @mesh axes = [tp = 4]
+func.func @indivisible_slice(%x: tensor<6xf32>) -> tensor<1xf32> attributes {graph.partitioned} {
+  %a = graph.all_slice %x {axes = [tp], dim = 0} : tensor<6xf32> -> tensor<1xf32>
+  func.return %a : tensor<1xf32>
+}
+// CHECK: graph.all_slice: dim 0 of tensor<6xf32> (size 6) is not divisible by the group of 4 ranks
+
+// -----
+
+graph.mesh @mesh axes = [tp = 4]
+func.func @unknown_axis(%x: tensor<8xf32>) -> tensor<8xf32> attributes {graph.partitioned} {
+  %a = graph.all_reduce %x {axes = [dp], kind = sum} : tensor<8xf32>
+  func.return %a : tensor<8xf32>
+}
+// CHECK: graph.all_reduce: unknown mesh axes ['dp']; the mesh has ['tp']
+
+// -----
+
+func.func @no_mesh(%x: tensor<8xf32>) -> tensor<8xf32> attributes {graph.partitioned} {
+  %a = graph.all_reduce %x {axes = [tp], kind = sum} : tensor<8xf32>
+  func.return %a : tensor<8xf32>
+}
+// CHECK: graph.all_reduce: a partitioned function needs exactly one graph.mesh
+
+// -----
+
+func.func @bad_partial_kind(%x: tensor<8xf32> {graph.sharding = #graph.sharding<@mesh, [[]], partial = product[tp]>}) -> tensor<8xf32> {
+  func.return %x : tensor<8xf32>
+}
+// CHECK: partial reduction kind must be one of ('sum', 'mean', 'max', 'min'), found 'product'
