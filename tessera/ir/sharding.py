@@ -178,6 +178,10 @@ class ShardingAttr(ParametrizedAttribute):
                 parser.parse_keyword("partial")
                 parser.parse_punctuation("=")
                 while (kind := parser.parse_optional_identifier()) is not None:
+                    if kind not in REDUCTION_KINDS:
+                        parser.raise_error(
+                            f"partial reduction kind must be one of {REDUCTION_KINDS}, found {kind!r}"
+                        )
                     group = parse_axes()
                     axes.extend(group.data)
                     kinds.extend([StringAttr(kind)] * len(group.data))

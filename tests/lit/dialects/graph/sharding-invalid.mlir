@@ -83,9 +83,3 @@ func.func @no_mesh(%x: tensor<8xf32>) -> tensor<8xf32> attributes {graph.partiti
 }
 // CHECK: graph.all_reduce: a partitioned function needs exactly one graph.mesh
 
-// -----
-
-func.func @bad_partial_kind(%x: tensor<8xf32> {graph.sharding = #graph.sharding<@mesh, [[]], partial = product[tp]>}) -> tensor<8xf32> {
-  func.return %x : tensor<8xf32>
-}
-// CHECK: partial reduction kind must be one of ('sum', 'mean', 'max', 'min'), found 'product'
