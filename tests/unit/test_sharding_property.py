@@ -108,7 +108,8 @@ def programs(draw: st.DrawFn) -> Program:
             steps.append(("transpose", lambda v, a=a: v[a].T))
             shapes.append((sa[1], sa[0]))
         elif choice == "reshape" and len(sa) == 2:
-            target = (sa[0] * sa[1],) if draw(st.booleans()) else (2, sa[0] // 2, sa[1])
+            split_rows = sa[0] % 2 == 0 and draw(st.booleans())
+            target = (2, sa[0] // 2, sa[1]) if split_rows else (sa[0] * sa[1],)
             steps.append((f"reshape{target}", lambda v, a=a, target=target: op.reshape(v[a], target)))
             shapes.append(target)
         elif choice == "constrain":
