@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tessera.dtypes import DType
 from tessera.errors import (
+    DistributedError,
     ExecutionError,
     IRError,
     ShapeError,
@@ -45,6 +46,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DType",
+    "DistributedError",
     "ExecutionError",
     "IRError",
     "JitFunction",

@@ -22,8 +22,9 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import BlockArgument, SSAValue
 
+from tessera.backends import distributed
 from tessera.backends.collective_info import CollectiveInfo, collectives
-from tessera.backends.layout import assemble, scatter
+from tessera.backends.layout import assemble, piece, scatter
 from tessera.backends.reference import run_function
 from tessera.backends.virtual import run_partitioned
 from tessera.dist.collectives import MESH_SYMBOL, shard
@@ -37,13 +38,18 @@ from tessera.frontend.tracer import Tensor, Trace, tracing
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_sharding, op_shardings
 from tessera.passes import get_all_passes
+from tessera.passes.plan_memory import peak_bytes
 
-STAGES = ("graph", "sharded", "partitioned")
+STAGES = ("graph", "sharded", "partitioned", "schedule")
 _STAGE_PASSES = {
     "graph": [],
     "sharded": ["shard-propagate", "insert-collectives"],
     "partitioned": ["shard-propagate", "insert-collectives", "shard-partition"],
-}
+    "schedule": [
+        "shard-propagate", "insert-collectives", "shard-partition",
+        "lower-graph-to-schedule", "plan-memory",
+    ],
+}  # fmt: skip
 
 
 def _is_array(leaf: Any) -> bool:
@@ -64,6 +70,13 @@ class Signature:
     shardings: tuple[Sharding | None, ...] = ()  # per array leaf, when traced with a mesh
 
 
+@dataclass(frozen=True)
+class MemoryStats:
+    """Per-rank memory of a compiled program."""
+
+    peak_bytes: int  # arguments, results and intermediates live at the worst point
+
+
 class Lowered:
     """A traced program for one signature (like ``jax.jit(f).lower(...)``)."""
 
@@ -81,11 +94,13 @@ class Lowered:
         self.out_tree = out_tree
         self.mesh = mesh
         self._stages: dict[str, ModuleOp] = {"graph": module}
+        self.last_run: distributed.RunRecord | None = None  # set by multi-process calls
 
     def as_text(self, stage: str = "graph") -> str:
         """The IR at ``stage``: ``"graph"`` (traced, global shapes), ``"sharded"`` (every
-        value annotated with its sharding, collectives inserted) or ``"partitioned"``
-        (the per-rank program, local shapes)."""
+        value annotated with its sharding, collectives inserted), ``"partitioned"``
+        (the per-rank program, local shapes) or ``"schedule"`` (kernels, collective
+        start/wait pairs, buffer offsets)."""
         return str(self.module_at(stage))
 
     def module_at(self, stage: str) -> ModuleOp:
@@ -100,6 +115,10 @@ class Lowered:
             module.verify()
             self._stages[stage] = module
         return self._stages[stage]
+
+    def memory(self) -> MemoryStats:
+        """Per-rank memory of the scheduled program (``plan-memory``'s buffer plan)."""
+        return MemoryStats(peak_bytes=peak_bytes(self.module_at("schedule"))[self.name])
 
     def collectives(self) -> list[CollectiveInfo]:
         """The communicating collectives each rank runs, in program order."""
@@ -120,6 +139,8 @@ class Lowered:
                 f"found {', '.join(map(str, found)) or 'none'}"
             )
         to_numpy = any(isinstance(a, (np.ndarray, np.generic)) for a in arrays)
+        if self.mesh is not None and distributed.launched():
+            return pytree.unflatten(self.out_tree, self._run_on_processes(arrays, expected, to_numpy))
         inputs = [_to_torch(a, aval) for a, aval in zip(arrays, expected, strict=True)]
         if self.mesh is None:
             outputs = [_unaliased(o, inputs) for o in run_function(self.module, self.name, inputs)]
@@ -146,6 +167,36 @@ class Lowered:
             sharding = _value_sharding(function, value)
             outputs.append(assemble([ranks[index] for ranks in per_rank], sharding, self.mesh))
         return outputs
+
+    def _run_on_processes(
+        self, arrays: Sequence[Any], avals: Sequence[AbstractTensor], to_numpy: bool
+    ) -> list[distributed.LocalResult]:
+        """Runs this process's rank (a multi-process run): global arguments are cut to
+        this rank's piece, ``dist.tensor`` arguments give their local shard, and every
+        output comes back as a :class:`~tessera.backends.distributed.LocalResult`."""
+        assert self.mesh is not None
+        rt = distributed.runtime()
+        rt.check_mesh(self.mesh)
+        module = self.module_at("partitioned")
+        function = next(o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == self.name)
+        local = []
+        for index, (array, aval) in enumerate(zip(arrays, avals, strict=True)):
+            sharding = arg_sharding(function, index) or Sharding.replicated(len(aval.shape))
+            if isinstance(array, DistTensor):
+                value = array.local(rt.rank)
+                value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+                local.append(value.detach().to(device=rt.device, dtype=aval.dtype.to_torch()))
+            else:
+                whole = _to_torch(array, aval)
+                local.append(piece(whole, sharding, self.mesh, rt.rank).to(rt.device))
+        outputs, self.last_run = distributed.run_rank(module, self.name, self.mesh, local, rt)
+        returned = function.body.block.last_op.operands
+        return [
+            distributed.LocalResult(
+                _unaliased(o, local).cpu(), _value_sharding(function, value), self.mesh, rt.rank, to_numpy
+            )
+            for o, value in zip(outputs, returned, strict=True)
+        ]
 
     def _input_avals(self) -> list[AbstractTensor]:
         return [leaf for leaf in self.signature.leaves if isinstance(leaf, AbstractTensor)]

@@ -26,6 +26,10 @@ class ExecutionError(TesseraError):
     """Arguments given to a compiled function do not match its signature."""
 
 
+class DistributedError(TesseraError):
+    """A multi-process run failed: a rank raised, died or timed out, or the ranks' programs differ."""
+
+
 class IRError(TesseraError):
     """Textual IR could not be parsed or verified."""
 

@@ -64,15 +64,16 @@ def scatter(value: torch.Tensor, sharding: Sharding, mesh: Mesh) -> list[torch.T
     zeros; for mean, max and min every member holds the value.
     """
     sharding.validate(mesh, tuple(value.shape), "value")
-    sum_axes = [a for a, kind in sharding.partial if kind == "sum"]
-    pieces = []
-    for rank in range(mesh.size):
-        piece = value[block(rank, sharding, mesh, value.shape)].clone()
-        coords = mesh.coords(rank)
-        if any(coords[a] for a in sum_axes):
-            piece = torch.zeros_like(piece)
-        pieces.append(piece)
-    return pieces
+    return [piece(value, sharding, mesh, rank) for rank in range(mesh.size)]
+
+
+def piece(value: torch.Tensor, sharding: Sharding, mesh: Mesh, rank: int) -> torch.Tensor:
+    """``rank``'s piece of the global ``value`` (one entry of :func:`scatter`)."""
+    part = value[block(rank, sharding, mesh, value.shape)].clone()
+    coords = mesh.coords(rank)
+    if any(coords[a] for a, kind in sharding.partial if kind == "sum"):
+        part = torch.zeros_like(part)
+    return part
 
 
 def assemble(pieces: Sequence[torch.Tensor], sharding: Sharding, mesh: Mesh) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 from tessera.dist.mesh import Mesh
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dtypes import as_dtype
+from tessera.errors import ShardingError
 from tessera.ir.sharding import Sharding
 
 
@@ -21,21 +23,58 @@ class DistTensor:
     """
 
     def __init__(self, data: torch.Tensor, layout: ShardSpec, mesh: Mesh, name: str = "tensor"):
-        self.data = data
+        self._data: torch.Tensor | None = data
+        self._shard: tuple[int, torch.Tensor] | None = None  # (rank, piece) when built per rank
+        self._shape = tuple(int(d) for d in data.shape)
+        self._dtype = data.dtype
         self.layout = layout
         self.mesh = mesh
-        self.sharding: Sharding = layout.to_sharding(mesh, tuple(data.shape), name)
+        self.sharding: Sharding = layout.to_sharding(mesh, self._shape, name)
+
+    @classmethod
+    def from_local(
+        cls, shard: torch.Tensor, layout: ShardSpec, mesh: Mesh, rank: int | None = None, name: str = "tensor"
+    ) -> DistTensor:
+        """A distributed value known only by this rank's ``shard`` (in a multi-process run,
+        where each process builds its own piece). ``rank`` defaults to this process's rank."""
+        if rank is None:
+            rank = _process_rank()
+        shape = list(shard.shape)
+        probe = layout.to_sharding(mesh, [mesh.size] * len(shape), name)  # which dims split
+        global_shape = tuple(size * probe.shards(mesh, d) for d, size in enumerate(shape))
+        value = cls.__new__(cls)
+        value._data, value._shard = None, (rank, shard)
+        value._shape, value._dtype = global_shape, shard.dtype
+        value.layout, value.mesh = layout, mesh
+        value.sharding = layout.to_sharding(mesh, global_shape, name)
+        return value
+
+    @property
+    def data(self) -> torch.Tensor:
+        """The global value (not available for a value built from a local shard)."""
+        if self._data is None:
+            raise ShardingError(
+                f"this dist.tensor was built from rank {self._shard[0] if self._shard else '?'}'s "
+                f"local shard: its global data is not in this process (use it in a multi-process run)"
+            )
+        return self._data
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
+        return self._shape
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.data.dtype
+        return self._dtype
 
     def local(self, rank: int) -> torch.Tensor:
         """The shard that ``rank`` holds."""
+        if self._shard is not None and self._data is None:
+            if rank != self._shard[0]:
+                raise ShardingError(
+                    f"this dist.tensor holds rank {self._shard[0]}'s shard only, not rank {rank}'s"
+                )
+            return self._shard[1]
         coords = self.mesh.coords(rank)
         index = []
         for dim, axes in enumerate(self.sharding.dims):
@@ -52,6 +91,14 @@ class DistTensor:
         return f"DistTensor(shape={list(self.shape)}, sharding={self.sharding}, {self.mesh})"
 
 
+def _process_rank() -> int:
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        return tdist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
 def tensor(
     shape_or_data: Sequence[int] | Any = None,
     layout: ShardSpec | None = None,
@@ -61,8 +108,6 @@ def tensor(
     shape: Sequence[int] | None = None,
 ) -> DistTensor:
     """A distributed tensor from data (array or tensor) or a shape (zeros)."""
-    from tessera.errors import ShardingError
-
     if mesh is None:
         raise ShardingError("dist.tensor needs mesh=...")
     if (shape is None) == (shape_or_data is None):

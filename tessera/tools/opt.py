@@ -22,6 +22,7 @@ from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseE
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from tessera.ir.graph import Graph
+from tessera.ir.schedule import Schedule
 from tessera.passes import get_all_passes, pass_summaries
 from tessera.tools.diagnostics import LocatingParser, format_parse_error, format_verify_error
 
@@ -34,7 +35,7 @@ class TesseraOptMain(xDSLOptMain):
     """xdsl-opt with Tessera's dialects and passes only, and MLIR-style error messages."""
 
     def register_all_dialects(self) -> None:
-        for dialect in (Builtin, Func, Graph):
+        for dialect in (Builtin, Func, Graph, Schedule):
             self.ctx.register_dialect(dialect.name, lambda d=dialect: d)
 
     def register_all_passes(self) -> None:

@@ -1,0 +1,474 @@
+"""The ``torch.distributed`` backend: this process runs one rank of a partitioned program.
+
+:func:`run_rank` executes a ``func.func`` carrying ``graph.partitioned`` for the calling
+rank only. Compute ops run through the reference semantics
+(:data:`tessera.backends.reference.IMPLS`); collectives go through ``torch.distributed``
+over one process group per mesh-axis subgroup (``mesh.groups(axes)``), created once, in
+the same order on every rank, and cached (:class:`Runtime`). Collectives are issued with
+``async_op=True``; their work handles are joined right before the result's first use.
+Their local semantics are the virtual mesh's (:mod:`tessera.backends.virtual`), which is
+the oracle this backend is tested against.
+
+Before a program runs, the ranks compare a digest of its collective sequence; programs
+that would communicate differently are rejected with an error naming the first
+difference instead of deadlocking. A rank that fails or dies makes the others raise
+:class:`~tessera.errors.DistributedError` (at the latest after ``TESSERA_TIMEOUT``
+seconds, 60 by default).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import TracebackType
+
+import torch
+import torch.distributed as tdist
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
+
+from tessera.backends.collective_info import CollectiveInfo, collectives
+from tessera.backends.layout import assemble
+from tessera.backends.reference import IMPLS
+from tessera.backends.virtual import _check_mesh, _check_value, _function
+from tessera.dist.mesh import Mesh
+from tessera.errors import DistributedError, ExecutionError, TesseraError
+from tessera.ir import graph
+from tessera.ir.abstract import AbstractTensor
+from tessera.ir.sharding import Sharding
+
+DEFAULT_TIMEOUT_S = 60.0
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def timeout_seconds() -> float:
+    """The collective timeout: ``TESSERA_TIMEOUT`` seconds (default 60)."""
+    value = os.environ.get("TESSERA_TIMEOUT", "")
+    try:
+        return float(value) if value else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise TesseraError(f"TESSERA_TIMEOUT must be a number of seconds, found {value!r}") from None
+
+
+def launched() -> bool:
+    """Whether this process is one rank of a multi-process run: ``torch.distributed`` is
+    initialised, or a launcher (``tessera run``, ``torchrun``) set ``RANK`` and a
+    ``WORLD_SIZE`` above 1. ``TESSERA_BACKEND=virtual`` forces the virtual mesh."""
+    if os.environ.get("TESSERA_BACKEND", "").lower() == "virtual":
+        return False
+    if tdist.is_available() and tdist.is_initialized():
+        return True
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return False
+    return world > 1 and "RANK" in os.environ
+
+
+@dataclass
+class _Group:
+    """One mesh-axis subgroup as seen from a member: its members in mesh order."""
+
+    members: list[int]  # global ranks, ordered as mesh.groups(axes) orders them
+    handle: object | None  # the torch ProcessGroup (None for a one-rank group)
+
+    @property
+    def by_group_rank(self) -> list[int]:
+        """Members in torch's group-rank order (``new_group`` sorts the ranks)."""
+        return sorted(self.members)
+
+    def position(self, rank: int) -> int:
+        return self.members.index(rank)
+
+
+@dataclass
+class RunRecord:
+    """What one rank did in one call: its wall time and the collectives it executed."""
+
+    rank: int
+    coords: dict[str, int]
+    seconds: float = 0.0
+    collectives: list[CollectiveInfo] = field(default_factory=list)
+
+
+class Runtime:
+    """The process's ``torch.distributed`` state: the world, its device, and the cached
+    process groups of every (mesh, axes) a program used."""
+
+    def __init__(self) -> None:
+        if not tdist.is_available():
+            raise DistributedError("torch.distributed is not available in this build of torch")
+        self.timeout = timeout_seconds()
+        if not tdist.is_initialized():
+            for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+                if name not in os.environ:
+                    raise DistributedError(
+                        f"cannot join the process group: {name} is not set; start the script "
+                        f"with `tessera run -n N script.py` or torchrun"
+                    )
+            use_cuda = torch.cuda.is_available() and os.environ.get("TESSERA_DEVICE") == "cuda"
+            if use_cuda:
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            try:
+                tdist.init_process_group(
+                    "nccl" if use_cuda else "gloo", timeout=timedelta(seconds=self.timeout)
+                )
+            except Exception as error:
+                raise DistributedError(
+                    f"rank {os.environ['RANK']}: joining the process group of "
+                    f"{os.environ['WORLD_SIZE']} ranks failed: another rank failed, exited or did "
+                    f"not join within the timeout of {self.timeout:g} s (TESSERA_TIMEOUT) "
+                    f"[{type(error).__name__}: {_first_line(error)}]"
+                ) from None
+            _shut_down_at_exit()
+        self.backend = str(tdist.get_backend())
+        self.rank = tdist.get_rank()
+        self.world_size = tdist.get_world_size()
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if self.backend == "nccl"
+            else torch.device("cpu")
+        )
+        self._groups: dict[tuple[Mesh, tuple[str, ...]], _Group] = {}
+
+    def check_mesh(self, mesh: Mesh) -> None:
+        if mesh.size != self.world_size:
+            raise DistributedError(
+                f"the program runs on {mesh} ({mesh.size} ranks) but {self.world_size} "
+                f"processes were launched; start it with `tessera run -n {mesh.size}`"
+            )
+
+    def group(self, mesh: Mesh, axes: Sequence[str]) -> _Group:
+        """This rank's group over ``axes``, creating every group over ``axes`` (all ranks
+        call ``new_group`` for each, in ``mesh.groups`` order) on first use."""
+        key = (mesh, tuple(axes))
+        if key not in self._groups:
+            mine: _Group | None = None
+            for members in mesh.groups(axes):
+                handle = tdist.new_group(members) if len(members) > 1 else None
+                if self.rank in members:
+                    mine = _Group(list(members), handle)
+            assert mine is not None
+            self._groups[key] = mine
+        return self._groups[key]
+
+    def prepare(self, module: ModuleOp, mesh: Mesh) -> None:
+        """Creates the groups ``module`` needs, in a deterministic order."""
+        needed = sorted(
+            {tuple(op.attrs()["axes"]) for op in module.walk() if isinstance(op, graph.CollectiveOp)}
+        )
+        for axes in needed:
+            self.group(mesh, axes)
+
+    def all_gather_world(self, tensor: torch.Tensor, what: str = "all_gather over all ranks") -> list[torch.Tensor]:
+        """Every rank's ``tensor`` (same shape and dtype everywhere), indexed by rank."""
+        local = tensor.to(self.device).contiguous()
+        pieces = [torch.empty_like(local) for _ in range(self.world_size)]
+        try:
+            tdist.all_gather(pieces, local)
+        except Exception as error:
+            raise _failure(self, what, error) from None
+        return [p.cpu() for p in pieces]
+
+    def check_same_program(self, module: ModuleOp, name: str) -> None:
+        """Raises on every rank if the ranks' collective sequences differ."""
+        described = [
+            f"{i.kind} over {list(i.mesh_axes)} {i.dtype}{list(i.shape)}" for i in collectives(module)
+        ]
+        digest = hashlib.sha256(repr(described).encode()).digest()[:16]
+        mine = torch.frombuffer(bytearray(digest), dtype=torch.int64).clone()
+        digests = self.all_gather_world(mine, f"comparing the ranks' collectives before @{name}")
+        if all(torch.equal(d, digests[0]) for d in digests):
+            return
+        everyone: list[list[str] | None] = [None] * self.world_size
+        try:
+            tdist.all_gather_object(everyone, described)
+        except Exception as error:
+            raise _failure(self, "exchanging collective sequences", error) from None
+        raise DistributedError(f"@{name}: the ranks run different programs: {_first_difference(everyone)}")
+
+
+def _first_difference(sequences: Sequence[Sequence[str] | None]) -> str:
+    base = list(sequences[0] or [])
+    for rank, other in enumerate(sequences[1:], start=1):
+        other = list(other or [])
+        for index in range(max(len(base), len(other))):
+            a = base[index] if index < len(base) else "nothing (the program ends)"
+            b = other[index] if index < len(other) else "nothing (the program ends)"
+            if a != b:
+                return f"collective #{index} is {a} on rank 0 but {b} on rank {rank}"
+    return "the collective digests differ"
+
+
+_RUNTIME: Runtime | None = None
+_FAILED = False  # an uncaught exception is ending this process
+
+
+def _shut_down_at_exit() -> None:
+    """At a normal exit, waits for the other ranks (bounded by the timeout) and leaves
+    the process group, so that no rank tears down its connections while a peer still
+    uses them; after an uncaught exception, leaves at once."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, trace: TracebackType | None) -> None:
+        global _FAILED
+        _FAILED = True
+        previous(kind, value, trace)
+
+    def shut_down() -> None:
+        if not tdist.is_initialized():
+            return
+        try:
+            if not _FAILED:
+                tdist.barrier()
+            tdist.destroy_process_group()
+        except Exception:
+            pass
+
+    sys.excepthook = hook
+    atexit.register(shut_down)
+
+
+def runtime() -> Runtime:
+    """The process's runtime (joins the process group on first use)."""
+    global _RUNTIME
+    if _RUNTIME is None:
+        _RUNTIME = Runtime()
+    return _RUNTIME
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else type(error).__name__
+    return line.split(". This is typically")[0]  # gloo's advice to check the remote logs
+
+
+def _failure(rt: Runtime, what: str, error: BaseException) -> DistributedError:
+    return DistributedError(
+        f"rank {rt.rank}: {what} failed: another rank failed, exited or did not reach it within "
+        f"the timeout of {rt.timeout:g} s (TESSERA_TIMEOUT) [{type(error).__name__}: {_first_line(error)}]"
+    )
+
+
+@dataclass
+class _Pending:
+    """An issued collective: its work handle and how to build the result once done."""
+
+    work: object
+    finish: Callable[[], torch.Tensor]
+    op: graph.CollectiveOp
+    members: list[int]
+
+
+def _reduce_op(kind: str) -> object:
+    ops = {"sum": tdist.ReduceOp.SUM, "mean": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}
+    if kind not in ops:
+        raise ExecutionError(f"reduction kind must be one of sum, mean, max, min, found {kind!r}")
+    return ops[kind]
+
+
+def _accumulate(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """The buffer a reduction runs in: f16/bf16 sums and means accumulate in f32 (as the
+    virtual mesh does)."""
+    if kind in ("sum", "mean") and x.dtype in _LOW_PRECISION:
+        return x.float().contiguous()
+    return x.clone().contiguous()
+
+
+def _finish_reduce(buffer: torch.Tensor, kind: str, size: int, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
+    def finish() -> torch.Tensor:
+        total = buffer
+        if kind == "mean":
+            exact = total.is_floating_point() or total.is_complex()
+            total = total / size if exact else torch.div(total, size, rounding_mode="floor")
+        return total.to(dtype)
+
+    return finish
+
+
+def _issue(op: graph.CollectiveOp, x: torch.Tensor, group: _Group, rank: int) -> _Pending | torch.Tensor:
+    """Starts ``op`` on this rank's operand ``x``: a pending collective, or the result
+    itself when no communication is needed."""
+    attrs = op.attrs()
+    size = len(group.members)
+    position = group.position(rank)
+    if isinstance(op, graph.AllSliceOp):
+        return x.chunk(size, attrs["dim"])[position].clone()
+    if size == 1:
+        return x.clone()
+    pg = group.handle
+    order = group.by_group_rank  # torch's order; mesh order is group.members
+    if isinstance(op, graph.AllReduceOp):
+        buffer = _accumulate(x, attrs["kind"])
+        work = tdist.all_reduce(buffer, op=_reduce_op(attrs["kind"]), group=pg, async_op=True)
+        return _Pending(work, _finish_reduce(buffer, attrs["kind"], size, x.dtype), op, group.members)
+    if isinstance(op, graph.AllGatherOp):
+        received = [torch.empty_like(x) for _ in range(size)]
+        work = tdist.all_gather(received, x.contiguous(), group=pg, async_op=True)
+
+        def gathered() -> torch.Tensor:
+            by_rank = dict(zip(order, received, strict=True))
+            return torch.cat([by_rank[m] for m in group.members], attrs["dim"])
+
+        return _Pending(work, gathered, op, group.members)
+    if isinstance(op, graph.ReduceScatterOp):
+        buffer = _accumulate(x, attrs["kind"])
+        chunks = buffer.chunk(size, attrs["dim"])
+        inputs = [chunks[group.position(r)].contiguous() for r in order]
+        output = torch.empty_like(inputs[0])
+        work = tdist.reduce_scatter(output, inputs, op=_reduce_op(attrs["kind"]), group=pg, async_op=True)
+        return _Pending(work, _finish_reduce(output, attrs["kind"], size, x.dtype), op, group.members)
+    if isinstance(op, graph.AllToAllOp):
+        chunks = x.chunk(size, attrs["split_dim"])
+        inputs = [chunks[group.position(r)].contiguous() for r in order]
+        outputs = [torch.empty_like(c) for c in inputs]
+        work = tdist.all_to_all(outputs, inputs, group=pg, async_op=True)
+
+        def exchanged() -> torch.Tensor:
+            by_rank = dict(zip(order, outputs, strict=True))
+            return torch.cat([by_rank[m] for m in group.members], attrs["concat_dim"])
+
+        return _Pending(work, exchanged, op, group.members)
+    if isinstance(op, graph.BroadcastOp):
+        src = attrs["src"]
+        if not 0 <= src < size:
+            raise ExecutionError(f"{op.name}: source index {src} is outside the group of {size} ranks")
+        buffer = x.clone().contiguous()
+        work = tdist.broadcast(buffer, src=group.members[src], group=pg, async_op=True)
+        return _Pending(work, lambda: buffer, op, group.members)
+    raise ExecutionError(f"the distributed backend cannot run {op.name}")
+
+
+def run_rank(
+    module: ModuleOp,
+    name: str,
+    mesh: Mesh,
+    args: Sequence[torch.Tensor],
+    rt: Runtime | None = None,
+) -> tuple[tuple[torch.Tensor, ...], RunRecord]:
+    """Runs this process's rank of the partitioned ``func.func @name`` on its local
+    arguments; returns its local results and a :class:`RunRecord`."""
+    rt = rt or runtime()
+    rt.check_mesh(mesh)
+    function: func.FuncOp = _function(module, name)
+    _check_mesh(module, mesh)
+    avals = [AbstractTensor.from_xdsl(a.type) for a in function.args]
+    if len(args) != len(avals):
+        raise ExecutionError(f"@{name} takes {len(avals)} arguments, rank {rt.rank} has {len(args)}")
+    for index, (value, aval) in enumerate(zip(args, avals, strict=True)):
+        _check_value(value, aval, f"rank {rt.rank}, argument {index}")
+    start = time.perf_counter()
+    record = RunRecord(rt.rank, mesh.coords(rt.rank))
+    rt.check_same_program(module, name)
+    rt.prepare(module, mesh)
+    env: dict[SSAValue, torch.Tensor] = dict(zip(function.args, args, strict=True))
+    pending: dict[SSAValue, _Pending] = {}
+
+    def wait(value: SSAValue) -> None:
+        if value not in pending:
+            return
+        issued = pending.pop(value)
+        what = f"{issued.op.name} over {list(issued.op.attrs()['axes'])} (ranks {issued.members})"
+        try:
+            issued.work.wait()  # type: ignore[attr-defined]
+        except Exception as error:
+            raise _failure(rt, what, error) from None
+        env[value] = issued.finish()
+
+    for op in function.body.block.ops:
+        for operand in op.operands:
+            wait(operand)
+        operands = [env[v] for v in op.operands]
+        if isinstance(op, func.ReturnOp):
+            for value in list(pending):
+                wait(value)
+            record.seconds = time.perf_counter() - start
+            return tuple(operands), record
+        try:
+            if isinstance(op, graph.CollectiveOp):
+                group = rt.group(mesh, op.attrs()["axes"])
+                try:
+                    issued = _issue(op, operands[0], group, rt.rank)
+                except TesseraError:
+                    raise
+                except Exception as error:
+                    raise _failure(rt, f"{op.name} over {list(op.attrs()['axes'])}", error) from None
+                if isinstance(issued, _Pending):
+                    pending[op.results[0]] = issued
+                    record.collectives.extend(collectives_of(op))
+                    continue
+                results: tuple[torch.Tensor, ...] = (issued,)
+            else:
+                impl = IMPLS.get(type(op))
+                if impl is None:
+                    raise ExecutionError(f"the distributed backend cannot run {op.name}")
+                out = impl(op, *operands)
+                results = out if isinstance(out, tuple) else (out,)
+        except DistributedError:
+            raise
+        except TesseraError as error:
+            raise type(error)(f"{op.name}: {error}" if op.name not in str(error) else str(error)) from None
+        except Exception as error:  # a torch error: name the op that raised it
+            raise ExecutionError(f"{op.name} failed on rank {rt.rank}: {error}") from None
+        for value, result in zip(op.results, results, strict=True):
+            _check_value(result, AbstractTensor.from_xdsl(value.type), f"{op.name} on rank {rt.rank}")
+            env[value] = result
+    raise ExecutionError(f"@{name} has no func.return")
+
+
+def collectives_of(op: graph.CollectiveOp) -> list[CollectiveInfo]:
+    """The :class:`CollectiveInfo` of one communicating op (as ``collectives()`` reports)."""
+    operand = AbstractTensor.from_xdsl(op.input.type)
+    moved = AbstractTensor.from_xdsl(op.result.type) if isinstance(op, graph.AllGatherOp) else operand
+    return [
+        CollectiveInfo(
+            kind=op.name.removeprefix("graph."),
+            mesh_axes=tuple(op.attrs()["axes"]),
+            group_size=op.group_size() or 1,
+            shape=operand.shape,
+            dtype=operand.dtype.value,
+            nbytes=moved.nbytes,
+        )
+    ]
+
+
+__all__ = ["DEFAULT_TIMEOUT_S", "LocalResult", "RunRecord", "Runtime", "launched", "run_rank", "runtime", "timeout_seconds"]
+
+
+class LocalResult:
+    """One output of a multi-process call, as this rank holds it.
+
+    ``local`` is this rank's piece, ``sharding`` its layout over ``mesh`` and ``shape``
+    the global shape. :meth:`full` gathers the global value; it is a collective, so every
+    rank must call it (in the same order)."""
+
+    def __init__(self, local: torch.Tensor, sharding: Sharding, mesh: Mesh, rank: int, to_numpy: bool = False):
+        self.local = local
+        self.sharding = sharding
+        self.mesh = mesh
+        self.rank = rank
+        self._to_numpy = to_numpy
+        self.shape = tuple(size * sharding.shards(mesh, d) for d, size in enumerate(local.shape))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.local.dtype
+
+    def full(self) -> torch.Tensor:
+        """The global value, gathered from every rank's piece (a collective)."""
+        pieces = runtime().all_gather_world(torch.as_tensor(self.local), "gathering a result (.full())")
+        value = assemble(pieces, self.sharding, self.mesh)
+        return value.numpy() if self._to_numpy and value.dtype != torch.bfloat16 else value  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return (
+            f"LocalResult(rank={self.rank}, local shape={list(self.local.shape)}, "
+            f"global shape={list(self.shape)}, sharding={self.sharding}, {self.mesh})"
+        )

@@ -1,0 +1,667 @@
+"""The ``schedule`` dialect: the program one rank runs, as kernels and asynchronous collectives.
+
+``lower-graph-to-schedule`` produces it from a partitioned graph function. Values are
+still tensors with value semantics; what the schedule adds is *grouping* (which graph ops
+become one generated kernel), *asynchrony* (a collective is started, other work runs, and
+its result is waited for) and *placement* (streams, buffers, microbatches, stages)::
+
+    %h = schedule.kernel @mlp_k0_matmul(%a = %x, %b = %w1) : (tensor<8x64xf32>, tensor<64x64xf32>) -> tensor<8x64xf32> {
+      %0 = graph.matmul %a, %b : tensor<8x64xf32>, tensor<64x64xf32> -> tensor<8x64xf32>
+      %1 = graph.gelu %0 {approximate = tanh} : tensor<8x64xf32>
+      schedule.yield %1 : tensor<8x64xf32>
+    }
+    %t = schedule.start all_reduce %y {axes = [tp], kind = sum} : tensor<8x64xf32> -> !schedule.handle<tensor<8x64xf32>>
+    %r = schedule.wait %t : !schedule.handle<tensor<8x64xf32>> -> tensor<8x64xf32>
+    %b = schedule.alloc {offset = 0} : !schedule.buffer<2048>
+    schedule.free %b : !schedule.buffer<2048>
+    schedule.microbatch {index = 0, count = 4} { ... schedule.yield }
+    %o = schedule.stage {index = 1, count = 2} -> tensor<8x64xf32> { ... schedule.yield %v : tensor<8x64xf32> }
+
+- ``schedule.kernel``: a named group of graph ops; its block arguments are bound to its
+  inputs (``%a = %x``) and nothing inside uses a value from outside (isolated from
+  above). ``stream`` is ``compute`` (the default when absent) or ``comm``.
+- ``schedule.start`` / ``schedule.wait``: an asynchronous collective. The start names the
+  collective (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send, recv)
+  and carries the properties of the matching graph op (``send``/``recv`` name their peer:
+  one mesh axis in ``axes`` and an ``offset`` along it); its handle
+  ``!schedule.handle<T>`` carries the type ``T`` the wait produces, which is checked with
+  the graph op's shape rule and local (per-rank) semantics. Every handle is waited for
+  exactly once; the wait of a ``send`` produces nothing. ``stream`` defaults to ``comm``.
+- ``schedule.alloc`` / ``schedule.free``: a buffer of ``!schedule.buffer<bytes>``, with
+  an optional byte ``offset`` in the rank's arena; freed at most once.
+- ``schedule.microbatch`` / ``schedule.stage``: regions for one microbatch ``index`` of
+  ``count``, or one pipeline stage; they verify, print and parse (nothing lowers them yet).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    FunctionType,
+    IntAttr,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    TensorType,
+)
+from xdsl.dialects.func import FuncOp
+from xdsl.ir import (
+    Attribute,
+    Block,
+    Dialect,
+    ParametrizedAttribute,
+    Region,
+    SSAValue,
+    TypeAttribute,
+)
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    opt_operand_def,
+    opt_prop_def,
+    opt_result_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+    var_result_def,
+)
+from xdsl.parser import AttrParser, Parser, UnresolvedOperand
+from xdsl.printer import Printer
+from xdsl.traits import HasParent, IsTerminator
+from xdsl.utils.exceptions import VerifyException
+
+from tessera.errors import TesseraError
+from tessera.ir import graph
+from tessera.ir.abstract import AbstractTensor
+from tessera.ir.attr_values import parse_value, print_value, to_python
+
+STREAMS = ("compute", "comm")
+
+# collective -> the graph op whose shape rule and properties it shares (None: send/recv)
+COLLECTIVES: dict[str, type[graph.CollectiveOp] | None] = {
+    "all_reduce": graph.AllReduceOp,
+    "all_gather": graph.AllGatherOp,
+    "reduce_scatter": graph.ReduceScatterOp,
+    "all_to_all": graph.AllToAllOp,
+    "broadcast": graph.BroadcastOp,
+    "send": None,
+    "recv": None,
+}
+_PEER_PROPERTIES = ("axes", "offset")
+_START_PROPERTIES = ("axes", "kind", "dim", "split_dim", "concat_dim", "src", "offset", "stream")
+
+
+# --- types ---------------------------------------------------------------------------------
+
+
+@irdl_attr_definition
+class HandleType(ParametrizedAttribute, TypeAttribute):
+    """``!schedule.handle<T>``: an in-flight collective whose wait gives a ``T``."""
+
+    name = "schedule.handle"
+    tensor: TensorType
+
+    def __init__(self, tensor: TensorType):
+        super().__init__(tensor)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_attribute(self.tensor)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> tuple[TensorType]:
+        with parser.in_angle_brackets():
+            start = parser.pos
+            tensor = parser.parse_type()
+            if not isinstance(tensor, TensorType):
+                parser.raise_error(
+                    f"expected a tensor type in !schedule.handle, found {tensor}", start
+                )
+        return (tensor,)
+
+
+@irdl_attr_definition
+class BufferType(ParametrizedAttribute, TypeAttribute):
+    """``!schedule.buffer<bytes>``: a block of device memory."""
+
+    name = "schedule.buffer"
+    bytes: IntAttr
+
+    def __init__(self, size: int):
+        super().__init__(IntAttr(size))
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{self.bytes.data}>")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> tuple[IntAttr]:
+        with parser.in_angle_brackets():
+            size = parser.parse_integer(
+                allow_negative=True, context_msg=" for a buffer size in bytes"
+            )
+        return (IntAttr(size),)
+
+    def verify(self) -> None:
+        if self.bytes.data <= 0:
+            raise VerifyException(
+                f"!schedule.buffer: expected a positive size in bytes, found {self.bytes.data}"
+            )
+
+
+# --- shared syntax helpers ---------------------------------------------------------------
+
+
+def _print_properties(printer: Printer, op: IRDLOperation, names: Sequence[str]) -> None:
+    present = [n for n in names if n in op.properties]
+    if present:
+        printer.print_string(" {")
+        for i, name in enumerate(present):
+            printer.print_string(f"{', ' if i else ''}{name} = ")
+            print_value(printer, op.properties[name])
+        printer.print_string("}")
+
+
+def _parse_properties(parser: Parser) -> dict[str, Attribute]:
+    properties: dict[str, Attribute] = {}
+    if parser.parse_optional_punctuation("{") is not None:
+
+        def parse_property() -> None:
+            name = parser.parse_identifier(" for a property name")
+            parser.parse_punctuation("=")
+            properties[name] = parse_value(parser)
+
+        parser.parse_comma_separated_list(parser.Delimiter.NONE, parse_property)
+        parser.parse_punctuation("}")
+    return properties
+
+
+def _print_results(printer: Printer, types: Sequence[Attribute]) -> None:
+    if len(types) == 1:
+        printer.print_attribute(types[0])
+    else:
+        printer.print_string("(")
+        printer.print_list(types, printer.print_attribute)
+        printer.print_string(")")
+
+
+def _parse_results(parser: Parser) -> list[Attribute]:
+    if parser.parse_optional_punctuation("(") is None:
+        return [parser.parse_type()]
+    if parser.parse_optional_punctuation(")") is not None:
+        return []
+    types = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_type)
+    parser.parse_punctuation(")")
+    return types
+
+
+def _check_stream(op: IRDLOperation) -> None:
+    stream = op.properties.get("stream")
+    if stream is not None and to_python(stream) not in STREAMS:
+        raise VerifyException(
+            f"{op.name}: stream must be one of {STREAMS}, found {to_python(stream)!r}"
+        )
+
+
+def _check_yield(op: IRDLOperation, what: str) -> None:
+    """The region's terminator is a schedule.yield of the op's result types."""
+    block = op.regions[0].blocks.first
+    if block is None:
+        raise VerifyException(f"{what}: expected a body block, found an empty region")
+    last = block.last_op
+    if not isinstance(last, YieldOp):
+        found = last.name if last is not None else "an empty block"
+        raise VerifyException(f"{what}: expected the body to end in schedule.yield, found {found}")
+    want = [r.type for r in op.results]
+    got = [v.type for v in last.operands]
+    if want != got:
+        raise VerifyException(
+            f"{what}: yield types mismatch: expected {_types(want)}, found {_types(got)}"
+        )
+
+
+def _types(types: Sequence[Attribute]) -> str:
+    return "(" + ", ".join(str(t) for t in types) + ")"
+
+
+def mesh_axis_sizes(op: IRDLOperation) -> dict[str, int]:
+    """Axis sizes of the one ``graph.mesh`` of the module holding ``op``."""
+    module = op.parent_op()
+    while module is not None and not isinstance(module, ModuleOp):
+        module = module.parent_op()
+    meshes = [o for o in module.ops if isinstance(o, graph.MeshOp)] if module is not None else []
+    if len(meshes) != 1:
+        raise VerifyException(
+            f"{op.name}: expected exactly one graph.mesh in the module, found {len(meshes)}"
+        )
+    return dict(meshes[0].axes)
+
+
+# --- kernels ----------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class KernelOp(IRDLOperation):
+    """A named fused group of graph ops: one generated kernel."""
+
+    name = "schedule.kernel"
+    inputs = var_operand_def()
+    outputs = var_result_def()
+    sym_name = prop_def(StringAttr)
+    stream = opt_prop_def(StringAttr)
+    body = region_def("single_block")
+
+    @staticmethod
+    def get(
+        kernel_name: str,
+        inputs: Sequence[SSAValue],
+        result_types: Sequence[Attribute],
+        body: Region,
+    ) -> KernelOp:
+        return KernelOp.create(
+            operands=list(inputs),
+            result_types=list(result_types),
+            properties={"sym_name": StringAttr(kernel_name)},
+            regions=[body],
+        )
+
+    @property
+    def kernel_name(self) -> str:
+        return self.sym_name.data
+
+    def verify_(self) -> None:
+        what = f"schedule.kernel @{self.kernel_name}"
+        _check_stream(self)
+        block = self.body.block
+        want = [v.type for v in self.inputs]
+        got = [a.type for a in block.args]
+        if want != got:
+            raise VerifyException(
+                f"{what}: block argument types mismatch: expected {_types(want)} (the inputs), found {_types(got)}"
+            )
+        for inner in self.body.walk():
+            for operand in inner.operands:
+                if not self.is_ancestor(operand.owner):
+                    raise VerifyException(
+                        f"{what}: {inner.name} uses a value defined outside the kernel; "
+                        f"pass it in as a kernel input"
+                    )
+        _check_yield(self, what)
+        function = self.parent_op()
+        if isinstance(function, FuncOp):
+            same = [
+                o
+                for o in function.walk()
+                if isinstance(o, KernelOp) and o.kernel_name == self.kernel_name
+            ]
+            if len(same) > 1:
+                raise VerifyException(
+                    f"{what}: expected a unique kernel name, found {len(same)} kernels named so"
+                )
+
+    def print(self, printer: Printer) -> None:
+        block = self.body.block
+        printer.print_string(f" @{self.kernel_name}(")
+        for i, (arg, value) in enumerate(zip(block.args, self.inputs, strict=False)):
+            printer.print_string(", " if i else "")
+            printer.print_block_argument(arg, print_type=False)
+            printer.print_string(" = ")
+            printer.print_operand(value)
+        printer.print_string(")")
+        _print_properties(printer, self, ["stream"])
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        printer.print_string(" : ")
+        printer.print_attribute(
+            FunctionType.from_lists([v.type for v in self.inputs], [r.type for r in self.results])
+        )
+        printer.print_string(" ")
+        printer.print_region(self.body, print_entry_block_args=False)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> KernelOp:
+        kernel_name = parser.parse_symbol_name().data
+        bindings: list[tuple[Parser.UnresolvedArgument, UnresolvedOperand]] = []
+
+        def parse_binding() -> None:
+            argument = parser.parse_argument(expect_type=False)
+            parser.parse_punctuation("=")
+            bindings.append((argument, parser.parse_unresolved_operand()))
+
+        parser.parse_comma_separated_list(parser.Delimiter.PAREN, parse_binding)
+        properties = _parse_properties(parser)
+        attributes = parser.parse_optional_attr_dict_with_keyword()
+        parser.parse_punctuation(":")
+        start = parser.pos
+        signature = parser.parse_function_type()
+        inputs = list(signature.inputs.data)
+        if len(inputs) != len(bindings):
+            parser.raise_error(f"expected {len(bindings)} input types, found {len(inputs)}", start)
+        operands = [
+            parser.resolve_operand(o, t) for (_, o), t in zip(bindings, inputs, strict=True)
+        ]
+        arguments = [a.resolve(t) for (a, _), t in zip(bindings, inputs, strict=True)]
+        body = parser.parse_region(arguments)
+        return cls.create(
+            operands=operands,
+            result_types=list(signature.outputs.data),
+            properties={"sym_name": StringAttr(kernel_name), **properties},
+            attributes=attributes.data if attributes else {},
+            regions=[body],
+        )
+
+
+# --- asynchronous collectives ----------------------------------------------------------------
+
+
+@irdl_op_definition
+class StartOp(IRDLOperation):
+    """Starts a collective; ``schedule.wait`` of its handle gives the result."""
+
+    name = "schedule.start"
+    input = opt_operand_def(TensorType)
+    handle = result_def(HandleType)
+    collective = prop_def(StringAttr)
+    axes = prop_def(ArrayAttr)
+    kind = opt_prop_def(StringAttr)
+    dim = opt_prop_def(IntegerAttr)
+    split_dim = opt_prop_def(IntegerAttr)
+    concat_dim = opt_prop_def(IntegerAttr)
+    src = opt_prop_def(IntegerAttr)
+    offset = opt_prop_def(IntegerAttr)
+    stream = opt_prop_def(StringAttr)
+
+    @staticmethod
+    def get(
+        collective: str, value: SSAValue | None, result: TensorType, **properties: Attribute
+    ) -> StartOp:
+        return StartOp.create(
+            operands=[value] if value is not None else [],
+            result_types=[HandleType(result)],
+            properties={"collective": StringAttr(collective), **properties},
+        )
+
+    @property
+    def collective_name(self) -> str:
+        return self.collective.data
+
+    def attrs(self) -> dict[str, Any]:
+        """The collective's properties as Python values (without ``collective``/``stream``)."""
+        return {
+            n: to_python(self.properties[n]) for n in _START_PROPERTIES[:-1] if n in self.properties
+        }
+
+    def verify_(self) -> None:
+        what = f"schedule.start {self.collective_name}"
+        if self.collective_name not in COLLECTIVES:
+            raise VerifyException(
+                f"schedule.start: collective must be one of {tuple(COLLECTIVES)}, found {self.collective_name!r}"
+            )
+        _check_stream(self)
+        graph_op = COLLECTIVES[self.collective_name]
+        expected = graph_op._property_names() if graph_op is not None else list(_PEER_PROPERTIES)
+        found = list(self.attrs())
+        if sorted(found) != sorted(expected):
+            raise VerifyException(f"{what}: expected properties {expected}, found {found}")
+        operands = 0 if self.collective_name == "recv" else 1
+        if len(self.operands) != operands:
+            raise VerifyException(
+                f"{what}: expected {operands} operands, found {len(self.operands)}"
+            )
+        sizes = mesh_axis_sizes(self)
+        attrs = self.attrs()
+        unknown = [a for a in attrs["axes"] if a not in sizes]
+        if unknown:
+            raise VerifyException(
+                f"{what}: unknown mesh axes {unknown}; the mesh has {list(sizes)}"
+            )
+        result = AbstractTensor.from_xdsl(self.handle.type.tensor)
+        if graph_op is None:
+            self._verify_peer(what, attrs, sizes)
+            want = AbstractTensor.from_xdsl(self.input.type) if self.input is not None else result
+        else:
+            group_size = math.prod(sizes[a] for a in attrs["axes"])
+            try:
+                want = graph_op.infer(
+                    AbstractTensor.from_xdsl(self.input.type), **attrs, group_size=group_size
+                )[0]
+            except TesseraError as error:
+                raise VerifyException(f"{what}: {error}") from None
+        if want != result:
+            raise VerifyException(
+                f"{what}: handle type mismatch: expected {HandleType(want.to_xdsl())}, found {self.handle.type}"
+            )
+        waits = [u.operation for u in self.handle.uses if isinstance(u.operation, WaitOp)]
+        if len(waits) != 1:
+            raise VerifyException(
+                f"{what}: expected exactly one schedule.wait of the handle, found {len(waits)}"
+            )
+
+    def _verify_peer(self, what: str, attrs: dict[str, Any], sizes: dict[str, int]) -> None:
+        if len(attrs["axes"]) != 1:
+            raise VerifyException(
+                f"{what}: expected one mesh axis for the peer, found {list(attrs['axes'])}"
+            )
+        size = sizes[attrs["axes"][0]]
+        if not 0 < abs(attrs["offset"]) < size:
+            raise VerifyException(
+                f"{what}: expected a peer offset with 0 < |offset| < {size} (the axis size), found {attrs['offset']}"
+            )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(f" {self.collective_name}")
+        if self.input is not None:
+            printer.print_string(" ")
+            printer.print_operand(self.input)
+        _print_properties(printer, self, _START_PROPERTIES)
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        printer.print_string(" : ")
+        if self.input is not None:
+            printer.print_attribute(self.input.type)
+            printer.print_string(" -> ")
+        printer.print_attribute(self.handle.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> StartOp:
+        collective = parser.parse_identifier(" for a collective name")
+        operand = parser.parse_optional_unresolved_operand()
+        properties = _parse_properties(parser)
+        attributes = parser.parse_optional_attr_dict_with_keyword()
+        parser.parse_punctuation(":")
+        first = parser.parse_type()
+        operands: list[SSAValue] = []
+        if operand is not None:
+            operands.append(parser.resolve_operand(operand, first))
+            parser.parse_punctuation("->")
+            first = parser.parse_type()
+        return cls.create(
+            operands=operands,
+            result_types=[first],
+            properties={"collective": StringAttr(collective), **properties},
+            attributes=attributes.data if attributes else {},
+        )
+
+
+@irdl_op_definition
+class WaitOp(IRDLOperation):
+    """Waits for a started collective and gives its result (nothing for a send)."""
+
+    name = "schedule.wait"
+    handle = operand_def(HandleType)
+    result = opt_result_def(TensorType)
+
+    def verify_(self) -> None:
+        start = self.handle.owner
+        is_send = isinstance(start, StartOp) and start.collective_name == "send"
+        want = [] if is_send else [self.handle.type.tensor]
+        got = [r.type for r in self.results]
+        if want != got:
+            raise VerifyException(
+                f"schedule.wait: result types mismatch: expected {_types(want)}, found {_types(got)}"
+            )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.handle)
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        printer.print_string(" : ")
+        printer.print_attribute(self.handle.type)
+        if self.result is not None:
+            printer.print_string(" -> ")
+            printer.print_attribute(self.result.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> WaitOp:
+        handle = parser.parse_unresolved_operand()
+        attributes = parser.parse_optional_attr_dict_with_keyword()
+        parser.parse_punctuation(":")
+        handle_type = parser.parse_type()
+        result_types = [parser.parse_type()] if parser.parse_optional_punctuation("->") else []
+        return cls.create(
+            operands=[parser.resolve_operand(handle, handle_type)],
+            result_types=result_types,
+            attributes=attributes.data if attributes else {},
+        )
+
+
+# --- buffers -----------------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class AllocOp(IRDLOperation):
+    """Allocates a buffer, at byte ``offset`` of the rank's arena when planned."""
+
+    name = "schedule.alloc"
+    buffer = result_def(BufferType)
+    offset = opt_prop_def(IntegerAttr)
+
+    def print(self, printer: Printer) -> None:
+        _print_properties(printer, self, ["offset"])
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        printer.print_string(" : ")
+        printer.print_attribute(self.buffer.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> AllocOp:
+        properties = _parse_properties(parser)
+        attributes = parser.parse_optional_attr_dict_with_keyword()
+        parser.parse_punctuation(":")
+        return cls.create(
+            result_types=[parser.parse_type()],
+            properties=properties,
+            attributes=attributes.data if attributes else {},
+        )
+
+    def verify_(self) -> None:
+        if self.offset is not None and self.offset.value.data < 0:
+            raise VerifyException(
+                f"schedule.alloc: expected a non-negative offset, found {self.offset.value.data}"
+            )
+        frees = [u.operation for u in self.buffer.uses if isinstance(u.operation, FreeOp)]
+        if len(frees) > 1:
+            raise VerifyException(
+                f"schedule.alloc: expected the buffer to be freed at most once, found {len(frees)} frees"
+            )
+
+
+@irdl_op_definition
+class FreeOp(IRDLOperation):
+    """Frees a buffer made by ``schedule.alloc``."""
+
+    name = "schedule.free"
+    buffer = operand_def(BufferType)
+    assembly_format = "$buffer attr-dict `:` type($buffer)"
+
+    def verify_(self) -> None:
+        if not isinstance(self.buffer.owner, AllocOp):
+            raise VerifyException(
+                "schedule.free: expected a buffer made by schedule.alloc, found a block argument"
+            )
+
+
+# --- regions: terminator, microbatches, pipeline stages -----------------------------------------
+
+
+class IndexedRegionOp(IRDLOperation):
+    """A region op for item ``index`` of ``count`` (a microbatch, a pipeline stage)."""
+
+    outputs = var_result_def()
+    index = prop_def(IntegerAttr)
+    count = prop_def(IntegerAttr)
+    body = region_def("single_block")
+
+    def verify_(self) -> None:
+        index, count = self.index.value.data, self.count.value.data
+        if not 0 <= index < count:
+            raise VerifyException(
+                f"{self.name}: expected 0 <= index < count, found index {index} and count {count}"
+            )
+        if self.body.block.args:
+            raise VerifyException(
+                f"{self.name}: expected a body without arguments, found {len(self.body.block.args)}"
+            )
+        _check_yield(self, self.name)
+
+    def print(self, printer: Printer) -> None:
+        _print_properties(printer, self, ["index", "count"])
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        if self.results:
+            printer.print_string(" -> ")
+            _print_results(printer, [r.type for r in self.results])
+        printer.print_string(" ")
+        printer.print_region(self.body, print_entry_block_args=False)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> IndexedRegionOp:
+        properties = _parse_properties(parser)
+        attributes = parser.parse_optional_attr_dict_with_keyword()
+        result_types = _parse_results(parser) if parser.parse_optional_punctuation("->") else []
+        body = parser.parse_region()
+        return cls.create(
+            result_types=result_types,
+            properties=properties,
+            attributes=attributes.data if attributes else {},
+            regions=[body],
+        )
+
+
+@irdl_op_definition
+class MicrobatchOp(IndexedRegionOp):
+    """The work of microbatch ``index`` of ``count``."""
+
+    name = "schedule.microbatch"
+
+
+@irdl_op_definition
+class StageOp(IndexedRegionOp):
+    """The work of pipeline stage ``index`` of ``count``."""
+
+    name = "schedule.stage"
+
+
+@irdl_op_definition
+class YieldOp(IRDLOperation):
+    """Ends a kernel, microbatch or stage body, giving the op's results."""
+
+    name = "schedule.yield"
+    values = var_operand_def()
+    traits = traits_def(IsTerminator(), HasParent(KernelOp, MicrobatchOp, StageOp))
+    assembly_format = "attr-dict ($values^ `:` type($values))?"
+
+
+def kernel_body(arg_types: Sequence[Attribute]) -> Region:
+    """An empty kernel body with one block argument per input type."""
+    return Region(Block(arg_types=arg_types))
+
+
+Schedule = Dialect(
+    "schedule",
+    [KernelOp, StartOp, WaitOp, AllocOp, FreeOp, YieldOp, MicrobatchOp, StageOp],
+    [HandleType, BufferType],
+)

@@ -1,0 +1,99 @@
+"""``plan-memory``: place every tensor of a scheduled function in one per-rank arena.
+
+Runs after ``lower-graph-to-schedule``. Buffers are the tensors that live between
+kernels: function arguments (caller-owned, live throughout), kernel results and wait
+results; values inside a kernel are registers or tiles and take no arena space.
+
+1. *Liveness*: a buffer lives from the op that makes it to its last top-level use; a
+   returned value lives to the end; a collective's operand lives until its wait (the
+   transfer reads it while in flight).
+2. *Placement*: in order of definition, first fit: the lowest offset (aligned to
+   ``alignment`` bytes) whose span overlaps no live buffer's, so dead buffers' space is
+   reused.
+3. *Annotation*: ``schedule.offsets`` (one byte offset per result) on each kernel and wait,
+   ``schedule.arg_offsets`` and ``schedule.peak_bytes`` (the arena's high-water mark,
+   the per-rank peak) on the function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp, i64
+from xdsl.ir import SSAValue
+from xdsl.passes import ModulePass
+
+from tessera.ir import schedule
+from tessera.ir.abstract import AbstractTensor
+
+PEAK_BYTES = "schedule.peak_bytes"
+
+
+@dataclass(frozen=True)
+class PlanMemoryPass(ModulePass):
+    """Assigns arena offsets to a scheduled function's tensors and records its peak bytes."""
+
+    name = "plan-memory"
+    alignment: int = 256
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for function in op.ops:
+            if isinstance(function, func.FuncOp) and function.body.blocks:
+                _plan(function, self.alignment)
+
+
+def _bytes(value: SSAValue, alignment: int) -> int:
+    size = AbstractTensor.from_xdsl(value.type).nbytes
+    return max(alignment, -(-size // alignment) * alignment)
+
+
+def _plan(function: func.FuncOp, alignment: int) -> None:
+    block = function.body.block
+    ops = list(block.ops)
+    end = len(ops)
+    born: dict[SSAValue, int] = {a: -1 for a in block.args}
+    for index, op in enumerate(ops):
+        if isinstance(op, (schedule.KernelOp, schedule.WaitOp)):
+            born.update((r, index) for r in op.results)
+    last = {v: end if v in block.args else i for v, i in born.items()}  # arguments: caller-owned
+    for index, op in enumerate(ops):
+        for operand in op.operands:
+            if operand in last:
+                last[operand] = end if isinstance(op, func.ReturnOp) else max(last[operand], index)
+        if isinstance(op, schedule.StartOp) and op.input is not None and op.input in last:
+            (wait,) = [u.operation for u in op.handle.uses]
+            last[op.input] = max(last[op.input], ops.index(wait))
+    live: list[tuple[int, int, int]] = []  # (offset, size, last use)
+    offsets: dict[SSAValue, int] = {}
+    peak = 0
+    for value in sorted(born, key=lambda v: born[v]):
+        live = [b for b in live if b[2] >= born[value]]
+        size = _bytes(value, alignment)
+        offset = 0
+        for start, length, _ in sorted(live):
+            if offset + size <= start:
+                break
+            offset = max(offset, start + length)
+        live.append((offset, size, last[value]))
+        offsets[value] = offset
+        peak = max(peak, offset + size)
+    for op in ops:
+        if isinstance(op, (schedule.KernelOp, schedule.WaitOp)) and op.results:
+            op.attributes["schedule.offsets"] = DenseArrayBase.from_list(
+                i64, [offsets[r] for r in op.results]
+            )
+    function.attributes["schedule.arg_offsets"] = DenseArrayBase.from_list(
+        i64, [offsets[a] for a in block.args]
+    )
+    function.attributes[PEAK_BYTES] = IntegerAttr(peak, i64)
+
+
+def peak_bytes(module: ModuleOp) -> dict[str, int]:
+    """Per-rank peak bytes of each planned function, by name (for ``lowered.memory()``)."""
+    return {
+        f.sym_name.data: f.attributes[PEAK_BYTES].value.data
+        for f in module.ops
+        if isinstance(f, func.FuncOp) and PEAK_BYTES in f.attributes
+    }

@@ -1,0 +1,301 @@
+// RUN: tessera-opt %s --split-input-file --verify-diagnostics | filecheck %s
+
+// One case per verifier message of the schedule dialect.
+
+// --- kernels --------------------------------------------------------------------------
+
+// Block arguments must have the inputs' types.
+func.func @kernel_arg_types(%x: tensor<4xf32>) {
+  // CHECK: schedule.kernel @k: block argument types mismatch: expected (tensor<4xf32>) (the inputs), found (tensor<4xf16>){{$}}
+  "schedule.kernel"(%x) <{sym_name = "k"}> ({
+  ^bb0(%a: tensor<4xf16>):
+    "schedule.yield"() : () -> ()
+  }) : (tensor<4xf32>) -> ()
+  func.return
+}
+
+// -----
+
+// A kernel is isolated from above: every value comes in as an input.
+func.func @kernel_uses_outside_value(%x: tensor<4xf32>) {
+  // CHECK: schedule.kernel @k: graph.neg uses a value defined outside the kernel; pass it in as a kernel input{{$}}
+  schedule.kernel @k() : () -> () {
+    %0 = graph.neg %x : tensor<4xf32>
+    schedule.yield
+  }
+  func.return
+}
+
+// -----
+
+// The yield gives the kernel's result types.
+func.func @kernel_yield_types(%x: tensor<4xf32>) {
+  // CHECK: schedule.kernel @k: yield types mismatch: expected (tensor<4xf32>), found (){{$}}
+  %0 = schedule.kernel @k(%a = %x) : (tensor<4xf32>) -> tensor<4xf32> {
+    schedule.yield
+  }
+  func.return
+}
+
+// -----
+
+// The body ends in schedule.yield (xDSL's single-block check sees it first).
+func.func @kernel_without_yield(%x: tensor<4xf32>) {
+  // CHECK: Operation graph.neg terminates block in single-block region but is not a terminator{{$}}
+  schedule.kernel @k(%a = %x) : (tensor<4xf32>) -> () {
+    %0 = graph.neg %a : tensor<4xf32>
+  }
+  func.return
+}
+
+// -----
+
+// Kernel names are unique within a function.
+func.func @kernel_names_clash(%x: tensor<4xf32>) {
+  // CHECK: schedule.kernel @k: expected a unique kernel name, found 2 kernels named so{{$}}
+  schedule.kernel @k() : () -> () {
+    schedule.yield
+  }
+  schedule.kernel @k() : () -> () {
+    schedule.yield
+  }
+  func.return
+}
+
+// -----
+
+// Streams are compute or comm.
+func.func @kernel_bad_stream() {
+  // CHECK: schedule.kernel: stream must be one of ('compute', 'comm'), found 'copy'{{$}}
+  schedule.kernel @k() {stream = copy} : () -> () {
+    schedule.yield
+  }
+  func.return
+}
+
+// -----
+
+// schedule.yield only ends a kernel, microbatch or stage.
+func.func @yield_outside() {
+  // CHECK: 'schedule.yield' expects parent op to be one of 'schedule.kernel', 'schedule.microbatch', 'schedule.stage'{{$}}
+  schedule.yield
+}
+
+// --- collectives ------------------------------------------------------------------------
+
+// -----
+
+graph.mesh @mesh axes = [tp = 4]
+// The collective must be one the schedule knows.
+func.func @unknown_collective(%x: tensor<8xf32>) {
+  // CHECK: schedule.start: collective must be one of ('all_reduce', 'all_gather', 'reduce_scatter', 'all_to_all', 'broadcast', 'send', 'recv'), found 'all_slice'{{$}}
+  %h = schedule.start all_slice %x {axes = [tp], dim = 0} : tensor<8xf32> -> !schedule.handle<tensor<2xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<2xf32>> -> tensor<2xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [tp = 4]
+// A collective's properties are those of its graph op.
+func.func @missing_property(%x: tensor<8xf32>) {
+  // CHECK: schedule.start all_reduce: expected properties ['axes', 'kind'], found ['axes']{{$}}
+  %h = schedule.start all_reduce %x {axes = [tp]} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [tp = 4]
+// recv takes no operand.
+func.func @recv_with_operand(%x: tensor<8xf32>) {
+  // CHECK: schedule.start recv: expected 0 operands, found 1{{$}}
+  %h = schedule.start recv %x {axes = [tp], offset = 1} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [tp = 4]
+// Mesh axes must be the mesh's.
+func.func @unknown_axis(%x: tensor<8xf32>) {
+  // CHECK: schedule.start all_reduce: unknown mesh axes ['dp']; the mesh has ['tp']{{$}}
+  %h = schedule.start all_reduce %x {axes = [dp], kind = sum} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+// A start needs the module's mesh.
+func.func @no_mesh(%x: tensor<8xf32>) {
+  // CHECK: schedule.start: expected exactly one graph.mesh in the module, found 0{{$}}
+  %h = schedule.start all_reduce %x {axes = [tp], kind = sum} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [tp = 4]
+// The handle type is the graph op's per-rank result: all_gather over 4 ranks grows dim 0.
+func.func @handle_type_mismatch(%x: tensor<8xf32>) {
+  // CHECK: schedule.start all_gather: handle type mismatch: expected !schedule.handle<tensor<32xf32>>, found !schedule.handle<tensor<8xf32>>{{$}}
+  %h = schedule.start all_gather %x {axes = [tp], dim = 0} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [tp = 4]
+// The graph op's shape rule reports bad properties.
+func.func @bad_reduce_kind(%x: tensor<8xf32>) {
+  // CHECK: schedule.start all_reduce: reduction kind must be one of ('sum', 'mean', 'max', 'min'), found 'prod'{{$}}
+  %h = schedule.start all_reduce %x {axes = [tp], kind = prod} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+// A peer lies along one mesh axis.
+func.func @send_two_axes(%x: tensor<8xf32>) {
+  // CHECK: schedule.start send: expected one mesh axis for the peer, found ['dp', 'tp']{{$}}
+  %h = schedule.start send %x {axes = [dp, tp], offset = 1} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  schedule.wait %h : !schedule.handle<tensor<8xf32>>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [pp = 2]
+// A peer offset is nonzero and within the axis.
+func.func @send_bad_offset(%x: tensor<8xf32>) {
+  // CHECK: schedule.start send: expected a peer offset with 0 < |offset| < 2 (the axis size), found 2{{$}}
+  %h = schedule.start send %x {axes = [pp], offset = 2} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  schedule.wait %h : !schedule.handle<tensor<8xf32>>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [tp = 4]
+// Every handle is waited for exactly once.
+func.func @never_waited(%x: tensor<8xf32>) {
+  // CHECK: schedule.start all_reduce: expected exactly one schedule.wait of the handle, found 0{{$}}
+  %h = schedule.start all_reduce %x {axes = [tp], kind = sum} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [tp = 4]
+// A wait gives the handle's type.
+func.func @wait_type_mismatch(%x: tensor<8xf32>) {
+  // CHECK: schedule.wait: result types mismatch: expected (tensor<8xf32>), found (tensor<8xf16>){{$}}
+  %h = schedule.start all_reduce %x {axes = [tp], kind = sum} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf16>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [pp = 2]
+// The wait of a send gives nothing.
+func.func @send_wait_with_result(%x: tensor<8xf32>) {
+  // CHECK: schedule.wait: result types mismatch: expected (), found (tensor<8xf32>){{$}}
+  %h = schedule.start send %x {axes = [pp], offset = 1} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [tp = 4]
+// A start's stream is compute or comm.
+func.func @start_bad_stream(%x: tensor<8xf32>) {
+  // CHECK: schedule.start: stream must be one of ('compute', 'comm'), found 'nccl'{{$}}
+  %h = schedule.start all_reduce %x {axes = [tp], kind = sum, stream = nccl} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// --- buffers ------------------------------------------------------------------------------
+
+// -----
+
+// Buffer sizes are positive.
+func.func @empty_buffer() {
+  // CHECK: !schedule.buffer: expected a positive size in bytes, found 0{{$}}
+  %b = schedule.alloc : !schedule.buffer<0>
+  func.return
+}
+
+// -----
+
+// Offsets are non-negative.
+func.func @negative_offset() {
+  // CHECK: schedule.alloc: expected a non-negative offset, found -256{{$}}
+  %b = schedule.alloc {offset = -256} : !schedule.buffer<64>
+  func.return
+}
+
+// -----
+
+// A buffer is freed at most once.
+func.func @double_free() {
+  // CHECK: schedule.alloc: expected the buffer to be freed at most once, found 2 frees{{$}}
+  %b = schedule.alloc : !schedule.buffer<64>
+  schedule.free %b : !schedule.buffer<64>
+  schedule.free %b : !schedule.buffer<64>
+  func.return
+}
+
+// -----
+
+// Only allocated buffers are freed.
+func.func @free_argument(%b: !schedule.buffer<64>) {
+  // CHECK: schedule.free: expected a buffer made by schedule.alloc, found a block argument{{$}}
+  schedule.free %b : !schedule.buffer<64>
+  func.return
+}
+
+// --- regions -------------------------------------------------------------------------------
+
+// -----
+
+// index lies in [0, count).
+func.func @microbatch_index() {
+  // CHECK: schedule.microbatch: expected 0 <= index < count, found index 4 and count 4{{$}}
+  schedule.microbatch {index = 4, count = 4} {
+    schedule.yield
+  }
+  func.return
+}
+
+// -----
+
+// A stage's yield gives its results.
+func.func @stage_yield(%x: tensor<4xf32>) {
+  // CHECK: schedule.stage: yield types mismatch: expected (tensor<4xf32>), found (){{$}}
+  %0 = schedule.stage {index = 0, count = 2} -> tensor<4xf32> {
+    schedule.yield
+  }
+  func.return
+}
+
+// -----
+
+// Region bodies take no arguments.
+func.func @stage_with_arguments() {
+  // CHECK: schedule.stage: expected a body without arguments, found 1{{$}}
+  "schedule.stage"() <{index = 0 : i64, count = 2 : i64}> ({
+  ^bb0(%a: tensor<4xf32>):
+    "schedule.yield"() : () -> ()
+  }) : () -> ()
+  func.return
+}

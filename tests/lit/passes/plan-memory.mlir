@@ -1,0 +1,43 @@
+// RUN: tessera-opt %s --split-input-file -p lower-graph-to-schedule,plan-memory | filecheck %s
+// RUN: tessera-opt %s --split-input-file -p lower-graph-to-schedule,plan-memory | tessera-opt --split-input-file | filecheck %s
+
+// Buffer offsets (aligned to 256 bytes) and the per-rank peak. Every tensor here is
+// 8x64xf32 = 2048 bytes, unless the comment says otherwise.
+
+// Arguments stay resident; %e and %f reuse the slots of %a and %c once they are dead,
+// so the peak is four buffers (x, a, c, d), not six.
+// CHECK-LABEL: func.func @reuse
+// CHECK-SAME:    attributes {schedule.arg_offsets = array<i64: 0>, schedule.peak_bytes = 8192 : i64}
+// CHECK:         schedule.kernel @reuse_k0_exp({{.*}}) attributes {schedule.offsets = array<i64: 2048>}
+// CHECK:         schedule.kernel @reuse_k1_abs({{.*}}) attributes {schedule.offsets = array<i64: 4096>}
+// CHECK:         schedule.kernel @reuse_k2_neg({{.*}}) attributes {schedule.offsets = array<i64: 6144>}
+// CHECK:         schedule.kernel @reuse_k3_transpose({{.*}}) attributes {schedule.offsets = array<i64: 2048>}
+// CHECK:         schedule.kernel @reuse_k4_reshape({{.*}}) attributes {schedule.offsets = array<i64: 4096>}
+func.func @reuse(%x: tensor<8x64xf32>) -> tensor<8x64xf32> {
+  %a = graph.exp %x : tensor<8x64xf32>
+  %b = graph.neg %a : tensor<8x64xf32>
+  %c = graph.abs %a : tensor<8x64xf32>
+  %d = graph.add %b, %c : tensor<8x64xf32>
+  %e = graph.transpose %d {perm = [1, 0]} : tensor<8x64xf32> -> tensor<64x8xf32>
+  %f = graph.reshape %e : tensor<64x8xf32> -> tensor<8x64xf32>
+  func.return %f : tensor<8x64xf32>
+}
+
+// -----
+
+// A collective's operand stays live until its wait, even though no kernel reads it after
+// the start, nor by the wait's own result: x (512 B) at 0, w (4096 B) at 512, %y at
+// 4608, %z (512 B) at 6656, and the all-reduced value at 7168, not over %y.
+// CHECK-LABEL: func.func @in_flight
+// CHECK-SAME:    schedule.arg_offsets = array<i64: 0, 512>, schedule.peak_bytes = 9216 : i64
+// CHECK:         schedule.kernel @in_flight_k0_matmul({{.*}}) attributes {schedule.offsets = array<i64: 4608>}
+// CHECK:         schedule.start all_reduce
+// CHECK:         schedule.kernel @in_flight_k1_exp({{.*}}) attributes {schedule.offsets = array<i64: 6656>}
+// CHECK:         schedule.wait {{.*}} attributes {schedule.offsets = array<i64: 7168>}
+graph.mesh @mesh axes = [tp = 4]
+func.func @in_flight(%x: tensor<8x16xf32>, %w: tensor<16x64xf32>) -> (tensor<8x64xf32>, tensor<8x16xf32>) attributes {graph.partitioned} {
+  %y = graph.matmul %x, %w : tensor<8x16xf32>, tensor<16x64xf32> -> tensor<8x64xf32>
+  %r = graph.all_reduce %y {axes = [tp], kind = sum} : tensor<8x64xf32>
+  %z = graph.exp %x : tensor<8x16xf32>
+  func.return %r, %z : tensor<8x64xf32>, tensor<8x16xf32>
+}
