@@ -22,11 +22,10 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import BlockArgument, SSAValue
 
-from tessera.backends import distributed
+from tessera.backends import distributed, schedule_runner
 from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.layout import assemble, piece, scatter
 from tessera.backends.reference import run_function
-from tessera.backends.virtual import run_partitioned
 from tessera.dist.collectives import MESH_SYMBOL, shard
 from tessera.dist.mesh import Mesh
 from tessera.dist.shard_spec import ShardSpec
@@ -150,8 +149,9 @@ class Lowered:
         return pytree.unflatten(self.out_tree, results)
 
     def _run_on_virtual_mesh(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Slices the global inputs per rank, runs every rank's partitioned program and
-        assembles the global outputs from the ranks' pieces."""
+        """Slices the global inputs per rank (as the partitioned program's arguments are
+        laid out), runs every rank's scheduled program and assembles the global outputs
+        from the ranks' pieces."""
         assert self.mesh is not None
         module = self.module_at("partitioned")
         function = next(o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == self.name)
@@ -160,7 +160,7 @@ class Lowered:
             for i, x in enumerate(inputs)
         ]
         rank_args = [[p[rank] for p in pieces] for rank in range(self.mesh.size)]
-        per_rank = run_partitioned(module, self.name, self.mesh, rank_args)
+        per_rank = schedule_runner.run_virtual(self.module_at("schedule"), self.name, self.mesh, rank_args)
         returned = function.body.block.last_op.operands
         outputs = []
         for index, value in enumerate(returned):
@@ -243,7 +243,8 @@ class JitFunction:
         self.mesh = mesh
         self.in_shardings = in_shardings
         self.out_shardings = out_shardings
-        functools.update_wrapper(self, fn)
+        # name and docstring only: copying fn.__dict__ could overwrite our own attributes
+        functools.update_wrapper(self, fn, updated=())
         self.__name__: str = getattr(fn, "__name__", "main")  # functools.partial has none
         self.fn = fn
         self.static_argnums = tuple(static_argnums)

@@ -276,6 +276,8 @@ class _Emitter:
 
     def start(self, collective: graph.CollectiveOp) -> None:
         value = self.value(collective.operands[0])
+        if collective in self.handles:  # waiting for the operand started it already
+            return
         properties = {n: collective.properties[n] for n in collective._property_names()}
         result = collective.results[0].type
         assert isinstance(result, TensorType)

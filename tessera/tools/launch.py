@@ -50,26 +50,40 @@ def _exit_code(code: int) -> int:
     return 128 - code if code < 0 else code  # killed by signal s -> 128 + s, as shells report
 
 
-def _describe(rank: int, failure: object) -> str:
+def _message(failure: object) -> str:
+    """The error a rank recorded (its uncaught exception), or ""."""
+    message = getattr(failure, "message", "")
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    detail = str(message).strip()
+    if detail.startswith(("To enable traceback", "Signal ")):
+        return ""
+    return detail.splitlines()[0] if detail else ""
+
+
+def _code(failure: object) -> int:
+    """The rank's exit code; a rank that recorded an error and was stopped while exiting
+    counts as exit code 1."""
     code = int(getattr(failure, "exitcode", 1))
+    return 1 if code == -signal.SIGTERM and _message(failure) else code
+
+
+def _describe(rank: int, failure: object) -> str:
+    code, detail = _code(failure), _message(failure)
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
         return f"rank {rank} was killed by {name} (exit code {_exit_code(code)})"
-    message = getattr(failure, "message", "")
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    detail = str(message).strip()
-    if not detail or detail.startswith("To enable traceback"):
+    if not detail:
         return f"rank {rank} exited with code {code}"
-    return f"rank {rank} failed with exit code {code}: {detail.splitlines()[0]}"
+    return f"rank {rank} failed with exit code {code}: {detail}"
 
 
 def _stopped(failure: object) -> bool:
     """Whether torchrun stopped this rank (SIGTERM) because another one failed."""
-    return int(getattr(failure, "exitcode", 1)) == -signal.SIGTERM
+    return _code(failure) == -signal.SIGTERM
 
 
 def _consequence(failure: object) -> bool:
@@ -94,7 +108,7 @@ def _report(failures: dict[int, object], nproc: int) -> str:
 def _worst(failures: dict[int, object]) -> int:
     """The exit code of the run: the worst failing rank's, ranks torchrun stopped aside."""
     causes = [f for f in failures.values() if not _stopped(f)] or list(failures.values())
-    return max(_exit_code(int(getattr(f, "exitcode", 1))) for f in causes) or 1
+    return max(_exit_code(_code(f)) for f in causes) or 1
 
 
 def run(nproc: int, script: str, args: Sequence[str], timeout: float | None = None) -> int:

@@ -145,6 +145,10 @@ def test_launcher_report_puts_the_root_cause_first() -> None:
     assert report.endswith("rank 2 was stopped")
     assert launch._worst(failures) == 1
     assert launch._worst({0: failure(-9), 1: failure(-15)}) == 137
+    # a rank that recorded its error and was stopped while exiting is still the root cause
+    late = {0: failures[0], 1: failure(-15, "ValueError: boom")}
+    assert launch._report(late, 2).startswith("rank 1 failed with exit code 1: ValueError: boom; rank 0")
+    assert launch._worst(late) == 1
 
 
 def test_launcher_rejects_a_missing_script(capsys: pytest.CaptureFixture[str]) -> None:

@@ -285,3 +285,20 @@ def test_jit_of_a_partial_and_of_a_bound_method():
     np.testing.assert_array_equal(ts.jit(Layer().__call__)(f32(1, 2)), f32(1, 2))
     with pytest.raises(ts.TraceError, match="must return tensors"):
         ts.jit(functools.partial(lambda x, s: (x, s), s=3))(f32(2))
+
+
+def test_jit_of_a_callable_object_keeps_its_own_settings() -> None:
+    """ts.jit copies a function's name, not its attributes: an object with a ``mesh``
+    attribute must not turn the compiled function into a sharded one."""
+
+    class Model:
+        mesh = "not a mesh"
+        __name__ = "model"
+
+        def __call__(self, x):
+            return x * 2
+
+    compiled = ts.jit(Model())
+    assert compiled.mesh is None and compiled.__name__ == "model"
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(compiled(x), x * 2)

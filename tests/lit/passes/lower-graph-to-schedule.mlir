@@ -264,3 +264,23 @@ func.func @collective_of_argument(%x: tensor<8x4xf32>, %y: tensor<8x16xf32>) -> 
   %o = graph.mul %e, %g : tensor<8x16xf32>
   func.return %o : tensor<8x16xf32>
 }
+
+// -----
+
+// A collective whose operand is another collective's result, its result used twice: one
+// start and one wait each (waiting for the operand must not start it a second time).
+graph.mesh @mesh axes = [x = 2, y = 2]
+// CHECK-LABEL: func.func @chained_collectives
+func.func @chained_collectives(%a: tensor<3x12xf32>) -> (tensor<3x12xf32>, tensor<3x12xf32>) attributes {graph.partitioned} {
+  // CHECK: %[[H0:.*]] = schedule.start all_gather %{{.*}} {axes = [y], dim = 0}
+  // CHECK-NEXT: %[[W0:.*]] = schedule.wait %[[H0]]
+  // CHECK-NEXT: %[[H1:.*]] = schedule.start all_gather %[[W0]] {axes = [x], dim = 0}
+  // CHECK-NEXT: schedule.wait %[[H1]]
+  // CHECK-NOT: schedule.start
+  %0 = graph.all_gather %a {axes = [y], dim = 0} : tensor<3x12xf32> -> tensor<6x12xf32>
+  %1 = graph.all_gather %0 {axes = [x], dim = 0} : tensor<6x12xf32> -> tensor<12x12xf32>
+  %2 = graph.matmul %a, %1 : tensor<3x12xf32>, tensor<12x12xf32> -> tensor<3x12xf32>
+  %3 = graph.tanh %1 : tensor<12x12xf32>
+  %4 = graph.matmul %a, %3 : tensor<3x12xf32>, tensor<12x12xf32> -> tensor<3x12xf32>
+  func.return %2, %4 : tensor<3x12xf32>, tensor<3x12xf32>
+}

@@ -1,0 +1,120 @@
+"""Runs the Schedule IR: kernels through one kernel interface, collectives as handles.
+
+A scheduled function is a sequence of ``schedule.kernel`` ops (fused groups of graph
+ops), ``schedule.start`` / ``schedule.wait`` pairs for collectives, and a return. Every
+kernel runs through a :data:`KernelRunner`: :func:`reference_kernel` interprets the
+kernel's body with the reference semantics (the oracle); generated Triton kernels will
+be another runner with the same signature.
+
+:func:`run_virtual` executes all ranks of a mesh in one process: a start computes the
+collective across each rank group (the group semantics of ``backends.virtual``) and its
+handle holds every rank's result until the wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
+
+from tessera.backends.reference import IMPLS
+from tessera.backends.virtual import COLLECTIVES as GROUP_COLLECTIVES
+from tessera.dist.mesh import Mesh
+from tessera.errors import ExecutionError
+from tessera.ir import graph, schedule
+
+
+@dataclass(frozen=True)
+class KernelContext:
+    """Which rank runs a kernel: a rank-local slice (``graph.all_slice``) depends on it."""
+
+    mesh: Mesh
+    rank: int
+
+    def position(self, axes: Sequence[str]) -> tuple[int, int]:
+        """This rank's index in its group along ``axes``, and the group's size."""
+        group = next(g for g in self.mesh.groups(axes) if self.rank in g)
+        return group.index(self.rank), len(group)
+
+
+KernelRunner = Callable[[schedule.KernelOp, Sequence[torch.Tensor], KernelContext], list[torch.Tensor]]
+
+
+def reference_kernel(
+    kernel: schedule.KernelOp, inputs: Sequence[torch.Tensor], context: KernelContext
+) -> list[torch.Tensor]:
+    """Runs a kernel's body op by op with the reference semantics."""
+    block = kernel.body.block
+    env: dict[SSAValue, torch.Tensor] = dict(zip(block.args, inputs, strict=True))
+    for op in block.ops:
+        if isinstance(op, schedule.YieldOp):
+            return [env[v] for v in op.values]
+        if isinstance(op, graph.AllSliceOp):  # this rank's chunk along dim
+            attrs = op.attrs()
+            index, size = context.position(attrs["axes"])
+            env[op.result] = env[op.input].chunk(size, attrs["dim"])[index]
+            continue
+        impl = IMPLS.get(type(op))  # type: ignore[arg-type]
+        if impl is None:
+            raise ExecutionError(f"{kernel.sym_name.data}: no reference semantics for {op.name}")
+        result = impl(op, *(env[v] for v in op.operands))
+        env.update(zip(op.results, result if isinstance(result, tuple) else (result,), strict=True))
+    raise ExecutionError(f"{kernel.sym_name.data}: kernel body has no schedule.yield")
+
+
+def _function(module: ModuleOp, name: str) -> func.FuncOp:
+    for op in module.ops:
+        if isinstance(op, func.FuncOp) and op.sym_name.data == name:
+            return op
+    raise ExecutionError(f"no function @{name} in the scheduled module")
+
+
+def _start(op: schedule.StartOp, mesh: Mesh, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Every rank's result of the collective ``op`` starts (the virtual mesh completes it)."""
+    graph_op = schedule.COLLECTIVES[op.collective_name]
+    if graph_op is None:
+        raise ExecutionError(f"{op.collective_name} is not supported on the virtual mesh yet")
+    outputs = list(inputs)
+    for group in mesh.groups(op.attrs()["axes"]):
+        results = GROUP_COLLECTIVES[graph_op](op, [inputs[r] for r in group])
+        for rank, result in zip(group, results, strict=True):
+            outputs[rank] = result.clone()
+    return outputs
+
+
+def run_virtual(
+    module: ModuleOp,
+    name: str,
+    mesh: Mesh,
+    rank_args: Sequence[Sequence[torch.Tensor]],
+    kernel: KernelRunner = reference_kernel,
+) -> list[tuple[torch.Tensor, ...]]:
+    """Every rank's results of the scheduled function ``@name`` (ranks in mesh order)."""
+    function = _function(module, name)
+    if len(rank_args) != mesh.size:
+        raise ExecutionError(f"@{name}: expected arguments for {mesh.size} ranks, found {len(rank_args)}")
+    envs: list[dict[SSAValue, object]] = [
+        dict(zip(function.args, args, strict=True)) for args in rank_args
+    ]
+    for op in function.body.block.ops:
+        if isinstance(op, schedule.KernelOp):
+            for rank, env in enumerate(envs):
+                outputs = kernel(op, [env[v] for v in op.inputs], KernelContext(mesh, rank))  # type: ignore[misc]
+                env.update(zip(op.outputs, outputs, strict=True))
+        elif isinstance(op, schedule.StartOp):
+            results = _start(op, mesh, [env[op.operands[0]] for env in envs])  # type: ignore[misc]
+            for env, result in zip(envs, results, strict=True):
+                env[op.handle] = result
+        elif isinstance(op, schedule.WaitOp):
+            if op.result is not None:
+                for env in envs:
+                    env[op.result] = env[op.handle]
+        elif isinstance(op, func.ReturnOp):
+            return [tuple(env[v] for v in op.operands) for env in envs]  # type: ignore[misc]
+        else:
+            raise ExecutionError(f"@{name}: cannot run {op.name} in a scheduled function")
+    raise ExecutionError(f"@{name}: the scheduled function has no return")
