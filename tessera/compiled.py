@@ -177,8 +177,8 @@ class Lowered:
         assert self.mesh is not None
         rt = distributed.runtime()
         rt.check_mesh(self.mesh)
-        module = self.module_at("partitioned")
-        function = next(o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == self.name)
+        partitioned = self.module_at("partitioned")  # the layouts of arguments and results
+        function = next(o for o in partitioned.ops if isinstance(o, func.FuncOp) and o.sym_name.data == self.name)
         local = []
         for index, (array, aval) in enumerate(zip(arrays, avals, strict=True)):
             sharding = arg_sharding(function, index) or Sharding.replicated(len(aval.shape))
@@ -189,7 +189,7 @@ class Lowered:
             else:
                 whole = _to_torch(array, aval)
                 local.append(piece(whole, sharding, self.mesh, rt.rank).to(rt.device))
-        outputs, self.last_run = distributed.run_rank(module, self.name, self.mesh, local, rt)
+        outputs, self.last_run = distributed.run_rank(self.module_at("schedule"), self.name, self.mesh, local, rt)
         returned = function.body.block.last_op.operands
         return [
             distributed.LocalResult(

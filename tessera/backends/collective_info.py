@@ -8,12 +8,13 @@ and is not listed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
-from tessera.ir import graph
+from tessera.ir import graph, schedule
 from tessera.ir.abstract import AbstractTensor
 
 
@@ -30,25 +31,28 @@ class CollectiveInfo:
 
 
 def collectives(module: ModuleOp) -> list[CollectiveInfo]:
-    """The communicating collectives of every partitioned function, in program order."""
+    """The communicating collectives of every partitioned function, in program order:
+    graph collectives, or the ``schedule.start`` ops of a scheduled function."""
     infos = []
+    mesh = next((dict(o.axes) for o in module.ops if isinstance(o, graph.MeshOp)), {})
     for function in module.walk():
         if not isinstance(function, func.FuncOp) or graph.PARTITIONED not in function.attributes:
             continue
         for op in function.walk():
-            if not isinstance(op, graph.CollectiveOp) or isinstance(op, graph.AllSliceOp):
+            if isinstance(op, schedule.StartOp) and op.input is not None:
+                kind, result = op.collective_name, op.handle.type.tensor
+            elif isinstance(op, graph.CollectiveOp) and not isinstance(op, graph.AllSliceOp):
+                kind, result = op.name.removeprefix("graph."), op.result.type
+            else:
                 continue
             operand = AbstractTensor.from_xdsl(op.input.type)
-            moved = (
-                AbstractTensor.from_xdsl(op.result.type)
-                if isinstance(op, graph.AllGatherOp)
-                else operand
-            )
+            moved = AbstractTensor.from_xdsl(result) if kind == "all_gather" else operand
+            axes = tuple(op.attrs()["axes"])
             infos.append(
                 CollectiveInfo(
-                    kind=op.name.removeprefix("graph."),
-                    mesh_axes=tuple(op.attrs()["axes"]),
-                    group_size=op.group_size() or 1,
+                    kind=kind,
+                    mesh_axes=axes,
+                    group_size=math.prod(mesh.get(a, 1) for a in axes),
                     shape=operand.shape,
                     dtype=operand.dtype.value,
                     nbytes=moved.nbytes,

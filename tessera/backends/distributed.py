@@ -30,17 +30,18 @@ from types import TracebackType
 
 import torch
 import torch.distributed as tdist
+from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
 from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.layout import assemble
-from tessera.backends.reference import IMPLS
+from tessera.backends.schedule_runner import KernelContext, reference_kernel
 from tessera.backends.virtual import _check_mesh, _check_value, _function
 from tessera.dist.mesh import Mesh
 from tessera.errors import DistributedError, ExecutionError, TesseraError
-from tessera.ir import graph
+from tessera.ir import graph, schedule
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.sharding import Sharding
 
@@ -162,7 +163,11 @@ class Runtime:
     def prepare(self, module: ModuleOp, mesh: Mesh) -> None:
         """Creates the groups ``module`` needs, in a deterministic order."""
         needed = sorted(
-            {tuple(op.attrs()["axes"]) for op in module.walk() if isinstance(op, graph.CollectiveOp)}
+            {
+                tuple(op.attrs()["axes"])
+                for op in module.walk()
+                if isinstance(op, (graph.CollectiveOp, schedule.StartOp))
+            }
         )
         for axes in needed:
             self.group(mesh, axes)
@@ -293,23 +298,28 @@ def _finish_reduce(buffer: torch.Tensor, kind: str, size: int, dtype: torch.dtyp
     return finish
 
 
-def _issue(op: graph.CollectiveOp, x: torch.Tensor, group: _Group, rank: int) -> _Pending | torch.Tensor:
-    """Starts ``op`` on this rank's operand ``x``: a pending collective, or the result
-    itself when no communication is needed."""
+def _kind(op: graph.CollectiveOp | schedule.StartOp) -> str:
+    return op.collective_name if isinstance(op, schedule.StartOp) else op.name.removeprefix("graph.")
+
+
+def _issue(op: graph.CollectiveOp | schedule.StartOp, x: torch.Tensor, group: _Group, rank: int) -> _Pending | torch.Tensor:
+    """Starts ``op`` (a graph collective or a ``schedule.start``) on this rank's operand
+    ``x``: a pending collective, or the result itself when no communication is needed."""
     attrs = op.attrs()
+    kind = _kind(op)
     size = len(group.members)
     position = group.position(rank)
-    if isinstance(op, graph.AllSliceOp):
+    if kind == "all_slice":
         return x.chunk(size, attrs["dim"])[position].clone()
     if size == 1:
         return x.clone()
     pg = group.handle
     order = group.by_group_rank  # torch's order; mesh order is group.members
-    if isinstance(op, graph.AllReduceOp):
+    if kind == "all_reduce":
         buffer = _accumulate(x, attrs["kind"])
         work = tdist.all_reduce(buffer, op=_reduce_op(attrs["kind"]), group=pg, async_op=True)
         return _Pending(work, _finish_reduce(buffer, attrs["kind"], size, x.dtype), op, group.members)
-    if isinstance(op, graph.AllGatherOp):
+    if kind == "all_gather":
         received = [torch.empty_like(x) for _ in range(size)]
         work = tdist.all_gather(received, x.contiguous(), group=pg, async_op=True)
 
@@ -318,14 +328,14 @@ def _issue(op: graph.CollectiveOp, x: torch.Tensor, group: _Group, rank: int) ->
             return torch.cat([by_rank[m] for m in group.members], attrs["dim"])
 
         return _Pending(work, gathered, op, group.members)
-    if isinstance(op, graph.ReduceScatterOp):
+    if kind == "reduce_scatter":
         buffer = _accumulate(x, attrs["kind"])
         chunks = buffer.chunk(size, attrs["dim"])
         inputs = [chunks[group.position(r)].contiguous() for r in order]
         output = torch.empty_like(inputs[0])
         work = tdist.reduce_scatter(output, inputs, op=_reduce_op(attrs["kind"]), group=pg, async_op=True)
         return _Pending(work, _finish_reduce(output, attrs["kind"], size, x.dtype), op, group.members)
-    if isinstance(op, graph.AllToAllOp):
+    if kind == "all_to_all":
         chunks = x.chunk(size, attrs["split_dim"])
         inputs = [chunks[group.position(r)].contiguous() for r in order]
         outputs = [torch.empty_like(c) for c in inputs]
@@ -336,14 +346,27 @@ def _issue(op: graph.CollectiveOp, x: torch.Tensor, group: _Group, rank: int) ->
             return torch.cat([by_rank[m] for m in group.members], attrs["concat_dim"])
 
         return _Pending(work, exchanged, op, group.members)
-    if isinstance(op, graph.BroadcastOp):
+    if kind == "broadcast":
         src = attrs["src"]
         if not 0 <= src < size:
             raise ExecutionError(f"{op.name}: source index {src} is outside the group of {size} ranks")
         buffer = x.clone().contiguous()
         work = tdist.broadcast(buffer, src=group.members[src], group=pg, async_op=True)
         return _Pending(work, lambda: buffer, op, group.members)
-    raise ExecutionError(f"the distributed backend cannot run {op.name}")
+    raise ExecutionError(f"the distributed backend cannot run {kind}")
+
+
+def scheduled(module: ModuleOp) -> ModuleOp:
+    """``module`` itself when its functions are scheduled, else a scheduled copy of it
+    (partitioned Graph IR lowered by ``lower-graph-to-schedule``)."""
+    from tessera.passes.lower_graph_to_schedule import LowerGraphToSchedulePass
+
+    top_level = (op for f in module.ops if isinstance(f, func.FuncOp) for op in f.body.ops)
+    if not any(isinstance(op, graph.GraphOp) for op in top_level):
+        return module
+    copy = module.clone()
+    LowerGraphToSchedulePass().apply(Context(), copy)
+    return copy
 
 
 def run_rank(
@@ -353,10 +376,17 @@ def run_rank(
     args: Sequence[torch.Tensor],
     rt: Runtime | None = None,
 ) -> tuple[tuple[torch.Tensor, ...], RunRecord]:
-    """Runs this process's rank of the partitioned ``func.func @name`` on its local
-    arguments; returns its local results and a :class:`RunRecord`."""
+    """Runs this process's rank of the scheduled ``func.func @name`` (the Schedule IR;
+    partitioned Graph IR is scheduled first) on its local arguments; returns its local
+    results and a :class:`RunRecord`.
+
+    Kernels run through the kernel interface of ``schedule_runner``; a
+    ``schedule.start`` issues its collective with ``async_op=True`` and the matching
+    ``schedule.wait`` joins the work handle.
+    """
     rt = rt or runtime()
     rt.check_mesh(mesh)
+    module = scheduled(module)
     function: func.FuncOp = _function(module, name)
     _check_mesh(module, mesh)
     avals = [AbstractTensor.from_xdsl(a.type) for a in function.args]
@@ -368,70 +398,75 @@ def run_rank(
     record = RunRecord(rt.rank, mesh.coords(rt.rank))
     rt.check_same_program(module, name)
     rt.prepare(module, mesh)
+    context = KernelContext(mesh, rt.rank)
     env: dict[SSAValue, torch.Tensor] = dict(zip(function.args, args, strict=True))
     pending: dict[SSAValue, _Pending] = {}
 
-    def wait(value: SSAValue) -> None:
-        if value not in pending:
-            return
-        issued = pending.pop(value)
-        what = f"{issued.op.name} over {list(issued.op.attrs()['axes'])} (ranks {issued.members})"
+    def join(handle: SSAValue) -> torch.Tensor:
+        if handle not in pending:  # completed when issued (a group of one rank)
+            return env.pop(handle)
+        issued = pending.pop(handle)
+        what = f"{_kind(issued.op)} over {list(issued.op.attrs()['axes'])} (ranks {issued.members})"
         try:
             issued.work.wait()  # type: ignore[attr-defined]
         except Exception as error:
             raise _failure(rt, what, error) from None
-        env[value] = issued.finish()
+        return issued.finish()
 
     for op in function.body.block.ops:
-        for operand in op.operands:
-            wait(operand)
-        operands = [env[v] for v in op.operands]
         if isinstance(op, func.ReturnOp):
-            for value in list(pending):
-                wait(value)
+            if pending:
+                raise ExecutionError(f"@{name}: collectives started but never waited for")
             record.seconds = time.perf_counter() - start
-            return tuple(operands), record
+            return tuple(env[v] for v in op.operands), record
         try:
-            if isinstance(op, graph.CollectiveOp):
+            if isinstance(op, schedule.KernelOp):
+                outputs = reference_kernel(op, [env[v] for v in op.inputs], context)
+                results = dict(zip(op.outputs, outputs, strict=True))
+            elif isinstance(op, schedule.StartOp):
                 group = rt.group(mesh, op.attrs()["axes"])
                 try:
-                    issued = _issue(op, operands[0], group, rt.rank)
+                    issued = _issue(op, env[op.input], group, rt.rank)
                 except TesseraError:
                     raise
                 except Exception as error:
-                    raise _failure(rt, f"{op.name} over {list(op.attrs()['axes'])}", error) from None
+                    raise _failure(rt, f"{_kind(op)} over {list(op.attrs()['axes'])}", error) from None
                 if isinstance(issued, _Pending):
-                    pending[op.results[0]] = issued
-                    record.collectives.extend(collectives_of(op))
+                    pending[op.handle] = issued
+                    record.collectives.extend(collectives_of(op, len(group.members)))
+                else:
+                    env[op.handle] = issued
+                continue
+            elif isinstance(op, schedule.WaitOp):
+                value = join(op.handle)
+                if op.result is None:
                     continue
-                results: tuple[torch.Tensor, ...] = (issued,)
+                results = {op.result: value}
             else:
-                impl = IMPLS.get(type(op))
-                if impl is None:
-                    raise ExecutionError(f"the distributed backend cannot run {op.name}")
-                out = impl(op, *operands)
-                results = out if isinstance(out, tuple) else (out,)
+                raise ExecutionError(f"the distributed backend cannot run {op.name}")
         except DistributedError:
             raise
         except TesseraError as error:
             raise type(error)(f"{op.name}: {error}" if op.name not in str(error) else str(error)) from None
         except Exception as error:  # a torch error: name the op that raised it
             raise ExecutionError(f"{op.name} failed on rank {rt.rank}: {error}") from None
-        for value, result in zip(op.results, results, strict=True):
+        for value, result in results.items():
             _check_value(result, AbstractTensor.from_xdsl(value.type), f"{op.name} on rank {rt.rank}")
             env[value] = result
     raise ExecutionError(f"@{name} has no func.return")
 
 
-def collectives_of(op: graph.CollectiveOp) -> list[CollectiveInfo]:
+def collectives_of(op: graph.CollectiveOp | schedule.StartOp, group_size: int) -> list[CollectiveInfo]:
     """The :class:`CollectiveInfo` of one communicating op (as ``collectives()`` reports)."""
     operand = AbstractTensor.from_xdsl(op.input.type)
-    moved = AbstractTensor.from_xdsl(op.result.type) if isinstance(op, graph.AllGatherOp) else operand
+    result = op.handle.type.tensor if isinstance(op, schedule.StartOp) else op.result.type
+    kind = _kind(op)
+    moved = AbstractTensor.from_xdsl(result) if kind == "all_gather" else operand
     return [
         CollectiveInfo(
-            kind=op.name.removeprefix("graph."),
+            kind=kind,
             mesh_axes=tuple(op.attrs()["axes"]),
-            group_size=op.group_size() or 1,
+            group_size=group_size,
             shape=operand.shape,
             dtype=operand.dtype.value,
             nbytes=moved.nbytes,
