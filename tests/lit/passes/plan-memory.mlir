@@ -41,3 +41,34 @@ func.func @in_flight(%x: tensor<8x16xf32>, %w: tensor<16x64xf32>) -> (tensor<8x6
   %z = graph.exp %x : tensor<8x16xf32>
   func.return %r, %z : tensor<8x64xf32>, tensor<8x16xf32>
 }
+
+// -----
+
+// A returned value lives to the end: %a keeps its slot although no kernel reads it after
+// the transpose, while %d reuses the slot of the dead %b. Peak: x, a, b, c.
+// CHECK-LABEL: func.func @returned
+// CHECK-SAME:    schedule.peak_bytes = 8192 : i64
+// CHECK:         schedule.kernel @returned_k0_exp({{.*}}) attributes {schedule.offsets = array<i64: 2048>}
+// CHECK:         schedule.kernel @returned_k1_transpose({{.*}}) attributes {schedule.offsets = array<i64: 4096>}
+// CHECK:         schedule.kernel @returned_k2_reshape({{.*}}) attributes {schedule.offsets = array<i64: 6144>}
+// CHECK:         schedule.kernel @returned_k3_neg({{.*}}) attributes {schedule.offsets = array<i64: 4096>}
+func.func @returned(%x: tensor<8x64xf32>) -> (tensor<8x64xf32>, tensor<8x64xf32>) {
+  %a = graph.exp %x : tensor<8x64xf32>
+  %b = graph.transpose %a {perm = [1, 0]} : tensor<8x64xf32> -> tensor<64x8xf32>
+  %c = graph.reshape %b : tensor<64x8xf32> -> tensor<8x64xf32>
+  %d = graph.neg %c : tensor<8x64xf32>
+  func.return %a, %d : tensor<8x64xf32>, tensor<8x64xf32>
+}
+
+// -----
+
+// Small buffers (16 bytes) are padded to the default 256-byte alignment.
+// CHECK-LABEL: func.func @small
+// CHECK-SAME:    schedule.arg_offsets = array<i64: 0>, schedule.peak_bytes = 768 : i64
+// CHECK:         schedule.kernel @small_k0_exp({{.*}}) attributes {schedule.offsets = array<i64: 256>}
+// CHECK:         schedule.kernel @small_k1_transpose({{.*}}) attributes {schedule.offsets = array<i64: 512>}
+func.func @small(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %a = graph.exp %x : tensor<4xf32>
+  %b = graph.transpose %a {perm = [0]} : tensor<4xf32> -> tensor<4xf32>
+  func.return %b : tensor<4xf32>
+}
