@@ -272,6 +272,33 @@ class _Pending:
     members: list[int]
 
 
+class _AllOf:
+    """One work handle for several: ``wait`` waits for each."""
+
+    def __init__(self, works: Sequence[object]):
+        self.works = works
+
+    def wait(self) -> bool:
+        for work in self.works:
+            work.wait()  # type: ignore[attr-defined]
+        return True
+
+
+def _exchange_point_to_point(
+    inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], order: Sequence[int], rank: int, pg: object
+) -> _AllOf:
+    """all_to_all as non-blocking sends and receives: ``inputs[i]`` goes to rank
+    ``order[i]`` and ``outputs[i]`` comes from it (the same bytes as an all_to_all)."""
+    works = []
+    for peer, send, receive in zip(order, inputs, outputs, strict=True):
+        if peer == rank:
+            receive.copy_(send)
+            continue
+        works.append(tdist.isend(send, dst=peer, group=pg))
+        works.append(tdist.irecv(receive, src=peer, group=pg))
+    return _AllOf(works)
+
+
 def _reduce_op(kind: str) -> object:
     ops = {"sum": tdist.ReduceOp.SUM, "mean": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}
     if kind not in ops:
@@ -339,7 +366,10 @@ def _issue(op: graph.CollectiveOp | schedule.StartOp, x: torch.Tensor, group: _G
         chunks = x.chunk(size, attrs["split_dim"])
         inputs = [chunks[group.position(r)].contiguous() for r in order]
         outputs = [torch.empty_like(c) for c in inputs]
-        work = tdist.all_to_all(outputs, inputs, group=pg, async_op=True)
+        if tdist.get_backend(pg) == "gloo":  # gloo has no alltoall before torch 2.13
+            work = _exchange_point_to_point(inputs, outputs, order, rank, pg)
+        else:
+            work = tdist.all_to_all(outputs, inputs, group=pg, async_op=True)
 
         def exchanged() -> torch.Tensor:
             by_rank = dict(zip(order, outputs, strict=True))
