@@ -9,7 +9,7 @@ lists of names (mesh axes) print as ``[tp, dp]``.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from xdsl.dialects.builtin import (
@@ -124,3 +124,29 @@ def parse_value(parser: Parser) -> Attribute:
     if text is not None:
         return StringAttr(text)
     return parser.parse_attribute()
+
+
+def print_properties(printer: Printer, properties: Mapping[str, Attribute], names: Sequence[str]) -> None:
+    """Prints `` {name = value, ...}`` for those of ``names`` that are present."""
+    present = [n for n in names if n in properties]
+    if present:
+        printer.print_string(" {")
+        for i, name in enumerate(present):
+            printer.print_string(f"{', ' if i else ''}{name} = ")
+            print_value(printer, properties[name])
+        printer.print_string("}")
+
+
+def parse_properties(parser: Parser) -> dict[str, Attribute]:
+    """Parses an optional ``{name = value, ...}`` printed by :func:`print_properties`."""
+    properties: dict[str, Attribute] = {}
+    if parser.parse_optional_punctuation("{") is not None:
+
+        def parse_property() -> None:
+            name = parser.parse_identifier(" for a property name")
+            parser.parse_punctuation("=")
+            properties[name] = parse_value(parser)
+
+        parser.parse_comma_separated_list(parser.Delimiter.NONE, parse_property)
+        parser.parse_punctuation("}")
+    return properties

@@ -49,7 +49,7 @@ from tessera.dtypes import DType
 from tessera.errors import ShapeError, TesseraError
 from tessera.ir import shape_rules
 from tessera.ir.abstract import AbstractTensor
-from tessera.ir.attr_values import parse_value, print_value, to_attr, to_python
+from tessera.ir.attr_values import parse_properties, print_properties, to_attr, to_python
 from tessera.ir.sharding import ShardingAttr
 
 ShapeRule = Callable[..., AbstractTensor | tuple[AbstractTensor, ...]]
@@ -111,13 +111,7 @@ class GraphOp(IRDLOperation):
         if self.operands:
             printer.print_string(" ")
             printer.print_list(self.operands, printer.print_operand)
-        names = [n for n in self._property_names() if n in self.properties]
-        if names:
-            printer.print_string(" {")
-            for i, name in enumerate(names):
-                printer.print_string(f"{', ' if i else ''}{name} = ")
-                print_value(printer, self.properties[name])
-            printer.print_string("}")
+        print_properties(printer, self.properties, self._property_names())
         printer.print_op_attributes(self.attributes, print_keyword=True)
         printer.print_string(" : ")
         types = [v.type for v in self.operands]
@@ -142,16 +136,7 @@ class GraphOp(IRDLOperation):
             operands.append(first)
             while parser.parse_optional_punctuation(",") is not None:
                 operands.append(parser.parse_unresolved_operand())
-        properties: dict[str, Attribute] = {}
-        if parser.parse_optional_punctuation("{") is not None:
-
-            def parse_property() -> None:
-                name = parser.parse_identifier(" for a property name")
-                parser.parse_punctuation("=")
-                properties[name] = parse_value(parser)
-
-            parser.parse_comma_separated_list(parser.Delimiter.NONE, parse_property)
-            parser.parse_punctuation("}")
+        properties = parse_properties(parser)
         attributes = parser.parse_optional_attr_dict_with_keyword()
         parser.parse_punctuation(":")
         operand_types, result_types = _parse_signature(parser, len(operands))

@@ -81,7 +81,7 @@ from xdsl.utils.exceptions import VerifyException
 from tessera.errors import TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
-from tessera.ir.attr_values import parse_value, print_value, to_python
+from tessera.ir.attr_values import parse_properties, print_properties, to_python
 
 STREAMS = ("compute", "comm")
 
@@ -157,30 +157,6 @@ class BufferType(ParametrizedAttribute, TypeAttribute):
 
 
 # --- shared syntax helpers ---------------------------------------------------------------
-
-
-def _print_properties(printer: Printer, op: IRDLOperation, names: Sequence[str]) -> None:
-    present = [n for n in names if n in op.properties]
-    if present:
-        printer.print_string(" {")
-        for i, name in enumerate(present):
-            printer.print_string(f"{', ' if i else ''}{name} = ")
-            print_value(printer, op.properties[name])
-        printer.print_string("}")
-
-
-def _parse_properties(parser: Parser) -> dict[str, Attribute]:
-    properties: dict[str, Attribute] = {}
-    if parser.parse_optional_punctuation("{") is not None:
-
-        def parse_property() -> None:
-            name = parser.parse_identifier(" for a property name")
-            parser.parse_punctuation("=")
-            properties[name] = parse_value(parser)
-
-        parser.parse_comma_separated_list(parser.Delimiter.NONE, parse_property)
-        parser.parse_punctuation("}")
-    return properties
 
 
 def _print_results(printer: Printer, types: Sequence[Attribute]) -> None:
@@ -315,7 +291,7 @@ class KernelOp(IRDLOperation):
             printer.print_string(" = ")
             printer.print_operand(value)
         printer.print_string(")")
-        _print_properties(printer, self, ["stream"])
+        print_properties(printer, self.properties, ["stream"])
         printer.print_op_attributes(self.attributes, print_keyword=True)
         printer.print_string(" : ")
         printer.print_attribute(
@@ -335,7 +311,7 @@ class KernelOp(IRDLOperation):
             bindings.append((argument, parser.parse_unresolved_operand()))
 
         parser.parse_comma_separated_list(parser.Delimiter.PAREN, parse_binding)
-        properties = _parse_properties(parser)
+        properties = parse_properties(parser)
         attributes = parser.parse_optional_attr_dict_with_keyword()
         parser.parse_punctuation(":")
         start = parser.pos
@@ -459,7 +435,7 @@ class StartOp(IRDLOperation):
         if self.input is not None:
             printer.print_string(" ")
             printer.print_operand(self.input)
-        _print_properties(printer, self, _START_PROPERTIES)
+        print_properties(printer, self.properties, _START_PROPERTIES)
         printer.print_op_attributes(self.attributes, print_keyword=True)
         printer.print_string(" : ")
         if self.input is not None:
@@ -471,7 +447,7 @@ class StartOp(IRDLOperation):
     def parse(cls, parser: Parser) -> StartOp:
         collective = parser.parse_identifier(" for a collective name")
         operand = parser.parse_optional_unresolved_operand()
-        properties = _parse_properties(parser)
+        properties = parse_properties(parser)
         attributes = parser.parse_optional_attr_dict_with_keyword()
         parser.parse_punctuation(":")
         first = parser.parse_type()
@@ -542,14 +518,14 @@ class AllocOp(IRDLOperation):
     offset = opt_prop_def(IntegerAttr)
 
     def print(self, printer: Printer) -> None:
-        _print_properties(printer, self, ["offset"])
+        print_properties(printer, self.properties, ["offset"])
         printer.print_op_attributes(self.attributes, print_keyword=True)
         printer.print_string(" : ")
         printer.print_attribute(self.buffer.type)
 
     @classmethod
     def parse(cls, parser: Parser) -> AllocOp:
-        properties = _parse_properties(parser)
+        properties = parse_properties(parser)
         attributes = parser.parse_optional_attr_dict_with_keyword()
         parser.parse_punctuation(":")
         return cls.create(
@@ -609,7 +585,7 @@ class IndexedRegionOp(IRDLOperation):
         _check_yield(self, self.name)
 
     def print(self, printer: Printer) -> None:
-        _print_properties(printer, self, ["index", "count"])
+        print_properties(printer, self.properties, ["index", "count"])
         printer.print_op_attributes(self.attributes, print_keyword=True)
         if self.results:
             printer.print_string(" -> ")
@@ -619,7 +595,7 @@ class IndexedRegionOp(IRDLOperation):
 
     @classmethod
     def parse(cls, parser: Parser) -> IndexedRegionOp:
-        properties = _parse_properties(parser)
+        properties = parse_properties(parser)
         attributes = parser.parse_optional_attr_dict_with_keyword()
         result_types = _parse_results(parser) if parser.parse_optional_punctuation("->") else []
         body = parser.parse_region()
