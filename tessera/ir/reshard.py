@@ -3,7 +3,8 @@
 ``plan_reshard`` gives the steps, in order:
 
 1. partial axes are resolved: ``reduce_scatter`` when the target splits a dim over the
-   axis (the result is then already split), else ``all_reduce``;
+   axis (the result is then already split), else ``all_reduce`` (one over all the axes
+   of a reduction kind: a ring over dp × tp moves 2(n-1)/n of the data once, not per axis);
 2. axes newly split on a dim and not in use elsewhere are taken by ``all_slice`` (a free
    local slice, done first so later steps move less data);
 3. an axis that moves from one dim to another is an ``all_to_all``;
@@ -43,7 +44,8 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
     steps: list[ReshardStep] = []
     dims = [list(d) for d in src.dims]
     kinds = dict(src.partial)
-    # 1. resolve partial axes
+    # 1. resolve partial axes; those of one kind left for all-reduce go in one collective
+    reduce: dict[str, list[str]] = {}
     for axis, kind in src.partial:
         if axis in dst.partial_axes:
             continue
@@ -52,7 +54,9 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
             steps.append(ReshardStep("reduce_scatter", (axis,), dim=target, reduction=kind))
             dims[target].append(axis)
         else:
-            steps.append(ReshardStep("all_reduce", (axis,), reduction=kinds[axis]))
+            reduce.setdefault(kinds[axis], []).append(axis)
+    for kind, axes in reduce.items():
+        steps.append(ReshardStep("all_reduce", tuple(axes), reduction=kind))
     in_use = {a for d in dims for a in d}
     # 2. free slices of unused axes
     for dim, axes in enumerate(dst.dims):

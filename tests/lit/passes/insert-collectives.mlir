@@ -423,3 +423,17 @@ func.func @slice_before_gather(%x: tensor<16x64xf32> {graph.sharding = #graph.sh
   %c = graph.shard %x {sharding = #graph.sharding<@mesh, [[dp], []]>} : tensor<16x64xf32>
   func.return %c : tensor<16x64xf32>
 }
+
+// -----
+
+// A sum over both mesh axes leaves a value partial over dp and tp: one all_reduce over
+// both axes (a ring over all 8 ranks moves 2(n-1)/n of the data once), not one per axis.
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+// CHECK-LABEL: func.func @partial_over_two_axes
+func.func @partial_over_two_axes(%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], [tp]]>}) -> tensor<f32> {
+  // CHECK: %[[S:.*]] = graph.sum %{{.*}} {axes = [0, 1], keepdims = false}
+  // CHECK-NEXT: graph.all_reduce %[[S]] {axes = [tp, dp], kind = sum}
+  // CHECK-NOT: graph.all_reduce
+  %s = graph.sum %x {axes = [0, 1], keepdims = false} : tensor<16x64xf32> -> tensor<f32>
+  func.return %s : tensor<f32>
+}
