@@ -2,11 +2,12 @@
 
 ``plan_reshard`` gives the steps, in order:
 
-1. partial axes are resolved: ``reduce_scatter`` when the target splits a dim over the
+1. axes newly split on a dim and not in use elsewhere (nor partial) are taken by
+   ``all_slice`` (a free local slice, done first so later steps move less data; a rank
+   may slice its own partial term);
+2. partial axes are resolved: ``reduce_scatter`` when the target splits a dim over the
    axis (the result is then already split), else ``all_reduce`` (one over all the axes
    of a reduction kind: a ring over dp × tp moves 2(n-1)/n of the data once, not per axis);
-2. axes newly split on a dim and not in use elsewhere are taken by ``all_slice`` (a free
-   local slice, done first so later steps move less data);
 3. an axis that moves from one dim to another is an ``all_to_all``;
 4. axes no longer split are gathered (``all_gather``, minor axes first);
 5. the remaining new splits are ``all_slice``.
@@ -44,7 +45,15 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
     steps: list[ReshardStep] = []
     dims = [list(d) for d in src.dims]
     kinds = dict(src.partial)
-    # 1. resolve partial axes; those of one kind left for all-reduce go in one collective
+    # 1. free slices first, of axes not in use and not partial (a rank may slice its own
+    #    partial term along another axis): they shrink what the reductions move
+    in_use = {a for d in dims for a in d} | set(src.partial_axes)
+    for dim, axes in enumerate(dst.dims):
+        while (axis := _next_new_axis(dims[dim], axes)) is not None and axis not in in_use:
+            steps.append(ReshardStep("all_slice", (axis,), dim=dim))
+            dims[dim].append(axis)
+            in_use.add(axis)
+    # 2. resolve partial axes; those of one kind left for all-reduce go in one collective
     reduce: dict[str, list[str]] = {}
     for axis, kind in src.partial:
         if axis in dst.partial_axes:
@@ -57,13 +66,6 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
             reduce.setdefault(kinds[axis], []).append(axis)
     for kind, axes in reduce.items():
         steps.append(ReshardStep("all_reduce", tuple(axes), reduction=kind))
-    in_use = {a for d in dims for a in d}
-    # 2. free slices of unused axes
-    for dim, axes in enumerate(dst.dims):
-        while (axis := _next_new_axis(dims[dim], axes)) is not None and axis not in in_use:
-            steps.append(ReshardStep("all_slice", (axis,), dim=dim))
-            dims[dim].append(axis)
-            in_use.add(axis)
     # 3./4. remove axes that are not in their target position, minor first
     for dim in range(len(dims)):
         while not _is_prefix(dims[dim], dst.dims[dim]):
