@@ -40,15 +40,11 @@ from tessera.passes import get_all_passes
 from tessera.passes.plan_memory import peak_bytes
 
 STAGES = ("graph", "sharded", "partitioned", "schedule")
-_STAGE_PASSES = {
-    "graph": [],
+_STAGE_PASSES = {  # each stage runs its passes on a copy of the previous stage
     "sharded": ["shard-propagate", "insert-collectives"],
-    "partitioned": ["shard-propagate", "insert-collectives", "shard-partition"],
-    "schedule": [
-        "shard-propagate", "insert-collectives", "shard-partition",
-        "lower-graph-to-schedule", "plan-memory",
-    ],
-}  # fmt: skip
+    "partitioned": ["shard-partition"],
+    "schedule": ["lower-graph-to-schedule", "plan-memory"],
+}
 
 
 def _is_array(leaf: Any) -> bool:
@@ -108,7 +104,7 @@ class Lowered:
             raise TesseraError(f"unknown or not yet available stage {stage!r}; available: {STAGES}")
         if stage not in self._stages:
             passes = get_all_passes()
-            module = self.module.clone()
+            module = self.module_at(STAGES[STAGES.index(stage) - 1]).clone()
             for flag in _STAGE_PASSES[stage]:
                 passes[flag]()().apply(Context(), module)
             module.verify()
