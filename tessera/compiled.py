@@ -135,7 +135,9 @@ class Lowered:
             )
         to_numpy = any(isinstance(a, (np.ndarray, np.generic)) for a in arrays)
         if self.mesh is not None and distributed.launched():
-            return pytree.unflatten(self.out_tree, self._run_on_processes(arrays, expected, to_numpy))
+            return pytree.unflatten(
+                self.out_tree, self._run_on_processes(arrays, expected, to_numpy)
+            )
         inputs = [_to_torch(a, aval) for a, aval in zip(arrays, expected, strict=True)]
         if self.mesh is None:
             outputs = [_unaliased(o, inputs) for o in run_function(self.module, self.name, inputs)]
@@ -150,13 +152,17 @@ class Lowered:
         from the ranks' pieces."""
         assert self.mesh is not None
         module = self.module_at("partitioned")
-        function = next(o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == self.name)
+        function = next(
+            o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == self.name
+        )
         pieces = [
             scatter(x, arg_sharding(function, i) or Sharding.replicated(x.dim()), self.mesh)
             for i, x in enumerate(inputs)
         ]
         rank_args = [[p[rank] for p in pieces] for rank in range(self.mesh.size)]
-        per_rank = schedule_runner.run_virtual(self.module_at("schedule"), self.name, self.mesh, rank_args)
+        per_rank = schedule_runner.run_virtual(
+            self.module_at("schedule"), self.name, self.mesh, rank_args
+        )
         returned = function.body.block.last_op.operands
         outputs = []
         for index, value in enumerate(returned):
@@ -174,7 +180,11 @@ class Lowered:
         rt = distributed.runtime()
         rt.check_mesh(self.mesh)
         partitioned = self.module_at("partitioned")  # the layouts of arguments and results
-        function = next(o for o in partitioned.ops if isinstance(o, func.FuncOp) and o.sym_name.data == self.name)
+        function = next(
+            o
+            for o in partitioned.ops
+            if isinstance(o, func.FuncOp) and o.sym_name.data == self.name
+        )
         local = []
         for index, (array, aval) in enumerate(zip(arrays, avals, strict=True)):
             sharding = arg_sharding(function, index) or Sharding.replicated(len(aval.shape))
@@ -185,11 +195,17 @@ class Lowered:
             else:
                 whole = _to_torch(array, aval)
                 local.append(piece(whole, sharding, self.mesh, rt.rank).to(rt.device))
-        outputs, self.last_run = distributed.run_rank(self.module_at("schedule"), self.name, self.mesh, local, rt)
+        outputs, self.last_run = distributed.run_rank(
+            self.module_at("schedule"), self.name, self.mesh, local, rt
+        )
         returned = function.body.block.last_op.operands
         return [
             distributed.LocalResult(
-                _unaliased(o, local).cpu(), _value_sharding(function, value), self.mesh, rt.rank, to_numpy
+                _unaliased(o, local).cpu(),
+                _value_sharding(function, value),
+                self.mesh,
+                rt.rank,
+                to_numpy,
             )
             for o, value in zip(outputs, returned, strict=True)
         ]
@@ -211,7 +227,9 @@ def _to_torch(array: torch.Tensor | np.ndarray | np.generic, aval: AbstractTenso
     """A CPU tensor of ``aval``'s dtype; numpy data is copied (``np.array`` keeps 0-d shapes)."""
     if isinstance(array, DistTensor):
         array = array.data
-    tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.array(array, order="C"))
+    tensor = (
+        array if isinstance(array, torch.Tensor) else torch.from_numpy(np.array(array, order="C"))
+    )
     return tensor.detach().to(device="cpu", dtype=aval.dtype.to_torch())
 
 
@@ -260,7 +278,9 @@ class JitFunction:
         try:
             hash(tuple(keys))
         except TypeError as error:
-            raise TraceError(f"static arguments of {self.__name__} must be hashable: {error}") from None
+            raise TraceError(
+                f"static arguments of {self.__name__} must be hashable: {error}"
+            ) from None
         names = self._argument_names(Signature(treedef, tuple(keys)))
         return Signature(treedef, tuple(keys), self._input_shardings(args, leaves, names))
 
@@ -271,7 +291,9 @@ class JitFunction:
         positional arguments) or from a ``dist.tensor``'s layout."""
         if self.mesh is None:
             if any(isinstance(leaf, DistTensor) for leaf in leaves):
-                raise ShardingError(f"{self.__name__} got a dist.tensor argument but has no mesh: ts.jit(fn, mesh=...)")
+                raise ShardingError(
+                    f"{self.__name__} got a dist.tensor argument but has no mesh: ts.jit(fn, mesh=...)"
+                )
             return ()
         specs = self.in_shardings
         if specs is not None and not isinstance(specs, (tuple, list)):
@@ -283,7 +305,9 @@ class JitFunction:
         per_leaf: list[ShardSpec | None] = []
         for index, arg in enumerate(args):
             _, tree = pytree.flatten(arg)
-            per_leaf += _broadcast_prefix(specs[index] if specs else None, tree, f"in_shardings[{index}]")
+            per_leaf += _broadcast_prefix(
+                specs[index] if specs else None, tree, f"in_shardings[{index}]"
+            )
         per_leaf += [None] * (len(leaves) - len(per_leaf))  # keyword arguments: open
         shardings: list[Sharding | None] = []
         array_names = iter(names)
@@ -294,9 +318,13 @@ class JitFunction:
             sharding = spec.to_sharding(self.mesh, leaf.shape, name) if spec is not None else None
             if isinstance(leaf, DistTensor):
                 if leaf.mesh != self.mesh:
-                    raise ShardingError(f"{name}: dist.tensor on {leaf.mesh} but the function runs on {self.mesh}")
+                    raise ShardingError(
+                        f"{name}: dist.tensor on {leaf.mesh} but the function runs on {self.mesh}"
+                    )
                 if sharding is not None and sharding != leaf.sharding:
-                    raise ShardingError(f"{name}: in_shardings says {sharding} but the dist.tensor is laid out {leaf.sharding}")
+                    raise ShardingError(
+                        f"{name}: in_shardings says {sharding} but the dist.tensor is laid out {leaf.sharding}"
+                    )
                 sharding = leaf.sharding
             shardings.append(sharding)
         return tuple(shardings)
@@ -348,7 +376,6 @@ class JitFunction:
         ]
         module = trace.finish(out_leaves, arg_attrs or None)
         return Lowered(trace.name, module, signature, out_tree, self.mesh)
-
 
     def _argument_names(self, signature: Signature) -> list[str]:
         """IR names of the array leaves: the parameter name plus the path into pytrees."""
@@ -427,10 +454,22 @@ def _broadcast_prefix(prefix: Any, tree: pytree.TreeDef, what: str) -> list[Any]
     prefix_leaves, prefix_tree = pytree.flatten(prefix)
     if prefix_tree == tree:
         return prefix_leaves
-    if tree.kind in ("tuple", "list", "namedtuple") and isinstance(prefix, (tuple, list)) and len(prefix) == len(tree.children):
-        return [x for p, child in zip(prefix, tree.children, strict=True) for x in _broadcast_prefix(p, child, what)]
+    if (
+        tree.kind in ("tuple", "list", "namedtuple")
+        and isinstance(prefix, (tuple, list))
+        and len(prefix) == len(tree.children)
+    ):
+        return [
+            x
+            for p, child in zip(prefix, tree.children, strict=True)
+            for x in _broadcast_prefix(p, child, what)
+        ]
     if tree.kind == "dict" and isinstance(prefix, dict) and set(prefix) == set(tree.meta):
-        return [x for key, child in zip(tree.meta, tree.children, strict=True) for x in _broadcast_prefix(prefix[key], child, what)]
+        return [
+            x
+            for key, child in zip(tree.meta, tree.children, strict=True)
+            for x in _broadcast_prefix(prefix[key], child, what)
+        ]
     raise ShardingError(f"{what} does not match the structure of the values it describes")
 
 

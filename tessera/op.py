@@ -34,9 +34,13 @@ Axis = int | Sequence[int] | None
 def _dense(value: np.ndarray, dtype: DType) -> DenseIntOrFPElementsAttr:
     aval = AbstractTensor(tuple(value.shape), dtype)
     flat = value.reshape(-1)
-    if flat.size > 1 and np.array_equal(flat, np.full_like(flat, flat[0]), equal_nan=flat.dtype.kind == 'f'):
+    if flat.size > 1 and np.array_equal(
+        flat, np.full_like(flat, flat[0]), equal_nan=flat.dtype.kind == "f"
+    ):
         flat = flat[:1]  # splat
-    items = [bool(v) if dtype == DType.i1 else (float(v) if dtype.is_float else int(v)) for v in flat]
+    items = [
+        bool(v) if dtype == DType.i1 else (float(v) if dtype.is_float else int(v)) for v in flat
+    ]
     return DenseIntOrFPElementsAttr.from_list(aval.to_xdsl(), items)
 
 
@@ -200,7 +204,9 @@ def where(cond: Operand, x: Operand, y: Operand) -> Tensor:
 select = where
 
 
-def _unary(op_type: type[graph.GraphOp], x: Operand, *, floating: bool = False, **attrs: Any) -> Tensor:
+def _unary(
+    op_type: type[graph.GraphOp], x: Operand, *, floating: bool = False, **attrs: Any
+) -> Tensor:
     (tensor,) = _tensors(x)
     if floating and not tensor.dtype.is_float:
         tensor = astype(tensor, DType.f32)
@@ -299,7 +305,9 @@ def _axis(x: Tensor, axis: int) -> int:
     return _axes(x, axis)[0]
 
 
-def _reduce(op_type: type[graph.GraphOp], x: Operand, axis: Axis, keepdims: bool, floating: bool = False) -> Tensor:
+def _reduce(
+    op_type: type[graph.GraphOp], x: Operand, axis: Axis, keepdims: bool, floating: bool = False
+) -> Tensor:
     (tensor,) = _tensors(x)
     if floating and not tensor.dtype.is_float:
         tensor = astype(tensor, DType.f32)
@@ -337,7 +345,11 @@ def log_softmax(x: Operand, axis: int = -1) -> Tensor:
 
 
 def layer_norm(
-    x: Operand, axis: Axis = -1, eps: float = 1e-5, weight: Operand | None = None, bias: Operand | None = None
+    x: Operand,
+    axis: Axis = -1,
+    eps: float = 1e-5,
+    weight: Operand | None = None,
+    bias: Operand | None = None,
 ) -> Tensor:
     """Normalizes over ``axis`` (biased variance); optional elementwise affine."""
     (tensor,) = _tensors(x)
@@ -349,7 +361,9 @@ def layer_norm(
     return y
 
 
-def rms_norm(x: Operand, axis: Axis = -1, eps: float = 1e-6, weight: Operand | None = None) -> Tensor:
+def rms_norm(
+    x: Operand, axis: Axis = -1, eps: float = 1e-6, weight: Operand | None = None
+) -> Tensor:
     """``x / sqrt(mean(x^2) + eps)`` over ``axis``; optional elementwise scale."""
     (tensor,) = _tensors(x)
     y = _unary(graph.RmsNormOp, tensor, floating=True, axes=_axes(tensor, axis), eps=float(eps))
@@ -371,7 +385,9 @@ def reshape(x: Operand, shape: Sequence[int] | int) -> Tensor:
     (tensor,) = _tensors(x)
     dims = [shape] if isinstance(shape, int) else [int(d) for d in shape]
     if dims.count(-1) > 1:
-        raise ShapeError(f"graph.reshape: at most one -1 is allowed, found {dims} at {user_location()}")
+        raise ShapeError(
+            f"graph.reshape: at most one -1 is allowed, found {dims} at {user_location()}"
+        )
     if -1 in dims:
         known = math.prod(d for d in dims if d != -1)
         if known == 0 or tensor.size % known:
@@ -387,7 +403,11 @@ def reshape(x: Operand, shape: Sequence[int] | int) -> Tensor:
 def transpose(x: Operand, axes: Sequence[int] | None = None) -> Tensor:
     """Permutes dimensions (reverses them when ``axes`` is None, like numpy)."""
     (tensor,) = _tensors(x)
-    perm = tuple(reversed(range(tensor.ndim))) if axes is None else tuple(_axis(tensor, a) for a in axes)
+    perm = (
+        tuple(reversed(range(tensor.ndim)))
+        if axes is None
+        else tuple(_axis(tensor, a) for a in axes)
+    )
     if perm == tuple(range(tensor.ndim)):
         return tensor
     return _bind1(graph.TransposeOp, [tensor], perm=perm)
@@ -431,7 +451,9 @@ def split(x: Operand, sizes: int | Sequence[int], axis: int = 0) -> list[Tensor]
     length = tensor.shape[ax]
     if isinstance(sizes, int):
         if sizes <= 0:
-            raise ShapeError(f"graph.split: expected a positive piece size, found {sizes} at {user_location()}")
+            raise ShapeError(
+                f"graph.split: expected a positive piece size, found {sizes} at {user_location()}"
+            )
         pieces = [sizes] * (length // sizes) + ([length % sizes] if length % sizes else [])
     else:
         pieces = [int(s) for s in sizes]
@@ -445,10 +467,14 @@ def chunk(x: Operand, chunks: int, axis: int = 0) -> list[Tensor]:
     return split(tensor, -(-length // chunks) if chunks > 0 else 0, axis)
 
 
-def slice(x: Operand, starts: Sequence[int], limits: Sequence[int], strides: Sequence[int] | None = None) -> Tensor:
+def slice(
+    x: Operand, starts: Sequence[int], limits: Sequence[int], strides: Sequence[int] | None = None
+) -> Tensor:
     (tensor,) = _tensors(x)
     steps = tuple(strides) if strides is not None else (1,) * tensor.ndim
-    return _bind1(graph.SliceOp, [tensor], starts=tuple(starts), limits=tuple(limits), strides=steps)
+    return _bind1(
+        graph.SliceOp, [tensor], starts=tuple(starts), limits=tuple(limits), strides=steps
+    )
 
 
 def getitem(x: Tensor, index: Any) -> Tensor:
@@ -477,20 +503,26 @@ def getitem(x: Tensor, index: Any) -> Tensor:
         if isinstance(item, builtins.slice):
             start, stop, step = item.indices(size)
             if step < 1:
-                raise TraceError(f"negative slice steps are not supported: {item} at {user_location()}")
+                raise TraceError(
+                    f"negative slice steps are not supported: {item} at {user_location()}"
+                )
             stop = builtins.max(stop, start)
             starts.append(start), limits.append(stop), strides.append(step)
             shape.append(-(-(stop - start) // step))
         elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
             position = int(item) + size if item < 0 else int(item)
             if not 0 <= position < size:
-                raise ShapeError(f"index {item} is out of bounds for dimension {dim} of {x.aval} at {user_location()}")
+                raise ShapeError(
+                    f"index {item} is out of bounds for dimension {dim} of {x.aval} at {user_location()}"
+                )
             starts.append(position), limits.append(position + 1), strides.append(1)
         else:
             raise TraceError(f"unsupported index {item!r}, at {user_location()}")
         dim += 1
     result = x
-    if (tuple(starts), tuple(limits)) != ((0,) * x.ndim, x.shape) or builtins.max(strides, default=1) != 1:
+    if (tuple(starts), tuple(limits)) != ((0,) * x.ndim, x.shape) or builtins.max(
+        strides, default=1
+    ) != 1:
         result = slice(x, starts, limits, strides)
     return reshape(result, shape)
 

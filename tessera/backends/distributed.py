@@ -55,7 +55,9 @@ def timeout_seconds() -> float:
     try:
         return float(value) if value else DEFAULT_TIMEOUT_S
     except ValueError:
-        raise TesseraError(f"TESSERA_TIMEOUT must be a number of seconds, found {value!r}") from None
+        raise TesseraError(
+            f"TESSERA_TIMEOUT must be a number of seconds, found {value!r}"
+        ) from None
 
 
 def launched() -> bool:
@@ -172,7 +174,9 @@ class Runtime:
         for axes in needed:
             self.group(mesh, axes)
 
-    def all_gather_world(self, tensor: torch.Tensor, what: str = "all_gather over all ranks") -> list[torch.Tensor]:
+    def all_gather_world(
+        self, tensor: torch.Tensor, what: str = "all_gather over all ranks"
+    ) -> list[torch.Tensor]:
         """Every rank's ``tensor`` (same shape and dtype everywhere), indexed by rank."""
         local = tensor.to(self.device).contiguous()
         pieces = [torch.empty_like(local) for _ in range(self.world_size)]
@@ -185,7 +189,8 @@ class Runtime:
     def check_same_program(self, module: ModuleOp, name: str) -> None:
         """Raises on every rank if the ranks' collective sequences differ."""
         described = [
-            f"{i.kind} over {list(i.mesh_axes)} {i.dtype}{list(i.shape)}" for i in collectives(module)
+            f"{i.kind} over {list(i.mesh_axes)} {i.dtype}{list(i.shape)}"
+            for i in collectives(module)
         ]
         digest = hashlib.sha256(repr(described).encode()).digest()[:16]
         mine = torch.frombuffer(bytearray(digest), dtype=torch.int64).clone()
@@ -197,7 +202,9 @@ class Runtime:
             tdist.all_gather_object(everyone, described)
         except Exception as error:
             raise _failure(self, "exchanging collective sequences", error) from None
-        raise DistributedError(f"@{name}: the ranks run different programs: {_first_difference(everyone)}")
+        raise DistributedError(
+            f"@{name}: the ranks run different programs: {_first_difference(everyone)}"
+        )
 
 
 def _first_difference(sequences: Sequence[Sequence[str] | None]) -> str:
@@ -285,7 +292,11 @@ class _AllOf:
 
 
 def _exchange_point_to_point(
-    inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], order: Sequence[int], rank: int, pg: object
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    order: Sequence[int],
+    rank: int,
+    pg: object,
 ) -> _AllOf:
     """all_to_all as non-blocking sends and receives: ``inputs[i]`` goes to rank
     ``order[i]`` and ``outputs[i]`` comes from it (the same bytes as an all_to_all)."""
@@ -300,7 +311,12 @@ def _exchange_point_to_point(
 
 
 def _reduce_op(kind: str) -> object:
-    ops = {"sum": tdist.ReduceOp.SUM, "mean": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}
+    ops = {
+        "sum": tdist.ReduceOp.SUM,
+        "mean": tdist.ReduceOp.SUM,
+        "max": tdist.ReduceOp.MAX,
+        "min": tdist.ReduceOp.MIN,
+    }
     if kind not in ops:
         raise ExecutionError(f"reduction kind must be one of sum, mean, max, min, found {kind!r}")
     return ops[kind]
@@ -314,7 +330,9 @@ def _accumulate(x: torch.Tensor, kind: str) -> torch.Tensor:
     return x.clone().contiguous()
 
 
-def _finish_reduce(buffer: torch.Tensor, kind: str, size: int, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
+def _finish_reduce(
+    buffer: torch.Tensor, kind: str, size: int, dtype: torch.dtype
+) -> Callable[[], torch.Tensor]:
     def finish() -> torch.Tensor:
         total = buffer
         if kind == "mean":
@@ -326,10 +344,14 @@ def _finish_reduce(buffer: torch.Tensor, kind: str, size: int, dtype: torch.dtyp
 
 
 def _kind(op: graph.CollectiveOp | schedule.StartOp) -> str:
-    return op.collective_name if isinstance(op, schedule.StartOp) else op.name.removeprefix("graph.")
+    return (
+        op.collective_name if isinstance(op, schedule.StartOp) else op.name.removeprefix("graph.")
+    )
 
 
-def _issue(op: graph.CollectiveOp | schedule.StartOp, x: torch.Tensor, group: _Group, rank: int) -> _Pending | torch.Tensor:
+def _issue(
+    op: graph.CollectiveOp | schedule.StartOp, x: torch.Tensor, group: _Group, rank: int
+) -> _Pending | torch.Tensor:
     """Starts ``op`` (a graph collective or a ``schedule.start``) on this rank's operand
     ``x``: a pending collective, or the result itself when no communication is needed."""
     attrs = op.attrs()
@@ -345,7 +367,9 @@ def _issue(op: graph.CollectiveOp | schedule.StartOp, x: torch.Tensor, group: _G
     if kind == "all_reduce":
         buffer = _accumulate(x, attrs["kind"])
         work = tdist.all_reduce(buffer, op=_reduce_op(attrs["kind"]), group=pg, async_op=True)
-        return _Pending(work, _finish_reduce(buffer, attrs["kind"], size, x.dtype), op, group.members)
+        return _Pending(
+            work, _finish_reduce(buffer, attrs["kind"], size, x.dtype), op, group.members
+        )
     if kind == "all_gather":
         received = [torch.empty_like(x) for _ in range(size)]
         work = tdist.all_gather(received, x.contiguous(), group=pg, async_op=True)
@@ -360,8 +384,12 @@ def _issue(op: graph.CollectiveOp | schedule.StartOp, x: torch.Tensor, group: _G
         chunks = buffer.chunk(size, attrs["dim"])
         inputs = [chunks[group.position(r)].contiguous() for r in order]
         output = torch.empty_like(inputs[0])
-        work = tdist.reduce_scatter(output, inputs, op=_reduce_op(attrs["kind"]), group=pg, async_op=True)
-        return _Pending(work, _finish_reduce(output, attrs["kind"], size, x.dtype), op, group.members)
+        work = tdist.reduce_scatter(
+            output, inputs, op=_reduce_op(attrs["kind"]), group=pg, async_op=True
+        )
+        return _Pending(
+            work, _finish_reduce(output, attrs["kind"], size, x.dtype), op, group.members
+        )
     if kind == "all_to_all":
         chunks = x.chunk(size, attrs["split_dim"])
         inputs = [chunks[group.position(r)].contiguous() for r in order]
@@ -379,7 +407,9 @@ def _issue(op: graph.CollectiveOp | schedule.StartOp, x: torch.Tensor, group: _G
     if kind == "broadcast":
         src = attrs["src"]
         if not 0 <= src < size:
-            raise ExecutionError(f"{op.name}: source index {src} is outside the group of {size} ranks")
+            raise ExecutionError(
+                f"{op.name}: source index {src} is outside the group of {size} ranks"
+            )
         buffer = x.clone().contiguous()
         work = tdist.broadcast(buffer, src=group.members[src], group=pg, async_op=True)
         return _Pending(work, lambda: buffer, op, group.members)
@@ -421,7 +451,9 @@ def run_rank(
     _check_mesh(module, mesh)
     avals = [AbstractTensor.from_xdsl(a.type) for a in function.args]
     if len(args) != len(avals):
-        raise ExecutionError(f"@{name} takes {len(avals)} arguments, rank {rt.rank} has {len(args)}")
+        raise ExecutionError(
+            f"@{name} takes {len(avals)} arguments, rank {rt.rank} has {len(args)}"
+        )
     for index, (value, aval) in enumerate(zip(args, avals, strict=True)):
         _check_value(value, aval, f"rank {rt.rank}, argument {index}")
     start = time.perf_counter()
@@ -460,7 +492,9 @@ def run_rank(
                 except TesseraError:
                     raise
                 except Exception as error:
-                    raise _failure(rt, f"{_kind(op)} over {list(op.attrs()['axes'])}", error) from None
+                    raise _failure(
+                        rt, f"{_kind(op)} over {list(op.attrs()['axes'])}", error
+                    ) from None
                 if isinstance(issued, _Pending):
                     pending[op.handle] = issued
                     record.collectives.extend(collectives_of(op, len(group.members)))
@@ -477,16 +511,22 @@ def run_rank(
         except DistributedError:
             raise
         except TesseraError as error:
-            raise type(error)(f"{op.name}: {error}" if op.name not in str(error) else str(error)) from None
+            raise type(error)(
+                f"{op.name}: {error}" if op.name not in str(error) else str(error)
+            ) from None
         except Exception as error:  # a torch error: name the op that raised it
             raise ExecutionError(f"{op.name} failed on rank {rt.rank}: {error}") from None
         for value, result in results.items():
-            _check_value(result, AbstractTensor.from_xdsl(value.type), f"{op.name} on rank {rt.rank}")
+            _check_value(
+                result, AbstractTensor.from_xdsl(value.type), f"{op.name} on rank {rt.rank}"
+            )
             env[value] = result
     raise ExecutionError(f"@{name} has no func.return")
 
 
-def collectives_of(op: graph.CollectiveOp | schedule.StartOp, group_size: int) -> list[CollectiveInfo]:
+def collectives_of(
+    op: graph.CollectiveOp | schedule.StartOp, group_size: int
+) -> list[CollectiveInfo]:
     """The :class:`CollectiveInfo` of one communicating op (as ``collectives()`` reports)."""
     operand = AbstractTensor.from_xdsl(op.input.type)
     result = op.handle.type.tensor if isinstance(op, schedule.StartOp) else op.result.type
@@ -504,7 +544,16 @@ def collectives_of(op: graph.CollectiveOp | schedule.StartOp, group_size: int) -
     ]
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "LocalResult", "RunRecord", "Runtime", "launched", "run_rank", "runtime", "timeout_seconds"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "LocalResult",
+    "RunRecord",
+    "Runtime",
+    "launched",
+    "run_rank",
+    "runtime",
+    "timeout_seconds",
+]
 
 
 class LocalResult:
@@ -514,7 +563,9 @@ class LocalResult:
     the global shape. :meth:`full` gathers the global value; it is a collective, so every
     rank must call it (in the same order)."""
 
-    def __init__(self, local: torch.Tensor, sharding: Sharding, mesh: Mesh, rank: int, to_numpy: bool = False):
+    def __init__(
+        self, local: torch.Tensor, sharding: Sharding, mesh: Mesh, rank: int, to_numpy: bool = False
+    ):
         self.local = local
         self.sharding = sharding
         self.mesh = mesh
@@ -528,7 +579,9 @@ class LocalResult:
 
     def full(self) -> torch.Tensor:
         """The global value, gathered from every rank's piece (a collective)."""
-        pieces = runtime().all_gather_world(torch.as_tensor(self.local), "gathering a result (.full())")
+        pieces = runtime().all_gather_world(
+            torch.as_tensor(self.local), "gathering a result (.full())"
+        )
         value = assemble(pieces, self.sharding, self.mesh)
         return value.numpy() if self._to_numpy and value.dtype != torch.bfloat16 else value  # type: ignore[return-value]
 

@@ -79,7 +79,14 @@ def _gelu(op: graph.GeluOp, x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate=op.attrs()["approximate"])
 
 
-_COMPARE = {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge}
+_COMPARE = {
+    "eq": torch.eq,
+    "ne": torch.ne,
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
+}
 
 
 @reference(graph.CompareOp)
@@ -95,14 +102,23 @@ def _cast(op: graph.CastOp, x: torch.Tensor) -> torch.Tensor:
 @reference(graph.ConstantOp)
 def _constant(op: graph.ConstantOp) -> torch.Tensor:
     aval = _result_aval(op)
-    values = [v != 0 for v in op.value.get_values()] if aval.dtype.value == "i1" else list(op.value.get_values())
+    values = (
+        [v != 0 for v in op.value.get_values()]
+        if aval.dtype.value == "i1"
+        else list(op.value.get_values())
+    )
     data = torch.tensor(values, dtype=aval.dtype.to_torch())
     if data.numel() == 1:  # splat
         return data.reshape(()).expand(aval.shape).clone()
     return data.reshape(aval.shape)
 
 
-_REDUCE = {graph.SumOp: torch.sum, graph.MeanOp: torch.mean, graph.MaxOp: torch.amax, graph.MinOp: torch.amin}
+_REDUCE = {
+    graph.SumOp: torch.sum,
+    graph.MeanOp: torch.mean,
+    graph.MaxOp: torch.amax,
+    graph.MinOp: torch.amin,
+}
 
 
 @reference(*_REDUCE)
@@ -143,7 +159,9 @@ def _rms_norm(op: graph.RmsNormOp, x: torch.Tensor) -> torch.Tensor:
 
 
 @reference(graph.CrossEntropyOp)
-def _cross_entropy(op: graph.CrossEntropyOp, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def _cross_entropy(
+    op: graph.CrossEntropyOp, logits: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
     classes = logits.shape[-1]
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= classes):
         raise ExecutionError(
@@ -151,7 +169,9 @@ def _cross_entropy(op: graph.CrossEntropyOp, logits: torch.Tensor, labels: torch
             f"{list(logits.shape)}, found values in [{int(labels.min())}, {int(labels.max())}]"
         )
     loss = F.cross_entropy(
-        logits.reshape(-1, classes).float(), labels.reshape(-1).long(), reduction=op.attrs()["reduction"]
+        logits.reshape(-1, classes).float(),
+        labels.reshape(-1).long(),
+        reduction=op.attrs()["reduction"],
     )
     return loss.reshape(_result_aval(op).shape).to(logits.dtype)
 
@@ -174,7 +194,9 @@ def _transpose(op: graph.TransposeOp, x: torch.Tensor) -> torch.Tensor:
 @reference(graph.SliceOp)
 def _slice(op: graph.SliceOp, x: torch.Tensor) -> torch.Tensor:
     a = op.attrs()
-    return x[tuple(slice(*bounds) for bounds in zip(a["starts"], a["limits"], a["strides"], strict=True))]
+    return x[
+        tuple(slice(*bounds) for bounds in zip(a["starts"], a["limits"], a["strides"], strict=True))
+    ]
 
 
 @reference(graph.ConcatOp)
@@ -224,7 +246,9 @@ def _traced_at(op: graph.GraphOp) -> str:
 def _interpreter_method(op_type: type[graph.GraphOp]) -> Any:
     fn = IMPLS[op_type]
 
-    def run(self: Any, interpreter: Interpreter, op: graph.GraphOp, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    def run(
+        self: Any, interpreter: Interpreter, op: graph.GraphOp, args: tuple[Any, ...]
+    ) -> tuple[Any, ...]:
         try:
             result = fn(op, *args)
         except TesseraError as error:
@@ -245,9 +269,13 @@ GraphFunctions = register_impls(
 )
 
 
-def run_function(module: ModuleOp, name: str, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+def run_function(
+    module: ModuleOp, name: str, args: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
     """Runs ``func.func @name`` of ``module`` on CPU torch tensors."""
-    function = next((o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == name), None)
+    function = next(
+        (o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == name), None
+    )
     if function is None:
         raise ExecutionError(f"no function @{name} in the module")
     interpreter = Interpreter(module)

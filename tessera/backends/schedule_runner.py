@@ -41,7 +41,9 @@ class KernelContext:
         return group.index(self.rank), len(group)
 
 
-KernelRunner = Callable[[schedule.KernelOp, Sequence[torch.Tensor], KernelContext], list[torch.Tensor]]
+KernelRunner = Callable[
+    [schedule.KernelOp, Sequence[torch.Tensor], KernelContext], list[torch.Tensor]
+]
 
 
 def reference_kernel(
@@ -96,7 +98,9 @@ def run_virtual(
     """Every rank's results of the scheduled function ``@name`` (ranks in mesh order)."""
     function = _function(module, name)
     if len(rank_args) != mesh.size:
-        raise ExecutionError(f"@{name}: expected arguments for {mesh.size} ranks, found {len(rank_args)}")
+        raise ExecutionError(
+            f"@{name}: expected arguments for {mesh.size} ranks, found {len(rank_args)}"
+        )
     envs: list[dict[SSAValue, object]] = [
         dict(zip(function.args, args, strict=True)) for args in rank_args
     ]

@@ -64,7 +64,9 @@ class Trace:
         self.mesh = mesh  # a tessera.dist.Mesh when traced with ts.jit(..., mesh=...)
         self.block = Block(arg_types=[a.to_xdsl() for a in inputs])
 
-    def bind(self, op_type: type[graph.GraphOp], operands: Sequence[Tensor], **attrs: Any) -> list[Tensor]:
+    def bind(
+        self, op_type: type[graph.GraphOp], operands: Sequence[Tensor], **attrs: Any
+    ) -> list[Tensor]:
         for operand in operands:
             if operand.trace is not self:
                 raise TraceError(

@@ -126,7 +126,9 @@ def parse_value(parser: Parser) -> Attribute:
     return parser.parse_attribute()
 
 
-def print_properties(printer: Printer, properties: Mapping[str, Attribute], names: Sequence[str]) -> None:
+def print_properties(
+    printer: Printer, properties: Mapping[str, Attribute], names: Sequence[str]
+) -> None:
     """Prints `` {name = value, ...}`` for those of ``names`` that are present."""
     present = [n for n in names if n in properties]
     if present:

@@ -140,7 +140,9 @@ class GraphOp(IRDLOperation):
         attributes = parser.parse_optional_attr_dict_with_keyword()
         parser.parse_punctuation(":")
         operand_types, result_types = _parse_signature(parser, len(operands))
-        values = [parser.resolve_operand(o, t) for o, t in zip(operands, operand_types, strict=True)]
+        values = [
+            parser.resolve_operand(o, t) for o, t in zip(operands, operand_types, strict=True)
+        ]
         return cls.create(
             operands=values,
             result_types=result_types,
@@ -321,7 +323,11 @@ def _nonfinite_blob(value: DenseIntOrFPElementsAttr) -> str | None:
     if aval.dtype == DType.bf16:  # bf16 is the top half of an f32 (inf/nan are exact)
         bits = np.array(values, dtype=np.float32).view(np.uint32)
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        raw = np.where(np.isnan(np.array(values, np.float32)), 0x7FC0, rounded).astype("<u2").tobytes()
+        raw = (
+            np.where(np.isnan(np.array(values, np.float32)), 0x7FC0, rounded)
+            .astype("<u2")
+            .tobytes()
+        )
     else:
         raw = np.array(values, dtype="<f2" if aval.dtype == DType.f16 else "<f4").tobytes()
     return raw.hex().upper()
@@ -533,12 +539,16 @@ class CollectiveOp(UnaryGraphOp):
         module = function.parent_op()
         meshes = [o for o in module.walk() if isinstance(o, MeshOp)] if module else []
         if len(meshes) != 1:
-            raise VerifyException(f"{self.name}: a partitioned function needs exactly one graph.mesh")
+            raise VerifyException(
+                f"{self.name}: a partitioned function needs exactly one graph.mesh"
+            )
         sizes = dict(meshes[0].axes)
         axes = self.attrs()["axes"]
         unknown = [a for a in axes if a not in sizes]
         if unknown:
-            raise VerifyException(f"{self.name}: unknown mesh axes {unknown}; the mesh has {list(sizes)}")
+            raise VerifyException(
+                f"{self.name}: unknown mesh axes {unknown}; the mesh has {list(sizes)}"
+            )
         return math.prod(sizes[a] for a in axes)
 
 
@@ -638,14 +648,20 @@ class MeshOp(IRDLOperation):
         return list(zip(names, to_python(self.axis_sizes), strict=True))
 
     def verify_(self) -> None:
-        names = [a for a, _ in self.axes] if len(self.axis_names.data) == len(to_python(self.axis_sizes)) else None
+        names = (
+            [a for a, _ in self.axes]
+            if len(self.axis_names.data) == len(to_python(self.axis_sizes))
+            else None
+        )
         if names is None:
             raise VerifyException("graph.mesh: expected one size per axis name")
         if not names or len(set(names)) != len(names):
             raise VerifyException(f"graph.mesh: expected distinct axis names, found {names}")
         for axis, size in self.axes:
             if size < 1:
-                raise VerifyException(f"graph.mesh: axis {axis} must have a positive size, found {size}")
+                raise VerifyException(
+                    f"graph.mesh: axis {axis} must have a positive size, found {size}"
+                )
 
     def print(self, printer: Printer) -> None:
         axes = ", ".join(f"{a} = {s}" for a, s in self.axes)

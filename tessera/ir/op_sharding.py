@@ -51,7 +51,9 @@ def decide(op: graph.GraphOp, known: Sequence[Sharding], mesh: MeshLike) -> OpLa
     return OpLayout(assignment, operands, tuple(results(op, rule, assignment, known)))
 
 
-def choose(op: graph.GraphOp, rule: ShardingRule, known: Sequence[Sharding | None], mesh: MeshLike) -> Assignment:
+def choose(
+    op: graph.GraphOp, rule: ShardingRule, known: Sequence[Sharding | None], mesh: MeshLike
+) -> Assignment:
     """Greedy over all proposals: each round adds the split that moves the fewest bytes.
 
     Every operand proposes the axes on its dims. A round costs each proposal that still
@@ -65,7 +67,9 @@ def choose(op: graph.GraphOp, rule: ShardingRule, known: Sequence[Sharding | Non
         if sharding is None:
             continue
         for factor, axes in zip(dims, sharding.dims, strict=True):
-            splittable = factor is not None and axes and rule.factors[factor].kind != FactorKind.REPLICATED
+            splittable = (
+                factor is not None and axes and rule.factors[factor].kind != FactorKind.REPLICATED
+            )
             if splittable and (factor, axes) not in proposals:
                 proposals.append((factor, axes))
     weight = {f: 0 for f, _ in proposals}
@@ -91,7 +95,14 @@ def choose(op: graph.GraphOp, rule: ShardingRule, known: Sequence[Sharding | Non
         (current, _), factor, axes = best
         assignment[factor] = axes
 
-def _cost(op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: Sequence[Sharding | None], mesh: MeshLike) -> float:
+
+def _cost(
+    op: graph.GraphOp,
+    rule: ShardingRule,
+    assignment: Assignment,
+    known: Sequence[Sharding | None],
+    mesh: MeshLike,
+) -> float:
     """Bytes received per device: the operands' reshards, plus the all-reduce that a
     split reduction factor's partial result will eventually need (priced on this op's
     result; a later linear op may reduce a smaller tensor, so this is an upper bound)."""
@@ -108,22 +119,38 @@ def _cost(op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: 
         new_partial = [a for a in sharding.partial_axes if a not in inherited]
         if new_partial:
             typ = aval(result)
-            resolved = Sharding(sharding.dims, tuple(p for p in sharding.partial if p[0] not in new_partial))
+            resolved = Sharding(
+                sharding.dims, tuple(p for p in sharding.partial if p[0] not in new_partial)
+            )
             total += reshard_cost(sharding, resolved, typ.shape, typ.dtype.itemsize, mesh)
     return total
 
-def required(op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: Sequence[Sharding | None], index: int) -> Sharding:
+
+def required(
+    op: graph.GraphOp,
+    rule: ShardingRule,
+    assignment: Assignment,
+    known: Sequence[Sharding | None],
+    index: int,
+) -> Sharding:
     """The layout operand ``index`` must have under ``assignment``."""
     dims = tuple(
-        assignment.get(f, ()) if f is not None and rule.factors[f].kind != FactorKind.REPLICATED else ()
+        assignment.get(f, ())
+        if f is not None and rule.factors[f].kind != FactorKind.REPLICATED
+        else ()
         for f in rule.operands[index]
     )
     return Sharding(dims, _passthrough(op, known, assignment).get(index, ()))
 
-def _passthrough(op: graph.GraphOp, known: Sequence[Sharding | None], assignment: Assignment) -> dict[int, tuple[tuple[str, str], ...]]:
+
+def _passthrough(
+    op: graph.GraphOp, known: Sequence[Sharding | None], assignment: Assignment
+) -> dict[int, tuple[tuple[str, str], ...]]:
     """Partial (sum/mean) axes each operand may keep because the op is linear in it."""
     policy = PARTIAL_PASSTHROUGH.get(type(op))
-    partials = [tuple((a, k) for a, k in s.partial if k in LINEAR_KINDS) if s else () for s in known]
+    partials = [
+        tuple((a, k) for a, k in s.partial if k in LINEAR_KINDS) if s else () for s in known
+    ]
     split = {a for axes in assignment.values() for a in axes}
     if policy is None or any(a in split for p in partials for a, _ in p):
         return {}
@@ -132,11 +159,16 @@ def _passthrough(op: graph.GraphOp, known: Sequence[Sharding | None], assignment
             return dict.fromkeys(range(len(partials)), partials[0])
         return {}
     carriers = [i for i in policy if i < len(partials) and partials[i]]
-    if len(carriers) == 1 and all(not partials[i] for i in range(len(partials)) if i != carriers[0]):
+    if len(carriers) == 1 and all(
+        not partials[i] for i in range(len(partials)) if i != carriers[0]
+    ):
         return {carriers[0]: partials[carriers[0]]}
     return {}
 
-def results(op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: Sequence[Sharding | None]) -> list[Sharding]:
+
+def results(
+    op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: Sequence[Sharding | None]
+) -> list[Sharding]:
     partial = [
         (axis, rule.reduction_kind)
         for factor, axes in assignment.items()
@@ -148,7 +180,9 @@ def results(op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known
     results = []
     for dims in rule.results:
         split = tuple(
-            assignment.get(f, ()) if f is not None and rule.factors[f].kind != FactorKind.REDUCTION else ()
+            assignment.get(f, ())
+            if f is not None and rule.factors[f].kind != FactorKind.REDUCTION
+            else ()
             for f in dims
         )
         results.append(Sharding(split, (*inherited, *partial)))

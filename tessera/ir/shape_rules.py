@@ -30,9 +30,7 @@ def normalize_axis(axis: int, rank: int) -> int:
 def _check_axes(x: AbstractTensor, axes: Sequence[int], what: str = "axes") -> None:
     for axis in axes:
         if not 0 <= axis < x.rank:
-            raise ShapeError(
-                f"{what} must be in [0, {x.rank}) for operand {x}, found {list(axes)}"
-            )
+            raise ShapeError(f"{what} must be in [0, {x.rank}) for operand {x}, found {list(axes)}")
     if len(set(axes)) != len(axes):
         raise ShapeError(f"{what} must be distinct, found {list(axes)}")
 
@@ -106,7 +104,9 @@ def compare(lhs: AbstractTensor, rhs: AbstractTensor, predicate: str) -> Abstrac
     return binary(lhs, rhs).with_dtype(DType.i1)
 
 
-def select(cond: AbstractTensor, on_true: AbstractTensor, on_false: AbstractTensor) -> AbstractTensor:
+def select(
+    cond: AbstractTensor, on_true: AbstractTensor, on_false: AbstractTensor
+) -> AbstractTensor:
     if cond.dtype != DType.i1:
         raise ShapeError(f"expected an i1 condition, found {cond}")
     dtype = _require_same_dtype(on_true, on_false)
@@ -201,7 +201,9 @@ def reshape(x: AbstractTensor, shape: Sequence[int]) -> AbstractTensor:
 
 def transpose(x: AbstractTensor, perm: Sequence[int]) -> AbstractTensor:
     if sorted(perm) != list(range(x.rank)):
-        raise ShapeError(f"expected a permutation of {list(range(x.rank))} for {x}, found {list(perm)}")
+        raise ShapeError(
+            f"expected a permutation of {list(range(x.rank))} for {x}, found {list(perm)}"
+        )
     return x.with_shape(tuple(x.shape[p] for p in perm))
 
 
@@ -222,8 +224,7 @@ def concat(*xs: AbstractTensor, axis: int) -> AbstractTensor:
         other = x.shape[:axis] + x.shape[axis + 1 :]
         if x.rank != first.rank or other != first.shape[:axis] + first.shape[axis + 1 :]:
             raise ShapeError(
-                f"expected operands that agree on every dimension but {axis}, "
-                f"found {first} and {x}"
+                f"expected operands that agree on every dimension but {axis}, found {first} and {x}"
             )
     size = sum(x.shape[axis] for x in xs)
     return AbstractTensor((*first.shape[:axis], size, *first.shape[axis + 1 :]), dtype)
@@ -303,21 +304,27 @@ def _resize(x: AbstractTensor, dim: int, group_size: int | None, grow: bool) -> 
     return x.with_shape((*x.shape[:dim], new, *x.shape[dim + 1 :]))
 
 
-def all_reduce(x: AbstractTensor, axes: Sequence[str], kind: str, group_size: int | None = None) -> AbstractTensor:
+def all_reduce(
+    x: AbstractTensor, axes: Sequence[str], kind: str, group_size: int | None = None
+) -> AbstractTensor:
     """Resolves a value partial over ``axes``."""
     _check_mesh_axes(axes)
     _check_kind(kind)
     return x
 
 
-def all_gather(x: AbstractTensor, axes: Sequence[str], dim: int, group_size: int | None = None) -> AbstractTensor:
+def all_gather(
+    x: AbstractTensor, axes: Sequence[str], dim: int, group_size: int | None = None
+) -> AbstractTensor:
     """Makes ``dim`` whole again (it was split over ``axes``)."""
     _check_mesh_axes(axes)
     _check_axes(x, [dim], "dim")
     return _resize(x, dim, group_size, grow=True)
 
 
-def all_slice(x: AbstractTensor, axes: Sequence[str], dim: int, group_size: int | None = None) -> AbstractTensor:
+def all_slice(
+    x: AbstractTensor, axes: Sequence[str], dim: int, group_size: int | None = None
+) -> AbstractTensor:
     """Splits ``dim`` over ``axes`` by a local slice (no communication)."""
     _check_mesh_axes(axes)
     _check_axes(x, [dim], "dim")
@@ -333,7 +340,11 @@ def reduce_scatter(
 
 
 def all_to_all(
-    x: AbstractTensor, axes: Sequence[str], split_dim: int, concat_dim: int, group_size: int | None = None
+    x: AbstractTensor,
+    axes: Sequence[str],
+    split_dim: int,
+    concat_dim: int,
+    group_size: int | None = None,
 ) -> AbstractTensor:
     """Moves the split over ``axes`` from ``concat_dim`` to ``split_dim``."""
     _check_mesh_axes(axes)
@@ -343,7 +354,9 @@ def all_to_all(
     return _resize(_resize(x, split_dim, group_size, grow=False), concat_dim, group_size, grow=True)
 
 
-def broadcast(x: AbstractTensor, axes: Sequence[str], src: int, group_size: int | None = None) -> AbstractTensor:
+def broadcast(
+    x: AbstractTensor, axes: Sequence[str], src: int, group_size: int | None = None
+) -> AbstractTensor:
     """Every rank along ``axes`` takes the value of the rank at index ``src``."""
     _check_mesh_axes(axes)
     if src < 0:

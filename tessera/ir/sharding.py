@@ -142,8 +142,7 @@ class ShardingAttr(ParametrizedAttribute):
         return Sharding(
             tuple(tuple(a.data for a in dim) for dim in self.dims),
             tuple(
-                (a.data, k.data)
-                for a, k in zip(self.partial_axes, self.partial_kinds, strict=True)
+                (a.data, k.data) for a, k in zip(self.partial_axes, self.partial_kinds, strict=True)
             ),
         )
 
@@ -223,5 +222,7 @@ def set_arg_sharding(function: func.FuncOp, index: int, mesh: str, sharding: Sha
     count = len(function.args)
     current = function.arg_attrs.data if function.arg_attrs else [DictionaryAttr({})] * count
     updated = list(current)
-    updated[index] = DictionaryAttr({**current[index].data, SHARDING_KEY: ShardingAttr.get(mesh, sharding)})
+    updated[index] = DictionaryAttr(
+        {**current[index].data, SHARDING_KEY: ShardingAttr.get(mesh, sharding)}
+    )
     function.arg_attrs = ArrayAttr(updated)

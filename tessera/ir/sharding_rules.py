@@ -62,7 +62,9 @@ class ShardingRule:
         lhs = ", ".join(text(d) for d in self.operands)
         rhs = ", ".join(text(d) for d in self.results)
         kinds = " ".join(
-            f"{names[i]}:{f.kind.value}" for i, f in enumerate(self.factors) if f.kind != FactorKind.PARALLEL
+            f"{names[i]}:{f.kind.value}"
+            for i, f in enumerate(self.factors)
+            if f.kind != FactorKind.PARALLEL
         )
         return f"{lhs} -> {rhs}" + (f"  {{{kinds}}}" if kinds else "")
 
@@ -77,7 +79,9 @@ class _RuleBuilder:
         self.factors.append(Factor(size, kind))
         return len(self.factors) - 1
 
-    def aligned(self, shape: Sequence[int], result_dims: Sequence[int], result_shape: Sequence[int]) -> Dims:
+    def aligned(
+        self, shape: Sequence[int], result_dims: Sequence[int], result_shape: Sequence[int]
+    ) -> Dims:
         """Operand dims aligned right with the result's (numpy broadcasting)."""
         offset = len(result_shape) - len(shape)
         return tuple(
@@ -85,14 +89,18 @@ class _RuleBuilder:
             for d, size in enumerate(shape)
         )
 
-    def rule(self, operands: Sequence[Dims], results: Sequence[Dims], kind: str = "sum") -> ShardingRule:
+    def rule(
+        self, operands: Sequence[Dims], results: Sequence[Dims], kind: str = "sum"
+    ) -> ShardingRule:
         return ShardingRule(tuple(self.factors), tuple(operands), tuple(results), kind)
 
 
 Rule = Callable[[list[AbstractTensor], list[AbstractTensor], dict[str, Any]], ShardingRule]
 
 
-def elementwise(operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]) -> ShardingRule:
+def elementwise(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
     """Result dims are parallel factors; operands broadcast into them."""
     b = _RuleBuilder()
     out = results[0].shape
@@ -100,7 +108,9 @@ def elementwise(operands: list[AbstractTensor], results: list[AbstractTensor], a
     return b.rule([b.aligned(x.shape, dims, out) for x in operands], [dims])
 
 
-def matmul(operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]) -> ShardingRule:
+def matmul(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
     """``(..., m, k), (..., k, n) -> (..., m, n)`` with ``k`` a reduction factor."""
     lhs, rhs = operands
     out = results[0].shape
@@ -115,12 +125,15 @@ def matmul(operands: list[AbstractTensor], results: list[AbstractTensor], attrs:
 
 
 def _reduce(kind: str) -> Rule:
-    def rule(operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]) -> ShardingRule:
+    def rule(
+        operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+    ) -> ShardingRule:
         (x,) = operands
         b = _RuleBuilder()
         axes = set(attrs["axes"])
         dims = tuple(
-            b.new(s, FactorKind.REDUCTION if d in axes else FactorKind.PARALLEL) for d, s in enumerate(x.shape)
+            b.new(s, FactorKind.REDUCTION if d in axes else FactorKind.PARALLEL)
+            for d, s in enumerate(x.shape)
         )
         if attrs["keepdims"]:
             out = tuple(None if d in axes else f for d, f in enumerate(dims))
@@ -133,11 +146,15 @@ def _reduce(kind: str) -> Rule:
 
 
 def _along_axes(axes_of: Callable[[dict[str, Any]], Sequence[int]], kind: FactorKind) -> Rule:
-    def rule(operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]) -> ShardingRule:
+    def rule(
+        operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+    ) -> ShardingRule:
         x = operands[0]
         b = _RuleBuilder()
         axes = set(axes_of(attrs))
-        dims = tuple(b.new(s, kind if d in axes else FactorKind.PARALLEL) for d, s in enumerate(x.shape))
+        dims = tuple(
+            b.new(s, kind if d in axes else FactorKind.PARALLEL) for d, s in enumerate(x.shape)
+        )
         return b.rule([dims], [dims])
 
     return rule
@@ -148,27 +165,35 @@ statistic_along_axes = _along_axes(lambda a: a["axes"], FactorKind.STATISTIC)
 replicated_along_axis = _along_axes(lambda a: [a["axis"]], FactorKind.REPLICATED)
 
 
-def split(operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]) -> ShardingRule:
+def split(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
     """Pieces keep every dim but the split axis, which must be whole."""
     (x,) = operands
     b = _RuleBuilder()
     dims = tuple(
-        b.new(s, FactorKind.REPLICATED if d == attrs["axis"] else FactorKind.PARALLEL) for d, s in enumerate(x.shape)
+        b.new(s, FactorKind.REPLICATED if d == attrs["axis"] else FactorKind.PARALLEL)
+        for d, s in enumerate(x.shape)
     )
     return b.rule([dims], [dims] * len(results))
 
 
-def concat(operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]) -> ShardingRule:
+def concat(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
     """All operands share every factor; the concatenation axis must be whole."""
     b = _RuleBuilder()
     out = results[0].shape
     dims = tuple(
-        b.new(s, FactorKind.REPLICATED if d == attrs["axis"] else FactorKind.PARALLEL) for d, s in enumerate(out)
+        b.new(s, FactorKind.REPLICATED if d == attrs["axis"] else FactorKind.PARALLEL)
+        for d, s in enumerate(out)
     )
     return b.rule([dims] * len(operands), [dims])
 
 
-def slice_(operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]) -> ShardingRule:
+def slice_(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
     """Untouched dims are parallel; dims that are cut must be whole."""
     (x,) = operands
     b = _RuleBuilder()
@@ -177,22 +202,31 @@ def slice_(operands: list[AbstractTensor], results: list[AbstractTensor], attrs:
         whole = (attrs["starts"][d], attrs["limits"][d], attrs["strides"][d]) == (0, size, 1)
         dims.append(b.new(size, FactorKind.PARALLEL if whole else FactorKind.REPLICATED))
     in_dims = tuple(dims)
-    out_dims = tuple(f if b.factors[f].kind == FactorKind.PARALLEL else b.new(results[0].shape[d]) for d, f in enumerate(in_dims))
+    out_dims = tuple(
+        f if b.factors[f].kind == FactorKind.PARALLEL else b.new(results[0].shape[d])
+        for d, f in enumerate(in_dims)
+    )
     return b.rule([in_dims], [out_dims])
 
 
-def transpose(operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]) -> ShardingRule:
+def transpose(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
     (x,) = operands
     b = _RuleBuilder()
     dims = tuple(b.new(s) for s in x.shape)
     return b.rule([dims], [tuple(dims[p] for p in attrs["perm"])])
 
 
-def broadcast_to(operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]) -> ShardingRule:
+def broadcast_to(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
     return elementwise(operands, results, attrs)
 
 
-def reshape(operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]) -> ShardingRule:
+def reshape(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
     """Dims are grouped into runs of equal product; within a run only the major dims of
     both sides share a factor, sized by their gcd (a split of s is the same contiguous
     block on both sides exactly when s divides it); the other dims must stay whole."""
@@ -231,7 +265,9 @@ def reshape(operands: list[AbstractTensor], results: list[AbstractTensor], attrs
     return b.rule([tuple(src_dims)], [tuple(dst_dims)])
 
 
-def gather(operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]) -> ShardingRule:
+def gather(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
     """``take(x, idx, axis)``: x's axis must be whole; idx dims and x's other dims pass."""
     x, idx = operands
     axis = attrs["axis"]
@@ -243,7 +279,9 @@ def gather(operands: list[AbstractTensor], results: list[AbstractTensor], attrs:
     return b.rule([(*before, gathered, *after), index_dims], [(*before, *index_dims, *after)])
 
 
-def cross_entropy(operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]) -> ShardingRule:
+def cross_entropy(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
     """Batch dims are parallel (a partial mean / sum for those reductions); classes whole."""
     logits, _ = operands
     b = _RuleBuilder()
@@ -255,7 +293,9 @@ def cross_entropy(operands: list[AbstractTensor], results: list[AbstractTensor],
     return b.rule([(*batch, classes), batch], [out], "mean" if reduction == "mean" else "sum")
 
 
-def constant(operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]) -> ShardingRule:
+def constant(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
     """A constant can be materialised in any layout (each rank builds its slice)."""
     return elementwise(operands, results, attrs)
 

@@ -22,8 +22,12 @@ _PASSES: dict[str, tuple[str, str]] = {
     "shard-propagate": ("tessera.passes.shard_propagate", "ShardPropagatePass"),
     "insert-collectives": ("tessera.passes.insert_collectives", "InsertCollectivesPass"),
     "shard-partition": ("tessera.passes.shard_partition", "ShardPartitionPass"),
-    "lower-graph-to-schedule": ("tessera.passes.lower_graph_to_schedule", "LowerGraphToSchedulePass"),
+    "lower-graph-to-schedule": (
+        "tessera.passes.lower_graph_to_schedule",
+        "LowerGraphToSchedulePass",
+    ),
     "plan-memory": ("tessera.passes.plan_memory", "PlanMemoryPass"),
+    "lower-schedule-to-tile": ("tessera.passes.lower_schedule_to_tile", "LowerScheduleToTilePass"),
 }
 
 

@@ -78,7 +78,9 @@ class _Inserter:
                 self._record(op, replicated)
             elif isinstance(op, graph.GraphOp) and type(op) in RULES:
                 layout = decide(op, [self.of(v) for v in op.operands], self.mesh)
-                for index, (value, needed) in enumerate(zip(op.operands, layout.operands, strict=True)):
+                for index, (value, needed) in enumerate(
+                    zip(op.operands, layout.operands, strict=True)
+                ):
                     op.operands[index] = self.reshard(value, needed, op)
                 self._record(op, list(layout.results))
 
@@ -116,7 +118,9 @@ class _Inserter:
         self.resharded[key] = result
         return result
 
-    def _emit(self, step: ReshardStep, value: SSAValue, after: Sharding, before: Operation) -> SSAValue:
+    def _emit(
+        self, step: ReshardStep, value: SSAValue, after: Sharding, before: Operation
+    ) -> SSAValue:
         attrs: dict[str, object] = {"axes": step.axes}
         if step.kind == "all_to_all":
             attrs |= {"split_dim": step.dim, "concat_dim": step.concat_dim}
@@ -128,4 +132,3 @@ class _Inserter:
         Rewriter.insert_op(op, InsertPoint.before(before))
         self._record(op, [after])
         return op.results[0]
-

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
@@ -44,6 +45,8 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
+from tessera.codegen.attention import find_attention
+from tessera.codegen.kernels import reduced_axes
 from tessera.ir import graph, schedule
 
 ELEMENTWISE: tuple[type[graph.GraphOp], ...] = (
@@ -84,7 +87,20 @@ class LowerGraphToSchedulePass(ModulePass):
                         f"lower-graph-to-schedule: @{function.sym_name.data} has collectives with global "
                         f"types; run shard-partition first"
                     )
+                _split_cross_entropy(function)
                 _Lowering(function).run()
+
+
+def _split_cross_entropy(function: func.FuncOp) -> None:
+    """``cross_entropy`` with reduction mean or sum becomes per-row losses and a mean or
+    sum over them: a row kernel, then a reduction across rows (no atomics needed)."""
+    for op in list(function.body.block.ops):
+        if isinstance(op, graph.CrossEntropyOp) and op.attrs()["reduction"] != "none":
+            per_row = graph.build(graph.CrossEntropyOp, list(op.operands), reduction="none")
+            rank = len(_dims(per_row.results[0]))
+            kind = graph.MeanOp if op.attrs()["reduction"] == "mean" else graph.SumOp
+            total = graph.build(kind, [per_row.results[0]], axes=list(range(rank)), keepdims=False)
+            Rewriter.replace_op(op, [per_row, total])
 
 
 def _has_graph_ops(function: func.FuncOp) -> bool:
@@ -103,13 +119,54 @@ def _short(op: Operation) -> str:
 class _Group:
     """Ops that become one kernel; ``kind`` says what may still join it."""
 
-    kind: str  # "elementwise", "matmul", "reduction" or "layout"
+    kind: str  # "elementwise", "matmul", "reduction", "layout" or "attention"
     ops: list[Operation] = field(default_factory=list)
 
     def anchor(self) -> Operation:
+        if self.kind == "attention":
+            return next(o for o in self.ops if isinstance(o, graph.SoftmaxOp))
         if self.kind in ("matmul", "reduction"):
             return next(o for o in self.ops if isinstance(o, (graph.MatmulOp, *REDUCTIONS)))
         return self.ops[0]
+
+
+def _dims(value: SSAValue) -> tuple[int, ...]:
+    assert isinstance(value.type, TensorType)
+    return tuple(value.type.get_shape())
+
+
+def _broadcasts(shapes: Sequence[tuple[int, ...]], into: tuple[int, ...] | None = None) -> bool:
+    """Whether ``shapes`` broadcast together (numpy rules), into ``into`` when given."""
+    rank = max([len(s) for s in shapes] + [len(into) if into else 0])
+    for i in range(1, rank + 1):
+        sizes = {s[-i] for s in shapes if len(s) >= i and s[-i] != 1}
+        if into is not None:
+            if i > len(into) and sizes:
+                return False
+            if sizes - {into[-i] if i <= len(into) else 1}:
+                return False
+        elif len(sizes) > 1:
+            return False
+    return True
+
+
+def _fits(op: Operation, group: _Group) -> bool:
+    """Whether ``op`` joining ``group`` keeps one iteration space for the kernel (the
+    generated code evaluates every value of a kernel at an index of that space)."""
+    result = _dims(op.results[0])
+    if group.kind == "matmul":
+        return result == _dims(group.anchor().results[0])
+    if group.kind == "reduction":
+        anchor = group.anchor()
+        full = _dims(anchor.operands[0])
+        axes = reduced_axes(anchor)
+        kept = tuple(1 if d in axes else s for d, s in enumerate(full))
+        squeezed = tuple(s for d, s in enumerate(full) if d not in axes)
+        return result in (full, kept, squeezed)
+    shapes = [_dims(r) for o in group.ops for r in o.results]
+    if isinstance(op, REDUCTIONS):  # the group becomes the reduction's prologue
+        return _broadcasts(shapes, _dims(op.operands[0]))
+    return _broadcasts([*shapes, result])
 
 
 class _Lowering:
@@ -124,8 +181,12 @@ class _Lowering:
     # --- 1. grouping -------------------------------------------------------------------
 
     def run(self) -> None:
+        for ops in find_attention(self.ops):  # softmax(q kᵀ) v: one flash-attention kernel
+            group = _Group("attention", list(ops))
+            self.groups.append(group)
+            self.group_of.update((o, group) for o in ops)
         for op in self.ops:
-            if isinstance(op, (graph.ConstantOp, *ASYNC_COLLECTIVES)):
+            if isinstance(op, (graph.ConstantOp, *ASYNC_COLLECTIVES)) or op in self.group_of:
                 continue
             self._group(op)
         for op in self.ops:  # constants with users outside kernels are kernels alone
@@ -154,7 +215,12 @@ class _Lowering:
             kind, accepts = "layout", ()
         for operand in op.operands:
             group = self.group_of.get(operand.owner)  # type: ignore[arg-type]
-            if group is not None and group.kind in accepts and self._may_join(op, operand, group):
+            if (
+                group is not None
+                and group.kind in accepts
+                and _fits(op, group)
+                and self._may_join(op, operand, group)
+            ):
                 group.ops.append(op)
                 self.group_of[op] = group
                 if group.kind == "elementwise":
@@ -321,8 +387,10 @@ class _Emitter:
         for op in [*sorted(constants, key=self.lowering.index.__getitem__), *group.ops]:
             block.add_op(op.clone(value_mapper=mapping))
         block.add_op(schedule.YieldOp.create(operands=[mapping[r] for r in outputs]))
-        name = (
-            re.sub(r"\W", "_", f"{self.lowering.function.sym_name.data}_k{self.kernel_count}_{_short(group.anchor())}")
+        name = re.sub(
+            r"\W",
+            "_",
+            f"{self.lowering.function.sym_name.data}_k{self.kernel_count}_{_short(group.anchor())}",
         )
         self.kernel_count += 1
         kernel = self.insert(

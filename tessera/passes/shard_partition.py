@@ -68,7 +68,9 @@ class _Partitioner:
                 continue
             shardings = op_shardings(op) or [Sharding.replicated(aval(r).rank) for r in op.results]
             if isinstance(op, graph.ShardOp):
-                raise ShardingError("shard-partition needs insert-collectives first: found a graph.shard")
+                raise ShardingError(
+                    "shard-partition needs insert-collectives first: found a graph.shard"
+                )
             self._localize(op, shardings)
         self.function.attributes[graph.PARTITIONED] = UnitAttr()
         arg_types = [a.type for a in block.args]
@@ -76,7 +78,9 @@ class _Partitioner:
         self.function.function_type = FunctionType.from_lists(arg_types, result_types)
 
     def _localize(self, op: Operation, shardings: Sequence[Sharding]) -> None:
-        if isinstance(op, (graph.SoftmaxOp, graph.LogSoftmaxOp, graph.LayerNormOp, graph.RmsNormOp)):
+        if isinstance(
+            op, (graph.SoftmaxOp, graph.LogSoftmaxOp, graph.LayerNormOp, graph.RmsNormOp)
+        ):
             split = self._split_axes(op, shardings[0])
             if split:
                 self._expand_normalization(op, shardings[0], split)
@@ -85,7 +89,10 @@ class _Partitioner:
             Rewriter.replace_value_with_new_type(result, self.local(result, sharding).to_xdsl())
         if isinstance(op, graph.SliceOp):  # only whole dims can be split: clip them
             attrs = op.attrs()
-            limits = [min(limit, size) for limit, size in zip(attrs["limits"], aval(op.input).shape, strict=True)]
+            limits = [
+                min(limit, size)
+                for limit, size in zip(attrs["limits"], aval(op.input).shape, strict=True)
+            ]
             op.properties["limits"] = to_attr(limits)
 
     def _split_axes(self, op: graph.GraphOp, sharding: Sharding) -> tuple[str, ...]:
@@ -93,7 +100,9 @@ class _Partitioner:
         axes = attrs["axes"] if "axes" in attrs else (attrs["axis"],)
         return tuple(a for d in axes for a in sharding.dims[d])
 
-    def _expand_normalization(self, op: graph.GraphOp, sharding: Sharding, mesh_axes: tuple[str, ...]) -> None:
+    def _expand_normalization(
+        self, op: graph.GraphOp, sharding: Sharding, mesh_axes: tuple[str, ...]
+    ) -> None:
         attrs = op.attrs()
         axes = tuple(attrs["axes"]) if "axes" in attrs else (attrs["axis"],)
         x = op.operands[0]  # already local: operands are rewritten before their users
@@ -117,10 +126,15 @@ class _Partitioner:
             if isinstance(op, graph.LayerNormOp):
                 centered = emit(graph.SubOp, [x, stat(graph.MeanOp, x, "mean")])
                 variance = stat(graph.MeanOp, emit(graph.MulOp, [centered, centered]), "mean")
-                result = emit(graph.MulOp, [centered, emit(graph.RsqrtOp, [emit(graph.AddOp, [variance, eps])])])
+                result = emit(
+                    graph.MulOp,
+                    [centered, emit(graph.RsqrtOp, [emit(graph.AddOp, [variance, eps])])],
+                )
             else:
                 square_mean = stat(graph.MeanOp, emit(graph.MulOp, [x, x]), "mean")
-                result = emit(graph.MulOp, [x, emit(graph.RsqrtOp, [emit(graph.AddOp, [square_mean, eps])])])
+                result = emit(
+                    graph.MulOp, [x, emit(graph.RsqrtOp, [emit(graph.AddOp, [square_mean, eps])])]
+                )
         op.results[0].replace_all_uses_with(result)
         result.owner.attributes.update(op.attributes)
         Rewriter.erase_op(op)
@@ -132,13 +146,17 @@ class _Emitter:
     def __init__(self, anchor: Operation):
         self.anchor = anchor
 
-    def __call__(self, op_type: type[graph.GraphOp], operands: Sequence[SSAValue], **attrs: Any) -> SSAValue:
+    def __call__(
+        self, op_type: type[graph.GraphOp], operands: Sequence[SSAValue], **attrs: Any
+    ) -> SSAValue:
         op = graph.build(op_type, operands, **attrs)
         Rewriter.insert_op(op, InsertPoint.before(self.anchor))
         return op.results[0]
 
     def scalar(self, value: float, like: AbstractTensor) -> SSAValue:
-        dense = DenseIntOrFPElementsAttr.from_list(AbstractTensor((), like.dtype).to_xdsl(), [value])
+        dense = DenseIntOrFPElementsAttr.from_list(
+            AbstractTensor((), like.dtype).to_xdsl(), [value]
+        )
         op = graph.build(graph.ConstantOp, [], value=dense)
         Rewriter.insert_op(op, InsertPoint.before(self.anchor))
         return op.results[0]

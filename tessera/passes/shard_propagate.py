@@ -56,7 +56,9 @@ class _Propagation:
         for index, arg in enumerate(function.args):
             sharding = arg_sharding(function, index)
             if sharding is not None:
-                sharding.validate(mesh, aval(arg).shape, f"argument #{index} of @{function.sym_name.data}")
+                sharding.validate(
+                    mesh, aval(arg).shape, f"argument #{index} of @{function.sym_name.data}"
+                )
                 self.shardings[arg] = sharding
                 self.closed.add(arg)
         self.ops = [o for o in function.body.block.ops if isinstance(o, graph.GraphOp)]
@@ -132,7 +134,9 @@ class _Propagation:
             if value in self.shardings:
                 continue
             dims = tuple(
-                assignment.get(f, ()) if f is not None and rule.factors[f].kind != FactorKind.REPLICATED else ()
+                assignment.get(f, ())
+                if f is not None and rule.factors[f].kind != FactorKind.REPLICATED
+                else ()
                 for f in rule.operands[index]
             )
             changed |= self._set(value, Sharding(dims))
@@ -153,5 +157,7 @@ class _Propagation:
             sharding = self.shardings.get(arg, Sharding.replicated(aval(arg).rank))
             set_arg_sharding(self.function, index, self.mesh_name, sharding)
         for op in self.ops:
-            shardings = [self.shardings.get(r, Sharding.replicated(aval(r).rank)) for r in op.results]
+            shardings = [
+                self.shardings.get(r, Sharding.replicated(aval(r).rank)) for r in op.results
+            ]
             set_op_shardings(op, self.mesh_name, shardings)

@@ -101,7 +101,11 @@ def _report(failures: dict[int, object], nproc: int) -> str:
     stopped = [r for r in sorted(failures) if r not in causes]
     text = "; ".join(_describe(rank, failure) for rank, failure in causes.items())
     if stopped:
-        text += f"; ranks {stopped} were stopped" if len(stopped) > 1 else f"; rank {stopped[0]} was stopped"
+        text += (
+            f"; ranks {stopped} were stopped"
+            if len(stopped) > 1
+            else f"; rank {stopped[0]} was stopped"
+        )
     return text
 
 

@@ -23,6 +23,7 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 
 from tessera.ir.graph import Graph
 from tessera.ir.schedule import Schedule
+from tessera.ir.tile import TILE_DIALECTS
 from tessera.passes import get_all_passes, pass_summaries
 from tessera.tools.diagnostics import LocatingParser, format_parse_error, format_verify_error
 
@@ -35,8 +36,18 @@ class TesseraOptMain(xDSLOptMain):
     """xdsl-opt with Tessera's dialects and passes only, and MLIR-style error messages."""
 
     def register_all_dialects(self) -> None:
-        for dialect in (Builtin, Func, Graph, Schedule):
+        for dialect in (Builtin, Func, Graph, Schedule, *TILE_DIALECTS):
             self.ctx.register_dialect(dialect.name, lambda d=dialect: d)
+
+    def register_all_targets(self) -> None:
+        super().register_all_targets()
+
+        def triton_target() -> type:
+            from tessera.backends.triton.emit import TritonTarget
+
+            return TritonTarget
+
+        self.available_targets["triton"] = triton_target
 
     def register_all_passes(self) -> None:
         for flag, factory in get_all_passes().items():

@@ -32,7 +32,11 @@ def main() -> None:
         if isinstance(error, SystemExit):
             raise
         rank = os.environ.get("RANK", "?")
-        print(f"tessera: rank {rank} failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        print(
+            f"tessera: rank {rank} failed: {type(error).__name__}: {error}",
+            file=sys.stderr,
+            flush=True,
+        )
         raise
 
 

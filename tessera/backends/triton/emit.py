@@ -1,0 +1,222 @@
+"""``emit-triton``: Triton source for a ``tile.kernel``, one line per op from a table.
+
+Every SSA value becomes a Python name (its name hint when it has one, else ``v<N>``);
+each op is looked up in :data:`EXPRESSIONS` (ops that define a value) or handled as a
+statement (``tile.store``, ``scf.for``, ``tile.return``). Block sizes are literals: a
+tile kernel is specialised to its shapes and block configuration, so the source needs no
+``tl.constexpr`` parameters. ``tessera-opt -t triton`` prints the source of every kernel
+in a module.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import IO
+
+from xdsl.context import Context
+from xdsl.dialects import arith, scf
+from xdsl.dialects import math as mathd
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    DenseIntOrFPElementsAttr,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    FloatAttr,
+    IntegerAttr,
+    IntegerType,
+    ModuleOp,
+)
+from xdsl.ir import Attribute, Block, Operation, SSAValue
+from xdsl.targets import Target
+
+from tessera.errors import IRError
+from tessera.ir import tile
+
+HEADER = "import triton\nimport triton.language as tl\n"
+
+_INTEGER_DTYPES = {1: "tl.int1", 8: "tl.int8", 16: "tl.int16", 32: "tl.int32", 64: "tl.int64"}
+
+
+def triton_dtype(t: Attribute) -> str:
+    """The ``tl`` dtype of a scalar type or of a block's elements."""
+    element = tile.element_type(t)
+    if isinstance(element, IntegerType):
+        return _INTEGER_DTYPES[element.width.data]
+    names = {
+        Float32Type: "tl.float32",
+        BFloat16Type: "tl.bfloat16",
+        Float16Type: "tl.float16",
+        Float64Type: "tl.float64",
+    }
+    for cls, name in names.items():
+        if isinstance(element, cls):
+            return name
+    raise IRError(f"emit-triton: no Triton dtype for {t}")
+
+
+class _Names:
+    """Python names for SSA values, unique within one kernel."""
+
+    def __init__(self) -> None:
+        self.names: dict[SSAValue, str] = {}
+        self.taken: set[str] = {"tl", "triton"}
+
+    def define(self, value: SSAValue) -> str:
+        hint = re.sub(r"\W", "_", value.name_hint or "") or "v"
+        base = hint if not hint[0].isdigit() else f"v{hint}"
+        name, n = base, 0
+        while name in self.taken:
+            n += 1
+            name = f"{base}_{n}"
+        self.taken.add(name)
+        self.names[value] = name
+        return name
+
+    def alias(self, value: SSAValue, text: str) -> None:
+        self.names[value] = text
+
+    def __getitem__(self, value: SSAValue) -> str:
+        return self.names[value]
+
+
+def _literal(value: float | int, t: Attribute) -> str:
+    if isinstance(tile.element_type(t), IntegerType):
+        return str(int(value))
+    if math.isnan(value):
+        return 'float("nan")'
+    if math.isinf(value):
+        return 'float("inf")' if value > 0 else 'float("-inf")'
+    return repr(float(value))
+
+
+def _constant(op: arith.ConstantOp) -> str:
+    attr = op.value
+    t = op.result.type
+    if isinstance(attr, DenseIntOrFPElementsAttr):
+        values = attr.get_values()
+        if len(set(values)) != 1:
+            raise IRError("emit-triton: only splat block constants are supported")
+        return f"tl.full({tile.block_shape(t)}, {_literal(values[0], t)}, {triton_dtype(t)})"
+    assert isinstance(attr, IntegerAttr | FloatAttr)
+    return _literal(attr.value.data, t)
+
+
+def _binary(symbol: str) -> Callable[[Operation, Sequence[str]], str]:
+    return lambda op, a: f"{a[0]} {symbol} {a[1]}"
+
+
+def _call(function: str) -> Callable[[Operation, Sequence[str]], str]:
+    return lambda op, a: f"{function}({', '.join(a)})"
+
+
+def _load(op: tile.LoadOp, a: Sequence[str]) -> str:
+    if op.mask is None:
+        return f"tl.load({a[0]} + {a[1]})"
+    return f"tl.load({a[0]} + {a[1]}, mask={a[2]}, other=0)"
+
+
+def _dot(op: tile.DotOp, a: Sequence[str]) -> str:
+    ieee = isinstance(tile.element_type(op.a.type), Float32Type)
+    return f"tl.dot({a[0]}, {a[1]}, {a[2]}" + (', input_precision="ieee")' if ieee else ")")
+
+
+_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+
+# op -> the Python expression of its (single) result, from the names of its operands
+EXPRESSIONS: dict[type[Operation], Callable[..., str]] = {
+    arith.ConstantOp: lambda op, a: _constant(op),
+    arith.AddfOp: _binary("+"), arith.AddiOp: _binary("+"),
+    arith.SubfOp: _binary("-"), arith.SubiOp: _binary("-"),
+    arith.MulfOp: _binary("*"), arith.MuliOp: _binary("*"),
+    arith.DivfOp: _binary("/"), arith.DivSIOp: _binary("//"), arith.RemSIOp: _binary("%"),
+    arith.AndIOp: _binary("&"), arith.OrIOp: _binary("|"), arith.XOrIOp: _binary("^"),
+    arith.MaximumfOp: _call("tl.maximum"), arith.MinimumfOp: _call("tl.minimum"),
+    arith.MaxSIOp: _call("tl.maximum"), arith.MinSIOp: _call("tl.minimum"),
+    arith.NegfOp: lambda op, a: f"-{a[0]}",
+    mathd.ExpOp: _call("tl.exp"), mathd.LogOp: _call("tl.log"), mathd.SqrtOp: _call("tl.sqrt"),
+    mathd.RsqrtOp: _call("tl.rsqrt"), mathd.AbsFOp: _call("tl.abs"), mathd.ErfOp: _call("tl.erf"),
+    mathd.TanhOp: lambda op, a: f"2 * tl.sigmoid(2 * {a[0]}) - 1",
+    tile.ProgramIdOp: lambda op, a: f"tl.program_id({op.axis.value.data})",
+    tile.ArangeOp: lambda op, a: f"tl.arange(0, {tile.block_shape(op.result.type)[0]})",
+    tile.SplatOp: lambda op, a: f"tl.full({tile.block_shape(op.result.type)}, {a[0]}, {triton_dtype(op.result.type)})",
+    tile.BroadcastOp: lambda op, a: f"tl.broadcast_to({a[0]}, {tile.block_shape(op.result.type)})",
+    tile.ExpandDimsOp: lambda op, a: f"tl.expand_dims({a[0]}, {op.axis.value.data})",
+    tile.LoadOp: _load,
+    tile.DotOp: _dot,
+    tile.ReduceOp: lambda op, a: f"{_REDUCE[op.kind.data]}({a[0]}, axis={op.axis.value.data})",
+    tile.CmpOp: lambda op, a: f"{a[0]} {_CMP[op.predicate.data]} {a[1]}",
+    tile.SelectOp: _call("tl.where"),
+    tile.ConvertOp: lambda op, a: f"{a[0]}.to({triton_dtype(op.result.type)})",
+}  # fmt: skip
+
+
+def _emit_block(block: Block, names: _Names, lines: list[str], indent: str) -> None:
+    for op in block.ops:
+        args = [names[v] for v in op.operands]
+        if isinstance(op, tile.StoreOp):
+            mask = f", mask={args[3]}" if op.mask is not None else ""
+            lines.append(f"{indent}tl.store({args[0]} + {args[1]}, {args[2]}{mask})")
+        elif isinstance(op, scf.ForOp):
+            body = op.body.block
+            carried = [names.define(a) for a in body.args[1:]]
+            for name, init in zip(carried, args[3:], strict=True):
+                lines.append(f"{indent}{name} = {init}")
+            induction = names.define(body.args[0])
+            lines.append(f"{indent}for {induction} in range({args[0]}, {args[1]}, {args[2]}):")
+            _emit_block(body, names, lines, indent + "    ")
+            for result, name in zip(op.results, carried, strict=True):
+                lines.append(f"{indent}{names.define(result)} = {name}")
+        elif isinstance(op, scf.YieldOp):
+            carried = [names[a] for a in block.args[1:]]
+            if carried:
+                lines.append(f"{indent}{', '.join(carried)} = {', '.join(args)}")
+        elif isinstance(op, tile.ReturnOp):
+            return
+        elif isinstance(op, arith.ConstantOp) and not tile.block_shape(op.result.type):
+            names.alias(op.result, _constant(op))  # scalar constants are written inline
+        else:
+            expression = EXPRESSIONS.get(type(op))
+            if expression is None or len(op.results) != 1:
+                raise IRError(f"emit-triton: no Triton source for {op.name}")
+            text = expression(op, args)
+            lines.append(f"{indent}{names.define(op.results[0])} = {text}")
+
+
+def emit_kernel(kernel: tile.KernelOp) -> str:
+    """The Triton source (a module with imports and one ``@triton.jit`` function)."""
+    names = _Names()
+    block = kernel.body.block
+    params = [names.define(a) for a in block.args]
+    lines = [HEADER, "", "@triton.jit", f"def {kernel.kernel_name}({', '.join(params)}):"]
+    _emit_block(block, names, lines, "    ")
+    if lines[-1].endswith(":"):
+        lines.append("    pass")
+    return "\n".join(lines) + "\n"
+
+
+def emit_module(module: ModuleOp) -> dict[str, str]:
+    """The source of every tile kernel in ``module``, by kernel name."""
+    return {
+        op.kernel_name: emit_kernel(op) for op in module.walk() if isinstance(op, tile.KernelOp)
+    }
+
+
+@dataclass(frozen=True)
+class TritonTarget(Target):
+    """``tessera-opt -t triton``: prints the Triton source of every tile kernel."""
+
+    name = "triton"
+
+    def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
+        sources = emit_module(module)
+        if not sources:
+            raise IRError(
+                "emit-triton: the module has no tile.kernel; run lower-schedule-to-tile first"
+            )
+        for name, source in sources.items():
+            output.write(f"# --- kernel @{name}\n{source}\n")

@@ -1,0 +1,177 @@
+"""Compiles tile kernels' Triton source and runs them as a schedule ``KernelRunner``.
+
+Source is written once per content hash under the cache directory
+(``TESSERA_CACHE_DIR``, default ``~/.cache/tessera/triton``) and imported from there,
+because ``triton.jit`` reads a kernel's source from its file. CUDA tensors run the
+compiled kernel; CPU tensors run it in Triton's interpreter (the same source, numpy
+semantics), which is how every kernel is checked on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+if not torch.cuda.is_available():  # Triton's interpreter must be chosen before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from xdsl.dialects.builtin import ModuleOp
+
+from tessera.backends.reference import IMPLS
+from tessera.backends.schedule_runner import KernelContext
+from tessera.backends.triton.emit import emit_kernel
+from tessera.codegen.kernels import pointer_constants
+from tessera.errors import ExecutionError
+from tessera.ir import schedule, tile
+from tessera.ir.abstract import AbstractTensor
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TESSERA_CACHE_DIR", Path.home() / ".cache" / "tessera" / "triton"))
+
+
+_MODULES: dict[str, Any] = {}
+
+
+def load_source(name: str, source: str) -> Any:
+    """The ``triton.jit`` function ``name`` defined by ``source`` (cached by content hash)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+    if digest not in _MODULES:
+        directory = cache_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{name}_{digest}.py"
+        if not path.exists():
+            temporary = path.with_suffix(f".{os.getpid()}.tmp")
+            temporary.write_text(source, encoding="utf-8")
+            temporary.replace(path)
+        spec = importlib.util.spec_from_file_location(f"tessera_triton_{digest}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _MODULES[digest] = module
+    return getattr(_MODULES[digest], name)
+
+
+@dataclass
+class CompiledKernel:
+    """A tile kernel's source, compiled function and launch parameters."""
+
+    name: str
+    source: str
+    grid: tuple[int, ...]
+    num_warps: int
+    num_stages: int
+    positions: list[tuple[str, ...]]
+    function: Any = None
+
+    @staticmethod
+    def from_tile(kernel: tile.KernelOp) -> CompiledKernel:
+        positions = kernel.attributes.get("positions")
+        return CompiledKernel(
+            kernel.kernel_name,
+            emit_kernel(kernel),
+            kernel.grid_size,
+            kernel.num_warps.value.data,
+            kernel.num_stages.value.data,
+            [tuple(a.data for a in group) for group in positions.data] if positions else [],  # type: ignore[union-attr]
+        )
+
+    def launch(self, args: Sequence[Any]) -> None:
+        """Runs the kernel on ``args`` (tensors and ints), compiled on CUDA, else interpreted."""
+        if self.function is None:
+            self.function = load_source(self.name, self.source)
+        on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        if on_gpu:
+            self.function[self.grid](*args, num_warps=self.num_warps, num_stages=self.num_stages)
+            return
+        if (
+            not hasattr(self.function, "fn")
+            or type(self.function).__name__ != "InterpretedFunction"
+        ):
+            raise ExecutionError(
+                f"@{self.name}: CPU tensors need Triton's interpreter, but triton was imported "
+                "before tessera without TRITON_INTERPRET=1"
+            )
+        patch_interpreter_bf16_dot()
+        self.function[self.grid](*args)
+
+
+def patch_interpreter_bf16_dot() -> None:
+    """Triton's interpreter (3.6-3.9) multiplies bf16 blocks as their raw uint16 bits in
+    ``tl.dot``; convert them to f32 first, as the GPU's bf16 MMA does exactly."""
+    from triton import language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_dot, "_tessera_bf16", False):
+        return
+    original = builder.create_dot
+
+    def create_dot(self: Any, a: Any, b: Any, d: Any, *args: Any) -> Any:
+        def widen(x: Any) -> Any:
+            if x.dtype.scalar == tl.bfloat16:
+                data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None).view(
+                    np.float32
+                )
+                return interpreter.TensorHandle(data, tl.float32)
+            return x
+
+        return original(self, widen(a), widen(b), d, *args)
+
+    create_dot._tessera_bf16 = True  # type: ignore[attr-defined]
+    builder.create_dot = create_dot
+
+
+def _torch_dtype(t: Any) -> torch.dtype:
+    return AbstractTensor.from_xdsl(t).dtype.to_torch()
+
+
+class TritonKernels:
+    """A ``KernelRunner`` running each schedule kernel's tile kernel from one module."""
+
+    def __init__(self, module: ModuleOp):
+        self.tiles = {op.kernel_name: op for op in module.walk() if isinstance(op, tile.KernelOp)}
+        self.compiled: dict[str, CompiledKernel] = {}
+        self.constants: dict[tuple[str, str], list[torch.Tensor]] = {}
+
+    def kernel(self, name: str) -> CompiledKernel:
+        if name not in self.compiled:
+            if name not in self.tiles:
+                raise ExecutionError(f"no tile kernel @{name}: run lower-schedule-to-tile first")
+            self.compiled[name] = CompiledKernel.from_tile(self.tiles[name])
+        return self.compiled[name]
+
+    def _constants(self, kernel: schedule.KernelOp, device: torch.device) -> list[torch.Tensor]:
+        key = (kernel.kernel_name, str(device))
+        if key not in self.constants:
+            self.constants[key] = [
+                IMPLS[type(c)](c).contiguous().to(device) for c in pointer_constants(kernel)
+            ]  # type: ignore[index]
+        return self.constants[key]
+
+    def __call__(
+        self, kernel: schedule.KernelOp, inputs: Sequence[torch.Tensor], context: KernelContext
+    ) -> list[torch.Tensor]:
+        compiled = self.kernel(kernel.kernel_name)
+        device = inputs[0].device if inputs else torch.device("cpu")
+        outputs = [
+            torch.empty(r.type.get_shape(), dtype=_torch_dtype(r.type), device=device)
+            for r in kernel.results
+        ]  # type: ignore[attr-defined]
+        positions = [context.position(axes)[0] for axes in compiled.positions]
+        args = [
+            *(x.contiguous() for x in inputs),
+            *outputs,
+            *self._constants(kernel, device),
+            *positions,
+        ]
+        compiled.launch(args)
+        return outputs

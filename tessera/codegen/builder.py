@@ -1,0 +1,221 @@
+"""A builder of tile IR that broadcasts like Triton: scalars splat, size-1 dims repeat.
+
+Every method inserts ops at the builder's insertion point and returns the new value.
+Operands of binary methods may be scalars or blocks of one rank whose sizes are equal
+or 1; the builder inserts ``tile.splat`` / ``tile.broadcast`` to the common shape and
+picks the integer or float ``arith`` op from the element type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xdsl.builder import Builder
+from xdsl.dialects import arith, scf
+from xdsl.dialects import math as mathd
+from xdsl.dialects.builtin import (
+    AnyFloat,
+    DenseIntOrFPElementsAttr,
+    FloatAttr,
+    IntegerAttr,
+    IntegerType,
+    f32,
+    i32,
+)
+from xdsl.ir import Attribute, Block, Operation, SSAValue
+from xdsl.rewriter import InsertPoint
+
+from tessera.ir import tile
+from tessera.ir.tile import block_shape, block_type, element_type
+
+Value = SSAValue
+
+i1 = IntegerType(1)
+
+IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
+
+
+def is_float(value: Value) -> bool:
+    return isinstance(element_type(value.type), AnyFloat)
+
+
+def shape(value: Value) -> tuple[int, ...]:
+    return block_shape(value.type)
+
+
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The common block shape of scalars (``()``) and blocks of one rank."""
+    blocks = [s for s in shapes if s]
+    if not blocks:
+        return ()
+    rank = len(blocks[0])
+    if any(len(s) != rank for s in blocks):
+        raise ValueError(f"blocks of different ranks: {shapes}")
+    return tuple(max(s[i] for s in blocks) for i in range(rank))
+
+
+class TileBuilder:
+    """Inserts tile, arith, math and scf ops into one block (or a loop body inside it)."""
+
+    def __init__(self, block: Block):
+        self._builder = Builder(InsertPoint.at_end(block))
+
+    def insert(self, op: Operation) -> Value:
+        self._builder.insert(op)
+        return op.results[0] if op.results else None  # type: ignore[return-value]
+
+    def at_end(self, block: Block) -> TileBuilder:
+        """A builder for another block (a loop body)."""
+        return TileBuilder(block)
+
+    # --- constants ---------------------------------------------------------------------
+
+    def constant(
+        self, value: float | int, element: Attribute = f32, block: Sequence[int] = ()
+    ) -> Value:
+        if block:
+            attr = DenseIntOrFPElementsAttr.from_list(block_type(element, block), [value])
+            return self.insert(arith.ConstantOp(attr))
+        if isinstance(element, IntegerType):
+            return self.insert(arith.ConstantOp(IntegerAttr(int(value), element)))
+        return self.insert(arith.ConstantOp(FloatAttr(float(value), element)))
+
+    def index(self, value: int) -> Value:
+        return self.constant(value, i32)
+
+    # --- shapes ------------------------------------------------------------------------
+
+    def broadcast(self, value: Value, to: tuple[int, ...]) -> Value:
+        if shape(value) == to or not to:
+            return value
+        if not shape(value):
+            return self.insert(tile.SplatOp(value, to))
+        return self.insert(tile.BroadcastOp(value, to))
+
+    def expand_dims(self, value: Value, axis: int) -> Value:
+        return self.insert(tile.ExpandDimsOp(value, axis))
+
+    def _common(self, *values: Value) -> list[Value]:
+        common = broadcast_shape(*(shape(v) for v in values))
+        return [self.broadcast(v, common) for v in values]
+
+    # --- arithmetic ----------------------------------------------------------------------
+
+    def _binary(
+        self, float_op: type[Operation], int_op: type[Operation] | None, a: Value, b: Value
+    ) -> Value:
+        a, b = self._common(a, b)
+        op = float_op if is_float(a) else int_op
+        if op is None:
+            raise TypeError(f"{float_op.name} has no integer form")
+        return self.insert(op(a, b))  # type: ignore[call-arg]
+
+    def add(self, a: Value, b: Value) -> Value:
+        return self._binary(arith.AddfOp, arith.AddiOp, a, b)
+
+    def sub(self, a: Value, b: Value) -> Value:
+        return self._binary(arith.SubfOp, arith.SubiOp, a, b)
+
+    def mul(self, a: Value, b: Value) -> Value:
+        return self._binary(arith.MulfOp, arith.MuliOp, a, b)
+
+    def div(self, a: Value, b: Value) -> Value:
+        """Float division, or integer division rounding toward zero."""
+        return self._binary(arith.DivfOp, arith.DivSIOp, a, b)
+
+    def rem(self, a: Value, b: Value) -> Value:
+        a, b = self._common(a, b)
+        return self.insert(arith.RemSIOp(a, b))
+
+    def maximum(self, a: Value, b: Value) -> Value:
+        return self._binary(arith.MaximumfOp, arith.MaxSIOp, a, b)
+
+    def minimum(self, a: Value, b: Value) -> Value:
+        return self._binary(arith.MinimumfOp, arith.MinSIOp, a, b)
+
+    def and_(self, a: Value | None, b: Value | None) -> Value | None:
+        """Logical and of masks; ``None`` stands for all-true."""
+        if a is None or b is None:
+            return b if a is None else a
+        a, b = self._common(a, b)
+        return self.insert(arith.AndIOp(a, b))
+
+    def or_(self, a: Value, b: Value) -> Value:
+        a, b = self._common(a, b)
+        return self.insert(arith.OrIOp(a, b))
+
+    def neg(self, a: Value) -> Value:
+        if is_float(a):
+            return self.insert(arith.NegfOp(a))
+        return self.sub(self.constant(0, element_type(a.type)), a)
+
+    def cmp(self, predicate: str, a: Value, b: Value) -> Value:
+        a, b = self._common(a, b)
+        return self.insert(tile.CmpOp(predicate, a, b))
+
+    def select(self, cond: Value, on_true: Value, on_false: Value) -> Value:
+        cond, on_true, on_false = self._common(cond, on_true, on_false)
+        return self.insert(tile.SelectOp(cond, on_true, on_false))
+
+    def convert(self, value: Value, element: Attribute) -> Value:
+        if element_type(value.type) == element:
+            return value
+        return self.insert(tile.ConvertOp(value, element))
+
+    def math(self, op: type[Operation], value: Value) -> Value:
+        return self.insert(op(value))  # type: ignore[call-arg]
+
+    def exp(self, value: Value) -> Value:
+        return self.math(mathd.ExpOp, value)
+
+    def log(self, value: Value) -> Value:
+        return self.math(mathd.LogOp, value)
+
+    def rsqrt(self, value: Value) -> Value:
+        return self.math(mathd.RsqrtOp, value)
+
+    # --- Triton ops ----------------------------------------------------------------------
+
+    def program_id(self, axis: int) -> Value:
+        return self.insert(tile.ProgramIdOp(axis))
+
+    def arange(self, size: int) -> Value:
+        return self.insert(tile.ArangeOp(size))
+
+    def load(self, ptr: Value, offsets: Value, mask: Value | None = None) -> Value:
+        if mask is not None:
+            offsets, mask = self._common(offsets, mask)
+        return self.insert(tile.LoadOp(ptr, offsets, mask))
+
+    def store(self, ptr: Value, offsets: Value, value: Value, mask: Value | None = None) -> None:
+        parts = [offsets, value] + ([mask] if mask is not None else [])
+        common = self._common(*parts)
+        self.insert(
+            tile.StoreOp(ptr, common[0], common[1], common[2] if mask is not None else None)
+        )
+
+    def dot(self, a: Value, b: Value, acc: Value) -> Value:
+        return self.insert(tile.DotOp(a, b, acc))
+
+    def reduce(self, value: Value, kind: str, axis: int, keep_rank: bool = True) -> Value:
+        """Reduces along ``axis``; with ``keep_rank`` the axis stays as size 1 (like keepdims)."""
+        result = self.insert(tile.ReduceOp(value, kind, axis))
+        return self.expand_dims(result, axis) if keep_rank and shape(result) else result
+
+    def for_loop(
+        self, lower: Value, upper: Value, step: Value, carried: Sequence[Value]
+    ) -> tuple[scf.ForOp, TileBuilder, Value, list[Value]]:
+        """An ``scf.for``; returns it, a builder of its body, the induction variable and the carried values."""
+        body = Block(arg_types=[lower.type, *(v.type for v in carried)])
+        loop = scf.ForOp(lower, upper, step, list(carried), body)
+        self._builder.insert(loop)
+        return loop, TileBuilder(body), body.args[0], list(body.args[1:])
+
+    def yield_(self, values: Sequence[Value]) -> None:
+        self.insert(scf.YieldOp(*values))
+
+    def return_(self) -> None:
+        self.insert(tile.ReturnOp())
+
+
+__all__ = ["IDENTITY", "TileBuilder", "broadcast_shape", "f32", "i1", "i32", "is_float", "shape"]

@@ -1,0 +1,466 @@
+"""Lowers one ``schedule.kernel`` to a ``tile.kernel``, by kernel class.
+
+- *pointwise* (elementwise ops and layout ops): a 1-D grid over the flat output, one
+  ``block`` of elements per program; each output element's index is recovered from its
+  flat offset and every value is evaluated there (``codegen.evaluate``).
+- *row reduction* (sum, mean, max, min, softmax, log_softmax, layer_norm, rms_norm,
+  cross_entropy, with elementwise prologue and epilogue): a program takes ``rows`` rows
+  and a whole reduced row as one block (``rows x next_pow2(R)``); masked lanes hold the
+  reduction's identity.
+- *matmul* (batched, with elementwise epilogue): ``block_m x block_n`` output tiles with a
+  K loop of ``tile.dot`` into an f32 accumulator, programs grouped along M for L2 reuse;
+  the epilogue is evaluated on the accumulator tile and stored once.
+- *attention* (``codegen.attention``): flash attention for softmax(Q Kᵀ) V.
+
+The tile kernel's arguments are the schedule kernel's inputs, then its outputs (all as
+pointers to contiguous tensors), then pointers to the body's non-splat constants (the
+runtime materialises them, see :func:`pointer_constants`), then one ``i32`` per
+``all_slice`` axis group: this rank's index in the group (``positions`` attribute).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DenseArrayBase,
+    IntegerAttr,
+    IntegerType,
+    StringAttr,
+    TensorType,
+    f32,
+    i32,
+    i64,
+)
+from xdsl.ir import SSAValue
+
+from tessera.codegen.builder import IDENTITY, TileBuilder, Value, shape
+from tessera.codegen.evaluate import Evaluator, Index, Space, dims_of, strides
+from tessera.errors import IRError
+from tessera.ir import graph, schedule, tile
+
+REDUCTIONS = (
+    graph.SumOp, graph.MeanOp, graph.MaxOp, graph.MinOp, graph.SoftmaxOp, graph.LogSoftmaxOp,
+    graph.LayerNormOp, graph.RmsNormOp, graph.CrossEntropyOp,
+)  # fmt: skip
+MAX_ROW_BLOCK = 65536  # elements of one reduced row held in one block
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Block sizes and launch parameters of one kernel (autotuned on a GPU)."""
+
+    block: int = 1024  # pointwise: elements per program
+    row_elements: int = 4096  # row reductions: rows x row-block elements per program
+    block_m: int = 32
+    block_n: int = 32
+    block_k: int = 32
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+DEFAULT = BlockConfig()
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def kernel_class(kernel: schedule.KernelOp) -> str:
+    """``attention``, ``matmul``, ``reduction`` or ``pointwise``."""
+    from tessera.codegen.attention import match_attention
+
+    ops = list(kernel.body.block.ops)
+    if match_attention(kernel) is not None:
+        return "attention"
+    if any(isinstance(op, graph.MatmulOp) for op in ops):
+        return "matmul"
+    if any(isinstance(op, REDUCTIONS) for op in ops):
+        return "reduction"
+    return "pointwise"
+
+
+def pointer_constants(kernel: schedule.KernelOp) -> list[graph.ConstantOp]:
+    """The body's constants passed by pointer: non-splat ones and matmul operands."""
+    out = []
+    for op in kernel.body.block.ops:
+        if isinstance(op, graph.ConstantOp):
+            splat = len(set(op.value.get_values())) == 1
+            by_matmul = any(isinstance(u.operation, graph.MatmulOp) for u in op.result.uses)
+            if not splat or by_matmul:
+                out.append(op)
+    return out
+
+
+def position_axes(kernel: schedule.KernelOp) -> list[tuple[str, ...]]:
+    """The mesh-axis groups whose rank index the kernel needs (its all_slices')."""
+    axes: list[tuple[str, ...]] = []
+    for op in kernel.body.block.ops:
+        if isinstance(op, graph.AllSliceOp):
+            group = tuple(op.attrs()["axes"])
+            if group not in axes:
+                axes.append(group)
+    return axes
+
+
+def yielded(kernel: schedule.KernelOp) -> list[SSAValue]:
+    last = kernel.body.block.last_op
+    assert isinstance(last, schedule.YieldOp)
+    return list(last.values)
+
+
+@dataclass
+class Frame:
+    """A tile kernel being built: its builder and its arguments by role."""
+
+    kernel: tile.KernelOp
+    b: TileBuilder
+    pointers: dict[SSAValue, Value]  # kernel inputs and constants
+    outputs: list[Value]
+    positions: dict[tuple[str, ...], Value]
+
+    def evaluator(self, space: Space) -> Evaluator:
+        return Evaluator(self.b, space, dict(self.pointers), dict(self.positions))
+
+    def finish(self, grid: Sequence[int], config: BlockConfig) -> tile.KernelOp:
+        self.b.return_()
+        self.kernel.properties["grid"] = DenseArrayBase.from_list(i64, list(grid))
+        self.kernel.properties["num_warps"] = IntegerAttr(config.num_warps, i64)
+        self.kernel.properties["num_stages"] = IntegerAttr(config.num_stages, i64)
+        return self.kernel
+
+
+def _pointer(t: TensorType) -> tile.PointerType:
+    return tile.PointerType(t.element_type)
+
+
+def new_frame(kernel: schedule.KernelOp) -> Frame:
+    """An empty tile kernel with the schedule kernel's signature (see the module docstring)."""
+    inputs = list(kernel.body.block.args)
+    outputs = yielded(kernel)
+    constants = [c.result for c in pointer_constants(kernel)]
+    groups = position_axes(kernel)
+    arg_types = [
+        *(_pointer(v.type) for v in inputs),  # type: ignore[arg-type]
+        *(_pointer(v.type) for v in outputs),  # type: ignore[arg-type]
+        *(_pointer(v.type) for v in constants),  # type: ignore[arg-type]
+        *(i32 for _ in groups),
+    ]
+    out = tile.KernelOp.get(kernel.kernel_name, arg_types, [1, 1, 1])
+    if groups:
+        out.attributes["positions"] = ArrayAttr(
+            [ArrayAttr([StringAttr(a) for a in g]) for g in groups]
+        )
+    args = list(out.body.block.args)
+    names = [f"in{i}" for i in range(len(inputs))] + [f"out{i}" for i in range(len(outputs))]
+    names += [f"const{i}" for i in range(len(constants))] + [f"rank_{'_'.join(g)}" for g in groups]
+    for arg, name in zip(args, names, strict=True):
+        arg.name_hint = name
+    n_in, n_out, n_const = len(inputs), len(outputs), len(constants)
+    pointers = dict(
+        zip(
+            inputs + constants,
+            args[:n_in] + args[n_in + n_out : n_in + n_out + n_const],
+            strict=True,
+        )
+    )
+    return Frame(
+        out,
+        TileBuilder(out.body.block),
+        pointers,
+        args[n_in : n_in + n_out],
+        dict(zip(groups, args[n_in + n_out + n_const :], strict=True)),
+    )
+
+
+def _unflatten(b: TileBuilder, flat: Value, dims: Sequence[int]) -> list[Value | None]:
+    """The multi-index of ``flat`` in row-major ``dims`` (None for size-1 dims)."""
+    out: list[Value | None] = []
+    total = math.prod(dims)
+    for size, stride in zip(dims, strides(dims), strict=True):
+        if size == 1:
+            out.append(None)
+            continue
+        component = flat if stride == 1 else b.div(flat, b.index(stride))
+        if stride * size < total:
+            component = b.rem(component, b.index(size))
+        out.append(component)
+    return out
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --- pointwise -----------------------------------------------------------------------------------
+
+
+def lower_pointwise(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> tile.KernelOp:
+    frame = new_frame(kernel)
+    b = frame.b
+    outputs = yielded(kernel)
+    split = outputs[0].owner if isinstance(outputs[0].owner, graph.SplitOp) else None
+    if split is not None and all(v.owner is split for v in outputs):
+        space_dims = dims_of(split.input)
+    else:
+        split = None
+        space_dims = _broadcast_all([dims_of(v) for v in outputs], kernel)
+    numel = max(1, math.prod(space_dims))
+    block = min(next_pow2(config.block), next_pow2(numel))
+    pid = b.program_id(0)
+    offsets = b.add(b.mul(pid, b.index(block)), b.arange(block))
+    mask = None if numel % block == 0 else b.cmp("lt", offsets, b.index(numel))
+    space = Space(
+        tuple(space_dims), tuple(_unflatten(b, offsets, space_dims)), (block,), [mask], offsets
+    )
+    ev = frame.evaluator(space)
+    if split is not None:
+        _store_split(ev, split, frame.outputs, outputs)
+    else:
+        for ptr, value in zip(frame.outputs, outputs, strict=True):
+            ev.store(ptr, value, ev.at(value, ev.full_index(value)))
+    return frame.finish([_cdiv(numel, block), 1, 1], config)
+
+
+def _broadcast_all(all_dims: list[tuple[int, ...]], kernel: schedule.KernelOp) -> tuple[int, ...]:
+    rank = max(len(d) for d in all_dims)
+    out = [1] * rank
+    for dims in all_dims:
+        for i, size in enumerate(dims):
+            j = rank - len(dims) + i
+            if size != 1 and out[j] not in (1, size):
+                raise IRError(
+                    f"@{kernel.kernel_name}: outputs of shapes {all_dims} do not share one iteration space"
+                )
+            out[j] = max(out[j], size)
+    return tuple(out)
+
+
+def _store_split(
+    ev: Evaluator, split: graph.SplitOp, pointers: list[Value], outputs: list[SSAValue]
+) -> None:
+    """A split's outputs, stored from one pass over its input."""
+    b = ev.b
+    axis = split.attrs()["axis"]
+    source = ev.at(split.input, ev.space.index)
+    start = 0
+    for ptr, value in zip(pointers, outputs, strict=True):
+        size = dims_of(value)[axis]
+        here = ev.space.index[axis] if ev.space.index[axis] is not None else b.index(0)
+        index = list(ev.space.index)
+        index[axis] = None if size == 1 else b.sub(here, b.index(start))
+        inside = b.and_(b.cmp("ge", here, b.index(start)), b.cmp("lt", here, b.index(start + size)))
+        offsets = ev.offsets(dims_of(value), tuple(index))
+        mask = b.and_(ev.space.mask_for(b, shape(offsets)), b.broadcast(inside, shape(offsets)))
+        out = b.convert(source, value.type.element_type)  # type: ignore[attr-defined]
+        b.store(ptr, offsets, out, mask)
+        start += size
+
+
+# --- row reductions ----------------------------------------------------------------------------
+
+
+def reduced_axes(op: graph.GraphOp) -> tuple[int, ...]:
+    """The axes of its (first) operand that a reduction op reduces."""
+    rank = len(dims_of(op.operands[0]))
+    attrs = op.attrs()
+    if isinstance(op, graph.CrossEntropyOp):
+        return (rank - 1,)
+    if "axis" in attrs:
+        return (attrs["axis"] % rank,)
+    return tuple(sorted(a % rank for a in attrs["axes"]))
+
+
+def lower_reduction(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> tile.KernelOp:
+    frame = new_frame(kernel)
+    b = frame.b
+    op = next(o for o in kernel.body.block.ops if isinstance(o, REDUCTIONS))
+    if isinstance(op, graph.CrossEntropyOp) and op.attrs()["reduction"] != "none":
+        raise IRError(f"@{kernel.kernel_name}: cross_entropy with reduction must be split first")
+    full = dims_of(op.operands[0])
+    axes = reduced_axes(op)
+    kept = [d for d in range(len(full)) if d not in axes]
+    rows = math.prod(full[d] for d in kept)
+    width = math.prod(full[d] for d in axes)
+    block_r = next_pow2(width)
+    if block_r > MAX_ROW_BLOCK:
+        raise IRError(
+            f"@{kernel.kernel_name}: a reduced row of {width} elements exceeds one block "
+            f"({MAX_ROW_BLOCK}); looped reductions are not implemented yet"
+        )
+    block_rows = max(1, min(next_pow2(rows), next_pow2(config.row_elements) // block_r))
+    pid = b.program_id(0)
+    if block_rows == 1:
+        row: Value = pid
+        row_mask = None
+    else:
+        row = b.add(b.mul(pid, b.index(block_rows)), b.expand_dims(b.arange(block_rows), 1))
+        row_mask = None if rows % block_rows == 0 else b.cmp("lt", row, b.index(rows))
+    r = b.expand_dims(b.arange(block_r), 0)
+    r_mask = None if width == block_r else b.cmp("lt", r, b.index(width))
+    index: list[Value | None] = [None] * len(full)
+    for d, c in zip(kept, _unflatten(b, row, [full[d] for d in kept]), strict=True):
+        index[d] = c
+    for d, c in zip(axes, _unflatten(b, r, [full[d] for d in axes]), strict=True):
+        index[d] = c
+    trailing = list(axes) == list(range(len(full) - len(axes), len(full)))
+    linear = b.add(b.mul(row, b.index(width)), r) if trailing else None
+    space = Space(full, tuple(index), (block_rows, block_r), [row_mask, r_mask], linear)
+    ev = frame.evaluator(space)
+    x = ev.at(op.operands[0], space.index)
+    x = b.broadcast(x, (block_rows, block_r)) if shape(x) != (block_rows, block_r) else x
+    ev.bound[op.results[0]] = _reduce_op(ev, op, x, r_mask, width)
+    keep_dims = tuple(1 if d in axes else s for d, s in enumerate(full))
+    squeezed = tuple(full[d] for d in kept)
+    for ptr, value in zip(frame.outputs, yielded(kernel), strict=True):
+        dims = dims_of(value)
+        if dims == keep_dims and dims != full:
+            at: Index = tuple(None if d in axes else index[d] for d in range(len(full)))
+        elif dims == squeezed and dims != full:
+            at = tuple(index[d] for d in kept)
+        else:
+            at = ev.full_index(value)
+        ev.store(ptr, value, ev.at(value, at), at)
+    return frame.finish([_cdiv(rows, block_rows), 1, 1], config)
+
+
+def _masked(b: TileBuilder, x: Value, mask: Value | None, kind: str) -> Value:
+    return x if mask is None else b.select(mask, x, b.constant(IDENTITY[kind], f32))
+
+
+def _reduce_op(ev: Evaluator, op: graph.GraphOp, x: Value, mask: Value | None, width: int) -> Value:
+    """The reduction op's result at the space's index (a row value or a full block)."""
+    b = ev.b
+    is_int = isinstance(op.results[0].type.element_type, IntegerType)  # type: ignore[attr-defined]
+    if isinstance(op, graph.SumOp | graph.MeanOp | graph.MaxOp | graph.MinOp):
+        kind = {graph.SumOp: "sum", graph.MeanOp: "sum", graph.MaxOp: "max", graph.MinOp: "min"}[
+            type(op)
+        ]
+        if is_int:
+            if kind != "sum" and mask is not None:
+                raise IRError(f"{op.name} of integers over a ragged row is not supported")
+            return b.reduce(
+                x if mask is None else b.select(mask, x, b.constant(0, x.type.element_type)),
+                kind,
+                1,
+            )  # type: ignore[attr-defined]
+        total = b.reduce(_masked(b, x, mask, kind), kind, 1)
+        return b.div(total, b.constant(float(width))) if isinstance(op, graph.MeanOp) else total
+    if isinstance(op, graph.SoftmaxOp | graph.LogSoftmaxOp | graph.CrossEntropyOp):
+        top = b.reduce(_masked(b, x, mask, "max"), "max", 1)
+        shifted = b.sub(x, top)
+        total = b.reduce(_masked(b, b.exp(shifted), mask, "sum"), "sum", 1)
+        if isinstance(op, graph.SoftmaxOp):
+            return b.div(b.exp(shifted), total)
+        if isinstance(op, graph.LogSoftmaxOp):
+            return b.sub(shifted, b.log(total))
+        labels = op.operands[1]
+        label = b.convert(ev.at(labels, ev.space.index[:-1]), i32)
+        r = ev.space.index[-1]
+        assert r is not None
+        hit = b.cmp("eq", r, label)
+        picked = b.reduce(b.select(hit, x, b.constant(0.0)), "sum", 1)
+        return b.sub(b.add(top, b.log(total)), picked)
+    eps = b.constant(op.attrs()["eps"])
+    if isinstance(op, graph.LayerNormOp):
+        mean = b.div(b.reduce(_masked(b, x, mask, "sum"), "sum", 1), b.constant(float(width)))
+        centred = b.sub(x, mean)
+        square = _masked(b, b.mul(centred, centred), mask, "sum")
+        var = b.div(b.reduce(square, "sum", 1), b.constant(float(width)))
+        return b.mul(centred, b.rsqrt(b.add(var, eps)))
+    if isinstance(op, graph.RmsNormOp):
+        square = _masked(b, b.mul(x, x), mask, "sum")
+        mean_square = b.div(b.reduce(square, "sum", 1), b.constant(float(width)))
+        return b.mul(x, b.rsqrt(b.add(mean_square, eps)))
+    raise IRError(f"no row-reduction lowering for {op.name}")
+
+
+# --- matmul --------------------------------------------------------------------------------------
+
+
+def lower_matmul(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> tile.KernelOp:
+    frame = new_frame(kernel)
+    b = frame.b
+    op = next(o for o in kernel.body.block.ops if isinstance(o, graph.MatmulOp))
+    lhs, rhs = op.operands
+    if lhs not in frame.pointers or rhs not in frame.pointers:
+        raise IRError(
+            f"@{kernel.kernel_name}: matmul operands must be kernel inputs (no prologue fusion)"
+        )
+    out_dims = dims_of(op.result)
+    batch, (m, n), k = out_dims[:-2], out_dims[-2:], dims_of(lhs)[-1]
+    bm, bn = max(16, min(config.block_m, next_pow2(m))), max(16, min(config.block_n, next_pow2(n)))
+    bk = max(16, min(config.block_k, next_pow2(k)))
+    pid = b.program_id(0)
+    pid_m, pid_n = _grouped(b, pid, _cdiv(m, bm), _cdiv(n, bn), config.group_m)
+    rows = b.add(b.mul(pid_m, b.index(bm)), b.expand_dims(b.arange(bm), 1))  # [bm, 1]
+    cols = b.add(b.mul(pid_n, b.index(bn)), b.expand_dims(b.arange(bn), 0))  # [1, bn]
+    row_mask = None if m % bm == 0 else b.cmp("lt", rows, b.index(m))
+    col_mask = None if n % bn == 0 else b.cmp("lt", cols, b.index(n))
+    batch_index = _unflatten(b, b.program_id(1), batch) if batch else []
+    space = Space(out_dims, (*batch_index, rows, cols), (bm, bn), [row_mask, col_mask])
+    ev = frame.evaluator(space)
+
+    def base(operand: SSAValue) -> Value:  # the offset of this program's batch in ``operand``
+        dims = dims_of(operand)
+        index = (
+            *[
+                batch_index[len(batch) - len(dims) + 2 + i] if s != 1 else None
+                for i, s in enumerate(dims[:-2])
+            ],
+            None,
+            None,
+        )
+        return ev.offsets(dims, index)
+
+    lhs_rows = b.add(base(lhs), b.mul(rows, b.index(k)))  # [bm, 1]
+    rhs_cols = b.add(base(rhs), cols)  # [1, bn]
+    zero = b.constant(0.0, f32, (bm, bn))
+    loop, body, k0, (acc,) = b.for_loop(b.index(0), b.index(k), b.index(bk), [zero])
+    kk = body.add(body.arange(bk), k0)
+    k_mask = None if k % bk == 0 else body.cmp("lt", kk, body.index(k))
+    a_cols = body.expand_dims(kk, 0)  # [1, bk]
+    b_rows = body.expand_dims(kk, 1)  # [bk, 1]
+    a_mask = body.and_(row_mask, None if k_mask is None else body.expand_dims(k_mask, 0))
+    b_mask = body.and_(None if k_mask is None else body.expand_dims(k_mask, 1), col_mask)
+    a = body.load(frame.pointers[lhs], body.add(lhs_rows, a_cols), a_mask)
+    b_tile = body.load(
+        frame.pointers[rhs], body.add(body.mul(b_rows, body.index(n)), rhs_cols), b_mask
+    )
+    body.yield_([body.dot(a, b_tile, acc)])
+    ev.bound[op.result] = loop.results[0]
+    for ptr, value in zip(frame.outputs, yielded(kernel), strict=True):
+        ev.store(ptr, value, ev.at(value, ev.full_index(value)))
+    grid = [_cdiv(m, bm) * _cdiv(n, bn), max(1, math.prod(batch)), 1]
+    return frame.finish(grid, replace(config, num_stages=max(config.num_stages, 1)))
+
+
+def _grouped(
+    b: TileBuilder, pid: Value, tiles_m: int, tiles_n: int, group_m: int
+) -> tuple[Value, Value]:
+    """Program -> (tile row, tile column), ``group_m`` rows at a time (L2 reuse of the rhs)."""
+    if tiles_m <= 1 or tiles_n <= 1 or group_m <= 1:
+        return b.div(pid, b.index(tiles_n)), b.rem(pid, b.index(tiles_n))
+    per_group = group_m * tiles_n
+    group = b.div(pid, b.index(per_group))
+    first = b.mul(group, b.index(group_m))
+    size = b.minimum(b.sub(b.index(tiles_m), first), b.index(group_m))
+    within = b.rem(pid, b.index(per_group))
+    return b.add(first, b.rem(within, size)), b.div(within, size)
+
+
+LOWERINGS = {"pointwise": lower_pointwise, "reduction": lower_reduction, "matmul": lower_matmul}
+
+
+def lower_kernel(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> tile.KernelOp:
+    """The tile kernel of ``kernel`` with ``config``'s block sizes."""
+    kind = kernel_class(kernel)
+    if kind == "attention":
+        from tessera.codegen.attention import lower_attention
+
+        return lower_attention(kernel, config)
+    return LOWERINGS[kind](kernel, config)
