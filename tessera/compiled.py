@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from xdsl.ir import BlockArgument, SSAValue
 from tessera.backends import distributed, schedule_runner
 from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.layout import assemble, piece, scatter
-from tessera.backends.reference import run_function
+from tessera.backends.reference import check_index_inputs, run_function
 from tessera.dist.collectives import MESH_SYMBOL, shard
 from tessera.dist.mesh import Mesh
 from tessera.dist.shard_spec import ShardSpec
@@ -39,12 +40,22 @@ from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_shardi
 from tessera.passes import get_all_passes
 from tessera.passes.plan_memory import peak_bytes
 
-STAGES = ("graph", "sharded", "partitioned", "schedule")
+STAGES = ("graph", "sharded", "partitioned", "schedule", "tile")
 _STAGE_PASSES = {  # each stage runs its passes on a copy of the previous stage
     "sharded": ["shard-propagate", "insert-collectives"],
     "partitioned": ["shard-partition"],
     "schedule": ["lower-graph-to-schedule", "plan-memory"],
+    "tile": ["lower-schedule-to-tile"],
 }
+KERNEL_BACKENDS = ("triton", "reference")
+
+
+def default_kernels() -> str:
+    """Generated Triton kernels, unless ``TESSERA_KERNELS=reference`` asks for the oracle."""
+    choice = os.environ.get("TESSERA_KERNELS", "triton")
+    if choice not in KERNEL_BACKENDS:
+        raise TesseraError(f"TESSERA_KERNELS must be one of {KERNEL_BACKENDS}, found {choice!r}")
+    return choice
 
 
 def _is_array(leaf: Any) -> bool:
@@ -82,21 +93,51 @@ class Lowered:
         signature: Signature,
         out_tree: pytree.TreeDef,
         mesh: Mesh | None = None,
+        kernels: str = "triton",
     ):
         self.name = name
         self.module = module
         self.signature = signature
         self.out_tree = out_tree
         self.mesh = mesh
+        self.kernels = kernels
         self._stages: dict[str, ModuleOp] = {"graph": module}
+        self._runner: schedule_runner.KernelRunner | None = None
         self.last_run: distributed.RunRecord | None = None  # set by multi-process calls
 
     def as_text(self, stage: str = "graph") -> str:
         """The IR at ``stage``: ``"graph"`` (traced, global shapes), ``"sharded"`` (every
         value annotated with its sharding, collectives inserted), ``"partitioned"``
-        (the per-rank program, local shapes) or ``"schedule"`` (kernels, collective
-        start/wait pairs, buffer offsets)."""
+        (the per-rank program, local shapes), ``"schedule"`` (kernels, collective
+        start/wait pairs, buffer offsets) or ``"tile"`` (the schedule plus one
+        ``tile.kernel`` per kernel)."""
         return str(self.module_at(stage))
+
+    def triton_source(self) -> dict[str, str]:
+        """The generated Triton source of every kernel, by kernel name."""
+        from tessera.backends.triton.emit import emit_module
+
+        return emit_module(self.module_at("tile"))
+
+    def kernel_runner(self) -> schedule_runner.KernelRunner:
+        """How kernels run: generated Triton kernels (compiled on a GPU, interpreted on a
+        CPU) or the reference executor (``kernels="reference"``, the test oracle)."""
+        if self._runner is None:
+            if self.kernels == "reference":
+                self._runner = schedule_runner.reference_kernel
+            else:
+                from tessera.backends.triton.runtime import TritonKernels
+
+                triton_kernels = TritonKernels(self.module_at("tile"))
+
+                def run(
+                    kernel: Any, inputs: Sequence[torch.Tensor], context: Any
+                ) -> list[torch.Tensor]:
+                    check_index_inputs(kernel.body.block, inputs)
+                    return triton_kernels(kernel, inputs, context)
+
+                self._runner = run
+        return self._runner
 
     def module_at(self, stage: str) -> ModuleOp:
         """The module after ``stage``'s passes (computed once, on a copy)."""
@@ -138,11 +179,14 @@ class Lowered:
             return pytree.unflatten(
                 self.out_tree, self._run_on_processes(arrays, expected, to_numpy)
             )
-        inputs = [_to_torch(a, aval) for a, aval in zip(arrays, expected, strict=True)]
-        if self.mesh is None:
+        device = _kernel_device(arrays, self.kernels)
+        inputs = [_to_torch(a, aval, device) for a, aval in zip(arrays, expected, strict=True)]
+        if self.mesh is None and self.kernels == "reference":
             outputs = [_unaliased(o, inputs) for o in run_function(self.module, self.name, inputs)]
         else:
             outputs = self._run_on_virtual_mesh(inputs)
+        home = _home_device(arrays)
+        outputs = [o.to(home) for o in outputs]
         results = [o.numpy() if to_numpy and o.dtype != torch.bfloat16 else o for o in outputs]
         return pytree.unflatten(self.out_tree, results)
 
@@ -150,24 +194,27 @@ class Lowered:
         """Slices the global inputs per rank (as the partitioned program's arguments are
         laid out), runs every rank's scheduled program and assembles the global outputs
         from the ranks' pieces."""
-        assert self.mesh is not None
+        mesh = self.mesh or Mesh(("device",), (1,))
         module = self.module_at("partitioned")
         function = next(
             o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == self.name
         )
         pieces = [
-            scatter(x, arg_sharding(function, i) or Sharding.replicated(x.dim()), self.mesh)
+            scatter(x, arg_sharding(function, i) or Sharding.replicated(x.dim()), mesh)
             for i, x in enumerate(inputs)
         ]
-        rank_args = [[p[rank] for p in pieces] for rank in range(self.mesh.size)]
+        rank_args = [[p[rank] for p in pieces] for rank in range(mesh.size)]
         per_rank = schedule_runner.run_virtual(
-            self.module_at("schedule"), self.name, self.mesh, rank_args
+            self.module_at("schedule"), self.name, mesh, rank_args, self.kernel_runner()
         )
         returned = function.body.block.last_op.operands
         outputs = []
         for index, value in enumerate(returned):
             sharding = _value_sharding(function, value)
-            outputs.append(assemble([ranks[index] for ranks in per_rank], sharding, self.mesh))
+            if self.mesh is None:
+                outputs.append(_unaliased(per_rank[0][index], inputs))
+            else:
+                outputs.append(assemble([ranks[index] for ranks in per_rank], sharding, mesh))
         return outputs
 
     def _run_on_processes(
@@ -196,7 +243,7 @@ class Lowered:
                 whole = _to_torch(array, aval)
                 local.append(piece(whole, sharding, self.mesh, rt.rank).to(rt.device))
         outputs, self.last_run = distributed.run_rank(
-            self.module_at("schedule"), self.name, self.mesh, local, rt
+            self.module_at("schedule"), self.name, self.mesh, local, rt, self.kernel_runner()
         )
         returned = function.body.block.last_op.operands
         return [
@@ -223,14 +270,32 @@ def _value_sharding(function: func.FuncOp, value: SSAValue) -> Sharding:
     return found or Sharding.replicated(AbstractTensor.from_xdsl(value.type).rank)
 
 
-def _to_torch(array: torch.Tensor | np.ndarray | np.generic, aval: AbstractTensor) -> torch.Tensor:
-    """A CPU tensor of ``aval``'s dtype; numpy data is copied (``np.array`` keeps 0-d shapes)."""
+def _kernel_device(arrays: Sequence[Any], kernels: str) -> torch.device:
+    """Where kernels run: the GPU when there is one (Triton kernels), else the CPU."""
+    if kernels == "triton" and torch.cuda.is_available():
+        on_gpu = [a.device for a in arrays if isinstance(a, torch.Tensor) and a.is_cuda]
+        return on_gpu[0] if on_gpu else torch.device("cuda")
+    return torch.device("cpu")
+
+
+def _home_device(arrays: Sequence[Any]) -> torch.device:
+    """Results go where the (torch) arguments live: the first CUDA argument's device, else the CPU."""
+    on_gpu = [a.device for a in arrays if isinstance(a, torch.Tensor) and a.is_cuda]
+    return on_gpu[0] if on_gpu else torch.device("cpu")
+
+
+def _to_torch(
+    array: torch.Tensor | np.ndarray | np.generic,
+    aval: AbstractTensor,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """A tensor of ``aval``'s dtype on ``device``; numpy data is copied (``np.array`` keeps 0-d shapes)."""
     if isinstance(array, DistTensor):
         array = array.data
     tensor = (
         array if isinstance(array, torch.Tensor) else torch.from_numpy(np.array(array, order="C"))
     )
-    return tensor.detach().to(device="cpu", dtype=aval.dtype.to_torch())
+    return tensor.detach().to(device=device, dtype=aval.dtype.to_torch())
 
 
 def _unaliased(output: torch.Tensor, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -251,9 +316,13 @@ class JitFunction:
         mesh: Mesh | None = None,
         in_shardings: Any = None,
         out_shardings: Any = None,
+        kernels: str | None = None,
     ):
         if mesh is None and (in_shardings is not None or out_shardings is not None):
             raise ShardingError("in_shardings and out_shardings need a mesh: ts.jit(fn, mesh=...)")
+        if kernels is not None and kernels not in KERNEL_BACKENDS:
+            raise TesseraError(f"kernels must be one of {KERNEL_BACKENDS}, found {kernels!r}")
+        self.kernels = kernels  # None: TESSERA_KERNELS or "triton", read when compiling
         self.mesh = mesh
         self.in_shardings = in_shardings
         self.out_shardings = out_shardings
@@ -375,7 +444,7 @@ class JitFunction:
             for s in signature.shardings
         ]
         module = trace.finish(out_leaves, arg_attrs or None)
-        return Lowered(trace.name, module, signature, out_tree, self.mesh)
+        return Lowered(trace.name, module, signature, out_tree, self.mesh, self.kernels or default_kernels())
 
     def _argument_names(self, signature: Signature) -> list[str]:
         """IR names of the array leaves: the parameter name plus the path into pytrees."""
@@ -429,15 +498,23 @@ def jit(
     mesh: Mesh | None = None,
     in_shardings: Any = None,
     out_shardings: Any = None,
+    kernels: str | None = None,
 ) -> Any:
     """Compiles ``fn`` with Tessera; usable as ``@jit`` or ``@jit(static_argnums=...)``.
 
     With a ``mesh``, ``in_shardings`` gives one entry per positional argument (a
     ``dist.ShardSpec``, None for "let Tessera choose", or a pytree of those matching the
-    argument) and ``out_shardings`` constrains the outputs the same way.
+    argument) and ``out_shardings`` constrains the outputs the same way. ``kernels`` is
+    ``"triton"`` (generated kernels; the default, or ``TESSERA_KERNELS``) or
+    ``"reference"`` (the reference executor).
     """
     nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-    options = {"mesh": mesh, "in_shardings": in_shardings, "out_shardings": out_shardings}
+    options = {
+        "mesh": mesh,
+        "in_shardings": in_shardings,
+        "out_shardings": out_shardings,
+        "kernels": kernels,
+    }
     if fn is None:
         return lambda f: JitFunction(f, nums, **options)
     if not callable(fn):

@@ -22,6 +22,7 @@ from tessera.errors import ShapeError, TraceError
 from tessera.frontend.tracer import Tensor, current_trace, user_location
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.dense import dense_from_numpy
 from tessera.ir.shape_rules import normalize_axis
 
 Operand = Tensor | float | int | bool | np.ndarray | torch.Tensor
@@ -32,16 +33,7 @@ Axis = int | Sequence[int] | None
 
 
 def _dense(value: np.ndarray, dtype: DType) -> DenseIntOrFPElementsAttr:
-    aval = AbstractTensor(tuple(value.shape), dtype)
-    flat = value.reshape(-1)
-    if flat.size > 1 and np.array_equal(
-        flat, np.full_like(flat, flat[0]), equal_nan=flat.dtype.kind == "f"
-    ):
-        flat = flat[:1]  # splat
-    items = [
-        bool(v) if dtype == DType.i1 else (float(v) if dtype.is_float else int(v)) for v in flat
-    ]
-    return DenseIntOrFPElementsAttr.from_list(aval.to_xdsl(), items)
+    return dense_from_numpy(value, AbstractTensor(tuple(value.shape), dtype).to_xdsl())
 
 
 def constant(value: Any, dtype: Any = None) -> Tensor:

@@ -37,7 +37,7 @@ from xdsl.ir import SSAValue
 
 from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.layout import assemble
-from tessera.backends.schedule_runner import KernelContext, reference_kernel
+from tessera.backends.schedule_runner import KernelContext, KernelRunner, reference_kernel
 from tessera.backends.virtual import _check_mesh, _check_value, _function
 from tessera.dist.mesh import Mesh
 from tessera.errors import DistributedError, ExecutionError, TesseraError
@@ -435,6 +435,7 @@ def run_rank(
     mesh: Mesh,
     args: Sequence[torch.Tensor],
     rt: Runtime | None = None,
+    kernel: KernelRunner = reference_kernel,
 ) -> tuple[tuple[torch.Tensor, ...], RunRecord]:
     """Runs this process's rank of the scheduled ``func.func @name`` (the Schedule IR;
     partitioned Graph IR is scheduled first) on its local arguments; returns its local
@@ -483,7 +484,7 @@ def run_rank(
             return tuple(env[v] for v in op.operands), record
         try:
             if isinstance(op, schedule.KernelOp):
-                outputs = reference_kernel(op, [env[v] for v in op.inputs], context)
+                outputs = kernel(op, [env[v] for v in op.inputs], context)
                 results = dict(zip(op.outputs, outputs, strict=True))
             elif isinstance(op, schedule.StartOp):
                 group = rt.group(mesh, op.attrs()["axes"])

@@ -12,16 +12,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from xdsl.dialects import func
 from xdsl.dialects.builtin import FileLineColLoc, ModuleOp
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
 from xdsl.interpreters.func import FuncFunctions
+from xdsl.ir import Block
 
 from tessera.errors import ExecutionError, TesseraError, describe_location
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.dense import dense_to_numpy
 
 Impl = Callable[..., Any]
 IMPLS: dict[type[graph.GraphOp], Impl] = {}
@@ -102,15 +105,8 @@ def _cast(op: graph.CastOp, x: torch.Tensor) -> torch.Tensor:
 @reference(graph.ConstantOp)
 def _constant(op: graph.ConstantOp) -> torch.Tensor:
     aval = _result_aval(op)
-    values = (
-        [v != 0 for v in op.value.get_values()]
-        if aval.dtype.value == "i1"
-        else list(op.value.get_values())
-    )
-    data = torch.tensor(values, dtype=aval.dtype.to_torch())
-    if data.numel() == 1:  # splat
-        return data.reshape(()).expand(aval.shape).clone()
-    return data.reshape(aval.shape)
+    values = np.array(dense_to_numpy(op.value), order="C")  # a copy that keeps 0-d shapes
+    return torch.from_numpy(values).to(aval.dtype.to_torch())
 
 
 _REDUCE = {
@@ -158,16 +154,45 @@ def _rms_norm(op: graph.RmsNormOp, x: torch.Tensor) -> torch.Tensor:
     return _in_f32(lambda v: v * torch.rsqrt(v.square().mean(dim=axes, keepdim=True) + eps), x)
 
 
+def _check_gather_indices(op: graph.GatherOp, shape: list[int], indices: torch.Tensor) -> None:
+    axis = op.attrs()["axis"]
+    size = shape[axis]
+    if indices.numel() and (int(indices.min()) < -size or int(indices.max()) >= size):
+        raise ExecutionError(
+            f"graph.gather: indices must be in [-{size}, {size}) for axis {axis} of a tensor "
+            f"of shape {shape}, found values in [{int(indices.min())}, {int(indices.max())}]"
+        )
+
+
+def _check_labels(op: graph.CrossEntropyOp, shape: list[int], labels: torch.Tensor) -> None:
+    classes = shape[-1]
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= classes):
+        raise ExecutionError(
+            f"graph.cross_entropy: labels must be in [0, {classes}) for logits of shape "
+            f"{shape}, found values in [{int(labels.min())}, {int(labels.max())}]"
+        )
+
+
+def check_index_inputs(body: Block, inputs: Sequence[torch.Tensor]) -> None:
+    """The reference's range checks of gather indices and cross-entropy labels that a
+    kernel takes as inputs, for generated kernels (which would read out of bounds)."""
+    env = dict(zip(body.args, inputs, strict=True))
+    for op in body.ops:
+        try:
+            if isinstance(op, graph.GatherOp) and op.indices in env:
+                _check_gather_indices(op, list(op.input.type.get_shape()), env[op.indices])  # type: ignore[attr-defined]
+            elif isinstance(op, graph.CrossEntropyOp) and op.labels in env:
+                _check_labels(op, list(op.logits.type.get_shape()), env[op.labels])  # type: ignore[attr-defined]
+        except TesseraError as error:
+            raise type(error)(f"{error}{_traced_at(op)}") from None
+
+
 @reference(graph.CrossEntropyOp)
 def _cross_entropy(
     op: graph.CrossEntropyOp, logits: torch.Tensor, labels: torch.Tensor
 ) -> torch.Tensor:
     classes = logits.shape[-1]
-    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= classes):
-        raise ExecutionError(
-            f"graph.cross_entropy: labels must be in [0, {classes}) for logits of shape "
-            f"{list(logits.shape)}, found values in [{int(labels.min())}, {int(labels.max())}]"
-        )
+    _check_labels(op, list(logits.shape), labels)
     loss = F.cross_entropy(
         logits.reshape(-1, classes).float(),
         labels.reshape(-1).long(),
@@ -215,11 +240,7 @@ def _split(op: graph.SplitOp, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
 def _gather(op: graph.GatherOp, x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     axis = op.attrs()["axis"]
     size = x.shape[axis]
-    if indices.numel() and (int(indices.min()) < -size or int(indices.max()) >= size):
-        raise ExecutionError(
-            f"graph.gather: indices must be in [-{size}, {size}) for axis {axis} of a tensor "
-            f"of shape {list(x.shape)}, found values in [{int(indices.min())}, {int(indices.max())}]"
-        )
+    _check_gather_indices(op, list(x.shape), indices)
     picked = x.index_select(axis, indices.reshape(-1).long() % size)
     return picked.reshape(_result_aval(op).shape)
 

@@ -31,6 +31,7 @@ from xdsl.ir import Attribute, SSAValue
 from tessera.codegen.builder import TileBuilder, Value, broadcast_shape, is_float, shape
 from tessera.errors import IRError
 from tessera.ir import graph
+from tessera.ir.dense import first_value
 from tessera.ir.tile import element_type
 
 Index = tuple[Value | None, ...]  # per dim: the index value, or None where the dim is 0
@@ -152,9 +153,8 @@ class Evaluator:
             return self.load(value, index)
         op = value.owner
         if isinstance(op, graph.ConstantOp):
-            values = op.value.get_values()
             element = compute_element(op.value.get_type().element_type)
-            return self.b.constant(values[0], element)
+            return self.b.constant(first_value(op.value), element)
         if isinstance(op, graph.GraphOp) and type(op) in ELEMENTWISE:
             out_dims = dims_of(value)
             args = [self.at(v, operand_index(out_dims, dims_of(v), index)) for v in op.operands]
@@ -347,7 +347,7 @@ def _concat(ev: Evaluator, op: graph.ConcatOp, value: SSAValue, index: Index) ->
         pieces.append((start, ev.at(operand, tuple(inner))))
         start += size
     here = index[axis] if index[axis] is not None else b.index(0)
-    for begin, piece in reversed(pieces):
+    for begin, piece in pieces:  # later pieces win from their start on
         result = (
             piece if result is None else b.select(b.cmp("ge", here, b.index(begin)), piece, result)
         )

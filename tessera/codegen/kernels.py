@@ -41,6 +41,7 @@ from tessera.codegen.builder import IDENTITY, TileBuilder, Value, shape
 from tessera.codegen.evaluate import Evaluator, Index, Space, dims_of, strides
 from tessera.errors import IRError
 from tessera.ir import graph, schedule, tile
+from tessera.ir.dense import is_splat
 
 REDUCTIONS = (
     graph.SumOp, graph.MeanOp, graph.MaxOp, graph.MinOp, graph.SoftmaxOp, graph.LogSoftmaxOp,
@@ -89,7 +90,7 @@ def pointer_constants(kernel: schedule.KernelOp) -> list[graph.ConstantOp]:
     out = []
     for op in kernel.body.block.ops:
         if isinstance(op, graph.ConstantOp):
-            splat = len(set(op.value.get_values())) == 1
+            splat = is_splat(op.value)
             by_matmul = any(isinstance(u.operation, graph.MatmulOp) for u in op.result.uses)
             if not splat or by_matmul:
                 out.append(op)
@@ -349,6 +350,9 @@ def _reduce_op(ev: Evaluator, op: graph.GraphOp, x: Value, mask: Value | None, w
                 1,
             )  # type: ignore[attr-defined]
         total = b.reduce(_masked(b, x, mask, kind), kind, 1)
+        if kind != "sum":  # tl.max / tl.min skip NaN; torch's max and min propagate it
+            nans = b.reduce(b.select(b.cmp("ne", x, x), b.constant(1.0), b.constant(0.0)), "sum", 1)
+            total = b.select(b.cmp("gt", nans, b.constant(0.0)), b.constant(math.nan), total)
         return b.div(total, b.constant(float(width))) if isinstance(op, graph.MeanOp) else total
     if isinstance(op, graph.SoftmaxOp | graph.LogSoftmaxOp | graph.CrossEntropyOp):
         top = b.reduce(_masked(b, x, mask, "max"), "max", 1)

@@ -1,6 +1,11 @@
 """Shared pytest setup for Tessera's unit tests.
 
-Triton kernels run under Triton's CPU interpreter unless a GPU run asks otherwise.
+Triton kernels run under Triton's CPU interpreter unless a GPU run asks otherwise. Tests
+of tracing, sharding and communication run their kernels with the reference executor
+(``TESSERA_KERNELS=reference``): the interpreter runs a kernel thousands of times slower
+than torch, and those tests check program semantics, not code generation. Generated
+kernels are tested against the reference in ``test_codegen_*.py``, and end to end
+(examples, virtual mesh and processes) where a test asks for ``kernels="triton"``.
 Hypothesis examples have no deadline: the first example of a new shape traces a
 program, which is slower than the cached runs that follow. Under CI (``CI`` set) the
 examples are derandomized, so a run is reproducible; local runs explore new examples.
@@ -13,6 +18,7 @@ import os
 from hypothesis import settings
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TESSERA_KERNELS", "reference")
 
 settings.register_profile("tessera", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)

@@ -29,16 +29,19 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "unit" / "multiprocess"
 
 
-def tessera_run(nproc: int, script: Path, *args: str, timeout: float = 60.0, limit: float = 90.0) -> subprocess.CompletedProcess[str]:
+def tessera_run(nproc: int, script: Path, *args: str, timeout: float = 60.0, limit: float = 90.0, kernels: str | None = None) -> subprocess.CompletedProcess[str]:
     """``tessera run -n nproc script args`` (through ``python -m``), with a hard wall limit."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")}
+    if kernels is not None:
+        env["TESSERA_KERNELS"] = kernels
     command = [sys.executable, "-m", "tessera.tools.launch", "run", "-n", str(nproc), "--timeout", str(timeout), str(script), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=limit, env=env, cwd=ROOT)
 
 
 def test_two_ranks_agree_with_virtual_mesh_and_eager() -> None:
-    """Megatron MLP on a 1-D tp=2 mesh, from global arguments and from local shards."""
-    result = tessera_run(2, SCRIPTS / "agreement.py")
+    """Megatron MLP on a 1-D tp=2 mesh, from global arguments and from local shards; every
+    rank runs the generated Triton kernels (interpreted on a CPU)."""
+    result = tessera_run(2, SCRIPTS / "agreement.py", kernels="triton", limit=180.0)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rank 0 OK" in result.stdout and "rank 1 OK" in result.stdout
 
@@ -54,12 +57,13 @@ def test_four_ranks_agree_with_virtual_mesh_and_eager() -> None:
 
 
 def test_readme_example_with_the_console_script() -> None:
-    """``tessera run -n 4 examples/distributed_mlp.py``, as the README shows it."""
+    """``tessera run -n 4 examples/distributed_mlp.py``, as the README shows it (Triton kernels)."""
     console = Path(sys.executable).parent / "tessera"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")}
+    env["TESSERA_KERNELS"] = "triton"
     result = subprocess.run(
         [str(console), "run", "-n", "4", "examples/distributed_mlp.py"],
-        capture_output=True, text=True, timeout=90, env=env, cwd=ROOT,
+        capture_output=True, text=True, timeout=180, env=env, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     for rank, coords in enumerate(["{'dp': 0, 'tp': 0}", "{'dp': 0, 'tp': 1}", "{'dp': 1, 'tp': 0}", "{'dp': 1, 'tp': 1}"]):

@@ -1,4 +1,5 @@
-"""The examples and the README's quick start run and agree with torch."""
+"""The examples and the README's quick start run and agree with torch, through the
+generated Triton kernels (Triton's interpreter on a CPU), as users run them."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ def load_example(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(autouse=True)
+def triton_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Examples (and the scripts they start) run the generated kernels, the default."""
+    monkeypatch.setenv("TESSERA_KERNELS", "triton")
 
 
 mlp_example = load_example("mlp")

@@ -10,6 +10,7 @@ in a module.
 
 from __future__ import annotations
 
+import keyword
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -63,7 +64,8 @@ class _Names:
 
     def __init__(self) -> None:
         self.names: dict[SSAValue, str] = {}
-        self.taken: set[str] = {"tl", "triton"}
+        # the names the source itself uses, and Python keywords
+        self.taken: set[str] = {"tl", "triton", "range", "float", *keyword.kwlist}
 
     def define(self, value: SSAValue) -> str:
         hint = re.sub(r"\W", "_", value.name_hint or "") or "v"
@@ -113,6 +115,11 @@ def _call(function: str) -> Callable[[Operation, Sequence[str]], str]:
     return lambda op, a: f"{function}({', '.join(a)})"
 
 
+def _nan_propagating(function: str) -> Callable[[Operation, Sequence[str]], str]:
+    """arith.maximumf / minimumf propagate NaN; tl.maximum / minimum drop it by default."""
+    return lambda op, a: f"{function}({', '.join(a)}, propagate_nan=tl.PropagateNan.ALL)"
+
+
 def _load(op: tile.LoadOp, a: Sequence[str]) -> str:
     if op.mask is None:
         return f"tl.load({a[0]} + {a[1]})"
@@ -135,7 +142,8 @@ EXPRESSIONS: dict[type[Operation], Callable[..., str]] = {
     arith.MulfOp: _binary("*"), arith.MuliOp: _binary("*"),
     arith.DivfOp: _binary("/"), arith.DivSIOp: _binary("//"), arith.RemSIOp: _binary("%"),
     arith.AndIOp: _binary("&"), arith.OrIOp: _binary("|"), arith.XOrIOp: _binary("^"),
-    arith.MaximumfOp: _call("tl.maximum"), arith.MinimumfOp: _call("tl.minimum"),
+    arith.MaximumfOp: _nan_propagating("tl.maximum"),
+    arith.MinimumfOp: _nan_propagating("tl.minimum"),
     arith.MaxSIOp: _call("tl.maximum"), arith.MinSIOp: _call("tl.minimum"),
     arith.NegfOp: lambda op, a: f"-{a[0]}",
     mathd.ExpOp: _call("tl.exp"), mathd.LogOp: _call("tl.log"), mathd.SqrtOp: _call("tl.sqrt"),
@@ -168,7 +176,10 @@ def _emit_block(block: Block, names: _Names, lines: list[str], indent: str) -> N
                 lines.append(f"{indent}{name} = {init}")
             induction = names.define(body.args[0])
             lines.append(f"{indent}for {induction} in range({args[0]}, {args[1]}, {args[2]}):")
+            before = len(lines)
             _emit_block(body, names, lines, indent + "    ")
+            if len(lines) == before:  # a body without statements
+                lines.append(f"{indent}    pass")
             for result, name in zip(op.results, carried, strict=True):
                 lines.append(f"{indent}{names.define(result)} = {name}")
         elif isinstance(op, scf.YieldOp):

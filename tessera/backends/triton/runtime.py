@@ -4,7 +4,9 @@ Source is written once per content hash under the cache directory
 (``TESSERA_CACHE_DIR``, default ``~/.cache/tessera/triton``) and imported from there,
 because ``triton.jit`` reads a kernel's source from its file. CUDA tensors run the
 compiled kernel; CPU tensors run it in Triton's interpreter (the same source, numpy
-semantics), which is how every kernel is checked on machines without a GPU.
+semantics), which is how every kernel is checked on machines without a GPU. On a GPU
+each kernel's block sizes are autotuned at its first call (:mod:`.autotune`); the
+interpreter always runs the default configuration.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from xdsl.dialects.builtin import ModuleOp
 from tessera.backends.reference import IMPLS
 from tessera.backends.schedule_runner import KernelContext
 from tessera.backends.triton.emit import emit_kernel
-from tessera.codegen.kernels import pointer_constants
+from tessera.codegen.kernels import pointer_constants, position_axes
 from tessera.errors import ExecutionError
 from tessera.ir import schedule, tile
 from tessera.ir.abstract import AbstractTensor
@@ -135,14 +137,26 @@ def _torch_dtype(t: Any) -> torch.dtype:
 
 
 class TritonKernels:
-    """A ``KernelRunner`` running each schedule kernel's tile kernel from one module."""
+    """A ``KernelRunner`` running each schedule kernel's tile kernel from one module.
 
-    def __init__(self, module: ModuleOp):
+    CPU tensors run the module's tile kernel (lowered with the pass's block configuration,
+    the default one unless options were given) in Triton's interpreter. CUDA tensors run
+    the configuration :mod:`~tessera.backends.triton.autotune` chose for the kernel on that
+    device, tuned at its first call (``autotune=False`` or ``TESSERA_AUTOTUNE=0``: the
+    module's tile kernel, compiled).
+    """
+
+    def __init__(self, module: ModuleOp, autotune: bool | None = None):
+        from tessera.backends.triton import autotune as tuning
+
         self.tiles = {op.kernel_name: op for op in module.walk() if isinstance(op, tile.KernelOp)}
         self.compiled: dict[str, CompiledKernel] = {}
         self.constants: dict[tuple[str, str], list[torch.Tensor]] = {}
+        self.autotune = tuning.enabled() if autotune is None else autotune
+        self.tuned: dict[tuple[str, str], Any] = {}  # (kernel, device) -> autotune.Tuning
 
     def kernel(self, name: str) -> CompiledKernel:
+        """The module's tile kernel ``name`` (the interpreter's, and the untuned GPU's)."""
         if name not in self.compiled:
             if name not in self.tiles:
                 raise ExecutionError(f"no tile kernel @{name}: run lower-schedule-to-tile first")
@@ -157,21 +171,35 @@ class TritonKernels:
             ]  # type: ignore[index]
         return self.constants[key]
 
-    def __call__(
+    def prepare(
         self, kernel: schedule.KernelOp, inputs: Sequence[torch.Tensor], context: KernelContext
-    ) -> list[torch.Tensor]:
-        compiled = self.kernel(kernel.kernel_name)
+    ) -> tuple[CompiledKernel, list[Any], list[torch.Tensor]]:
+        """The compiled kernel to launch, its arguments and the (new) output tensors; on
+        CUDA with autotuning, the first call of a kernel tunes it on these arguments."""
         device = inputs[0].device if inputs else torch.device("cpu")
         outputs = [
             torch.empty(r.type.get_shape(), dtype=_torch_dtype(r.type), device=device)
             for r in kernel.results
         ]  # type: ignore[attr-defined]
-        positions = [context.position(axes)[0] for axes in compiled.positions]
+        positions = [context.position(axes)[0] for axes in position_axes(kernel)]
         args = [
             *(x.contiguous() for x in inputs),
             *outputs,
             *self._constants(kernel, device),
             *positions,
         ]
+        if device.type == "cuda" and self.autotune:
+            key = (kernel.kernel_name, str(device))
+            if key not in self.tuned:
+                from tessera.backends.triton import autotune
+
+                self.tuned[key] = autotune.tune(kernel, args)
+            return self.tuned[key].compiled, args, outputs
+        return self.kernel(kernel.kernel_name), args, outputs
+
+    def __call__(
+        self, kernel: schedule.KernelOp, inputs: Sequence[torch.Tensor], context: KernelContext
+    ) -> list[torch.Tensor]:
+        compiled, args, outputs = self.prepare(kernel, inputs, context)
         compiled.launch(args)
         return outputs

@@ -1,0 +1,115 @@
+"""``ts.jit`` runs generated Triton kernels by default: on one device, on the virtual mesh
+and with the reference executor as an opt-in oracle. (Triton's interpreter on a CPU.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tessera as ts
+from tessera import dist, op
+from tessera.backends import schedule_runner
+from tessera.compiled import default_kernels
+
+RTOL = 1e-4  # f32 with dots and reductions (relative to the largest reference value)
+
+
+@pytest.fixture
+def triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TESSERA_KERNELS", raising=False)
+
+
+def close(got: torch.Tensor, want: torch.Tensor, rtol: float = RTOL) -> None:
+    scale = want.abs().max().item() or 1.0
+    assert (got.double() - want.double()).abs().max().item() <= rtol * scale
+
+
+def layer(x, w1, b1, w2):
+    return op.layer_norm(op.gelu(x @ w1 + b1) @ w2 + x)
+
+
+def inputs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(6, 24, generator=g),
+        torch.randn(24, 40, generator=g) / 5,
+        torch.randn(40, generator=g),
+        torch.randn(40, 24, generator=g) / 6,
+    )
+
+
+def reference(x, w1, b1, w2):
+    x64, w164, b164, w264 = (t.double() for t in (x, w1, b1, w2))
+    h = torch.nn.functional.gelu(x64 @ w164 + b164) @ w264 + x64
+    return torch.nn.functional.layer_norm(h, (h.shape[-1],))
+
+
+def test_triton_is_the_default(triton: None) -> None:
+    assert default_kernels() == "triton"
+    f = ts.jit(layer)
+    lowered = f.lower(*inputs())
+    assert lowered.kernels == "triton"
+    sources = lowered.triton_source()
+    names = {
+        k.kernel_name for k in lowered.module_at("schedule").walk() if k.name == "schedule.kernel"
+    }
+    assert (
+        set(sources) == names and len(names) == 3
+    )  # matmul+bias+gelu, matmul+residual, layer_norm
+    assert all("@triton.jit" in s for s in sources.values())
+    close(f(*inputs()), reference(*inputs()))
+
+
+def test_kernels_run_through_the_triton_runner(
+    triton: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No kernel falls back to the reference executor."""
+    monkeypatch.setattr(schedule_runner, "reference_kernel", None)  # would fail if called
+    close(ts.jit(layer)(*inputs(1)), reference(*inputs(1)))
+
+
+def test_reference_kernels_on_request() -> None:
+    f = ts.jit(layer, kernels="reference")
+    assert f.lower(*inputs()).kernels == "reference"
+    close(f(*inputs()), reference(*inputs()))
+    with pytest.raises(ts.TesseraError, match="kernels must be one of"):
+        ts.jit(layer, kernels="cuda")
+
+
+def test_sharded_layer_on_the_virtual_mesh_through_triton(triton: None) -> None:
+    mesh = dist.Mesh(axes=["dp", "tp"], shape=(2, 2))
+    rows = dist.ShardSpec(partition=(0,), mesh_axes=("dp",))
+    specs = (
+        rows,
+        dist.ShardSpec(partition=(1,), mesh_axes=("tp",)),
+        dist.ShardSpec(partition=(0,), mesh_axes=("tp",)),
+        dist.ShardSpec(partition=(0,), mesh_axes=("tp",)),
+    )
+    f = ts.jit(layer, mesh=mesh, in_shardings=specs)
+    lowered = f.lower(*inputs(2))
+    assert [c.kind for c in lowered.collectives()] == ["all_reduce"]  # Megatron: one per layer
+    assert len(lowered.triton_source()) == 3
+    close(f(*inputs(2)), reference(*inputs(2)))
+
+
+def test_bfloat16_program(triton: None) -> None:
+    x, w1, b1, w2 = (t.bfloat16() for t in inputs(3))
+    got = ts.jit(layer)(x, w1, b1, w2)
+    assert got.dtype == torch.bfloat16
+    close(got.float(), reference(x.float(), w1.float(), b1.float(), w2.float()), rtol=3e-2)
+
+
+def test_out_of_range_gather_indices_are_an_error_not_a_wrong_answer(triton: None) -> None:
+    f = ts.jit(lambda table, ids: op.take(table, ids, axis=0) * 2)
+    table = torch.randn(5, 3)
+    close(f(table, torch.tensor([4, 0, -5])), table[[4, 0, 0]] * 2)
+    with pytest.raises(ts.ExecutionError, match=r"indices must be in \[-5, 5\)"):
+        f(table, torch.tensor([1, 5]))
+
+
+def test_numpy_in_numpy_out(triton: None) -> None:
+    got = ts.jit(lambda a: op.softmax(a * 3, axis=0))(np.arange(12, dtype=np.float32).reshape(4, 3))
+    assert isinstance(got, np.ndarray)
+    want = torch.softmax(torch.arange(12.0).reshape(4, 3).double() * 3, dim=0)
+    close(torch.from_numpy(got), want)
