@@ -1,18 +1,471 @@
-"""Flash attention for kernels holding softmax(Q Kᵀ) V (to be filled in)."""
+"""Flash attention: one kernel for ``softmax(score(q kᵀ)) v`` (FlashAttention-2 forward).
+
+The pattern (:func:`find_attention`, on a function's graph ops)::
+
+    kt = graph.transpose k            (optional: k's last two dims swapped; else kt is an input)
+    s0 = graph.matmul q, kt           [..., Tq, Tk]
+    s1 = <elementwise score op> s0    (zero or more: a scale, graph.select(mask, s, fill),
+    ...                                an additive bias; the other operand is any value that
+    sn = ...                           broadcasts to the scores: a constant or a kernel input)
+    p0 = graph.softmax sn             (over the last axis)
+    p  = graph.cast p0                (optional)
+    o  = graph.matmul p, v            [..., Tq, Dv]
+
+where every intermediate has exactly one use. The grouping pass
+(``lower-graph-to-schedule``) makes each match one ``attention`` kernel, and
+:func:`lower_attention` lowers it without materialising the scores:
+
+- one program per (block of ``block_m`` query rows, batch index); the q block stays in
+  registers, and an ``scf.for`` walks the keys ``block_n`` at a time;
+- each scores block is ``tile.dot(q, kᵀ)`` (operands in the input dtype, f32
+  accumulation); the score ops are evaluated on it by the :class:`Evaluator` (index:
+  batch scalars, query rows ``[BM, 1]``, key columns ``[1, BN]``), so any scale, mask or
+  bias works; keys beyond ``Tk`` become ``-inf``;
+- the online softmax keeps a running row max ``m``, row sum ``l`` and an f32
+  accumulator ``[BM, BLOCK_DV]``, rescaled by ``exp(m_old - m_new)``; the probabilities
+  are converted to v's dtype for the second ``tile.dot``; a row whose max is still
+  ``-inf`` (every key masked so far) uses 0 as its max, so nothing becomes NaN, and a
+  row without any visible key stores 0 (as ``torch``'s scaled_dot_product_attention);
+- *causal*: a mask constant equal to ``np.tril(ones((Tq, Tk)))`` (query i sees keys
+  j <= i; as ``graph.select(mask, s, fill)`` or as an additive ``0 / fill`` constant) is
+  not loaded but computed from the indices, and when the masked scores are so negative
+  that ``exp`` of them is 0 (``fill`` <= -1e4 after the later score ops), the key loop
+  stops at the diagonal block.
+
+Block sizes come from the ``BlockConfig``: ``block_m`` query rows and ``block_n`` keys
+per step (each at least 16, as ``tile.dot`` needs); the head dims are padded to powers
+of two (masked).
+"""
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
-from xdsl.ir import Operation
+import numpy as np
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, f32
+from xdsl.ir import Operation, SSAValue
 
-from tessera.ir import schedule
+from tessera.codegen.builder import TileBuilder, Value, shape
+from tessera.codegen.evaluate import ELEMENTWISE, Evaluator, Space, dims_of, strides
+from tessera.codegen.kernels import DEFAULT, BlockConfig, new_frame, next_pow2, yielded
+from tessera.errors import IRError
+from tessera.ir import graph, schedule, tile
+
+MAX_SCORE_OPS = 16  # elementwise ops between q kᵀ and the softmax
+MAX_HEAD_DIM = 256  # q/k and v head dims one program holds in registers
+NEGLIGIBLE = -1e4  # a score at most this (after the score ops) has exp(score - max) == 0
+
+
+@dataclass(frozen=True)
+class CausalMask:
+    """A causal mask among the score ops, computed from indices instead of loaded."""
+
+    value: SSAValue  # the mask constant (i1 for a select, float for an additive mask)
+    additive: bool  # graph.add(s, mask) with 0 on and below the diagonal, ``fill`` above
+    fill: float  # the additive mask's value above the diagonal
+    skip: bool  # keys past the diagonal contribute exactly 0: stop the loop there
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A matched ``softmax(score(q kᵀ)) v``."""
+
+    ops: tuple[Operation, ...]  # the pattern's ops in program order
+    q: SSAValue  # [..., Tq, D]
+    k: SSAValue  # [..., Tk, D], or kᵀ [..., D, Tk] when ``k_transposed``
+    v: SSAValue  # [..., Tk, Dv]
+    k_transposed: bool  # the kernel reads kᵀ as given (no graph.transpose in the pattern)
+    scores: SSAValue  # q kᵀ
+    score_ops: tuple[Operation, ...]  # elementwise ops from the scores to the softmax input
+    softmax: graph.SoftmaxOp
+    output: SSAValue  # softmax(...) @ v
+    causal_mask: CausalMask | None = None
+
+    @property
+    def causal(self) -> bool:
+        return self.causal_mask is not None
+
+
+# --- pattern matching ------------------------------------------------------------------------
+
+
+def _is_splat_constant(value: SSAValue) -> bool:
+    owner = value.owner
+    return isinstance(owner, graph.ConstantOp) and len(set(owner.value.get_values())) == 1
+
+
+def _broadcasts_into(dims: Sequence[int], into: Sequence[int]) -> bool:
+    if len(dims) > len(into):
+        return False
+    return all(s in (1, t) for s, t in zip(reversed(dims), reversed(into), strict=False))
+
+
+def _chain_operands(op: Operation) -> Sequence[int]:
+    """Operand positions through which the scores may flow into an elementwise op."""
+    return (1, 2) if isinstance(op, graph.SelectOp) else range(len(op.operands))
+
+
+def _trace_scores(value: SSAValue, depth: int) -> tuple[graph.MatmulOp, list[Operation]] | None:
+    """The matmul producing ``value`` through single-use elementwise ops, and those ops."""
+    if not value.has_one_use():
+        return None
+    owner = value.owner
+    if isinstance(owner, graph.MatmulOp):
+        return owner, []
+    if depth == 0 or not isinstance(owner, graph.GraphOp) or type(owner) not in ELEMENTWISE:
+        return None
+    for position in _chain_operands(owner):
+        found = _trace_scores(owner.operands[position], depth - 1)
+        if found is not None:
+            return found[0], [*found[1], owner]
+    return None
+
+
+def _chain_input(op: Operation, previous: SSAValue) -> int:
+    return next(i for i, v in enumerate(op.operands) if v is previous)
+
+
+def _match(softmax: graph.SoftmaxOp) -> Attention | None:
+    """The attention pattern around ``softmax``, or None."""
+    x = softmax.operands[0]
+    rank = len(dims_of(x))
+    if softmax.attrs()["axis"] % rank != rank - 1 or not softmax.results[0].has_one_use():
+        return None
+    p = softmax.results[0]
+    user = p.get_user_of_unique_use()
+    cast = None
+    if isinstance(user, graph.CastOp):
+        cast, p = user, user.results[0]
+        if not p.has_one_use():
+            return None
+        user = p.get_user_of_unique_use()
+    if not isinstance(user, graph.MatmulOp) or user.lhs is not p or user.rhs is p:
+        return None
+    pv, v = user, user.rhs
+    traced = _trace_scores(x, MAX_SCORE_OPS)
+    if traced is None:
+        return None
+    qk, score_ops = traced
+    scores = qk.results[0]
+    score_dims = dims_of(scores)
+    previous = scores
+    for op in score_ops:  # each keeps the scores' shape; the others broadcast into it
+        if dims_of(op.results[0]) != score_dims:
+            return None
+        chain = _chain_input(op, previous)
+        for i, operand in enumerate(op.operands):
+            if i != chain and not _broadcasts_into(dims_of(operand), score_dims):
+                return None
+        previous = op.results[0]
+    q, kt = qk.lhs, qk.rhs
+    transpose = kt.owner
+    perm = transpose.attrs()["perm"] if isinstance(transpose, graph.TransposeOp) else None
+    rank_k = len(dims_of(kt))
+    if (
+        perm is not None
+        and kt.has_one_use()
+        and tuple(perm) == (*range(rank_k - 2), rank_k - 1, rank_k - 2)
+    ):
+        k, k_transposed = transpose.operands[0], False
+    else:
+        k, k_transposed, transpose = kt, True, None
+    if any(_is_splat_constant(t) for t in (q, k, v)):
+        return None
+    if max(dims_of(q)[-1], dims_of(v)[-1]) > MAX_HEAD_DIM:
+        return None
+    ops = [op for op in (transpose, qk, *score_ops, softmax, cast, pv) if op is not None]
+    return Attention(
+        tuple(ops), q, k, v, k_transposed, scores, tuple(score_ops), softmax, pv.results[0]
+    )
+
+
+def _find(ops: Sequence[Operation]) -> list[Attention]:
+    members = set(ops)
+    out = []
+    for op in ops:
+        if isinstance(op, graph.SoftmaxOp):
+            found = _match(op)
+            if found is not None and all(o in members for o in found.ops):
+                out.append(found)
+    return out
 
 
 def find_attention(ops: Sequence[Operation]) -> list[list[Operation]]:
-    """Groups of graph ops forming softmax(q kᵀ) v, to become one kernel each."""
-    return []
+    """Groups of graph ops forming softmax(q kᵀ) v, to become one kernel each.
+
+    Only non-constant ops are returned (the grouping pass copies constants into each
+    kernel that uses them); each group is in the program order of ``ops``.
+    """
+    index = {op: i for i, op in enumerate(ops)}
+    return [sorted(found.ops, key=index.__getitem__) for found in _find(ops)]
 
 
-def match_attention(kernel: schedule.KernelOp) -> None:
+def match_attention(kernel: schedule.KernelOp) -> Attention | None:
+    """The attention pattern when it is the whole body of ``kernel`` (plus constants)."""
+    ops = [o for o in kernel.body.block.ops if not isinstance(o, schedule.YieldOp)]
+    if not any(isinstance(o, graph.SoftmaxOp) for o in ops):
+        return None
+    found = _find(ops)
+    if len(found) != 1:
+        return None
+    pattern = found[0]
+    if set(pattern.ops) != {o for o in ops if not isinstance(o, graph.ConstantOp)}:
+        return None
+    if yielded(kernel) != [pattern.output]:
+        return None
+    return replace(pattern, causal_mask=_causal_mask(pattern))
+
+
+# --- causal masks ----------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=16)
+def _dense_values(attr: DenseIntOrFPElementsAttr) -> np.ndarray:
+    """A constant's values (cached: a kernel is matched again for each lowering)."""
+    values = attr.get_values()
+    dtype = np.float64 if isinstance(values[0], float) else np.int64
+    out = np.fromiter(values, dtype=dtype, count=len(values))
+    out.flags.writeable = False
+    return out
+
+
+def _constant_array(value: SSAValue) -> np.ndarray | None:
+    owner = value.owner
+    if not isinstance(owner, graph.ConstantOp):
+        return None
+    values = _dense_values(owner.value)
+    dims = dims_of(value)
+    return np.broadcast_to(values.reshape(()), dims) if values.size == 1 else values.reshape(dims)
+
+
+def _scalar(value: SSAValue) -> float | None:
+    if not _is_splat_constant(value):
+        return None
+    return float(value.owner.value.get_values()[0])  # type: ignore[union-attr]
+
+
+def _is_causal_layout(value: SSAValue, tq: int, tk: int) -> bool:
+    dims = dims_of(value)
+    return len(dims) >= 2 and dims[-2:] == (tq, tk) and math.prod(dims) == tq * tk
+
+
+def _propagate(value: float, ops: Sequence[Operation], previous: SSAValue) -> float | None:
+    """``value`` as a score through the later score ops (scalar ones only), else None."""
+    with np.errstate(all="ignore"):
+        x = np.float64(value)
+        for op in ops:
+            chain = _chain_input(op, previous)
+            previous = op.results[0]
+            if isinstance(op, graph.CastOp):
+                continue
+            if isinstance(op, graph.NegOp):
+                x = -x
+                continue
+            if not isinstance(op, graph.AddOp | graph.SubOp | graph.MulOp | graph.DivOp):
+                return None
+            other = _scalar(op.operands[1 - chain])
+            if other is None:
+                return None
+            a, b = (x, np.float64(other)) if chain == 0 else (np.float64(other), x)
+            if isinstance(op, graph.AddOp):
+                x = a + b
+            elif isinstance(op, graph.SubOp):
+                x = a - b
+            elif isinstance(op, graph.MulOp):
+                x = a * b
+            else:
+                x = a / b
+    return float(x)
+
+
+def _causal_mask(pattern: Attention) -> CausalMask | None:
+    """The first score op masking with ``np.tril(ones((Tq, Tk)))``, if any."""
+    tq, tk = dims_of(pattern.scores)[-2:]
+    tril = np.tril(np.ones((tq, tk), dtype=bool))
+    previous = pattern.scores
+    for i, op in enumerate(pattern.score_ops):
+        chain = _chain_input(op, previous)
+        previous = op.results[0]
+        mask: SSAValue | None = None
+        fill: float | None = None
+        additive = False
+        if isinstance(op, graph.SelectOp) and chain == 1:
+            cond = op.operands[0]
+            array = _constant_array(cond)
+            if (
+                array is not None
+                and _is_causal_layout(cond, tq, tk)
+                and np.array_equal(array.reshape(tq, tk) != 0, tril)
+            ):
+                mask, fill = cond, _scalar(op.operands[2])
+        elif isinstance(op, graph.AddOp):
+            other = op.operands[1 - chain]
+            array = _constant_array(other)
+            if array is not None and _is_causal_layout(other, tq, tk):
+                array = array.reshape(tq, tk).astype(np.float64)
+                above = np.unique(array[~tril])
+                if np.all(array[tril] == 0) and above.size == 1:
+                    mask, fill, additive = other, float(above[0]), True
+        if mask is None:
+            continue
+        later = (
+            None if fill is None else _propagate(fill, pattern.score_ops[i + 1 :], op.results[0])
+        )
+        skip = later is not None and later <= NEGLIGIBLE
+        return CausalMask(mask, additive, fill if fill is not None else 0.0, skip)
     return None
+
+
+# --- lowering --------------------------------------------------------------------------------
+
+
+def _batch_offset(
+    b: TileBuilder, dims: Sequence[int], batch_index: Sequence[Value | None]
+) -> Value | None:
+    """The offset of this program's batch in a contiguous ``dims`` (batch dims align right)."""
+    total: Value | None = None
+    batch = dims[:-2]
+    for d, (size, stride) in enumerate(zip(batch, strides(dims)[: len(batch)], strict=True)):
+        component = batch_index[len(batch_index) - len(batch) + d]
+        if size == 1 or component is None:
+            continue
+        term = b.mul(component, b.index(stride))
+        total = term if total is None else b.add(total, term)
+    return total
+
+
+def _plus(b: TileBuilder, base: Value | None, offsets: Value) -> Value:
+    return offsets if base is None else b.add(base, offsets)
+
+
+def _unflatten(b: TileBuilder, flat: Value, dims: Sequence[int]) -> list[Value | None]:
+    out: list[Value | None] = []
+    total = math.prod(dims)
+    for size, stride in zip(dims, strides(dims), strict=True):
+        if size == 1:
+            out.append(None)
+            continue
+        component = flat if stride == 1 else b.div(flat, b.index(stride))
+        if stride * size < total:
+            component = b.rem(component, b.index(size))
+        out.append(component)
+    return out
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> tile.KernelOp:
+    """The FlashAttention-2 forward kernel of an attention ``kernel`` (see the module docstring)."""
+    att = match_attention(kernel)
+    if att is None:
+        raise IRError(f"@{kernel.kernel_name}: not an attention kernel")
+    frame = new_frame(kernel)
+    b = frame.b
+    for operand in (att.q, att.k, att.v):
+        if operand not in frame.pointers:
+            raise IRError(f"@{kernel.kernel_name}: q, k and v must be kernel inputs")
+    q_dims, k_dims, v_dims = dims_of(att.q), dims_of(att.k), dims_of(att.v)
+    out_dims = dims_of(att.output)
+    batch = out_dims[:-2]
+    tq, d = q_dims[-2:]
+    tk = k_dims[-1] if att.k_transposed else k_dims[-2]
+    dv = v_dims[-1]
+    bm = max(16, min(next_pow2(config.block_m), next_pow2(tq)))
+    bn = max(16, min(next_pow2(config.block_n), next_pow2(tk)))
+    bd, bdv = max(16, next_pow2(d)), max(16, next_pow2(dv))
+    element = {v: v.type.element_type for v in (att.q, att.k, att.v, att.output)}  # type: ignore[attr-defined]
+    dot_element = element[att.q] if element[att.q] == element[att.k] else f32
+
+    pid_m = b.program_id(0)
+    batch_index = _unflatten(b, b.program_id(1), batch) if batch else []
+    rows = b.add(b.mul(pid_m, b.index(bm)), b.expand_dims(b.arange(bm), 1))  # [bm, 1]
+    row_mask = None if tq % bm == 0 else b.cmp("lt", rows, b.index(tq))
+    d_cols = b.expand_dims(b.arange(bd), 0)  # [1, bd]
+    d_mask = None if d == bd else b.cmp("lt", d_cols, b.index(d))
+    d_rows = b.expand_dims(b.arange(bd), 1)  # [bd, 1]
+    d_row_mask = None if d == bd else b.cmp("lt", d_rows, b.index(d))
+    dv_cols = b.expand_dims(b.arange(bdv), 0)  # [1, bdv]
+    dv_mask = None if dv == bdv else b.cmp("lt", dv_cols, b.index(dv))
+    key_range = b.arange(bn)
+
+    bases: dict[tuple[int, ...], Value | None] = {}
+
+    def base(dims: tuple[int, ...]) -> Value | None:  # this program's batch offset (once per shape)
+        if dims not in bases:
+            bases[dims] = _batch_offset(b, dims, batch_index)
+        return bases[dims]
+
+    q_offsets = _plus(b, base(q_dims), b.add(b.mul(rows, b.index(d)), d_cols))
+    q_block = b.convert(
+        b.load(frame.pointers[att.q], q_offsets, b.and_(row_mask, d_mask)), dot_element
+    )
+    k_base, v_base = base(k_dims), base(v_dims)
+    # kᵀ [bd, bn]: head dim along rows (kᵀ given: stride tk; k given: stride 1)
+    k_rows = _plus(b, k_base, d_rows if not att.k_transposed else b.mul(d_rows, b.index(tk)))
+
+    # a splat of a scalar -inf: xDSL re-parses a dense<0xff800000> block constant wrongly
+    m0 = b.broadcast(b.constant(float("-inf")), (bm, 1))
+    l0 = b.constant(0.0, f32, (bm, 1))
+    acc0 = b.constant(0.0, f32, (bm, bdv))
+    upper = b.index(tk)
+    causal = att.causal_mask
+    if causal is not None and causal.skip:
+        diagonal_end = b.mul(b.add(pid_m, b.index(1)), b.index(bm))
+        upper = b.minimum(upper, diagonal_end)
+    loop, body, start, (m_i, l_i, acc) = b.for_loop(b.index(0), upper, b.index(bn), [m0, l0, acc0])
+
+    keys = body.add(key_range, start)  # [bn]
+    cols = body.expand_dims(keys, 0)  # [1, bn]
+    col_mask = None if tk % bn == 0 else body.cmp("lt", cols, body.index(tk))
+    k_cols = cols if att.k_transposed else body.mul(cols, body.index(d))
+    kt_block = body.load(
+        frame.pointers[att.k], body.add(k_rows, k_cols), body.and_(d_row_mask, col_mask)
+    )
+    qk = body.dot(q_block, body.convert(kt_block, dot_element), body.constant(0.0, f32, (bm, bn)))
+
+    # the score ops on this block, evaluated at (batch, rows, cols)
+    score_dims = dims_of(att.scores)
+    score_batch = batch_index[len(batch_index) - (len(score_dims) - 2) :]
+    space = Space(score_dims, (*score_batch, rows, cols), (bm, bn), [row_mask, col_mask])
+    ev = Evaluator(body, space, dict(frame.pointers), dict(frame.positions))
+    ev.bound[att.scores] = qk
+    if causal is not None:
+        visible = body.cmp("le", cols, rows)  # [bm, bn]
+        ev.bound[causal.value] = (
+            body.select(visible, body.constant(0.0), body.constant(causal.fill))
+            if causal.additive
+            else visible
+        )
+    logits = att.softmax.operands[0]
+    s = body.convert(ev.at(logits, ev.full_index(logits)), f32)
+    s = body.broadcast(s, (bm, bn)) if shape(s) != (bm, bn) else s
+    neg_inf = body.constant(float("-inf"))
+    if col_mask is not None:
+        s = body.select(col_mask, s, neg_inf)
+
+    # online softmax
+    m_new = body.maximum(m_i, body.reduce(s, "max", 1))  # [bm, 1]
+    m_safe = body.select(body.cmp("eq", m_new, neg_inf), body.constant(0.0), m_new)
+    alpha = body.exp(body.sub(m_i, m_safe))
+    p = body.exp(body.sub(s, m_safe))  # [bm, bn]
+    l_new = body.add(body.mul(l_i, alpha), body.reduce(p, "sum", 1))
+    key_rows = body.expand_dims(keys, 1)  # [bn, 1]
+    key_row_mask = None if tk % bn == 0 else body.cmp("lt", key_rows, body.index(tk))
+    v_offsets = _plus(body, v_base, body.add(body.mul(key_rows, body.index(dv)), dv_cols))
+    v_block = body.load(frame.pointers[att.v], v_offsets, body.and_(key_row_mask, dv_mask))
+    pv_element = element[att.v]
+    acc_new = body.dot(body.convert(p, pv_element), v_block, body.mul(acc, alpha))
+    body.yield_([m_new, l_new, acc_new])
+
+    _, l_final, acc_final = loop.results
+    l_safe = b.select(b.cmp("eq", l_final, b.constant(0.0)), b.constant(1.0), l_final)
+    out = b.convert(b.div(acc_final, l_safe), element[att.output])
+    out_offsets = _plus(b, base(out_dims), b.add(b.mul(rows, b.index(dv)), dv_cols))
+    b.store(frame.outputs[0], out_offsets, out, b.and_(row_mask, dv_mask))
+    grid = [_cdiv(tq, bm), max(1, math.prod(batch)), 1]
+    return frame.finish(grid, config)

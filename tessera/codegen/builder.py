@@ -8,6 +8,7 @@ picks the integer or float ``arith`` op from the element type.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from xdsl.builder import Builder
@@ -73,6 +74,8 @@ class TileBuilder:
     def constant(
         self, value: float | int, element: Attribute = f32, block: Sequence[int] = ()
     ) -> Value:
+        if block and not math.isfinite(value):  # xDSL re-reads a dense inf/nan as an integer
+            return self.broadcast(self.constant(value, element), tuple(block))
         if block:
             attr = DenseIntOrFPElementsAttr.from_list(block_type(element, block), [value])
             return self.insert(arith.ConstantOp(attr))

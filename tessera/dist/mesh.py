@@ -6,7 +6,7 @@ grid; a rank's coordinates along each axis say which shard of a split tensor it 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from math import prod
 from typing import Any
 
@@ -133,5 +133,10 @@ def mesh(
     shape: Sequence[int] | None = None,
     topology: Any = None,
 ) -> Mesh:
-    """``dist.mesh(devices, axes, shape)``: the NVL72 guide's spelling of :class:`Mesh`."""
+    """``dist.mesh(devices, axes, shape)``: the NVL72 guide's spelling of :class:`Mesh`;
+    ``dist.mesh({"dp": 2, "tp": 4})`` names the axes and their sizes in one mapping."""
+    if isinstance(devices, Mapping):
+        if shape is not None or tuple(axes) != ("dp",):
+            raise MeshError("give either a mapping of axis sizes or devices, axes and shape, not both")
+        return Mesh(axes=list(devices), shape=list(devices.values()), topology=topology)
     return Mesh(axes=axes, shape=shape, devices=devices, topology=topology)

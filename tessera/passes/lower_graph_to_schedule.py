@@ -5,6 +5,12 @@ Runs after ``shard-partition`` (or on a function without collectives). Three ste
 1. *Group* (greedy, in program order). Every graph op but a collective or a constant
    joins a group; a group becomes one ``schedule.kernel``.
 
+   - First, each ``softmax(score(q kᵀ)) v`` (``codegen.attention.find_attention``: the
+     optional transpose of k, the two matmuls, the elementwise score ops such as a scale,
+     a mask select or an additive bias, the softmax and an optional cast, every
+     intermediate used once) becomes an ``attention`` group: one flash-attention kernel.
+     It takes no other op.
+
    - An elementwise op joins the group of an operand's producer when that group is
      elementwise, matmul or reduction, and every user of that operand is already in
      the group (so no value escapes half-computed and no other op is starved): the
@@ -27,7 +33,8 @@ Runs after ``shard-partition`` (or on a function without collectives). Three ste
    first op that uses its result, so independent kernels run between them.
 
 Kernels are named ``@<function>_k<N>_<op>``: N counts kernels in emission order, and op
-is the group's matmul or reduction, else its first op (without ``graph.``).
+is ``attention`` for an attention group, else the group's matmul or reduction, else its
+first op (without ``graph.``).
 """
 
 from __future__ import annotations
@@ -113,6 +120,11 @@ def _has_collectives(function: func.FuncOp) -> bool:
 
 def _short(op: Operation) -> str:
     return op.name.split(".", 1)[1]
+
+
+def _kernel_kind(group: _Group) -> str:
+    """The last part of a kernel's name: ``attention``, else its anchor op's short name."""
+    return "attention" if group.kind == "attention" else _short(group.anchor())
 
 
 @dataclass(eq=False)
@@ -390,7 +402,7 @@ class _Emitter:
         name = re.sub(
             r"\W",
             "_",
-            f"{self.lowering.function.sym_name.data}_k{self.kernel_count}_{_short(group.anchor())}",
+            f"{self.lowering.function.sym_name.data}_k{self.kernel_count}_{_kernel_kind(group)}",
         )
         self.kernel_count += 1
         kernel = self.insert(

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from tessera import dist
 from tessera.dist import DistTensor, Mesh, ShardSpec
+from tessera.dist.mesh import MeshError
 from tessera.errors import ShardingError
 from tessera.ir.sharding import Sharding
 
@@ -250,3 +251,11 @@ def test_dist_tensor_errors() -> None:
         dist.tensor(mesh=MESH)
     with pytest.raises(ShardingError, match="data or a shape"):
         dist.tensor((2, 2), mesh=MESH, shape=(2, 2))
+
+
+def test_mesh_from_a_mapping_of_axis_sizes() -> None:
+    mesh = dist.mesh({"dp": 2, "tp": 4})
+    assert mesh.axis_names == ("dp", "tp") and mesh.size == 8
+    assert mesh == dist.Mesh(axes=["dp", "tp"], shape=(2, 4))
+    with pytest.raises(MeshError, match="not both"):
+        dist.mesh({"dp": 2}, shape=(2,))
