@@ -103,6 +103,7 @@ class Lowered:
         self.kernels = kernels
         self._stages: dict[str, ModuleOp] = {"graph": module}
         self._runner: schedule_runner.KernelRunner | None = None
+        self._layout_cache: tuple[list[Sharding], list[Sharding]] | None = None
         self.last_run: distributed.RunRecord | None = None  # set by multi-process calls
 
     def as_text(self, stage: str = "graph") -> str:
@@ -190,27 +191,40 @@ class Lowered:
         results = [o.numpy() if to_numpy and o.dtype != torch.bfloat16 else o for o in outputs]
         return pytree.unflatten(self.out_tree, results)
 
+    def _layouts(self) -> tuple[list[Sharding], list[Sharding]]:
+        """The shardings of the partitioned function's arguments and results (computed once)."""
+        if self._layout_cache is None:
+            module = self.module_at("partitioned")
+            function = next(
+                o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == self.name
+            )
+            args = [
+                arg_sharding(function, i)
+                or Sharding.replicated(AbstractTensor.from_xdsl(a.type).rank)
+                for i, a in enumerate(function.args)
+            ]
+            results = [_value_sharding(function, v) for v in function.body.block.last_op.operands]
+            self._layout_cache = (args, results)
+        return self._layout_cache
+
     def _run_on_virtual_mesh(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Slices the global inputs per rank (as the partitioned program's arguments are
         laid out), runs every rank's scheduled program and assembles the global outputs
         from the ranks' pieces."""
         mesh = self.mesh or Mesh(("device",), (1,))
-        module = self.module_at("partitioned")
-        function = next(
-            o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == self.name
-        )
-        pieces = [
-            scatter(x, arg_sharding(function, i) or Sharding.replicated(x.dim()), mesh)
-            for i, x in enumerate(inputs)
-        ]
-        rank_args = [[p[rank] for p in pieces] for rank in range(mesh.size)]
+        arg_layouts, out_layouts = self._layouts()
+        if self.mesh is None:
+            rank_args = [list(inputs)]
+        else:
+            pieces = [
+                scatter(x, layout, mesh) for x, layout in zip(inputs, arg_layouts, strict=True)
+            ]
+            rank_args = [[p[rank] for p in pieces] for rank in range(mesh.size)]
         per_rank = schedule_runner.run_virtual(
             self.module_at("schedule"), self.name, mesh, rank_args, self.kernel_runner()
         )
-        returned = function.body.block.last_op.operands
         outputs = []
-        for index, value in enumerate(returned):
-            sharding = _value_sharding(function, value)
+        for index, sharding in enumerate(out_layouts):
             if self.mesh is None:
                 outputs.append(_unaliased(per_rank[0][index], inputs))
             else:
@@ -444,7 +458,9 @@ class JitFunction:
             for s in signature.shardings
         ]
         module = trace.finish(out_leaves, arg_attrs or None)
-        return Lowered(trace.name, module, signature, out_tree, self.mesh, self.kernels or default_kernels())
+        return Lowered(
+            trace.name, module, signature, out_tree, self.mesh, self.kernels or default_kernels()
+        )
 
     def _argument_names(self, signature: Signature) -> list[str]:
         """IR names of the array leaves: the parameter name plus the path into pytrees."""

@@ -69,11 +69,16 @@ _ALIASES = {
 }  # fmt: skip
 
 
+_FROM_XDSL: dict[Attribute, DType] = {}
+
+
 def dtype_from_xdsl(attr: Attribute) -> DType:
     """The DType of an xDSL element type; raises TesseraError for unsupported ones."""
-    for dtype in DType:
-        if dtype.to_xdsl() == attr:
-            return dtype
+    if not _FROM_XDSL:
+        _FROM_XDSL.update((d.to_xdsl(), d) for d in DType)
+    found = _FROM_XDSL.get(attr)
+    if found is not None:
+        return found
     raise TesseraError(f"unsupported element type {attr}; expected one of {list(DType)}")
 
 

@@ -152,6 +152,9 @@ class TritonKernels:
         self.tiles = {op.kernel_name: op for op in module.walk() if isinstance(op, tile.KernelOp)}
         self.compiled: dict[str, CompiledKernel] = {}
         self.constants: dict[tuple[str, str], list[torch.Tensor]] = {}
+        self.signatures: dict[
+            str, tuple[list[tuple[tuple[int, ...], torch.dtype]], list[tuple[str, ...]]]
+        ] = {}
         self.autotune = tuning.enabled() if autotune is None else autotune
         self.tuned: dict[tuple[str, str], Any] = {}  # (kernel, device) -> autotune.Tuning
 
@@ -177,11 +180,12 @@ class TritonKernels:
         """The compiled kernel to launch, its arguments and the (new) output tensors; on
         CUDA with autotuning, the first call of a kernel tunes it on these arguments."""
         device = inputs[0].device if inputs else torch.device("cpu")
-        outputs = [
-            torch.empty(r.type.get_shape(), dtype=_torch_dtype(r.type), device=device)
-            for r in kernel.results
-        ]  # type: ignore[attr-defined]
-        positions = [context.position(axes)[0] for axes in position_axes(kernel)]
+        if kernel.kernel_name not in self.signatures:  # reading types is slow: once per kernel
+            results = [(tuple(r.type.get_shape()), _torch_dtype(r.type)) for r in kernel.results]  # type: ignore[attr-defined]
+            self.signatures[kernel.kernel_name] = (results, position_axes(kernel))
+        results, groups = self.signatures[kernel.kernel_name]
+        outputs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in results]
+        positions = [context.position(axes)[0] for axes in groups]
         args = [
             *(x.contiguous() for x in inputs),
             *outputs,
