@@ -412,57 +412,85 @@ def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     m0 = b.broadcast(b.constant(float("-inf")), (bm, 1))
     l0 = b.constant(0.0, f32, (bm, 1))
     acc0 = b.constant(0.0, f32, (bm, bdv))
-    upper = b.index(tk)
     causal = att.causal_mask
-    if causal is not None and causal.skip:
-        diagonal_end = b.mul(b.add(pid_m, b.index(1)), b.index(bm))
-        upper = b.minimum(upper, diagonal_end)
-    loop, body, start, (m_i, l_i, acc) = b.for_loop(b.index(0), upper, b.index(bn), [m0, l0, acc0])
-
-    keys = body.add(key_range, start)  # [bn]
-    cols = body.expand_dims(keys, 0)  # [1, bn]
-    col_mask = None if tk % bn == 0 else body.cmp("lt", cols, body.index(tk))
-    k_cols = cols if att.k_transposed else body.mul(cols, body.index(d))
-    kt_block = body.load(
-        frame.pointers[att.k], body.add(k_rows, k_cols), body.and_(d_row_mask, col_mask)
-    )
-    qk = body.dot(q_block, body.convert(kt_block, dot_element), body.constant(0.0, f32, (bm, bn)))
-
-    # the score ops on this block, evaluated at (batch, rows, cols)
     score_dims = dims_of(att.scores)
     score_batch = batch_index[len(batch_index) - (len(score_dims) - 2) :]
-    space = Space(score_dims, (*score_batch, rows, cols), (bm, bn), [row_mask, col_mask])
-    ev = Evaluator(body, space, dict(frame.pointers), dict(frame.positions))
-    ev.bound[att.scores] = qk
-    if causal is not None:
-        visible = body.cmp("le", cols, rows)  # [bm, bn]
-        ev.bound[causal.value] = (
-            body.select(visible, body.constant(0.0), body.constant(causal.fill))
-            if causal.additive
-            else visible
-        )
     logits = att.softmax.operands[0]
-    s = body.convert(ev.at(logits, ev.full_index(logits)), f32)
-    s = body.broadcast(s, (bm, bn)) if shape(s) != (bm, bn) else s
-    neg_inf = body.constant(float("-inf"))
-    if col_mask is not None:
-        s = body.select(col_mask, s, neg_inf)
 
-    # online softmax
-    m_new = body.maximum(m_i, body.reduce(s, "max", 1))  # [bm, 1]
-    m_safe = body.select(body.cmp("eq", m_new, neg_inf), body.constant(0.0), m_new)
-    alpha = body.exp(body.sub(m_i, m_safe))
-    p = body.exp(body.sub(s, m_safe))  # [bm, bn]
-    l_new = body.add(body.mul(l_i, alpha), body.reduce(p, "sum", 1))
-    key_rows = body.expand_dims(keys, 1)  # [bn, 1]
-    key_row_mask = None if tk % bn == 0 else body.cmp("lt", key_rows, body.index(tk))
-    v_offsets = _plus(body, v_base, body.add(body.mul(key_rows, body.index(dv)), dv_cols))
-    v_block = body.load(frame.pointers[att.v], v_offsets, body.and_(key_row_mask, dv_mask))
-    pv_element = element[att.v]
-    acc_new = body.dot(body.convert(p, pv_element), v_block, body.mul(acc, alpha))
-    body.yield_([m_new, l_new, acc_new])
+    def key_block(
+        body: TileBuilder, start: Value, m_i: Value, l_i: Value, acc: Value, diagonal: bool
+    ) -> list[Value]:
+        """One block of ``bn`` keys: scores, online-softmax update, ``p @ v``. Off the
+        diagonal of a causal mask every key is visible, so no mask is computed there."""
+        keys = body.add(key_range, start)  # [bn]
+        cols = body.expand_dims(keys, 0)  # [1, bn]
+        col_mask = None if tk % bn == 0 else body.cmp("lt", cols, body.index(tk))
+        k_cols = cols if att.k_transposed else body.mul(cols, body.index(d))
+        kt_block = body.load(
+            frame.pointers[att.k], body.add(k_rows, k_cols), body.and_(d_row_mask, col_mask)
+        )
+        qk = body.dot(
+            q_block, body.convert(kt_block, dot_element), body.constant(0.0, f32, (bm, bn))
+        )
+        # the score ops on this block, evaluated at (batch, rows, cols)
+        space = Space(score_dims, (*score_batch, rows, cols), (bm, bn), [row_mask, col_mask])
+        ev = Evaluator(body, space, dict(frame.pointers), dict(frame.positions))
+        ev.bound[att.scores] = qk
+        if causal is not None:
+            if diagonal:
+                visible = body.cmp("le", cols, rows)  # [bm, bn]
+                ev.bound[causal.value] = (
+                    body.select(visible, body.constant(0.0), body.constant(causal.fill))
+                    if causal.additive
+                    else visible
+                )
+            else:  # the masking op passes the scores through
+                masking = next(u.operation for u in causal.value.uses if u.operation in att.ops)
+                kept = (
+                    masking.operands[1]
+                    if isinstance(masking, graph.SelectOp)
+                    else next(o for o in masking.operands if o is not causal.value)
+                )
+                ev.bound[masking.results[0]] = ev.at(kept, ev.full_index(kept))
+        s = body.convert(ev.at(logits, ev.full_index(logits)), f32)
+        s = body.broadcast(s, (bm, bn)) if shape(s) != (bm, bn) else s
+        neg_inf = body.constant(float("-inf"))
+        if col_mask is not None:
+            s = body.select(col_mask, s, neg_inf)
+        # online softmax
+        m_new = body.maximum(m_i, body.reduce(s, "max", 1))  # [bm, 1]
+        m_safe = body.select(body.cmp("eq", m_new, neg_inf), body.constant(0.0), m_new)
+        alpha = body.exp(body.sub(m_i, m_safe))
+        p = body.exp(body.sub(s, m_safe))  # [bm, bn]
+        l_new = body.add(body.mul(l_i, alpha), body.reduce(p, "sum", 1))
+        key_rows = body.expand_dims(keys, 1)  # [bn, 1]
+        key_row_mask = None if tk % bn == 0 else body.cmp("lt", key_rows, body.index(tk))
+        v_offsets = _plus(body, v_base, body.add(body.mul(key_rows, body.index(dv)), dv_cols))
+        v_block = body.load(frame.pointers[att.v], v_offsets, body.and_(key_row_mask, dv_mask))
+        acc_new = body.dot(body.convert(p, element[att.v]), v_block, body.mul(acc, alpha))
+        return [m_new, l_new, acc_new]
 
-    _, l_final, acc_final = loop.results
+    def key_loop(lower: Value, upper: Value, carried: list[Value], diagonal: bool) -> list[Value]:
+        loop, body, start, (m_i, l_i, acc) = b.for_loop(lower, upper, b.index(bn), carried)
+        body.yield_(key_block(body, start, m_i, l_i, acc, diagonal))
+        return list(loop.results)
+
+    carried = [m0, l0, acc0]
+    if causal is not None and causal.skip and bm % bn == 0:
+        # keys below this row block's first row are visible to all of its rows; the
+        # diagonal blocks take the mask; blocks past the last row are all masked
+        first_row = b.mul(pid_m, b.index(bm))
+        below = b.minimum(first_row, b.index(tk))
+        carried = key_loop(b.index(0), below, carried, diagonal=False)
+        diagonal_end = b.minimum(b.index(tk), b.add(first_row, b.index(bm)))
+        loop_results = key_loop(below, diagonal_end, carried, diagonal=True)
+    else:
+        upper = b.index(tk)
+        if causal is not None and causal.skip:
+            upper = b.minimum(upper, b.mul(b.add(pid_m, b.index(1)), b.index(bm)))
+        loop_results = key_loop(b.index(0), upper, carried, diagonal=True)
+
+    _, l_final, acc_final = loop_results
     l_safe = b.select(b.cmp("eq", l_final, b.constant(0.0)), b.constant(1.0), l_final)
     out = b.convert(b.div(acc_final, l_safe), element[att.output])
     out_offsets = _plus(b, base(out_dims), b.add(b.mul(rows, b.index(dv)), dv_cols))

@@ -31,7 +31,7 @@ from xdsl.ir import Attribute, SSAValue
 from tessera.codegen.builder import TileBuilder, Value, broadcast_shape, is_float, shape
 from tessera.errors import IRError
 from tessera.ir import graph
-from tessera.ir.dense import first_value
+from tessera.ir.dense import first_value, is_splat
 from tessera.ir.tile import element_type
 
 Index = tuple[Value | None, ...]  # per dim: the index value, or None where the dim is 0
@@ -224,6 +224,17 @@ def _pow(b: TileBuilder, op: graph.GraphOp, a: Sequence[Value]) -> Value:
     return b.select(b.cmp("eq", y, b.constant(0.0)), b.constant(1.0), result)
 
 
+def _div(b: TileBuilder, op: graph.DivOp, a: Sequence[Value]) -> Value:
+    """``x / c`` for a constant ``c`` is ``x * (1/c)``: a multiply per element instead of a
+    correctly rounded division (within 1 ulp; exact when ``c`` is a power of two)."""
+    divisor = op.rhs.owner
+    if isinstance(divisor, graph.ConstantOp) and is_splat(divisor.value):
+        value = float(first_value(divisor.value))
+        if value != 0 and math.isfinite(value) and math.isfinite(1 / value):
+            return b.mul(a[0], b.constant(1 / value))
+    return b.div(a[0], a[1])
+
+
 def _compare(b: TileBuilder, op: graph.CompareOp, a: Sequence[Value]) -> Value:
     x, y = a
     if is_float(x) != is_float(y):  # mixed (a weak scalar): compare in f32
@@ -262,7 +273,7 @@ ELEMENTWISE: dict[type[graph.GraphOp], Callable[..., Value]] = {
     graph.AddOp: _float_args(TileBuilder.add),
     graph.SubOp: _float_args(TileBuilder.sub),
     graph.MulOp: _float_args(TileBuilder.mul),
-    graph.DivOp: _float_args(TileBuilder.div),
+    graph.DivOp: lambda b, op, a: _div(b, op, a),
     graph.PowOp: _pow,
     graph.MaximumOp: _float_args(TileBuilder.maximum),
     graph.MinimumOp: _float_args(TileBuilder.minimum),

@@ -8,6 +8,8 @@
 // carrying the running row max, the row sum and the f32 accumulator; each step computes
 // a scores block with tile.dot, applies the score ops (the scale; the causal mask from
 // the indices), masks keys past Tk with -inf, and accumulates p v with a second tile.dot.
+// Causal: key blocks below the query block's first row need no mask (a first loop),
+// the diagonal blocks compare indices (a second loop), blocks above are skipped.
 // The second RUN line re-parses (and re-verifies) the tile IR; the third prints Triton.
 
 // Non-causal f32, k transposed in the graph: 40 queries need 2 programs of 32 rows per
@@ -85,11 +87,17 @@ func.func @causal(%q: tensor<2x3x4x8xbf16>, %k: tensor<2x3x4x8xbf16>, %v: tensor
 // CHECK-NEXT:    %[[PID:.*]] = tile.program_id 0 : i32
 // CHECK-NOT:     tile.load %const0
 // CHECK:         %[[CQ:.*]] = tile.load %in1[%{{.*}}] mask %{{.*}} -> tensor<16x16xbf16>
-// CHECK:         %[[NEXT:.*]] = arith.addi %[[PID]], %{{.*}} : i32
-// CHECK-NEXT:    %{{.*}} = arith.constant 16 : i32
-// CHECK-NEXT:    %[[DIAG:.*]] = arith.muli %[[NEXT]], %{{.*}} : i32
-// CHECK-NEXT:    %[[UPPER:.*]] = arith.minsi %{{.*}}, %[[DIAG]] : i32
-// CHECK:         scf.for %{{.*}} = %{{.*}} to %[[UPPER]] step
+// CHECK:         %[[FIRST:.*]] = arith.muli %[[PID]], %{{.*}} : i32
+// CHECK-NEXT:    %{{.*}} = arith.constant 4 : i32
+// CHECK-NEXT:    %[[BELOW:.*]] = arith.minsi %[[FIRST]], %{{.*}} : i32
+// CHECK:         scf.for %{{.*}} = %{{.*}} to %[[BELOW]] step
+// CHECK-NOT:       tile.cmp "le"
+// CHECK-NOT:       tile.load %const0
+// CHECK:           tile.dot %[[CQ]]
+// CHECK-NOT:       tile.cmp "le"
+// CHECK:           scf.yield
+// CHECK:         %[[UPPER:.*]] = arith.minsi %{{.*}}, %{{.*}} : i32
+// CHECK:         scf.for %{{.*}} = %[[BELOW]] to %[[UPPER]] step
 // CHECK-NOT:     tile.load %const0
 // CHECK:           %[[CKT:.*]] = tile.load %in0{{.*}} -> tensor<16x16xbf16>
 // CHECK:           tile.dot %[[CQ]], %[[CKT]], %{{.*}} : tensor<16x16xbf16>, tensor<16x16xbf16> -> tensor<16x16xf32>
@@ -113,8 +121,10 @@ func.func @causal(%q: tensor<2x3x4x8xbf16>, %k: tensor<2x3x4x8xbf16>, %v: tensor
 // TRITON-LABEL: # --- kernel @causal_k0_attention
 // TRITON:       def causal_k0_attention(in0, in1, in2, out0, const0):
 // TRITON-NOT:     tl.load(const0
+// TRITON:         [[BELOW:v_[0-9]+]] = tl.minimum({{.*}}, 4)
+// TRITON:         for {{.*}} in range(0, [[BELOW]], 16):
 // TRITON:         [[UPPER:v_[0-9]+]] = tl.minimum(4, {{.*}})
-// TRITON:         for {{.*}} in range(0, [[UPPER]], 16):
+// TRITON:         for {{.*}} in range([[BELOW]], [[UPPER]], 16):
 // TRITON:           tl.dot({{[^,]*}}, {{[^,]*}}, {{[^,]*}})
 // TRITON:           tl.max(
 // TRITON:           .to(tl.bfloat16)
