@@ -53,8 +53,9 @@ class LowerScheduleToTilePass(ModulePass):
             try:
                 lowered = lower_kernel(kernel, config)
             except TesseraError as error:
-                raise PassFailedException(
-                    f"lower-schedule-to-tile: @{kernel.kernel_name}: {error}"
-                ) from None
+                message = str(error)
+                if not message.startswith(f"@{kernel.kernel_name}"):
+                    message = f"@{kernel.kernel_name}: {message}"
+                raise PassFailedException(f"lower-schedule-to-tile: {message}") from None
             region_dce(lowered.body)
             op.body.block.add_op(lowered)

@@ -21,6 +21,7 @@ from xdsl.utils.arg_spec import parse_pipeline
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
+from tessera.errors import TesseraError
 from tessera.ir.graph import Graph
 from tessera.ir.schedule import Schedule
 from tessera.ir.tile import TILE_DIALECTS
@@ -108,6 +109,8 @@ class TesseraOptMain(xDSLOptMain):
             super().run()
         except ParseError as error:  # xDSL has set the line offset of split input
             raise ToolError(format_parse_error(error)) from None
+        except TesseraError as error:  # e.g. -t triton on a module it cannot emit
+            raise ToolError(f"tessera-opt: error: {error}") from None
 
 
 def main(args: Sequence[str] | None = None) -> int:

@@ -318,12 +318,6 @@ def test_compare_select_cast() -> None:
         assert_close(out, ref, tol, name)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Triton 3.9's interpreter converts f32 to bf16 by truncation (cast_impl without "
-    "a rounding mode); compiled kernels round to nearest even. The runtime could patch "
-    "the interpreter as it patches its bf16 tl.dot.",
-)
 def test_cast_to_bf16_rounds_to_nearest_even() -> None:
     """A cast to bf16 (and a bf16 output) rounds to nearest even, as torch does."""
     z = randn((8, 33), 4) * 40
@@ -644,11 +638,6 @@ def test_row_longer_than_one_block_is_an_ir_error() -> None:
         LowerScheduleToTilePass().apply(Context(), module)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="codegen.kernels' messages start with '@kernel:' and the pass prefixes "
-    "'@kernel:' again (passes/lower_schedule_to_tile.py)",
-)
 def test_pass_error_names_the_kernel_once() -> None:
     x = torch.zeros(2, MAX_ROW_BLOCK + 1)
     module = ts.jit(lambda a: op.sum(a, axis=-1)).lower(x).module_at("schedule").clone()

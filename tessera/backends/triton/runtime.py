@@ -102,13 +102,14 @@ class CompiledKernel:
                 f"@{self.name}: CPU tensors need Triton's interpreter, but triton was imported "
                 "before tessera without TRITON_INTERPRET=1"
             )
-        patch_interpreter_bf16_dot()
+        patch_interpreter_bf16()
         self.function[self.grid](*args)
 
 
-def patch_interpreter_bf16_dot() -> None:
-    """Triton's interpreter (3.6-3.9) multiplies bf16 blocks as their raw uint16 bits in
-    ``tl.dot``; convert them to f32 first, as the GPU's bf16 MMA does exactly."""
+def patch_interpreter_bf16() -> None:
+    """Two bf16 bugs of Triton's interpreter (3.6-3.9): ``tl.dot`` multiplies bf16 blocks
+    as their raw uint16 bits (we convert them to f32 first, as the GPU's bf16 MMA is
+    exact), and f32 -> bf16 conversion truncates (we round to nearest even, as GPUs do)."""
     from triton import language as tl
     from triton.runtime import interpreter
 
@@ -130,6 +131,20 @@ def patch_interpreter_bf16_dot() -> None:
 
     create_dot._tessera_bf16 = True  # type: ignore[attr-defined]
     builder.create_dot = create_dot
+
+    # f32 -> bf16 conversions truncate in the interpreter; the GPU rounds to nearest even
+    cast = builder.cast_impl
+
+    def cast_impl(self: Any, src: Any, dst_type: Any) -> Any:
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            f32 = np.ascontiguousarray(src.data, dtype=np.float32)
+            bits = f32.view(np.uint32).astype(np.uint64)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            data = np.where(np.isnan(f32), np.uint16(0x7FC0), rounded).astype(np.uint16)
+            return interpreter.TensorHandle(data, dst_type.scalar)
+        return cast(self, src, dst_type)
+
+    builder.cast_impl = cast_impl
 
 
 def _torch_dtype(t: Any) -> torch.dtype:

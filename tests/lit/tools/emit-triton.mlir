@@ -10,7 +10,8 @@
 // checks that the whole output is valid Python.
 
 // A module without tile kernels has nothing to print: the error says what to run first.
-// EMPTY: emit-triton: the module has no tile.kernel; run lower-schedule-to-tile first
+// EMPTY: tessera-opt: error: emit-triton: the module has no tile.kernel; run lower-schedule-to-tile first
+// EMPTY-NOT: Traceback
 
 // CHECK-LABEL:# --- kernel @every_op
 // CHECK-NEXT:import triton
