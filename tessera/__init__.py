@@ -31,6 +31,8 @@ _LAZY = {
     "jit": ("tessera.compiled", "jit"),
     "JitFunction": ("tessera.compiled", "JitFunction"),
     "Lowered": ("tessera.compiled", "Lowered"),
+    "grad": ("tessera.autodiff.api", "grad"),
+    "value_and_grad": ("tessera.autodiff.api", "value_and_grad"),
 }
 
 
@@ -56,6 +58,8 @@ __all__ = [
     "TesseraError",
     "TraceError",
     "dist",
+    "grad",
     "jit",
     "op",
+    "value_and_grad",
 ]

@@ -16,6 +16,7 @@ from xdsl.passes import ModulePass
 
 # flag -> (module, class name)
 _PASSES: dict[str, tuple[str, str]] = {
+    "autodiff": ("tessera.passes.autodiff", "AutodiffPass"),
     "canonicalize": ("tessera.passes.canonicalize", "CanonicalizePass"),
     "cse": ("tessera.passes.cse", "CSEPass"),
     "dce": ("tessera.passes.dce", "DCEPass"),

@@ -1,0 +1,1 @@
+"""Reverse-mode automatic differentiation of the Graph IR (see ``passes/autodiff.py``)."""

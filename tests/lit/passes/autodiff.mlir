@@ -1,0 +1,38 @@
+// RUN: tessera-opt %s --split-input-file -p autodiff | filecheck %s
+// RUN: echo 'func.func @vector(%%x: tensor<2xf32>) -> tensor<2xf32> { func.return %%x : tensor<2xf32> }' | not tessera-opt -p autodiff 2>&1 | filecheck %s --check-prefix=ERR
+
+// Reverse mode: @f_grad returns the loss and the gradients of x and w; the backward
+// program follows the forward one: d sum = 1 broadcast, d tanh = 1 - t², then
+// dx = dh wᵀ and dw = xᵀ dh.
+
+// CHECK-LABEL: func.func @f_grad(%x: tensor<4x8xf32>, %w: tensor<8x3xf32>) -> (tensor<f32>, tensor<4x8xf32>, tensor<8x3xf32>)
+// CHECK:         %[[T:.*]] = graph.tanh
+// CHECK:         %[[S:.*]] = graph.sum %[[T]]
+// CHECK:         %[[SEED:.*]] = graph.constant dense<1.000000e+00> : tensor<f32>
+// CHECK:         %[[TT:.*]] = graph.mul %[[T]], %[[T]]
+// CHECK:         %[[DH:.*]] = graph.mul %{{.*}}, %{{.*}} : tensor<4x3xf32>
+// CHECK:         %[[WT:.*]] = graph.transpose %w {perm = [1, 0]}
+// CHECK:         %[[DX:.*]] = graph.matmul %[[DH]], %[[WT]]
+// CHECK:         %[[XT:.*]] = graph.transpose %x {perm = [1, 0]}
+// CHECK:         %[[DW:.*]] = graph.matmul %[[XT]], %[[DH]]
+// CHECK:         func.return %[[S]], %[[DX]], %[[DW]]
+func.func @f(%x: tensor<4x8xf32>, %w: tensor<8x3xf32>) -> tensor<f32> {
+  %h = graph.matmul %x, %w : tensor<4x8xf32>, tensor<8x3xf32> -> tensor<4x3xf32>
+  %t = graph.tanh %h : tensor<4x3xf32>
+  %s = graph.sum %t {axes = [0, 1], keepdims = false} : tensor<4x3xf32> -> tensor<f32>
+  func.return %s : tensor<f32>
+}
+
+// -----
+
+// An argument the loss does not use gets a zero gradient.
+// CHECK-LABEL: func.func @unused_grad
+// CHECK:         %[[Z:.*]] = graph.broadcast_to %{{.*}} : tensor<f32> -> tensor<2xf32>
+// CHECK:         func.return %{{.*}}, %{{.*}}, %[[Z]]
+func.func @unused(%x: tensor<2xf32>, %y: tensor<2xf32>) -> tensor<f32> {
+  %s = graph.sum %x {axes = [0], keepdims = false} : tensor<2xf32> -> tensor<f32>
+  func.return %s : tensor<f32>
+}
+
+// The loss must be a float scalar.
+// ERR: error: autodiff: @vector_grad: the loss (first result) must be a float scalar to differentiate, found tensor<2xf32>
