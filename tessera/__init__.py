@@ -7,7 +7,9 @@ and rewrite IR (``tessera-opt``) start without importing torch.
 
 from __future__ import annotations
 
+import glob
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 from tessera.dtypes import DType
@@ -21,6 +23,11 @@ from tessera.errors import (
     TraceError,
 )
 
+# Without an NVIDIA GPU, generated kernels run in Triton's interpreter, which must be
+# chosen before triton is first imported (torch.optim, for one, may import it).
+if "TRITON_INTERPRET" not in os.environ and not glob.glob("/dev/nvidia[0-9]*"):
+    os.environ["TRITON_INTERPRET"] = "1"
+
 if TYPE_CHECKING:
     from tessera import dist, op
     from tessera.compiled import JitFunction, Lowered, jit
@@ -28,6 +35,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "dist": ("tessera.dist", None),
     "op": ("tessera.op", None),
+    "graph": ("tessera.graph", None),
+    "optim": ("tessera.optim", None),
     "jit": ("tessera.compiled", "jit"),
     "JitFunction": ("tessera.compiled", "JitFunction"),
     "Lowered": ("tessera.compiled", "Lowered"),
@@ -59,7 +68,9 @@ __all__ = [
     "TraceError",
     "dist",
     "grad",
+    "graph",
     "jit",
     "op",
+    "optim",
     "value_and_grad",
 ]

@@ -131,9 +131,7 @@ def _layer_norm(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangent
     centered = b.sub(x, _mean_keep(b, x, axes))
     var = _mean_keep(b, b.mul(centered, centered), axes)
     r = b.op(graph.RsqrtOp, b.add(var, b.constant(eps, x)))
-    inner = b.sub(
-        b.sub(ct, _mean_keep(b, ct, axes)), b.mul(y, _mean_keep(b, b.mul(ct, y), axes))
-    )
+    inner = b.sub(b.sub(ct, _mean_keep(b, ct, axes)), b.mul(y, _mean_keep(b, b.mul(ct, y), axes)))
     return [b.mul(r, inner)]
 
 

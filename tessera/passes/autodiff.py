@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import FunctionType, ModuleOp, StringAttr
-from xdsl.ir import SSAValue
+from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
 from xdsl.utils.exceptions import PassFailedException
@@ -54,7 +54,24 @@ def differentiate(function: func.FuncOp, wrt: Sequence[int] | None = None) -> No
                 f"@{name}: argument {index} is {aval(args[index])}; only float arguments have gradients"
             )
     forward = [op for op in block.ops if op is not ret]
-    b = GradBuilder(InsertPoint.before(ret))
+    grads = backprop(
+        forward, loss, [args[i] for i in wrt], GradBuilder(InsertPoint.before(ret)), f"@{name}"
+    )
+    ret.operands = [*ret.operands, *grads]
+    function.function_type = FunctionType.from_lists(
+        [a.type for a in args], [v.type for v in ret.operands]
+    )
+
+
+def backprop(
+    forward: Sequence[Operation],
+    loss: SSAValue,
+    wrt: Sequence[SSAValue],
+    b: GradBuilder,
+    where: str = "",
+) -> list[SSAValue]:
+    """Emits with ``b`` the gradients of the scalar ``loss`` with respect to ``wrt``, by
+    reverse accumulation over the ``forward`` ops (in program order)."""
     cotangents: dict[SSAValue, SSAValue] = {loss: b.constant(1.0, loss)}
     for op in reversed(forward):
         result_cts = [cotangents.get(r) for r in op.results]
@@ -62,18 +79,16 @@ def differentiate(function: func.FuncOp, wrt: Sequence[int] | None = None) -> No
             continue
         rule = VJP_RULES.get(type(op))  # type: ignore[arg-type]
         if rule is None or not isinstance(op, graph.GraphOp):
-            raise TesseraError(f"@{name}: {op.name} is not differentiable yet")
+            raise TesseraError(
+                f"{where + ': ' if where else ''}{op.name} is not differentiable yet"
+            )
         operand_cts = rule(b, op, result_cts)
         for operand, ct in zip(op.operands, operand_cts, strict=True):
             if ct is None:
                 continue
             previous = cotangents.get(operand)
             cotangents[operand] = ct if previous is None else b.add(previous, ct)
-    grads = [cotangents.get(args[i]) or b.zeros_like(args[i]) for i in wrt]
-    ret.operands = [*ret.operands, *grads]
-    function.function_type = FunctionType.from_lists(
-        [a.type for a in args], [v.type for v in ret.operands]
-    )
+    return [cotangents.get(v) or b.zeros_like(v) for v in wrt]
 
 
 @dataclass(frozen=True)

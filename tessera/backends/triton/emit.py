@@ -104,6 +104,8 @@ def _constant(op: arith.ConstantOp) -> str:
             raise IRError("emit-triton: only splat block constants are supported")
         return f"tl.full({tile.block_shape(t)}, {_literal(values[0], t)}, {triton_dtype(t)})"
     assert isinstance(attr, IntegerAttr | FloatAttr)
+    if any(isinstance(u.operation, tile.ConvertOp) for u in op.result.uses):  # a typed scalar
+        return f"tl.full((), {_literal(attr.value.data, t)}, {triton_dtype(t)})"
     return _literal(attr.value.data, t)
 
 
@@ -188,7 +190,11 @@ def _emit_block(block: Block, names: _Names, lines: list[str], indent: str) -> N
                 lines.append(f"{indent}{', '.join(carried)} = {', '.join(args)}")
         elif isinstance(op, tile.ReturnOp):
             return
-        elif isinstance(op, arith.ConstantOp) and not tile.block_shape(op.result.type):
+        elif (
+            isinstance(op, arith.ConstantOp)
+            and not tile.block_shape(op.result.type)
+            and not any(isinstance(u.operation, tile.ConvertOp) for u in op.result.uses)
+        ):
             names.alias(op.result, _constant(op))  # scalar constants are written inline
         else:
             expression = EXPRESSIONS.get(type(op))

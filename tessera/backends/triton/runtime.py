@@ -94,13 +94,16 @@ class CompiledKernel:
         if on_gpu:
             self.function[self.grid](*args, num_warps=self.num_warps, num_stages=self.num_stages)
             return
+        import triton.language as tl
+
         if (
-            not hasattr(self.function, "fn")
-            or type(self.function).__name__ != "InterpretedFunction"
+            type(self.function).__name__ != "InterpretedFunction"
+            or type(tl.sum).__name__ != "InterpretedFunction"
         ):
             raise ExecutionError(
                 f"@{self.name}: CPU tensors need Triton's interpreter, but triton was imported "
-                "before tessera without TRITON_INTERPRET=1"
+                "without TRITON_INTERPRET=1 (import tessera before anything that imports triton, "
+                "or set TRITON_INTERPRET=1)"
             )
         patch_interpreter_bf16()
         self.function[self.grid](*args)

@@ -1,0 +1,57 @@
+"""``tessera.graph``: graph-level operations inside traced code.
+
+``graph.backward(loss, params)`` differentiates the program traced so far: it appends the
+backward ops to the trace (the same VJP rules as the ``autodiff`` pass) and returns the
+gradient of the scalar ``loss`` with respect to every tensor in ``params`` (a pytree),
+with ``params``' structure — as in the seeds' training steps::
+
+    @ts.jit
+    def step(params, batch):
+        loss = op.cross_entropy(model(params, batch["input"]), batch["labels"])
+        grads = graph.backward(loss, params)
+        return optim.sgd(params, grads, lr=0.1), {"loss": loss}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xdsl.rewriter import InsertPoint
+
+from tessera.autodiff.builder import GradBuilder
+from tessera.errors import TraceError
+from tessera.frontend import pytree
+from tessera.frontend.tracer import Tensor, user_location
+from tessera.passes.autodiff import backprop
+
+
+def backward(loss: Tensor, params: Any) -> Any:
+    """Gradients of the scalar ``loss`` with respect to the tensors of ``params``."""
+    if not isinstance(loss, Tensor):
+        raise TraceError(
+            f"graph.backward expects a traced scalar loss, found {type(loss).__name__} at {user_location()}"
+        )
+    if loss.aval.shape != () or not loss.aval.dtype.is_float:
+        raise TraceError(
+            f"graph.backward: the loss must be a float scalar, found {loss.aval} at {user_location()}"
+        )
+    leaves, tree = pytree.flatten(params)
+    for leaf in leaves:
+        if not isinstance(leaf, Tensor) or leaf.trace is not loss.trace:
+            raise TraceError(
+                f"graph.backward: params must be tensors of the same traced function, at {user_location()}"
+            )
+        if not leaf.aval.dtype.is_float:
+            raise TraceError(
+                f"graph.backward: only float tensors have gradients, found {leaf.aval} at {user_location()}"
+            )
+    trace = loss.trace
+    forward = list(trace.block.ops)
+    grads = backprop(
+        forward,
+        loss.value,
+        [leaf.value for leaf in leaves],
+        GradBuilder(InsertPoint.at_end(trace.block)),
+        "graph.backward",
+    )
+    return pytree.unflatten(tree, [Tensor(trace, g) for g in grads])
