@@ -171,3 +171,14 @@ def test_dist_tensor_from_a_local_shard() -> None:
         value.local(1)
     with pytest.raises(ShardingError, match="built from rank 2's local shard"):
         _ = value.data
+
+
+def test_train_gpt_over_four_processes() -> None:
+    """``tessera run -n 4 examples/train_gpt.py``: a dp x tp training step per rank (gloo);
+    every step's loss equals the torch single-device loop (the script checks it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")}
+    command = [sys.executable, "-m", "tessera.tools.launch", "run", "-n", "4", "--timeout", "120", "examples/train_gpt.py", "--steps", "2"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mesh 2 x 2" in result.stdout and result.stdout.rstrip().endswith("OK")
+

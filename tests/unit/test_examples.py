@@ -146,3 +146,11 @@ def test_readme_tessera_opt_example(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("graph.tanh") == 1, result.stdout
+
+
+def test_train_gpt_on_a_virtual_mesh_matches_torch(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two AdamW steps of the GPT on a 2 x 2 mesh, through the generated Triton kernels."""
+    train_gpt = load_example("train_gpt")
+    train_gpt.main(["--steps", "2"])
+    out = capsys.readouterr().out
+    assert "mesh 2 x 2" in out and "all_reduce[dp]" in out and out.rstrip().endswith("OK")
