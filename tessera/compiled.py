@@ -35,6 +35,7 @@ from tessera.dtypes import as_dtype
 from tessera.errors import ExecutionError, ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, tracing
+from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_sharding, op_shardings
 from tessera.passes import get_all_passes
@@ -48,6 +49,7 @@ _STAGE_PASSES = {  # each stage runs its passes on a copy of the previous stage
     "tile": ["lower-schedule-to-tile"],
 }
 KERNEL_BACKENDS = ("triton", "reference")
+INDEXED_OPS = (graph.GatherOp, graph.CrossEntropyOp)  # inputs range-checked before a kernel
 
 
 def default_kernels() -> str:
@@ -130,11 +132,18 @@ class Lowered:
                 from tessera.backends.triton.runtime import TritonKernels
 
                 triton_kernels = TritonKernels(self.module_at("tile"))
+                indexed: dict[str, bool] = {}  # kernel -> whether it reads indices or labels
 
                 def run(
                     kernel: Any, inputs: Sequence[torch.Tensor], context: Any
                 ) -> list[torch.Tensor]:
-                    check_index_inputs(kernel.body.block, inputs)
+                    name = kernel.kernel_name
+                    if name not in indexed:
+                        indexed[name] = any(
+                            isinstance(o, INDEXED_OPS) for o in kernel.body.block.ops
+                        )
+                    if indexed[name]:
+                        check_index_inputs(kernel.body.block, inputs)
                     return triton_kernels(kernel, inputs, context)
 
                 self._runner = run

@@ -49,8 +49,16 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, f32
 from xdsl.ir import Operation, SSAValue
 
 from tessera.codegen.builder import TileBuilder, Value, shape
-from tessera.codegen.evaluate import ELEMENTWISE, Evaluator, Space, dims_of, strides
-from tessera.codegen.kernels import DEFAULT, BlockConfig, new_frame, next_pow2, yielded
+from tessera.codegen.evaluate import ELEMENTWISE, Evaluator, Space, dims_of, unflatten
+from tessera.codegen.kernels import (
+    DEFAULT,
+    BlockConfig,
+    batch_offset,
+    cdiv,
+    new_frame,
+    next_pow2,
+    yielded,
+)
 from tessera.errors import IRError
 from tessera.ir import graph, schedule, tile
 
@@ -322,41 +330,8 @@ def _causal_mask(pattern: Attention) -> CausalMask | None:
 # --- lowering --------------------------------------------------------------------------------
 
 
-def _batch_offset(
-    b: TileBuilder, dims: Sequence[int], batch_index: Sequence[Value | None]
-) -> Value | None:
-    """The offset of this program's batch in a contiguous ``dims`` (batch dims align right)."""
-    total: Value | None = None
-    batch = dims[:-2]
-    for d, (size, stride) in enumerate(zip(batch, strides(dims)[: len(batch)], strict=True)):
-        component = batch_index[len(batch_index) - len(batch) + d]
-        if size == 1 or component is None:
-            continue
-        term = b.mul(component, b.index(stride))
-        total = term if total is None else b.add(total, term)
-    return total
-
-
 def _plus(b: TileBuilder, base: Value | None, offsets: Value) -> Value:
     return offsets if base is None else b.add(base, offsets)
-
-
-def _unflatten(b: TileBuilder, flat: Value, dims: Sequence[int]) -> list[Value | None]:
-    out: list[Value | None] = []
-    total = math.prod(dims)
-    for size, stride in zip(dims, strides(dims), strict=True):
-        if size == 1:
-            out.append(None)
-            continue
-        component = flat if stride == 1 else b.div(flat, b.index(stride))
-        if stride * size < total:
-            component = b.rem(component, b.index(size))
-        out.append(component)
-    return out
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> tile.KernelOp:
@@ -382,7 +357,7 @@ def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     dot_element = element[att.q] if element[att.q] == element[att.k] else f32
 
     pid_m = b.program_id(0)
-    batch_index = _unflatten(b, b.program_id(1), batch) if batch else []
+    batch_index = unflatten(b, b.program_id(1), batch) if batch else []
     rows = b.add(b.mul(pid_m, b.index(bm)), b.expand_dims(b.arange(bm), 1))  # [bm, 1]
     row_mask = None if tq % bm == 0 else b.cmp("lt", rows, b.index(tq))
     d_cols = b.expand_dims(b.arange(bd), 0)  # [1, bd]
@@ -397,7 +372,7 @@ def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
 
     def base(dims: tuple[int, ...]) -> Value | None:  # this program's batch offset (once per shape)
         if dims not in bases:
-            bases[dims] = _batch_offset(b, dims, batch_index)
+            bases[dims] = batch_offset(b, dims, batch_index)
         return bases[dims]
 
     q_offsets = _plus(b, base(q_dims), b.add(b.mul(rows, b.index(d)), d_cols))
@@ -495,5 +470,5 @@ def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     out = b.convert(b.div(acc_final, l_safe), element[att.output])
     out_offsets = _plus(b, base(out_dims), b.add(b.mul(rows, b.index(dv)), dv_cols))
     b.store(frame.outputs[0], out_offsets, out, b.and_(row_mask, dv_mask))
-    grid = [_cdiv(tq, bm), max(1, math.prod(batch)), 1]
+    grid = [cdiv(tq, bm), max(1, math.prod(batch)), 1]
     return frame.finish(grid, config)

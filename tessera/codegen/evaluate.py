@@ -315,20 +315,24 @@ def _slice(ev: Evaluator, op: graph.SliceOp, value: SSAValue, index: Index) -> V
     return ev.at(op.input, inner)
 
 
-def _reshape(ev: Evaluator, op: graph.ReshapeOp, value: SSAValue, index: Index) -> Value:
-    b = ev.b
-    flat = ev.offsets(dims_of(value), index)
-    dims = dims_of(op.input)
-    inner: list[Value | None] = []
+def unflatten(b: TileBuilder, flat: Value, dims: Sequence[int]) -> list[Value | None]:
+    """The multi-index of the flat offset ``flat`` in row-major ``dims`` (None for size-1 dims)."""
+    out: list[Value | None] = []
+    total = math.prod(dims)
     for size, stride in zip(dims, strides(dims), strict=True):
         if size == 1:
-            inner.append(None)
+            out.append(None)
             continue
         component = flat if stride == 1 else b.div(flat, b.index(stride))
-        if stride * size < math.prod(dims):
+        if stride * size < total:
             component = b.rem(component, b.index(size))
-        inner.append(component)
-    return ev.at(op.input, tuple(inner))
+        out.append(component)
+    return out
+
+
+def _reshape(ev: Evaluator, op: graph.ReshapeOp, value: SSAValue, index: Index) -> Value:
+    flat = ev.offsets(dims_of(value), index)
+    return ev.at(op.input, tuple(unflatten(ev.b, flat, dims_of(op.input))))
 
 
 def _all_slice(ev: Evaluator, op: graph.AllSliceOp, value: SSAValue, index: Index) -> Value:

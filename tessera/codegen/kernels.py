@@ -38,7 +38,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import SSAValue
 
 from tessera.codegen.builder import IDENTITY, TileBuilder, Value, shape
-from tessera.codegen.evaluate import Evaluator, Index, Space, dims_of, strides
+from tessera.codegen.evaluate import Evaluator, Index, Space, dims_of, strides, unflatten
 from tessera.errors import IRError
 from tessera.ir import graph, schedule, tile
 from tessera.ir.dense import is_splat
@@ -178,23 +178,24 @@ def new_frame(kernel: schedule.KernelOp) -> Frame:
     )
 
 
-def _unflatten(b: TileBuilder, flat: Value, dims: Sequence[int]) -> list[Value | None]:
-    """The multi-index of ``flat`` in row-major ``dims`` (None for size-1 dims)."""
-    out: list[Value | None] = []
-    total = math.prod(dims)
-    for size, stride in zip(dims, strides(dims), strict=True):
-        if size == 1:
-            out.append(None)
-            continue
-        component = flat if stride == 1 else b.div(flat, b.index(stride))
-        if stride * size < total:
-            component = b.rem(component, b.index(size))
-        out.append(component)
-    return out
-
-
-def _cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def batch_offset(
+    b: TileBuilder, dims: Sequence[int], batch_index: Sequence[Value | None]
+) -> Value | None:
+    """The offset of this program's batch in a contiguous ``dims`` whose batch dims (all
+    but the last two) align right with ``batch_index``; None when there is none."""
+    total: Value | None = None
+    batch = dims[:-2]
+    for d, (size, stride) in enumerate(zip(batch, strides(dims)[: len(batch)], strict=True)):
+        component = batch_index[len(batch_index) - len(batch) + d]
+        if size == 1 or component is None:
+            continue
+        term = b.mul(component, b.index(stride))
+        total = term if total is None else b.add(total, term)
+    return total
 
 
 # --- pointwise -----------------------------------------------------------------------------------
@@ -216,7 +217,7 @@ def lower_pointwise(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     offsets = b.add(b.mul(pid, b.index(block)), b.arange(block))
     mask = None if numel % block == 0 else b.cmp("lt", offsets, b.index(numel))
     space = Space(
-        tuple(space_dims), tuple(_unflatten(b, offsets, space_dims)), (block,), [mask], offsets
+        tuple(space_dims), tuple(unflatten(b, offsets, space_dims)), (block,), [mask], offsets
     )
     ev = frame.evaluator(space)
     if split is not None:
@@ -224,7 +225,7 @@ def lower_pointwise(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     else:
         for ptr, value in zip(frame.outputs, outputs, strict=True):
             ev.store(ptr, value, ev.at(value, ev.full_index(value)))
-    return frame.finish([_cdiv(numel, block), 1, 1], config)
+    return frame.finish([cdiv(numel, block), 1, 1], config)
 
 
 def _broadcast_all(all_dims: list[tuple[int, ...]], kernel: schedule.KernelOp) -> tuple[int, ...]:
@@ -304,9 +305,9 @@ def lower_reduction(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     r = b.expand_dims(b.arange(block_r), 0)
     r_mask = None if width == block_r else b.cmp("lt", r, b.index(width))
     index: list[Value | None] = [None] * len(full)
-    for d, c in zip(kept, _unflatten(b, row, [full[d] for d in kept]), strict=True):
+    for d, c in zip(kept, unflatten(b, row, [full[d] for d in kept]), strict=True):
         index[d] = c
-    for d, c in zip(axes, _unflatten(b, r, [full[d] for d in axes]), strict=True):
+    for d, c in zip(axes, unflatten(b, r, [full[d] for d in axes]), strict=True):
         index[d] = c
     trailing = list(axes) == list(range(len(full) - len(axes), len(full)))
     linear = b.add(b.mul(row, b.index(width)), r) if trailing else None
@@ -326,7 +327,7 @@ def lower_reduction(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
         else:
             at = ev.full_index(value)
         ev.store(ptr, value, ev.at(value, at), at)
-    return frame.finish([_cdiv(rows, block_rows), 1, 1], config)
+    return frame.finish([cdiv(rows, block_rows), 1, 1], config)
 
 
 def _masked(b: TileBuilder, x: Value, mask: Value | None, kind: str) -> Value:
@@ -400,26 +401,17 @@ def lower_matmul(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> ti
     bm, bn = max(16, min(config.block_m, next_pow2(m))), max(16, min(config.block_n, next_pow2(n)))
     bk = max(16, min(config.block_k, next_pow2(k)))
     pid = b.program_id(0)
-    pid_m, pid_n = _grouped(b, pid, _cdiv(m, bm), _cdiv(n, bn), config.group_m)
+    pid_m, pid_n = _grouped(b, pid, cdiv(m, bm), cdiv(n, bn), config.group_m)
     rows = b.add(b.mul(pid_m, b.index(bm)), b.expand_dims(b.arange(bm), 1))  # [bm, 1]
     cols = b.add(b.mul(pid_n, b.index(bn)), b.expand_dims(b.arange(bn), 0))  # [1, bn]
     row_mask = None if m % bm == 0 else b.cmp("lt", rows, b.index(m))
     col_mask = None if n % bn == 0 else b.cmp("lt", cols, b.index(n))
-    batch_index = _unflatten(b, b.program_id(1), batch) if batch else []
+    batch_index = unflatten(b, b.program_id(1), batch) if batch else []
     space = Space(out_dims, (*batch_index, rows, cols), (bm, bn), [row_mask, col_mask])
     ev = frame.evaluator(space)
 
     def base(operand: SSAValue) -> Value:  # the offset of this program's batch in ``operand``
-        dims = dims_of(operand)
-        index = (
-            *[
-                batch_index[len(batch) - len(dims) + 2 + i] if s != 1 else None
-                for i, s in enumerate(dims[:-2])
-            ],
-            None,
-            None,
-        )
-        return ev.offsets(dims, index)
+        return batch_offset(b, dims_of(operand), batch_index) or b.index(0)
 
     lhs_rows = b.add(base(lhs), b.mul(rows, b.index(k)))  # [bm, 1]
     rhs_cols = b.add(base(rhs), cols)  # [1, bn]
@@ -439,7 +431,7 @@ def lower_matmul(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> ti
     ev.bound[op.result] = loop.results[0]
     for ptr, value in zip(frame.outputs, yielded(kernel), strict=True):
         ev.store(ptr, value, ev.at(value, ev.full_index(value)))
-    grid = [_cdiv(m, bm) * _cdiv(n, bn), max(1, math.prod(batch)), 1]
+    grid = [cdiv(m, bm) * cdiv(n, bn), max(1, math.prod(batch)), 1]
     return frame.finish(grid, replace(config, num_stages=max(config.num_stages, 1)))
 
 
