@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import BlockArgument, SSAValue
+from xdsl.dialects.builtin import ModuleOp, UnitAttr
+from xdsl.ir import Attribute, BlockArgument, SSAValue
 
 from tessera.backends import distributed, schedule_runner
 from tessera.backends.collective_info import CollectiveInfo, collectives
@@ -37,6 +37,7 @@ from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, tracing
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.graph import DONATED
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_sharding, op_shardings
 from tessera.passes import get_all_passes
 from tessera.passes.plan_memory import peak_bytes
@@ -79,10 +80,24 @@ class Signature:
 
 
 @dataclass(frozen=True)
+class ModelStateMemory:
+    """Per-rank bytes of a training step's state (the ZeRO paper's "model states")."""
+
+    params: int
+    grads: int  # the reduced gradients the optimizer consumes
+    optimizer_state: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer_state
+
+
+@dataclass(frozen=True)
 class MemoryStats:
     """Per-rank memory of a compiled program."""
 
     peak_bytes: int  # arguments, results and intermediates live at the worst point
+    model_states: ModelStateMemory | None = None  # training steps (graph.training_step)
 
 
 class Lowered:
@@ -107,6 +122,8 @@ class Lowered:
         self._runner: schedule_runner.KernelRunner | None = None
         self._layout_cache: tuple[list[Sharding], list[Sharding]] | None = None
         self.last_run: distributed.RunRecord | None = None  # set by multi-process calls
+        # set by graph.training_step: the per-rank bytes of parameters, gradients, state
+        self.model_states: Callable[[], ModelStateMemory] | None = None
 
     def as_text(self, stage: str = "graph") -> str:
         """The IR at ``stage``: ``"graph"`` (traced, global shapes), ``"sharded"`` (every
@@ -163,8 +180,12 @@ class Lowered:
         return self._stages[stage]
 
     def memory(self) -> MemoryStats:
-        """Per-rank memory of the scheduled program (``plan-memory``'s buffer plan)."""
-        return MemoryStats(peak_bytes=peak_bytes(self.module_at("schedule"))[self.name])
+        """Per-rank memory of the scheduled program (``plan-memory``'s buffer plan) and,
+        for a training step, of its parameters, gradients and optimizer state."""
+        return MemoryStats(
+            peak_bytes=peak_bytes(self.module_at("schedule"))[self.name],
+            model_states=self.model_states() if self.model_states else None,
+        )
 
     def collectives(self) -> list[CollectiveInfo]:
         """The communicating collectives each rank runs, in program order."""
@@ -340,6 +361,7 @@ class JitFunction:
         in_shardings: Any = None,
         out_shardings: Any = None,
         kernels: str | None = None,
+        donate_argnums: Sequence[int] = (),
     ):
         if mesh is None and (in_shardings is not None or out_shardings is not None):
             raise ShardingError("in_shardings and out_shardings need a mesh: ts.jit(fn, mesh=...)")
@@ -354,6 +376,9 @@ class JitFunction:
         self.__name__: str = getattr(fn, "__name__", "main")  # functools.partial has none
         self.fn = fn
         self.static_argnums = tuple(static_argnums)
+        self.donate_argnums = tuple(donate_argnums)
+        if set(self.donate_argnums) & set(self.static_argnums):
+            raise TesseraError(f"{self.__name__}: an argument cannot be both static and donated")
         self.trace_count = 0
         self._cache: dict[Signature, Lowered] = {}
 
@@ -462,14 +487,36 @@ class JitFunction:
                 )
             if leaf.trace is not trace:
                 raise TraceError(f"{self.__name__} returned a tensor from another traced function")
-        arg_attrs = [
-            {SHARDING_KEY: ShardingAttr.get(MESH_SYMBOL, s)} if s is not None else {}
-            for s in signature.shardings
+        shardings = signature.shardings or (None,) * len(avals)
+        donated = self._donated_leaves(signature)
+        arg_attrs: list[dict[str, Attribute]] = [
+            ({SHARDING_KEY: ShardingAttr.get(MESH_SYMBOL, s)} if s is not None else {})
+            | ({DONATED: UnitAttr()} if index in donated else {})
+            for index, s in enumerate(shardings)
         ]
-        module = trace.finish(out_leaves, arg_attrs or None)
+        module = trace.finish(out_leaves, arg_attrs)
         return Lowered(
             trace.name, module, signature, out_tree, self.mesh, self.kernels or default_kernels()
         )
+
+    def _donated_leaves(self, signature: Signature) -> set[int]:
+        """Indices (among the array arguments) of the leaves of ``donate_argnums``."""
+        positional = signature.treedef.children[0].children
+        donated = {
+            n % len(positional)
+            for n in self.donate_argnums
+            if -len(positional) <= n < len(positional)
+        }
+        indices: set[int] = set()
+        leaves = iter(signature.leaves)
+        count = 0
+        for index, child in enumerate(positional):
+            for _ in range(child.num_leaves):
+                if isinstance(next(leaves), AbstractTensor):
+                    if index in donated:
+                        indices.add(count)
+                    count += 1
+        return indices
 
     def _argument_names(self, signature: Signature) -> list[str]:
         """IR names of the array leaves: the parameter name plus the path into pytrees."""
@@ -524,6 +571,7 @@ def jit(
     in_shardings: Any = None,
     out_shardings: Any = None,
     kernels: str | None = None,
+    donate_argnums: int | Sequence[int] = (),
 ) -> Any:
     """Compiles ``fn`` with Tessera; usable as ``@jit`` or ``@jit(static_argnums=...)``.
 
@@ -531,14 +579,18 @@ def jit(
     ``dist.ShardSpec``, None for "let Tessera choose", or a pytree of those matching the
     argument) and ``out_shardings`` constrains the outputs the same way. ``kernels`` is
     ``"triton"`` (generated kernels; the default, or ``TESSERA_KERNELS``) or
-    ``"reference"`` (the reference executor).
+    ``"reference"`` (the reference executor). ``donate_argnums`` (as in JAX) marks
+    arguments whose buffers the program may reuse once it has read them: ``plan-memory``
+    frees them after their last use and lets an elementwise update write in their place.
     """
     nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
     options = {
         "mesh": mesh,
         "in_shardings": in_shardings,
         "out_shardings": out_shardings,
         "kernels": kernels,
+        "donate_argnums": donate,
     }
     if fn is None:
         return lambda f: JitFunction(f, nums, **options)

@@ -10,6 +10,10 @@ with ``params``' structure — as in the seeds' training steps::
         loss = op.cross_entropy(model(params, batch["input"]), batch["labels"])
         grads = graph.backward(loss, params)
         return optim.sgd(params, grads, lr=0.1), {"loss": loss}
+
+Inside ``@graph.training_step`` (see :mod:`tessera.training`), ``graph.backward(loss)``
+differentiates with respect to the step's parameters, and the decorator applies the
+optimizer and the synchronisation.
 """
 
 from __future__ import annotations
@@ -23,10 +27,14 @@ from tessera.errors import TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, user_location
 from tessera.passes.autodiff import backprop
+from tessera.training import TrainingStep, TrainState, active_params, training_step
+
+__all__ = ["TrainState", "TrainingStep", "backward", "training_step"]
 
 
-def backward(loss: Tensor, params: Any) -> Any:
-    """Gradients of the scalar ``loss`` with respect to the tensors of ``params``."""
+def backward(loss: Tensor, params: Any = None) -> Any:
+    """Gradients of the scalar ``loss`` with respect to the tensors of ``params`` (by
+    default, inside ``@graph.training_step``, the step's parameters)."""
     if not isinstance(loss, Tensor):
         raise TraceError(
             f"graph.backward expects a traced scalar loss, found {type(loss).__name__} at {user_location()}"
@@ -35,6 +43,8 @@ def backward(loss: Tensor, params: Any) -> Any:
         raise TraceError(
             f"graph.backward: the loss must be a float scalar, found {loss.aval} at {user_location()}"
         )
+    if params is None:
+        params = active_params()
     leaves, tree = pytree.flatten(params)
     for leaf in leaves:
         if not isinstance(leaf, Tensor) or leaf.trace is not loss.trace:

@@ -10,10 +10,15 @@ elementwise kernels). State lives in pytrees of arrays that the step takes and r
 
 The update rules are torch.optim's (``SGD`` with ``dampening=0``; ``AdamW`` with decoupled
 weight decay and bias correction).
+
+:class:`SGD` and :class:`AdamW` bundle a rule with its hyper-parameters for
+``graph.training_step(optimizer=...)``, which also needs to know how the state is laid
+out (:meth:`state_layout`) to shard it for ZeRO.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -84,3 +89,47 @@ def adamw(
         return decayed - (m / correction1) * lr / (op.sqrt(v / correction2) + eps)
 
     return _map(update, params, m, v), {"step": step, "m": m, "v": v}
+
+
+@dataclass(frozen=True)
+class SGD:
+    """SGD with optional momentum and weight decay (torch.optim.SGD, ``dampening=0``)."""
+
+    lr: float = 1e-2
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def init(self, params: Any) -> dict[str, Any]:
+        return sgd_state(params) if self.momentum else {}
+
+    def update(self, params: Any, grads: Any, state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        new_params, new_state = sgd(
+            params, grads, state or None, self.lr, self.momentum, self.weight_decay
+        )
+        return new_params, new_state or {}
+
+    def state_layout(self, like_params: Any, scalar: Any) -> dict[str, Any]:
+        """The state's pytree with ``like_params`` for buffers shaped like the parameters
+        and ``scalar`` for scalars."""
+        return {"momentum": like_params} if self.momentum else {}
+
+
+@dataclass(frozen=True)
+class AdamW:
+    """AdamW (torch.optim.AdamW): decoupled weight decay, bias-corrected moments."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 1e-2
+
+    def init(self, params: Any) -> dict[str, Any]:
+        return adamw_state(params)
+
+    def update(self, params: Any, grads: Any, state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        return adamw(params, grads, state, self.lr, self.betas, self.eps, self.weight_decay)
+
+    def state_layout(self, like_params: Any, scalar: Any) -> dict[str, Any]:
+        """The state's pytree with ``like_params`` for the moments and ``scalar`` for the
+        step count."""
+        return {"step": scalar, "m": like_params, "v": like_params}

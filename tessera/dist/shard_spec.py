@@ -46,6 +46,14 @@ class ShardSpec:
         object.__setattr__(self, "mesh_axes", normalized)
         object.__setattr__(self, "replicate", replicate)
 
+    @staticmethod
+    def from_sharding(sharding: Sharding) -> ShardSpec:
+        """The spec of a (non-partial) :class:`Sharding`."""
+        split = [(dim, axes) for dim, axes in enumerate(sharding.dims) if axes]
+        if not split:
+            return ShardSpec(replicate=True)
+        return ShardSpec(tuple(d for d, _ in split), tuple(a for _, a in split))
+
     def to_sharding(self, mesh: Mesh, shape: Sequence[int], name: str = "tensor") -> Sharding:
         """The per-dim sharding of a tensor of ``shape``; raises ShardingError if invalid."""
         rank = len(shape)

@@ -518,6 +518,7 @@ class GatherOp(GraphOp):
 
 
 PARTITIONED = "graph.partitioned"  # unit attribute of a func.func with per-rank types
+DONATED = "graph.donated"  # unit argument attribute: the program may reuse its buffer
 
 
 class CollectiveOp(UnaryGraphOp):

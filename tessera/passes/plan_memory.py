@@ -6,10 +6,14 @@ results; values inside a kernel are registers or tiles and take no arena space.
 
 1. *Liveness*: a buffer lives from the op that makes it to its last top-level use; a
    returned value lives to the end; a collective's operand lives until its wait (the
-   transfer reads it while in flight).
+   transfer reads it while in flight). Arguments live throughout, except *donated* ones
+   (``graph.donated``, from ``ts.jit(donate_argnums=...)``), which die at their last use.
 2. *Placement*: in order of definition, first fit: the lowest offset (aligned to
    ``alignment`` bytes) whose span overlaps no live buffer's, so dead buffers' space is
-   reused.
+   reused. A kernel result takes the place of a donated argument that the kernel reads
+   last, when both have the same size and the kernel reads it only elementwise (each
+   element is read at the index the result is written at): an in-place update, as an
+   optimizer step's parameters and moments are.
 3. *Annotation*: ``schedule.offsets`` (one byte offset per result) on each kernel and wait,
    ``schedule.arg_offsets`` and ``schedule.peak_bytes`` (the arena's high-water mark,
    the per-rank peak) on the function.
@@ -25,8 +29,10 @@ from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp, i64
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
+from tessera.codegen.evaluate import ELEMENTWISE
 from tessera.ir import schedule
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.graph import DONATED
 
 PEAK_BYTES = "schedule.peak_bytes"
 
@@ -49,6 +55,22 @@ def _bytes(value: SSAValue, alignment: int) -> int:
     return max(alignment, -(-size // alignment) * alignment)
 
 
+def donated_args(function: func.FuncOp) -> list[int]:
+    """Indices of the arguments marked ``graph.donated``."""
+    attrs = function.arg_attrs.data if function.arg_attrs else []
+    return [i for i, a in enumerate(attrs) if DONATED in a.data]
+
+
+def _reads_elementwise(kernel: schedule.KernelOp, index: int) -> bool:
+    """Whether the kernel reads its input ``index`` only elementwise, at the shape it has."""
+    arg = kernel.body.block.args[index]
+    return all(
+        type(use.operation) in ELEMENTWISE
+        and all(r.type == arg.type for r in use.operation.results)
+        for use in arg.uses
+    )
+
+
 def _plan(function: func.FuncOp, alignment: int) -> None:
     block = function.body.block
     ops = list(block.ops)
@@ -57,7 +79,9 @@ def _plan(function: func.FuncOp, alignment: int) -> None:
     for index, op in enumerate(ops):
         if isinstance(op, (schedule.KernelOp, schedule.WaitOp)):
             born.update((r, index) for r in op.results)
-    last = {v: end if v in block.args else i for v, i in born.items()}  # arguments: caller-owned
+    donated = {block.args[i] for i in donated_args(function)}
+    # arguments are caller-owned and live throughout, unless donated
+    last = {v: end if v in block.args and v not in donated else i for v, i in born.items()}
     for index, op in enumerate(ops):
         for operand in op.operands:
             if operand in last:
@@ -67,15 +91,20 @@ def _plan(function: func.FuncOp, alignment: int) -> None:
             last[op.input] = max(last[op.input], ops.index(wait))
     live: list[tuple[int, int, int]] = []  # (offset, size, last use)
     offsets: dict[SSAValue, int] = {}
+    in_place = _in_place(ops, donated, last, alignment)
     peak = 0
     for value in sorted(born, key=lambda v: born[v]):
         live = [b for b in live if b[2] >= born[value]]
         size = _bytes(value, alignment)
-        offset = 0
-        for start, length, _ in sorted(live):
-            if offset + size <= start:
-                break
-            offset = max(offset, start + length)
+        if value in in_place:
+            offset = offsets[in_place[value]]
+            live = [b for b in live if b[0] != offset]
+        else:
+            offset = 0
+            for start, length, _ in sorted(live):
+                if offset + size <= start:
+                    break
+                offset = max(offset, start + length)
         live.append((offset, size, last[value]))
         offsets[value] = offset
         peak = max(peak, offset + size)
@@ -88,6 +117,30 @@ def _plan(function: func.FuncOp, alignment: int) -> None:
         i64, [offsets[a] for a in block.args]
     )
     function.attributes[PEAK_BYTES] = IntegerAttr(peak, i64)
+
+
+def _in_place(
+    ops: list, donated: set[SSAValue], last: dict[SSAValue, int], alignment: int
+) -> dict[SSAValue, SSAValue]:
+    """Kernel results that take the place of a donated argument (see the module doc)."""
+    taken: set[SSAValue] = set()
+    aliases: dict[SSAValue, SSAValue] = {}
+    for index, op in enumerate(ops):
+        if not isinstance(op, schedule.KernelOp):
+            continue
+        for result in op.results:
+            for position, source in enumerate(op.inputs):
+                if (
+                    source in donated
+                    and source not in taken
+                    and last[source] == index
+                    and _bytes(source, alignment) == _bytes(result, alignment)
+                    and _reads_elementwise(op, position)
+                ):
+                    aliases[result] = source
+                    taken.add(source)
+                    break
+    return aliases
 
 
 def peak_bytes(module: ModuleOp) -> dict[str, int]:

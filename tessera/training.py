@@ -1,0 +1,396 @@
+"""``graph.training_step``: a whole training step (forward, backward, optimizer update)
+compiled as one program, with the parameters and optimizer state updated in place.
+
+As in the seeds' chapter 7, the user writes the step's forward and asks for gradients;
+the decorator adds the optimizer and the synchronisation::
+
+    @graph.training_step(optimizer=optim.AdamW(lr=1e-3), mesh=mesh, zero=2,
+                         param_shardings={"w1": cols, "w2": rows})
+    def step(params, batch):
+        loss = op.cross_entropy(model(params, batch["x"]), batch["y"])
+        return graph.backward(loss), {"loss": loss}
+
+    state = step.init(params)          # the parameters (updated in place) + optimizer state
+    metrics = step(state, batch)       # one step; state.params now hold the new values
+
+Nothing in the user's code synchronises: the batch is split over ``dp_axis`` and the
+parameters are replicated over it (and laid out over the other axes as
+``param_shardings`` says), so the gradients come out partial over dp and the sharding
+passes insert the reductions. ``zero`` selects how much of the training state is
+sharded over dp (Rajbhandari et al., ZeRO, 2020; FSDP is stage 3):
+
+====  ===========================  =====================================================
+zero  sharded over dp              communication per step (Ψ = parameter bytes per rank)
+====  ===========================  =====================================================
+0     nothing (plain DP)           all_reduce(grads): 2(n-1)/n Ψ
+1     optimizer state              all_reduce(grads) + all_gather(params): 3(n-1)/n Ψ
+2     + gradients                  reduce_scatter(grads) + all_gather(params): 2(n-1)/n Ψ
+3     + parameters                 all_gather(params) + reduce_scatter(grads): 2(n-1)/n Ψ
+====  ===========================  =====================================================
+
+Stage 1 keeps a whole gradient on each rank (all-reduced, as DDP with torch's
+``ZeroRedundancyOptimizer`` does); stage 2 reduces each gradient straight into the shard
+its rank updates. Stage 3 gathers each parameter once per step, at the start, and keeps
+it for the backward pass. A tensor is sharded over dp along its first dim that dp
+divides (after any split it already has); one that has none (the step count, an odd
+sized bias) stays replicated.
+
+The step's program donates the parameters and optimizer state (``donate_argnums``):
+``plan-memory`` lets the update write in their place, and the runtime copies the new
+values into the tensors of the :class:`TrainState`, so the user's parameter tensors are
+updated in place, as torch optimizers do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any
+
+import torch
+
+from tessera.compiled import JitFunction, Lowered, MemoryStats, ModelStateMemory, _broadcast_prefix
+from tessera.dist.collectives import shard
+from tessera.dist.mesh import Mesh
+from tessera.dist.shard_spec import ShardSpec
+from tessera.dtypes import as_dtype
+from tessera.errors import ShardingError, TesseraError, TraceError
+from tessera.frontend import pytree
+from tessera.frontend.tracer import Tensor, user_location
+from tessera.ir.sharding import Sharding
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass
+class TrainState:
+    """What a training step updates: the parameters and the optimizer state (pytrees of
+    torch tensors, updated in place by each step) and the number of steps taken."""
+
+    params: Any
+    opt_state: Any
+    step: int = 0
+
+
+@dataclass
+class _Layouts:
+    """Per parameter leaf: the sharding it is used in, stored in, and reduced into."""
+
+    compute: list[Sharding]  # as the forward and backward use it
+    stored: list[Sharding]  # as TrainState keeps it between steps
+    grad: list[Sharding]  # the reduced gradient the optimizer consumes
+    state: list[Sharding]  # optimizer buffers shaped like the parameter
+    shapes: list[tuple[int, ...]] = field(default_factory=list)
+
+
+_active_params: list[Any] = []
+
+
+@contextmanager
+def _training_params(params: Any) -> Iterator[None]:
+    _active_params.append(params)
+    try:
+        yield
+    finally:
+        _active_params.pop()
+
+
+def active_params() -> Any:
+    """The parameters of the training step being traced (``graph.backward``'s default)."""
+    if not _active_params:
+        raise TraceError(
+            "graph.backward(loss) without params is only valid inside @graph.training_step; "
+            f"pass the tensors to differentiate: graph.backward(loss, params), at {user_location()}"
+        )
+    return _active_params[-1]
+
+
+def zero_sharding(sharding: Sharding, shape: Sequence[int], mesh: Mesh, axis: str) -> Sharding:
+    """``sharding`` with ``axis`` added to the first dim it divides (unsplit dims first)."""
+    if axis in sharding.split_axes or mesh.axis_size(axis) == 1:
+        return sharding
+    size = mesh.axis_size(axis)
+    order = sorted(range(len(shape)), key=lambda d: (bool(sharding.dims[d]), d))
+    for dim in order:
+        if shape[dim] % (sharding.shards(mesh, dim) * size) == 0:
+            dims = list(sharding.dims)
+            dims[dim] = (*dims[dim], axis)
+            return Sharding(tuple(dims))
+    return sharding
+
+
+class TrainingStep:
+    """A compiled training step; see the module docstring."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        optimizer: Any,
+        mesh: Mesh | None = None,
+        param_shardings: Any = None,
+        batch_shardings: Any = None,
+        zero: int = 0,
+        dp_axis: str = "dp",
+        kernels: str | None = None,
+        module: str | None = None,
+    ):
+        if zero not in ZERO_STAGES:
+            raise TesseraError(f"training_step: zero must be one of {ZERO_STAGES}, found {zero!r}")
+        if not (hasattr(optimizer, "update") and hasattr(optimizer, "init")):
+            raise TesseraError(
+                "training_step: optimizer must be an optimizer object such as "
+                f"optim.AdamW(lr=...) or optim.SGD(lr=...), found {type(optimizer).__name__}"
+            )
+        has_dp = mesh is not None and dp_axis in mesh.axis_names
+        if zero and not has_dp:
+            axes = list(mesh.axis_names) if mesh is not None else []
+            raise ShardingError(
+                f"training_step: zero={zero} shards over the data-parallel axis {dp_axis!r}, "
+                f"but the mesh has axes {axes}; pass mesh=... with that axis or dp_axis=..."
+            )
+        self.fn = fn
+        self.optimizer = optimizer
+        self.mesh = mesh
+        self.param_shardings = param_shardings
+        self.batch_shardings = batch_shardings
+        self.zero = zero
+        self.dp_axis = dp_axis if has_dp else None
+        self.kernels = kernels
+        self.__name__ = module or getattr(fn, "__name__", "training_step")
+        self._jit: dict[tuple[pytree.TreeDef, int], tuple[JitFunction, _Layouts]] = {}
+
+    # --- user API ---------------------------------------------------------------------------
+
+    def init(self, params: Any) -> TrainState:
+        """The training state for ``params`` (a pytree of tensors, kept — not copied — so
+        that steps update them in place) and fresh optimizer state."""
+        leaves, tree = pytree.flatten(params)
+        tensors = []
+        for leaf in leaves:
+            tensor = leaf if isinstance(leaf, torch.Tensor) else torch.as_tensor(leaf)
+            if not tensor.is_floating_point():
+                raise TesseraError(
+                    f"training_step: parameters must be float tensors, found {tensor.dtype}"
+                )
+            tensors.append(tensor.detach())
+        params = pytree.unflatten(tree, tensors)
+        return TrainState(params, self.optimizer.init(params))
+
+    def __call__(self, state: TrainState, *batch: Any) -> Any:
+        """Runs one step: updates ``state`` in place and returns the metrics."""
+        lowered = self.lower(state, *batch)
+        new_params, new_opt_state, metrics = lowered(state.params, state.opt_state, *batch)
+        with torch.no_grad():
+            for old, new in zip(
+                pytree.flatten((state.params, state.opt_state))[0],
+                pytree.flatten((new_params, new_opt_state))[0],
+                strict=True,
+            ):
+                old.copy_(torch.as_tensor(new))
+        state.step += 1
+        return metrics
+
+    def lower(self, state: TrainState, *batch: Any) -> Lowered:
+        """The compiled step for this state and batch (cached by signature)."""
+        if not isinstance(state, TrainState):
+            raise TesseraError(
+                f"{self.__name__} expects a TrainState (from {self.__name__}.init(params)) "
+                f"first, found {type(state).__name__}"
+            )
+        jitted, layouts = self._compiled(state, len(batch))
+        lowered = jitted.lower(state.params, state.opt_state, *batch)
+        lowered.model_states = lambda: self._model_states(lowered, state, layouts)
+        return lowered
+
+    def memory(self, state: TrainState, *batch: Any) -> MemoryStats:
+        """Per-rank peak bytes, and bytes of parameters, gradients and optimizer state."""
+        return self.lower(state, *batch).memory()
+
+    # --- compilation ------------------------------------------------------------------------
+
+    def _compiled(self, state: TrainState, batch_args: int) -> tuple[JitFunction, _Layouts]:
+        leaves, tree = pytree.flatten(state.params)
+        if (tree, batch_args) in self._jit:
+            return self._jit[tree, batch_args]
+        layouts = self._layouts(leaves, tree)
+        specs = lambda shardings: pytree.unflatten(  # noqa: E731
+            tree, [ShardSpec.from_sharding(s) for s in shardings]
+        )
+        replicated = ShardSpec(replicate=True)
+        state_specs = self.optimizer.state_layout(specs(layouts.state), replicated)
+        out_params = specs(layouts.stored)
+        batch_specs = self._batch_specs(batch_args)
+        in_shardings = None
+        out_shardings = None
+        if self.mesh is not None:
+            in_shardings = (specs(layouts.stored), state_specs, *batch_specs)
+            out_shardings = (out_params, state_specs, None)
+        program = self._program(tree, layouts)
+        jitted = JitFunction(
+            program,
+            mesh=self.mesh,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
+            kernels=self.kernels,
+            donate_argnums=(0, 1),
+        )
+        self._jit[tree, batch_args] = (jitted, layouts)
+        return jitted, layouts
+
+    def _batch_specs(self, count: int) -> tuple[Any, ...]:
+        """One spec (or pytree prefix of specs) per batch argument."""
+        specs = self.batch_shardings
+        if specs is None:
+            split = self.dp_axis is not None
+            return (
+                ShardSpec(partition=(0,), mesh_axes=(self.dp_axis,)) if split else None,
+            ) * count
+        if not isinstance(specs, (tuple, list)):
+            return (specs,) * count
+        if len(specs) != count:
+            raise ShardingError(
+                f"{self.__name__}: batch_shardings has {len(specs)} entries for {count} batch arguments"
+            )
+        return tuple(specs)
+
+    def _layouts(self, leaves: Sequence[torch.Tensor], tree: pytree.TreeDef) -> _Layouts:
+        shapes = [tuple(int(d) for d in leaf.shape) for leaf in leaves]
+        if self.mesh is None:
+            whole = [Sharding.replicated(len(s)) for s in shapes]
+            return _Layouts(whole, whole, whole, whole, shapes)
+        specs = _broadcast_prefix(self.param_shardings, tree, "param_shardings")
+        compute = []
+        for spec, shape, path in zip(specs, shapes, _paths(tree), strict=True):
+            name = f"parameter {path} of {self.__name__}"
+            sharding = (
+                spec.to_sharding(self.mesh, shape, name)
+                if spec is not None
+                else Sharding.replicated(len(shape))
+            )
+            if self.dp_axis is not None and self.dp_axis in sharding.split_axes:
+                raise ShardingError(
+                    f"{name}: param_shardings split it over the data-parallel axis "
+                    f"{self.dp_axis!r}; use zero=3 to shard parameters over dp"
+                )
+            compute.append(sharding)
+        if self.dp_axis is None:
+            return _Layouts(compute, compute, compute, compute, shapes)
+        sharded = [
+            zero_sharding(s, shape, self.mesh, self.dp_axis)
+            for s, shape in zip(compute, shapes, strict=True)
+        ]
+        stored = sharded if self.zero >= 3 else compute
+        grad = sharded if self.zero >= 2 else compute
+        state = sharded if self.zero >= 1 else compute
+        return _Layouts(compute, stored, grad, state, shapes)
+
+    def _program(self, tree: pytree.TreeDef, layouts: _Layouts) -> Callable[..., Any]:
+        user_fn, optimizer, mesh = self.fn, self.optimizer, self.mesh
+
+        def constrain(
+            values: list[Tensor], shardings: list[Sharding], wanted: list[Sharding]
+        ) -> list[Tensor]:
+            if mesh is None:
+                return values
+            return [
+                v if have == want else shard(v, want)
+                for v, have, want in zip(values, shardings, wanted, strict=True)
+            ]
+
+        def program(params: Any, opt_state: Any, *batch: Any) -> Any:
+            stored = pytree.flatten(params)[0]
+            # ZeRO-3: gather each parameter once, at the start, for the forward and backward
+            used = pytree.unflatten(tree, constrain(stored, layouts.stored, layouts.compute))
+            with _training_params(used):
+                returned = user_fn(used, *batch)
+            if not (isinstance(returned, tuple) and len(returned) == 2):
+                raise TraceError(
+                    f"{self.__name__} must return (grads, metrics), as graph.backward's "
+                    f"gradients and a dict of metrics"
+                )
+            grads, metrics = returned
+            grad_leaves, grad_tree = pytree.flatten(grads)
+            if grad_tree != tree:
+                raise TraceError(
+                    f"{self.__name__}: the gradients returned have a different structure "
+                    f"from the parameters; return graph.backward(loss) as is"
+                )
+            grad_leaves = [
+                shard(g, want) if mesh is not None else g
+                for g, want in zip(grad_leaves, layouts.grad, strict=True)
+            ]
+            new_params, new_state = optimizer.update(
+                params, pytree.unflatten(tree, grad_leaves), opt_state
+            )
+            return new_params, new_state, metrics
+
+        program.__name__ = self.__name__
+        return program
+
+    def _model_states(
+        self, lowered: Lowered, state: TrainState, layouts: _Layouts
+    ) -> ModelStateMemory:
+        mesh = self.mesh or Mesh(("device",), (1,))
+        param_leaves = pytree.flatten(state.params)[0]
+        state_leaves = pytree.flatten(state.opt_state)[0]
+
+        def local_bytes(shardings: Sequence[Sharding], leaves: Sequence[Any]) -> int:
+            return sum(
+                prod(s.local_shape(mesh, tuple(leaf.shape))) * as_dtype(leaf.dtype).itemsize
+                for s, leaf in zip(shardings, leaves, strict=True)
+            )
+
+        arg_layouts, _ = lowered._layouts() if self.mesh is not None else ([], [])
+        if self.mesh is not None:
+            state_layouts = arg_layouts[len(param_leaves) : len(param_leaves) + len(state_leaves)]
+        else:
+            state_layouts = [Sharding.replicated(len(leaf.shape)) for leaf in state_leaves]
+        return ModelStateMemory(
+            params=local_bytes(layouts.stored, param_leaves),
+            grads=local_bytes(layouts.grad, param_leaves),
+            optimizer_state=local_bytes(state_layouts, state_leaves),
+        )
+
+
+def _paths(tree: pytree.TreeDef) -> list[str]:
+    paths: list[str] = []
+
+    def visit(node: pytree.TreeDef, path: str) -> None:
+        if node.kind == "leaf":
+            paths.append(path or "<root>")
+            return
+        keys = node.meta if node.kind == "dict" else range(len(node.children))
+        for key, child in zip(keys, node.children, strict=True):
+            visit(child, f"{path}[{key!r}]")
+
+    visit(tree, "")
+    return paths
+
+
+def training_step(
+    fn: Callable[..., Any] | None = None,
+    *,
+    optimizer: Any,
+    mesh: Mesh | None = None,
+    param_shardings: Any = None,
+    batch_shardings: Any = None,
+    zero: int = 0,
+    dp_axis: str = "dp",
+    kernels: str | None = None,
+    module: str | None = None,
+) -> Any:
+    """Compiles ``fn(params, *batch) -> (grads, metrics)`` into a training step with the
+    ``optimizer``'s update (see the module docstring). ``param_shardings`` is a pytree
+    prefix of ``dist.ShardSpec`` for the parameters (their tensor-parallel layout),
+    ``batch_shardings`` one spec per batch argument (default: dim 0 over ``dp_axis``),
+    ``zero`` the ZeRO stage, ``module`` the program's name."""
+    options = {
+        "optimizer": optimizer, "mesh": mesh, "param_shardings": param_shardings,
+        "batch_shardings": batch_shardings, "zero": zero, "dp_axis": dp_axis,
+        "kernels": kernels, "module": module,
+    }  # fmt: skip
+    if fn is None:
+        return lambda f: TrainingStep(f, **options)
+    return TrainingStep(fn, **options)
