@@ -2,16 +2,19 @@
 
     python examples/train_gpt.py                      # virtual 2 x 2 mesh, 50 steps
     python examples/train_gpt.py --steps 10 --dp 1 --tp 1
+    python examples/train_gpt.py --zero 3             # parameters, grads, state sharded over dp
     tessera run -n 4 examples/train_gpt.py --steps 5  # one process per rank (gloo)
 
 The model: token embedding plus learned positions, ``--layers`` pre-LN transformer blocks
 with causal attention, a final layer norm and a tied output projection; the loss is the
 cross-entropy of the next token on synthetic data (a fixed random token stream). One
-``ts.jit`` step does the forward pass, ``graph.backward`` and an AdamW update, so the
-whole step is one compiled program: the batch is split over ``dp``, the attention and MLP
-weights Megatron-style over ``tp``, and the sharding passes insert every collective
-(the dp gradient all-reduces included). Each step's loss is compared with a torch
-single-device loop (float64, torch.optim.AdamW) started from the same parameters.
+``@graph.training_step`` does the forward pass, ``graph.backward`` and an AdamW update,
+so the whole step is one compiled program that updates the parameters in place: the
+batch is split over ``dp``, the attention and MLP weights Megatron-style over ``tp``, and
+the sharding passes insert every collective (the dp gradient reductions included;
+``--zero`` shards optimizer state, gradients and parameters over dp). Each step's loss
+is compared with a torch single-device loop (float64, torch.optim.AdamW) started from
+the same parameters.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import tessera as ts
 from tessera import dist, graph, op, optim
 
 LOSS_RTOL = 2e-4  # f32 program vs float64 torch, per step (rounding differences accumulate)
@@ -49,12 +51,6 @@ def gpt_loss(p, tokens, targets, n_head: int, n_layer: int):
         x = x + op.gelu(h @ p[f"fc_w{i}"]) @ p[f"out_w{i}"]
     logits = op.layer_norm(x) @ op.transpose(p["wte"], (1, 0))
     return op.cross_entropy(logits, targets)
-
-
-def train_step(p, state, tokens, targets, n_head, n_layer, lr):
-    loss = gpt_loss(p, tokens, targets, n_head, n_layer)
-    p, state = optim.adamw(p, graph.backward(loss, p), state, lr=lr, weight_decay=0.0)
-    return p, state, loss
 
 
 def torch_loss(p, tokens, targets, n_head: int, n_layer: int) -> torch.Tensor:
@@ -91,15 +87,23 @@ def init_params(vocab: int, seq: int, dim: int, n_layer: int, seed: int = 0) -> 
     return p
 
 
-def shardings(params: dict[str, torch.Tensor], mesh: dist.Mesh) -> tuple:
-    """Megatron layout over tp (qkv and fc by columns, proj and out by rows), batch over dp."""
-    tp = "tp" in mesh.axis_names and mesh.shape[mesh.axis_names.index("tp")] > 1
-    columns = dist.ShardSpec(partition=(1,), mesh_axes=("tp",)) if tp else None
-    rows = dist.ShardSpec(partition=(0,), mesh_axes=("tp",)) if tp else None
-    layout = {k: columns if k.startswith(("attn_w", "fc_w")) else rows if k.startswith(("proj_w", "out_w")) else None for k in params}
-    batch = dist.ShardSpec(partition=(0,), mesh_axes=("dp",)) if "dp" in mesh.axis_names else None
-    state = {"step": None, "m": layout, "v": layout}
-    return (layout, state, batch, batch, None, None, None)
+def megatron_layout(params: dict[str, torch.Tensor]) -> dict[str, dist.ShardSpec | None]:
+    """Megatron layout over tp: qkv and fc by columns, proj and out by rows."""
+    columns = dist.ShardSpec(partition=(1,), mesh_axes=("tp",))
+    rows = dist.ShardSpec(partition=(0,), mesh_axes=("tp",))
+    return {k: columns if k.startswith(("attn_w", "fc_w")) else rows if k.startswith(("proj_w", "out_w")) else None for k in params}
+
+
+def make_step(mesh: dist.Mesh, params: dict[str, torch.Tensor], args: argparse.Namespace) -> graph.TrainingStep:
+    @graph.training_step(
+        optimizer=optim.AdamW(lr=args.lr, weight_decay=0.0), mesh=mesh, zero=args.zero,
+        param_shardings=megatron_layout(params),
+    )  # fmt: skip
+    def step(p, tokens, targets):
+        loss = gpt_loss(p, tokens, targets, args.heads, args.layers)
+        return graph.backward(loss), {"loss": loss}
+
+    return step
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp")
     args = parser.parse_args(argv)
 
     processes = int(os.environ.get("WORLD_SIZE", "0"))
@@ -121,26 +126,21 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{processes} processes for a {args.dp} x {args.tp} mesh")
     mesh = dist.Mesh(axes=["dp", "tp"], shape=(args.dp, args.tp))
     params = init_params(args.vocab, args.seq, args.dim, args.layers)
-    state = optim.adamw_state(params)
-    step = ts.jit(train_step, static_argnums=(4, 5, 6), mesh=mesh, in_shardings=shardings(params, mesh))
+    reference = {k: v.double().clone().requires_grad_() for k, v in params.items()}
+    step = make_step(mesh, params, args)
+    state = step.init(params)  # steps update these parameter tensors in place
 
     g = torch.Generator().manual_seed(1)
     stream = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
     tokens, targets = stream[:, :-1], stream[:, 1:]
 
-    reference = {k: v.double().clone().requires_grad_() for k, v in params.items()}
     torch_optimizer = torch.optim.AdamW(reference.values(), lr=args.lr, weight_decay=0.0)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     worst, first_loss, loss_value = 0.0, None, None
     start = time.perf_counter()
     for i in range(args.steps):
-        params, state, loss = step(params, state, tokens, targets, args.heads, args.layers, args.lr)
-        if processes:  # each process holds its pieces: gather the global values
-            params, state, loss = (
-                {k: v.full() for k, v in params.items()},
-                {"step": state["step"].full(), "m": {k: v.full() for k, v in state["m"].items()}, "v": {k: v.full() for k, v in state["v"].items()}},
-                loss.full(),
-            )  # fmt: skip
+        loss = step(state, tokens, targets)["loss"]
+        loss = loss.full() if processes else loss  # one process per rank: gather the value
         torch_optimizer.zero_grad()
         expected = torch_loss(reference, tokens, targets, args.heads, args.layers)
         expected.backward()
@@ -152,9 +152,11 @@ def main(argv: list[str] | None = None) -> None:
         if rank0 and (i % 10 == 0 or i == args.steps - 1):
             print(f"step {i:3d}  loss {loss_value:.5f}  torch {expected.item():.5f}  rel. diff {error:.1e}")
     if rank0:
-        lowered = step.lower(params, state, tokens, targets, args.heads, args.layers, args.lr)
+        lowered = step.lower(state, tokens, targets)
         kinds = sorted({f"{c.kind}[{','.join(c.mesh_axes)}]" for c in lowered.collectives()})
-        print(f"mesh {args.dp} x {args.tp}, {args.steps} steps in {time.perf_counter() - start:.1f} s; collectives: {', '.join(kinds) or 'none'}")
+        memory = lowered.memory().model_states
+        print(f"mesh {args.dp} x {args.tp}, ZeRO-{args.zero}, {args.steps} steps in {time.perf_counter() - start:.1f} s; collectives: {', '.join(kinds) or 'none'}")
+        print(f"per-rank bytes: params {memory.params}, grads {memory.grads}, optimizer state {memory.optimizer_state}")
         print(f"largest per-step loss difference vs torch: {worst:.1e} (tolerance {LOSS_RTOL:.0e})")
     assert first_loss is not None and loss_value is not None
     if worst > LOSS_RTOL or loss_value >= first_loss:

@@ -51,6 +51,9 @@ from typing import Any
 
 import torch
 
+from tessera.backends import distributed
+from tessera.backends.distributed import LocalResult
+from tessera.backends.layout import block
 from tessera.compiled import JitFunction, Lowered, MemoryStats, ModelStateMemory, _broadcast_prefix
 from tessera.dist.collectives import shard
 from tessera.dist.mesh import Mesh
@@ -83,6 +86,7 @@ class _Layouts:
     grad: list[Sharding]  # the reduced gradient the optimizer consumes
     state: list[Sharding]  # optimizer buffers shaped like the parameter
     shapes: list[tuple[int, ...]] = field(default_factory=list)
+    opt_state: list[Sharding] = field(default_factory=list)  # per optimizer-state leaf
 
 
 _active_params: list[Any] = []
@@ -188,9 +192,30 @@ class TrainingStep:
                 pytree.flatten((new_params, new_opt_state))[0],
                 strict=True,
             ):
-                old.copy_(torch.as_tensor(new))
+                if isinstance(new, LocalResult):  # one process per rank: our piece only
+                    old[block(new.rank, new.sharding, new.mesh, old.shape)].copy_(new.local)
+                else:
+                    old.copy_(torch.as_tensor(new))
         state.step += 1
         return metrics
+
+    def gather(self, state: TrainState) -> TrainState:
+        """The state with whole tensors on every process. Under ``tessera run`` each
+        process updates only its own pieces of ``state`` (the parts its rank holds);
+        this gathers the rest (a collective: every process must call it). Without
+        processes it returns ``state`` itself."""
+        if self.mesh is None or not distributed.launched():
+            return state
+        _, layouts = self._compiled(state, 0)
+        arg_layouts = [*layouts.stored, *layouts.opt_state]
+        leaves, tree = pytree.flatten((state.params, state.opt_state))
+        rank = distributed.runtime().rank
+        gathered = [
+            LocalResult(leaf[block(rank, sharding, self.mesh, leaf.shape)], sharding, self.mesh, rank).full()
+            for leaf, sharding in zip(leaves, arg_layouts, strict=True)
+        ]
+        params, opt_state = pytree.unflatten(tree, gathered)
+        return TrainState(params, opt_state, state.step)
 
     def lower(self, state: TrainState, *batch: Any) -> Lowered:
         """The compiled step for this state and batch (cached by signature)."""
@@ -215,11 +240,13 @@ class TrainingStep:
         if (tree, batch_args) in self._jit:
             return self._jit[tree, batch_args]
         layouts = self._layouts(leaves, tree)
-        specs = lambda shardings: pytree.unflatten(  # noqa: E731
-            tree, [ShardSpec.from_sharding(s) for s in shardings]
-        )
-        replicated = ShardSpec(replicate=True)
-        state_specs = self.optimizer.state_layout(specs(layouts.state), replicated)
+        state_tree = self.optimizer.state_layout(pytree.unflatten(tree, layouts.state), Sharding(()))
+        layouts.opt_state = [s for s in pytree.flatten(state_tree)[0]]
+
+        def specs(shardings: list[Sharding], structure: pytree.TreeDef = tree) -> Any:
+            return pytree.unflatten(structure, [ShardSpec.from_sharding(s) for s in shardings])
+
+        state_specs = specs(layouts.opt_state, pytree.flatten(state_tree)[1])
         out_params = specs(layouts.stored)
         batch_specs = self._batch_specs(batch_args)
         in_shardings = None
@@ -342,13 +369,13 @@ class TrainingStep:
                 for s, leaf in zip(shardings, leaves, strict=True)
             )
 
+        # the layouts the compiled program really gives its arguments
         arg_layouts, _ = lowered._layouts() if self.mesh is not None else ([], [])
-        if self.mesh is not None:
-            state_layouts = arg_layouts[len(param_leaves) : len(param_leaves) + len(state_leaves)]
-        else:
-            state_layouts = [Sharding.replicated(len(leaf.shape)) for leaf in state_leaves]
+        count = len(param_leaves)
+        stored = arg_layouts[:count] if self.mesh is not None else layouts.stored
+        state_layouts = arg_layouts[count : count + len(state_leaves)] if self.mesh is not None else layouts.opt_state
         return ModelStateMemory(
-            params=local_bytes(layouts.stored, param_leaves),
+            params=local_bytes(stored, param_leaves),
             grads=local_bytes(layouts.grad, param_leaves),
             optimizer_state=local_bytes(state_layouts, state_leaves),
         )

@@ -86,4 +86,5 @@ class ShardSpec:
                 dims[dim].append(axis)
         sharding = Sharding(tuple(tuple(d) for d in dims))
         sharding.validate(mesh, shape, name)
-        return sharding
+        # an axis of size 1 splits nothing: dropping it keeps trivial collectives out
+        return Sharding(tuple(tuple(a for a in d if mesh.axis_size(a) > 1) for d in dims))
