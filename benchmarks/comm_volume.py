@@ -1,4 +1,5 @@
-"""Communication volume of a Megatron transformer layer, next to the analytic minimum.
+"""Communication volume of Megatron transformer layers, forward and training, next to
+the analytic formulas.
 
 For tensor parallelism over ``tp`` (q/k/v and the first MLP matmul split by columns, the
 attention output projection and the second MLP matmul by rows, heads split over tp) a
@@ -7,7 +8,24 @@ layer's forward needs exactly two all-reduces of the activations ``[B/dp, T, C]`
 needs no communication in the forward pass. The script prints, for each mesh, the
 collectives Tessera inserted, the per-rank bytes by the ``collectives()`` convention and
 as bytes received under ring all-reduce (2(n-1)/n of the operand), the analytic minimum,
-and the ratio. CPU only; runs in seconds.
+and the ratio.
+
+The second table is a whole training step (``graph.training_step``: forward, backward,
+AdamW) of ``--layers`` such layers with a mean-square loss, for data parallelism at each
+ZeRO stage, tensor parallelism and both. Per rank, with Ψ the parameter bytes a rank
+uses (its tp shard), n = dp and t = tp, bytes received under ring algorithms:
+
+- DP (ZeRO-0): all_reduce of the gradients, 2(n-1)/n Ψ;
+- ZeRO-1: all_reduce of the gradients and all_gather of the updated parameters, 3(n-1)/n Ψ;
+- ZeRO-2: reduce_scatter of the gradients and all_gather of the parameters, 2(n-1)/n Ψ;
+- ZeRO-3: all_gather of the parameters (once, kept for the backward) and reduce_scatter
+  of the gradients, 2(n-1)/n Ψ;
+- TP: per layer two all-reduces of the activations [B/dp, T, C] in the forward and two
+  of their gradients in the backward (Megatron-LM, section 3), 4 L 2(t-1)/t B/dp T C b;
+- every step also all-reduces the f32 loss over dp, 2(n-1)/n 4 bytes.
+
+It checks each sharded step against the same step on one device (the updated
+parameters, max abs difference). CPU only; runs in seconds.
 
     python benchmarks/comm_volume.py
 """
@@ -21,7 +39,8 @@ import numpy as np
 import torch
 
 import tessera as ts
-from tessera import dist, op
+from tessera import dist, graph, op, optim
+from tessera.backends.collective_info import CollectiveInfo
 
 
 def transformer_layer(x: torch.Tensor, p: dict[str, torch.Tensor], heads: int) -> torch.Tensor:
@@ -78,12 +97,102 @@ def measure(dp: int, tp: int, batch: int, seq: int, dim: int, heads: int) -> dic
     }  # fmt: skip
 
 
+RING_RECEIVED = {  # bytes a rank receives, per byte of CollectiveInfo.nbytes, group of n
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,  # nbytes: the unscattered input
+    "all_gather": lambda n: (n - 1) / n,  # nbytes: the gathered result
+    "all_to_all": lambda n: (n - 1) / n,
+}
+
+
+def received(infos: list[CollectiveInfo]) -> float:
+    return sum(RING_RECEIVED[i.kind](i.group_size) * i.nbytes for i in infos)
+
+
+def layer_params(dim: int, layers: int, materialize: bool = True) -> dict[str, torch.Tensor]:
+    """The parameters of ``layers`` layers (random, or uninitialised shapes only)."""
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=g) / shape[0] ** 0.5 if materialize else torch.empty(shape)
+
+    params = {}
+    for i in range(layers):
+        for n in ("wq", "wk", "wv", "wo"):
+            params[f"{n}{i}"] = randn(dim, dim)
+        params[f"w1{i}"] = randn(dim, 4 * dim)
+        params[f"w2{i}"] = randn(4 * dim, dim)
+        params |= {f"ln1_w{i}": torch.ones(dim), f"ln2_w{i}": torch.ones(dim)}
+        params |= {f"ln1_b{i}": torch.zeros(dim), f"ln2_b{i}": torch.zeros(dim)}
+    return params
+
+
+def training_step(mesh: dist.Mesh | None, zero: int, layers: int, heads: int, tp: bool) -> graph.TrainingStep:
+    layout = layouts(mesh, False)[1] if tp else {}
+    specs = {f"{n}{i}": spec for i in range(layers) for n, spec in layout.items()} or None
+
+    def step(p, x):
+        for i in range(layers):
+            x = transformer_layer(x, {n: p[f"{n}{i}"] for n in layout or ("wq", "wk", "wv", "wo", "w1", "w2", "ln1_w", "ln1_b", "ln2_w", "ln2_b")}, heads)
+        loss = op.mean(x * x)
+        return graph.backward(loss), {"loss": loss}
+
+    return graph.training_step(
+        step, optimizer=optim.AdamW(lr=1e-3), mesh=mesh, param_shardings=specs if mesh else None,
+        zero=zero, kernels="reference",
+    )  # fmt: skip
+
+
+def measure_training(
+    dp: int, tp: int, zero: int, dims: tuple[int, int, int, int], check: tuple[int, int, int, int], layers: int
+) -> dict[str, object]:
+    """Collectives of one step at ``dims`` = (B, T, C, heads) (compiled, not run) and the
+    largest parameter difference after one step run at ``check`` against one device."""
+    batch, seq, dim, heads = dims
+    mesh = dist.mesh({"dp": dp, "tp": tp})
+    params = {k: torch.empty(v.shape) for k, v in layer_params(dim, layers, materialize=False).items()}
+    x = torch.empty(batch, seq, dim)
+    step = training_step(mesh, zero, layers, heads, tp > 1)
+    state = step.init(params)
+    lowered = step.lower(state, x)
+    infos = lowered.collectives()
+    memory = lowered.memory().model_states
+    assert memory is not None
+    # the analytic volume, from the model's dimensions alone
+    per_rank = sum(v.numel() * 4 / (tp if k[:2] in ("wq", "wk", "wv", "wo", "w1", "w2") else 1) for k, v in params.items())
+    n, t = dp, tp
+    dp_factor = {0: 2, 1: 3, 2: 2, 3: 2}[zero] * (n - 1) / n
+    formula = dp_factor * per_rank + 2 * (n - 1) / n * 4 + 4 * layers * 2 * (t - 1) / t * (batch // dp) * seq * dim * 4
+    kinds = ", ".join(f"{c}× {k}[{','.join(a)}]" for (k, a), c in sorted(Counter((i.kind, i.mesh_axes) for i in infos).items()))
+    return {
+        "mesh": f"dp={dp} × tp={tp}", "zero": zero, "collectives": kinds, "received": received(infos),
+        "formula": formula, "ratio": received(infos) / formula, "error": check_training(dp, tp, zero, check, layers),
+        "params": memory.params, "grads": memory.grads, "state": memory.optimizer_state,
+    }  # fmt: skip
+
+
+def check_training(dp: int, tp: int, zero: int, dims: tuple[int, int, int, int], layers: int) -> float:
+    """Largest parameter difference after one sharded step vs the same step on one device."""
+    batch, seq, dim, heads = dims
+    params = layer_params(dim, layers)
+    x = torch.randn(batch, seq, dim, generator=torch.Generator().manual_seed(1))
+    sharded = training_step(dist.mesh({"dp": dp, "tp": tp}), zero, layers, heads, tp > 1)
+    single = training_step(None, 0, layers, heads, False)
+    states = [s.init({k: v.clone() for k, v in params.items()}) for s in (sharded, single)]
+    sharded(states[0], x)
+    single(states[1], x)
+    return max((states[0].params[k] - states[1].params[k]).abs().max().item() for k in params)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=16)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--train", type=int, nargs=4, default=(8, 512, 4096, 32), metavar=("B", "T", "C", "HEADS"))
+    parser.add_argument("--check", type=int, nargs=4, default=(8, 16, 64, 8), metavar=("B", "T", "C", "HEADS"))
     args = parser.parse_args()
     print(f"Megatron layer forward: B={args.batch}, T={args.seq}, C={args.dim}, heads={args.heads}, f32")
     print("| mesh | collectives inserted | bytes (nbytes sum) | ring bytes received | analytic minimum | ratio | max error vs unsharded |")
@@ -93,6 +202,19 @@ def main() -> None:
         print(
             f"| {r['mesh']} | {r['collectives']} | {r['bytes']} | {r['received']:.0f} | {r['minimum']} "
             f"| {r['ratio']:.2f} | {r['error']:.1e} |"
+        )
+    print()
+    (batch, seq, dim, heads), check = args.train, args.check
+    print(f"Training step (forward, backward, AdamW): {args.layers} layers, B={batch}, T={seq}, C={dim}, heads={heads}, f32")
+    print(f"(volumes of the program compiled at that size; errors from one step run at B, T, C, heads = {tuple(check)})")
+    print("| mesh | ZeRO | collectives inserted | ring bytes received | formula | ratio | params / grads / optimizer state (bytes per rank) | max error vs one device |")
+    print("|---|---:|---|---:|---:|---:|---|---:|")
+    configs = [(4, 1, z) for z in (0, 1, 2, 3)] + [(1, 4, 0), (2, 2, 0), (2, 2, 1), (2, 2, 2), (2, 2, 3)]
+    for dp, tp, zero in configs:
+        r = measure_training(dp, tp, zero, tuple(args.train), tuple(check), args.layers)
+        print(
+            f"| {r['mesh']} | {r['zero']} | {r['collectives']} | {r['received']:.0f} | {r['formula']:.0f} "
+            f"| {r['ratio']:.2f} | {r['params']} / {r['grads']} / {r['state']} | {r['error']:.1e} |"
         )
 
 

@@ -178,7 +178,7 @@ class TrainingStep:
                 raise TesseraError(
                     f"training_step: parameters must be float tensors, found {tensor.dtype}"
                 )
-            tensors.append(tensor.detach())
+            tensors.append(tensor)
         params = pytree.unflatten(tree, tensors)
         return TrainState(params, self.optimizer.init(params))
 

@@ -4,7 +4,9 @@ The decision shared by ``shard-propagate`` (which writes the result layouts) and
 ``insert-collectives`` (which makes the operands match what the op needs):
 
 - :func:`choose` picks how the op's factors (see ``sharding_rules``) are split over mesh
-  axes, moving the fewest bytes (``reshard_cost``);
+  axes, at the least cost: the bytes moved (``reshard_cost``) plus, for a matmul, its
+  multiply-adds per device priced in bytes (so that leaving a split operand's factor
+  unsplit, which repeats the same products on every rank, is not free);
 - :func:`required` is the layout an operand must have under that choice;
 - :func:`results` are the layouts the op then produces (split reduction factors make
   results partial; partial operands stay partial through linear ops);
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
 
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 
 from tessera.ir import graph
 from tessera.ir.abstract import aval
@@ -26,10 +28,17 @@ from tessera.ir.sharding import MeshLike, Sharding
 from tessera.ir.sharding_rules import (
     LINEAR_KINDS,
     PARTIAL_PASSTHROUGH,
+    RULES,
     FactorKind,
     ShardingRule,
+    factor_product,
     sharding_rule,
 )
+
+# One multiply-add priced as this many bytes of communication: an H100 does about 495e12
+# dense bf16 multiply-adds per second (989 TFLOP/s) and an NVLink 4 port moves about
+# 450e9 bytes per second each way, about 1100 multiply-adds per byte (rounded to 2**10).
+BYTES_PER_MULTIPLY_ADD = 1 / 1024
 
 Assignment = dict[int, tuple[str, ...]]  # factor -> mesh axes splitting it
 
@@ -105,8 +114,12 @@ def _cost(
 ) -> float:
     """Bytes received per device: the operands' reshards, plus the all-reduce that a
     split reduction factor's partial result will eventually need (priced on this op's
-    result; a later linear op may reduce a smaller tensor, so this is an upper bound)."""
+    result; a later linear op may reduce a smaller tensor, so this is an upper bound),
+    plus a matmul's multiply-adds per device (``BYTES_PER_MULTIPLY_ADD``)."""
     total = 0.0
+    if isinstance(op, graph.MatmulOp):
+        ways = prod(mesh.axis_size(a) for axes in assignment.values() for a in axes)
+        total += factor_product(rule) / ways * BYTES_PER_MULTIPLY_ADD
     for index, (value, sharding) in enumerate(zip(op.operands, known, strict=True)):
         if sharding is None:
             continue
@@ -149,7 +162,10 @@ def _passthrough(
     """Partial (sum/mean) axes each operand may keep because the op is linear in it."""
     policy = PARTIAL_PASSTHROUGH.get(type(op))
     partials = [
-        tuple((a, k) for a, k in s.partial if k in LINEAR_KINDS) if s else () for s in known
+        tuple((a, k) for a, k in s.partial if k in LINEAR_KINDS)
+        if s and not _reduced_anyway(value)
+        else ()
+        for s, value in zip(known, op.operands, strict=True)
     ]
     split = {a for axes in assignment.values() for a in axes}
     if policy is None or any(a in split for p in partials for a, _ in p):
@@ -164,6 +180,17 @@ def _passthrough(
     ):
         return {carriers[0]: partials[carriers[0]]}
     return {}
+
+
+def _reduced_anyway(value: SSAValue) -> bool:
+    """Whether a consumer of ``value`` needs it whole (an op that is not linear in it), so
+    that its reduction happens anyway and other consumers may share it: a layer norm's
+    weight gradient then reads the all-reduced activation gradient instead of reducing a
+    partial gradient of its own."""
+    return any(
+        type(use.operation) in RULES and type(use.operation) not in PARTIAL_PASSTHROUGH
+        for use in value.uses
+    )
 
 
 def results(

@@ -202,15 +202,36 @@ func.func @elementwise_split_moves_dim(%x: tensor<16x16xf32> {graph.sharding = #
 // -----
 
 // A partial sum stays partial through ops linear in it (neg, mul by a whole value) and
-// is all-reduced once at the return; a non-linear op (exp) needs the sum first.
-// CHECK-LABEL: func.func @partial_linear_vs_nonlinear
+// is all-reduced once, at the return.
+// CHECK-LABEL: func.func @partial_through_linear_ops
 // CHECK:         %[[Y:.*]] = graph.matmul {{.*}}<@mesh, {{\[\[}}], []], partial = sum[tp]>}
 // CHECK-NEXT:    %[[N:.*]] = graph.neg %[[Y]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []], partial = sum[tp]>}
 // CHECK-NEXT:    %[[M:.*]] = graph.mul %[[N]], %{{.*}} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []], partial = sum[tp]>}
-// CHECK-NEXT:    %[[YR:.*]] = graph.all_reduce %[[Y]] {axes = [tp], kind = sum} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []]>}
-// CHECK-NEXT:    %[[E:.*]] = graph.exp %[[YR]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []]>}
 // CHECK-NEXT:    %[[MR:.*]] = graph.all_reduce %[[M]] {axes = [tp], kind = sum}
-// CHECK-NEXT:    func.return %[[E]], %[[MR]]
+// CHECK-NEXT:    func.return %[[MR]]
+graph.mesh @mesh axes = [tp = 4]
+func.func @partial_through_linear_ops(%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
+                                      %w: tensor<64x32xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
+                                      %b: tensor<16x32xf32> {graph.sharding = #graph.sharding<@mesh, [[], []]>})
+    -> tensor<16x32xf32> {
+  %y = graph.matmul %x, %w : tensor<16x64xf32>, tensor<64x32xf32> -> tensor<16x32xf32>
+  %n = graph.neg %y : tensor<16x32xf32>
+  %m = graph.mul %n, %b : tensor<16x32xf32>
+  func.return %m : tensor<16x32xf32>
+}
+
+// -----
+
+// A non-linear op (exp) needs the sum, so the value is all-reduced anyway: the linear
+// consumers share that one all-reduce instead of staying partial and reducing again.
+// CHECK-LABEL: func.func @partial_linear_vs_nonlinear
+// CHECK:         %[[Y:.*]] = graph.matmul {{.*}}<@mesh, {{\[\[}}], []], partial = sum[tp]>}
+// CHECK-NEXT:    %[[YR:.*]] = graph.all_reduce %[[Y]] {axes = [tp], kind = sum} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []]>}
+// CHECK-NEXT:    %[[N:.*]] = graph.neg %[[YR]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []]>}
+// CHECK-NEXT:    %[[M:.*]] = graph.mul %[[N]], %{{.*}} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []]>}
+// CHECK-NEXT:    %[[E:.*]] = graph.exp %[[YR]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []]>}
+// CHECK-NOT:     graph.all_reduce
+// CHECK:         func.return %[[E]], %[[M]]
 graph.mesh @mesh axes = [tp = 4]
 func.func @partial_linear_vs_nonlinear(%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
                                        %w: tensor<64x32xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
