@@ -77,6 +77,8 @@ def programs(draw: st.DrawFn) -> Program:
         ))  # fmt: skip
         a = draw(st.integers(0, last))
         sa = shapes[a]
+        if not sa and choice in ("bias", "reduce", "norm", "constrain"):
+            continue  # a scalar (a whole reduction's result) has no axis to use
         if choice == "matmul":
             partners = [i for i, s in enumerate(shapes) if len(s) == 2 and len(sa) == 2 and s[0] == sa[1]]
             if not partners:
