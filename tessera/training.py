@@ -85,7 +85,6 @@ class _Layouts:
     stored: list[Sharding]  # as TrainState keeps it between steps
     grad: list[Sharding]  # the reduced gradient the optimizer consumes
     state: list[Sharding]  # optimizer buffers shaped like the parameter
-    shapes: list[tuple[int, ...]] = field(default_factory=list)
     opt_state: list[Sharding] = field(default_factory=list)  # per optimizer-state leaf
 
 
@@ -286,7 +285,7 @@ class TrainingStep:
         shapes = [tuple(int(d) for d in leaf.shape) for leaf in leaves]
         if self.mesh is None:
             whole = [Sharding.replicated(len(s)) for s in shapes]
-            return _Layouts(whole, whole, whole, whole, shapes)
+            return _Layouts(whole, whole, whole, whole)
         specs = _broadcast_prefix(self.param_shardings, tree, "param_shardings")
         compute = []
         for spec, shape, path in zip(specs, shapes, _paths(tree), strict=True):
@@ -303,7 +302,7 @@ class TrainingStep:
                 )
             compute.append(sharding)
         if self.dp_axis is None:
-            return _Layouts(compute, compute, compute, compute, shapes)
+            return _Layouts(compute, compute, compute, compute)
         sharded = [
             zero_sharding(s, shape, self.mesh, self.dp_axis)
             for s, shape in zip(compute, shapes, strict=True)
@@ -311,7 +310,7 @@ class TrainingStep:
         stored = sharded if self.zero >= 3 else compute
         grad = sharded if self.zero >= 2 else compute
         state = sharded if self.zero >= 1 else compute
-        return _Layouts(compute, stored, grad, state, shapes)
+        return _Layouts(compute, stored, grad, state)
 
     def _program(self, tree: pytree.TreeDef, layouts: _Layouts) -> Callable[..., Any]:
         user_fn, optimizer, mesh = self.fn, self.optimizer, self.mesh
@@ -370,10 +369,10 @@ class TrainingStep:
             )
 
         # the layouts the compiled program really gives its arguments
-        arg_layouts, _ = lowered._layouts() if self.mesh is not None else ([], [])
+        arg_layouts, _ = lowered._layouts()
         count = len(param_leaves)
-        stored = arg_layouts[:count] if self.mesh is not None else layouts.stored
-        state_layouts = arg_layouts[count : count + len(state_leaves)] if self.mesh is not None else layouts.opt_state
+        stored = arg_layouts[:count]
+        state_layouts = arg_layouts[count : count + len(state_leaves)]
         return ModelStateMemory(
             params=local_bytes(stored, param_leaves),
             grads=local_bytes(layouts.grad, param_leaves),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp, i64
-from xdsl.ir import SSAValue
+from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from tessera.codegen.evaluate import ELEMENTWISE
@@ -120,7 +120,7 @@ def _plan(function: func.FuncOp, alignment: int) -> None:
 
 
 def _in_place(
-    ops: list, donated: set[SSAValue], last: dict[SSAValue, int], alignment: int
+    ops: list[Operation], donated: set[SSAValue], last: dict[SSAValue, int], alignment: int
 ) -> dict[SSAValue, SSAValue]:
     """Kernel results that take the place of a donated argument (see the module doc)."""
     taken: set[SSAValue] = set()
