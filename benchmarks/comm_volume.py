@@ -24,10 +24,9 @@ uses (its tp shard), n = dp and t = tp, bytes received under ring algorithms:
   of their gradients in the backward (Megatron-LM, section 3), 4 L 2(t-1)/t B/dp T C b;
 - every step also all-reduces the f32 loss over dp, 2(n-1)/n 4 bytes.
 
-Not in the formulas: with tp, each layer norm's weight and bias gradients ([C] each) are
-all-reduced on their own (the layer norm's backward is linear in its incoming gradient,
-so the reduction waits past it, as Megatron-LM's sequence parallelism does); at the
-default sizes that is 0.002% of the bytes.
+With tp nothing else is all-reduced: each layer norm's weight and bias gradients are
+computed from the all-reduced activation gradient, as in Megatron-LM
+(``tessera/ir/reduction_points.py``).
 
 It checks each sharded step against the same step on one device (the updated
 parameters, max abs difference). CPU only; runs in seconds.

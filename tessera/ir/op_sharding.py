@@ -9,7 +9,8 @@ The decision shared by ``shard-propagate`` (which writes the result layouts) and
   unsplit, which repeats the same products on every rank, is not free);
 - :func:`required` is the layout an operand must have under that choice;
 - :func:`results` are the layouts the op then produces (split reduction factors make
-  results partial; partial operands stay partial through linear ops);
+  results partial; partial operands stay partial through linear ops, unless
+  ``reduction_points`` says to reduce them first);
 - :func:`after_collective` is the layout an explicit collective leaves.
 """
 
@@ -19,16 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
 
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Operation
 
 from tessera.ir import graph
 from tessera.ir.abstract import aval
+from tessera.ir.reduction_points import ReductionPoints
 from tessera.ir.reshard import reshard_cost
 from tessera.ir.sharding import MeshLike, Sharding
 from tessera.ir.sharding_rules import (
     LINEAR_KINDS,
     PARTIAL_PASSTHROUGH,
-    RULES,
     FactorKind,
     ShardingRule,
     factor_product,
@@ -52,16 +53,24 @@ class OpLayout:
     results: tuple[Sharding, ...]
 
 
-def decide(op: graph.GraphOp, known: Sequence[Sharding], mesh: MeshLike) -> OpLayout:
+def decide(
+    op: graph.GraphOp, known: Sequence[Sharding], mesh: MeshLike, points: ReductionPoints
+) -> OpLayout:
     """The full decision for ``op`` whose operands have the layouts ``known``."""
     rule = sharding_rule(op)
-    assignment = choose(op, rule, known, mesh)
-    operands = tuple(required(op, rule, assignment, known, i) for i in range(len(op.operands)))
-    return OpLayout(assignment, operands, tuple(results(op, rule, assignment, known)))
+    assignment = choose(op, rule, known, mesh, points)
+    operands = tuple(
+        required(op, rule, assignment, known, i, points) for i in range(len(op.operands))
+    )
+    return OpLayout(assignment, operands, tuple(results(op, rule, assignment, known, points)))
 
 
 def choose(
-    op: graph.GraphOp, rule: ShardingRule, known: Sequence[Sharding | None], mesh: MeshLike
+    op: graph.GraphOp,
+    rule: ShardingRule,
+    known: Sequence[Sharding | None],
+    mesh: MeshLike,
+    points: ReductionPoints,
 ) -> Assignment:
     """Greedy over all proposals: each round adds the split that moves the fewest bytes.
 
@@ -87,7 +96,7 @@ def choose(
             if factor in weight:
                 weight[factor] = max(weight[factor], aval(value).nbytes)
     assignment: Assignment = {}
-    current = _cost(op, rule, assignment, known, mesh)
+    current = _cost(op, rule, assignment, known, mesh, points)
     while True:
         used = {a for axes in assignment.values() for a in axes}
         best: tuple[tuple[float, int], int, tuple[str, ...]] | None = None
@@ -96,7 +105,8 @@ def choose(
                 continue
             if rule.factors[factor].size % prod(mesh.axis_size(a) for a in axes):
                 continue
-            key = (_cost(op, rule, {**assignment, factor: axes}, known, mesh), -weight[factor])
+            trial = {**assignment, factor: axes}
+            key = (_cost(op, rule, trial, known, mesh, points), -weight[factor])
             if best is None or key < best[0]:
                 best = (key, factor, axes)
         if best is None or best[0][0] > current:
@@ -111,6 +121,7 @@ def _cost(
     assignment: Assignment,
     known: Sequence[Sharding | None],
     mesh: MeshLike,
+    points: ReductionPoints,
 ) -> float:
     """Bytes received per device: the operands' reshards, plus the all-reduce that a
     split reduction factor's partial result will eventually need (priced on this op's
@@ -123,10 +134,10 @@ def _cost(
     for index, (value, sharding) in enumerate(zip(op.operands, known, strict=True)):
         if sharding is None:
             continue
-        needed = required(op, rule, assignment, known, index)
+        needed = required(op, rule, assignment, known, index, points)
         typ = aval(value)
         total += reshard_cost(sharding, needed, typ.shape, typ.dtype.itemsize, mesh)
-    produced = results(op, rule, assignment, known)
+    produced = results(op, rule, assignment, known, points)
     inherited = {a for s in known if s is not None for a, _ in s.partial}
     for result, sharding in zip(op.results, produced, strict=True):
         new_partial = [a for a in sharding.partial_axes if a not in inherited]
@@ -145,6 +156,7 @@ def required(
     assignment: Assignment,
     known: Sequence[Sharding | None],
     index: int,
+    points: ReductionPoints,
 ) -> Sharding:
     """The layout operand ``index`` must have under ``assignment``."""
     dims = tuple(
@@ -153,17 +165,20 @@ def required(
         else ()
         for f in rule.operands[index]
     )
-    return Sharding(dims, _passthrough(op, known, assignment).get(index, ()))
+    return Sharding(dims, _passthrough(op, known, assignment, points).get(index, ()))
 
 
 def _passthrough(
-    op: graph.GraphOp, known: Sequence[Sharding | None], assignment: Assignment
+    op: graph.GraphOp,
+    known: Sequence[Sharding | None],
+    assignment: Assignment,
+    points: ReductionPoints,
 ) -> dict[int, tuple[tuple[str, str], ...]]:
     """Partial (sum/mean) axes each operand may keep because the op is linear in it."""
     policy = PARTIAL_PASSTHROUGH.get(type(op))
     partials = [
         tuple((a, k) for a, k in s.partial if k in LINEAR_KINDS)
-        if s and not _reduced_anyway(value)
+        if s and value not in points
         else ()
         for s, value in zip(known, op.operands, strict=True)
     ]
@@ -182,19 +197,12 @@ def _passthrough(
     return {}
 
 
-def _reduced_anyway(value: SSAValue) -> bool:
-    """Whether a consumer of ``value`` needs it whole (an op that is not linear in it), so
-    that its reduction happens anyway and other consumers may share it: a layer norm's
-    weight gradient then reads the all-reduced activation gradient instead of reducing a
-    partial gradient of its own."""
-    return any(
-        type(use.operation) in RULES and type(use.operation) not in PARTIAL_PASSTHROUGH
-        for use in value.uses
-    )
-
-
 def results(
-    op: graph.GraphOp, rule: ShardingRule, assignment: Assignment, known: Sequence[Sharding | None]
+    op: graph.GraphOp,
+    rule: ShardingRule,
+    assignment: Assignment,
+    known: Sequence[Sharding | None],
+    points: ReductionPoints,
 ) -> list[Sharding]:
     partial = [
         (axis, rule.reduction_kind)
@@ -202,7 +210,7 @@ def results(
         if rule.factors[factor].kind == FactorKind.REDUCTION
         for axis in axes
     ]
-    passed = _passthrough(op, known, assignment)
+    passed = _passthrough(op, known, assignment, points)
     inherited = next(iter(passed.values()), ())
     results = []
     for dims in rule.results:

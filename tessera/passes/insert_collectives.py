@@ -33,6 +33,7 @@ from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.op_sharding import after_collective, decide
+from tessera.ir.reduction_points import ReductionPoints
 from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard
 from tessera.ir.sharding import Sharding, arg_sharding, set_op_shardings
 from tessera.ir.sharding_rules import RULES
@@ -62,6 +63,7 @@ class _Inserter:
         self.function = function
         self.layout: dict[SSAValue, Sharding] = {}
         self.resharded: dict[tuple[SSAValue, Sharding], SSAValue] = {}
+        self.points = ReductionPoints()
         for index, arg in enumerate(function.args):
             self.layout[arg] = arg_sharding(function, index) or Sharding.replicated(aval(arg).rank)
 
@@ -77,7 +79,7 @@ class _Inserter:
                 replicated = [Sharding.replicated(aval(r).rank) for r in op.results]
                 self._record(op, replicated)
             elif isinstance(op, graph.GraphOp) and type(op) in RULES:
-                layout = decide(op, [self.of(v) for v in op.operands], self.mesh)
+                layout = decide(op, [self.of(v) for v in op.operands], self.mesh, self.points)
                 for index, (value, needed) in enumerate(
                     zip(op.operands, layout.operands, strict=True)
                 ):

@@ -31,6 +31,7 @@ from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.op_sharding import Assignment, after_collective, choose, results
+from tessera.ir.reduction_points import ReductionPoints
 from tessera.ir.sharding import Sharding, arg_sharding, set_arg_sharding, set_op_shardings
 from tessera.ir.sharding_rules import RULES, FactorKind, sharding_rule
 
@@ -53,6 +54,7 @@ class _Propagation:
         self.function = function
         self.shardings: dict[SSAValue, Sharding] = {}
         self.closed: set[SSAValue] = set()
+        self.points = ReductionPoints()
         for index, arg in enumerate(function.args):
             sharding = arg_sharding(function, index)
             if sharding is not None:
@@ -93,9 +95,9 @@ class _Propagation:
         if all(k is None for k in known):
             return False
         rule = sharding_rule(op)
-        assignment = choose(op, rule, known, self.mesh)
+        assignment = choose(op, rule, known, self.mesh, self.points)
         changed = False
-        for result, sharding in zip(op.results, results(op, rule, assignment, known), strict=True):
+        for result, sharding in zip(op.results, results(op, rule, assignment, known, self.points), strict=True):
             changed |= self._set(result, sharding)
         return changed
 
@@ -125,7 +127,7 @@ class _Propagation:
         known = [self.shardings.get(v) for v in op.operands]
         shown = {f for dims in rule.results for f in dims}
         used = {a for axes in assignment.values() for a in axes}
-        for factor, axes in choose(op, rule, known, self.mesh).items():
+        for factor, axes in choose(op, rule, known, self.mesh, self.points).items():
             if factor not in shown and not used & set(axes):
                 assignment[factor] = axes
                 used |= set(axes)

@@ -246,6 +246,29 @@ func.func @partial_linear_vs_nonlinear(%x: tensor<16x64xf32> {graph.sharding = #
 
 // -----
 
+// Linear consumers only, but they would end in more bytes than the partial value holds
+// (a [16, 32] product and a [32] sum, as in a layer norm's backward): one all_reduce of
+// the value, shared, instead of one per result.
+// CHECK-LABEL: func.func @partial_fanout_reduced_once
+// CHECK:         %[[Y:.*]] = graph.matmul {{.*}}<@mesh, {{\[\[}}], []], partial = sum[tp]>}
+// CHECK-NEXT:    %[[YR:.*]] = graph.all_reduce %[[Y]] {axes = [tp], kind = sum}
+// CHECK-NEXT:    %[[M:.*]] = graph.mul %[[YR]], %{{.*}} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []]>}
+// CHECK-NEXT:    %[[S:.*]] = graph.sum %[[YR]] {{.*}}attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}]]>}
+// CHECK-NOT:     graph.all_reduce
+// CHECK:         func.return %[[M]], %[[S]]
+graph.mesh @mesh axes = [tp = 4]
+func.func @partial_fanout_reduced_once(%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
+                                       %w: tensor<64x32xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
+                                       %b: tensor<16x32xf32> {graph.sharding = #graph.sharding<@mesh, [[], []]>})
+    -> (tensor<16x32xf32>, tensor<32xf32>) {
+  %y = graph.matmul %x, %w : tensor<16x64xf32>, tensor<64x32xf32> -> tensor<16x32xf32>
+  %m = graph.mul %y, %b : tensor<16x32xf32>
+  %s = graph.sum %y {axes = [0], keepdims = false} : tensor<16x32xf32> -> tensor<32xf32>
+  func.return %m, %s : tensor<16x32xf32>, tensor<32xf32>
+}
+
+// -----
+
 // A constraint splitting a partial result's dim is one reduce_scatter (each rank
 // receives 3/4 of a block), not an all_reduce of the whole tensor followed by a slice.
 // CHECK-LABEL: func.func @partial_to_split_constraint

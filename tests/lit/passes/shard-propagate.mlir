@@ -359,27 +359,49 @@ func.func @backward_from_constraint(%x: tensor<16x64xf32>, %w: tensor<64x32xf32>
 // -----
 
 // Ops linear in a partial value keep it partial (the all-reduce can wait): neg,
-// transpose, sum, add of two values partial over the same axis, and mul by a whole value.
+// transpose, add of two values partial over the same axis, mul by a whole value, sum.
 // CHECK-LABEL: func.func @partial_through_linear_ops
 // CHECK-NEXT:    %[[Y:.*]] = graph.matmul {{.*}}<@mesh, {{\[\[}}], []], partial = sum[tp]>}
 // CHECK-NEXT:    %[[N:.*]] = graph.neg %[[Y]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []], partial = sum[tp]>}
 // CHECK-NEXT:    %[[T:.*]] = graph.transpose %[[N]] {perm = [1, 0]} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []], partial = sum[tp]>}
-// CHECK-NEXT:    %[[S:.*]] = graph.sum %[[T]] {axes = [0], keepdims = false} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}]], partial = sum[tp]>}
 // CHECK-NEXT:    %[[A:.*]] = graph.add %[[T]], %[[T]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []], partial = sum[tp]>}
 // CHECK-NEXT:    %[[M:.*]] = graph.mul %[[A]], %{{.*}} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []], partial = sum[tp]>}
-// CHECK-NEXT:    func.return %[[S]], %[[M]]
+// CHECK-NEXT:    %[[S:.*]] = graph.sum %[[M]] {axes = [0], keepdims = false} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}]], partial = sum[tp]>}
+// CHECK-NEXT:    func.return %[[S]]
 graph.mesh @mesh axes = [tp = 4]
 func.func @partial_through_linear_ops(%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
                                       %w: tensor<64x32xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
                                       %b: tensor<32x16xf32> {graph.sharding = #graph.sharding<@mesh, [[], []]>})
-    -> (tensor<16xf32>, tensor<32x16xf32>) {
+    -> tensor<16xf32> {
   %y = graph.matmul %x, %w : tensor<16x64xf32>, tensor<64x32xf32> -> tensor<16x32xf32>
   %n = graph.neg %y : tensor<16x32xf32>
   %t = graph.transpose %n {perm = [1, 0]} : tensor<16x32xf32> -> tensor<32x16xf32>
-  %s = graph.sum %t {axes = [0], keepdims = false} : tensor<32x16xf32> -> tensor<16xf32>
   %a = graph.add %t, %t : tensor<32x16xf32>
   %m = graph.mul %a, %b : tensor<32x16xf32>
-  func.return %s, %m : tensor<16xf32>, tensor<32x16xf32>
+  %s = graph.sum %m {axes = [0], keepdims = false} : tensor<32x16xf32> -> tensor<16xf32>
+  func.return %s : tensor<16xf32>
+}
+
+// -----
+
+// A partial value whose linear consumers would end in more bytes than it holds is
+// reduced first, once (a layer norm's backward: the input gradient [16, 32] and the
+// weight gradient [32] from one incoming gradient): it is not partial, nor is anything
+// computed from it.
+// CHECK-LABEL: func.func @partial_fanout_reduced_first
+// CHECK-NEXT:    %[[Y:.*]] = graph.matmul {{.*}}<@mesh, {{\[\[}}], []], partial = sum[tp]>}
+// CHECK-NEXT:    %[[M:.*]] = graph.mul %[[Y]], %{{.*}} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []]>}
+// CHECK-NEXT:    %[[S:.*]] = graph.sum %[[Y]] {axes = [0], keepdims = false} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}]]>}
+// CHECK-NEXT:    func.return %[[M]], %[[S]]
+graph.mesh @mesh axes = [tp = 4]
+func.func @partial_fanout_reduced_first(%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
+                                        %w: tensor<64x32xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
+                                        %b: tensor<16x32xf32> {graph.sharding = #graph.sharding<@mesh, [[], []]>})
+    -> (tensor<16x32xf32>, tensor<32xf32>) {
+  %y = graph.matmul %x, %w : tensor<16x64xf32>, tensor<64x32xf32> -> tensor<16x32xf32>
+  %m = graph.mul %y, %b : tensor<16x32xf32>
+  %s = graph.sum %y {axes = [0], keepdims = false} : tensor<16x32xf32> -> tensor<32xf32>
+  func.return %m, %s : tensor<16x32xf32>, tensor<32xf32>
 }
 
 // -----
