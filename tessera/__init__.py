@@ -37,6 +37,7 @@ _LAZY = {
     "op": ("tessera.op", None),
     "graph": ("tessera.graph", None),
     "optim": ("tessera.optim", None),
+    "schedule": ("tessera.schedule", None),
     "jit": ("tessera.compiled", "jit"),
     "JitFunction": ("tessera.compiled", "JitFunction"),
     "Lowered": ("tessera.compiled", "Lowered"),
@@ -72,5 +73,6 @@ __all__ = [
     "jit",
     "op",
     "optim",
+    "schedule",
     "value_and_grad",
 ]

@@ -23,6 +23,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, UnitAttr
 from xdsl.ir import Attribute, BlockArgument, SSAValue
 
+from tessera import schedule
 from tessera.backends import distributed, schedule_runner
 from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.layout import assemble, piece, scatter
@@ -41,12 +42,13 @@ from tessera.ir.graph import DONATED
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_sharding, op_shardings
 from tessera.passes import get_all_passes
 from tessera.passes.plan_memory import peak_bytes
+from tessera.schedule import ScheduleOptions
 
 STAGES = ("graph", "sharded", "partitioned", "schedule", "tile")
 _STAGE_PASSES = {  # each stage runs its passes on a copy of the previous stage
     "sharded": ["shard-propagate", "insert-collectives"],
     "partitioned": ["shard-partition"],
-    "schedule": ["lower-graph-to-schedule", "plan-memory"],
+    "schedule": [],  # from the program's ScheduleOptions
     "tile": ["lower-schedule-to-tile"],
 }
 KERNEL_BACKENDS = ("triton", "reference")
@@ -111,6 +113,7 @@ class Lowered:
         out_tree: pytree.TreeDef,
         mesh: Mesh | None = None,
         kernels: str = "triton",
+        schedule_options: ScheduleOptions | None = None,
     ):
         self.name = name
         self.module = module
@@ -118,6 +121,7 @@ class Lowered:
         self.out_tree = out_tree
         self.mesh = mesh
         self.kernels = kernels
+        self.schedule_options = schedule_options or ScheduleOptions()
         self._stages: dict[str, ModuleOp] = {"graph": module}
         self._runner: schedule_runner.KernelRunner | None = None
         self._layout_cache: tuple[list[Sharding], list[Sharding]] | None = None
@@ -173,7 +177,8 @@ class Lowered:
         if stage not in self._stages:
             passes = get_all_passes()
             module = self.module_at(STAGES[STAGES.index(stage) - 1]).clone()
-            for flag in _STAGE_PASSES[stage]:
+            flags = self.schedule_options.passes() if stage == "schedule" else _STAGE_PASSES[stage]
+            for flag in flags:
                 passes[flag]()().apply(Context(), module)
             module.verify()
             self._stages[stage] = module
@@ -380,7 +385,7 @@ class JitFunction:
         if set(self.donate_argnums) & set(self.static_argnums):
             raise TesseraError(f"{self.__name__}: an argument cannot be both static and donated")
         self.trace_count = 0
-        self._cache: dict[Signature, Lowered] = {}
+        self._cache: dict[tuple[Signature, ScheduleOptions], Lowered] = {}
 
     def signature(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Signature:
         static = {n % len(args) for n in self.static_argnums if -len(args) <= n < len(args)}
@@ -449,9 +454,10 @@ class JitFunction:
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Traces (or fetches from the cache) the program for these arguments."""
         signature = self.signature(args, kwargs)
-        if signature not in self._cache:
-            self._cache[signature] = self._trace(signature)
-        return self._cache[signature]
+        key = (signature, schedule.current())
+        if key not in self._cache:
+            self._cache[key] = self._trace(signature)
+        return self._cache[key]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         lowered = self.lower(*args, **kwargs)
@@ -496,7 +502,13 @@ class JitFunction:
         ]
         module = trace.finish(out_leaves, arg_attrs)
         return Lowered(
-            trace.name, module, signature, out_tree, self.mesh, self.kernels or default_kernels()
+            trace.name,
+            module,
+            signature,
+            out_tree,
+            self.mesh,
+            self.kernels or default_kernels(),
+            schedule.current(),
         )
 
     def _donated_leaves(self, signature: Signature) -> set[int]:

@@ -27,6 +27,7 @@ _PASSES: dict[str, tuple[str, str]] = {
         "tessera.passes.lower_graph_to_schedule",
         "LowerGraphToSchedulePass",
     ),
+    "overlap-comm": ("tessera.passes.overlap_comm", "OverlapCommPass"),
     "plan-memory": ("tessera.passes.plan_memory", "PlanMemoryPass"),
     "lower-schedule-to-tile": ("tessera.passes.lower_schedule_to_tile", "LowerScheduleToTilePass"),
 }

@@ -28,9 +28,10 @@ Runs after ``shard-partition`` (or on a function without collectives). Three ste
 
 2. *Collectives* become ``schedule.start`` / ``schedule.wait`` pairs.
 
-3. *Order*. Kernels are emitted in dependence order, earliest first op first; a start
-   right after the kernel (or wait) that produces its operand, a wait just before the
-   first op that uses its result, so independent kernels run between them.
+3. *Order*. Kernels are emitted in dependence order, earliest first op first; a
+   collective's start, and its wait right after it, as soon as its operand is made. The
+   schedule is serial (no communication overlaps computation); ``overlap-comm`` then
+   moves the waits down to their first use.
 
 Kernels are named ``@<function>_k<N>_<op>``: N counts kernels in emission order, and op
 is ``attention`` for an attention group, else the group's matmul or reduction, else its
@@ -339,16 +340,11 @@ class _Emitter:
     # --- values, starts and waits ---------------------------------------------------------
 
     def value(self, old: SSAValue) -> SSAValue:
-        """The new value for ``old``; a collective's result waits for it here."""
+        """The new value for ``old``; a collective's result is waited for when it starts."""
         if old not in self.env:
             collective = old.owner
             assert isinstance(collective, graph.CollectiveOp), f"{old} is used before it is made"
-            if collective not in self.handles:
-                self.start(collective)
-            wait = self.insert(
-                schedule.WaitOp.create(operands=[self.handles[collective]], result_types=[old.type])
-            )
-            self.env[old] = wait.results[0]
+            self.start(collective)
             self.start_ready()
         return self.env[old]
 
@@ -360,7 +356,10 @@ class _Emitter:
         result = collective.results[0].type
         assert isinstance(result, TensorType)
         op = schedule.StartOp.get(ASYNC_COLLECTIVES[type(collective)], value, result, **properties)
-        self.handles[collective] = self.insert(op).results[0]
+        handle = self.insert(op).results[0]
+        self.handles[collective] = handle
+        wait = self.insert(schedule.WaitOp.create(operands=[handle], result_types=[result]))
+        self.env[collective.results[0]] = wait.results[0]
 
     def start_ready(self) -> None:
         """Starts every collective whose operand is available."""

@@ -132,18 +132,18 @@ func.func @two_consumers(%x: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf3
 
 // -----
 
-// The start follows the producing kernel; independent kernels (a matmul and a transpose)
-// run while the all-reduce is in flight; the wait comes just before the add that uses it.
-// CHECK-LABEL: func.func @wait_before_first_use
-// CHECK-NEXT:    %[[Y:.*]] = schedule.kernel @wait_before_first_use_k0_matmul
+// Serial: the start follows the producing kernel and its wait comes right after it
+// (overlap-comm moves the wait down to the add).
+// CHECK-LABEL: func.func @wait_after_start
+// CHECK-NEXT:    %[[Y:.*]] = schedule.kernel @wait_after_start_k0_matmul
 // CHECK:         %[[H:.*]] = schedule.start all_reduce %[[Y]] {axes = [tp], kind = sum}
-// CHECK-NEXT:    %[[Z:.*]] = schedule.kernel @wait_before_first_use_k1_matmul(%{{.*}} = %u, %{{.*}} = %v)
-// CHECK:         %[[T:.*]] = schedule.kernel @wait_before_first_use_k2_transpose(%{{.*}} = %[[Z]])
-// CHECK:         %[[R:.*]] = schedule.wait %[[H]]
-// CHECK-NEXT:    %[[O:.*]] = schedule.kernel @wait_before_first_use_k3_add(%{{.*}} = %[[R]], %{{.*}} = %[[T]])
+// CHECK-NEXT:    %[[R:.*]] = schedule.wait %[[H]]
+// CHECK-NEXT:    %[[Z:.*]] = schedule.kernel @wait_after_start_k1_matmul(%{{.*}} = %u, %{{.*}} = %v)
+// CHECK:         %[[T:.*]] = schedule.kernel @wait_after_start_k2_transpose(%{{.*}} = %[[Z]])
+// CHECK:         %[[O:.*]] = schedule.kernel @wait_after_start_k3_add(%{{.*}} = %[[R]], %{{.*}} = %[[T]])
 // CHECK:         func.return %[[O]]
 graph.mesh @mesh axes = [tp = 4]
-func.func @wait_before_first_use(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>, %u: tensor<32x8xf32>, %v: tensor<8x8xf32>) -> tensor<8x32xf32> attributes {graph.partitioned} {
+func.func @wait_after_start(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>, %u: tensor<32x8xf32>, %v: tensor<8x8xf32>) -> tensor<8x32xf32> attributes {graph.partitioned} {
   %y = graph.matmul %x, %w : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
   %r = graph.all_reduce %y {axes = [tp], kind = sum} : tensor<8x32xf32>
   %z = graph.matmul %u, %v : tensor<32x8xf32>, tensor<8x8xf32> -> tensor<32x8xf32>
@@ -177,17 +177,17 @@ func.func @reshape_transpose(%x: tensor<8x16xf32>) -> tensor<4x8x4xf32> {
 
 // -----
 
-// Two collectives in flight at once: both starts precede both waits.
-// CHECK-LABEL: func.func @two_in_flight
-// CHECK-NEXT:    %[[P:.*]] = schedule.kernel @two_in_flight_k0_matmul
+// Two collectives, each started once its operand is made and waited for at once.
+// CHECK-LABEL: func.func @two_collectives
+// CHECK-NEXT:    %[[P:.*]] = schedule.kernel @two_collectives_k0_matmul
 // CHECK:         %[[H1:.*]] = schedule.start all_reduce %[[P]] {axes = [tp], kind = sum} : tensor<8x8xf32> -> !schedule.handle<tensor<8x8xf32>>
-// CHECK-NEXT:    %[[Q:.*]] = schedule.kernel @two_in_flight_k1_matmul
+// CHECK-NEXT:    %[[R:.*]] = schedule.wait %[[H1]] : !schedule.handle<tensor<8x8xf32>> -> tensor<8x8xf32>
+// CHECK-NEXT:    %[[Q:.*]] = schedule.kernel @two_collectives_k1_matmul
 // CHECK:         %[[H2:.*]] = schedule.start all_gather %[[Q]] {axes = [tp], dim = 0} : tensor<2x8xf32> -> !schedule.handle<tensor<8x8xf32>>
 // CHECK-NEXT:    %[[G:.*]] = schedule.wait %[[H2]] : !schedule.handle<tensor<8x8xf32>> -> tensor<8x8xf32>
-// CHECK-NEXT:    %[[R:.*]] = schedule.wait %[[H1]] : !schedule.handle<tensor<8x8xf32>> -> tensor<8x8xf32>
-// CHECK-NEXT:    %[[O:.*]] = schedule.kernel @two_in_flight_k2_add(%{{.*}} = %[[G]], %{{.*}} = %[[R]])
+// CHECK-NEXT:    %[[O:.*]] = schedule.kernel @two_collectives_k2_add(%{{.*}} = %[[G]], %{{.*}} = %[[R]])
 graph.mesh @mesh axes = [dp = 2, tp = 4]
-func.func @two_in_flight(%a: tensor<8x16xf32>, %b: tensor<16x8xf32>, %c: tensor<2x16xf32>, %d: tensor<16x8xf32>) -> tensor<8x8xf32> attributes {graph.partitioned} {
+func.func @two_collectives(%a: tensor<8x16xf32>, %b: tensor<16x8xf32>, %c: tensor<2x16xf32>, %d: tensor<16x8xf32>) -> tensor<8x8xf32> attributes {graph.partitioned} {
   %p = graph.matmul %a, %b : tensor<8x16xf32>, tensor<16x8xf32> -> tensor<8x8xf32>
   %q = graph.matmul %c, %d : tensor<2x16xf32>, tensor<16x8xf32> -> tensor<2x8xf32>
   %r = graph.all_reduce %p {axes = [tp], kind = sum} : tensor<8x8xf32>

@@ -1,5 +1,5 @@
-// RUN: tessera-opt %s --split-input-file -p lower-graph-to-schedule,plan-memory | filecheck %s
-// RUN: tessera-opt %s --split-input-file -p lower-graph-to-schedule,plan-memory | tessera-opt --split-input-file | filecheck %s
+// RUN: tessera-opt %s --split-input-file -p lower-graph-to-schedule,overlap-comm,plan-memory | filecheck %s
+// RUN: tessera-opt %s --split-input-file -p lower-graph-to-schedule,overlap-comm,plan-memory | tessera-opt --split-input-file | filecheck %s
 
 // Buffer offsets (aligned to 256 bytes) and the per-rank peak. Every tensor here is
 // 8x64xf32 = 2048 bytes, unless the comment says otherwise.

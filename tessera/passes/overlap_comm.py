@@ -1,0 +1,78 @@
+"""``overlap-comm``: start each collective as early and wait for it as late as its data allow.
+
+Runs on the Schedule IR (after ``lower-graph-to-schedule``, before ``plan-memory``). A
+rank issues its program in order; a ``schedule.start`` queues the collective on the
+communication stream, and a ``schedule.wait`` makes the compute stream wait for it (as
+``torch.distributed``'s ``work.wait()`` does). So the kernels between a start and its
+wait are what the transfer can hide behind. The pass:
+
+- moves every start up to just after the op that makes its operand (after the starts
+  already there, keeping their order: the communication stream runs them in order);
+- moves every wait down to just before the first op that uses its result (the return,
+  when only the return does; the end of the function for a send's wait).
+
+It changes no value, only the order, so results are bit-identical. Gradient all-reduces
+of a backward pass, which the optimizer needs only at the end, then run while the
+backward of earlier layers computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Operation
+from xdsl.passes import ModulePass
+
+from tessera.ir import schedule
+
+
+@dataclass(frozen=True)
+class OverlapCommPass(ModulePass):
+    """Hoists collective starts to their operands and sinks waits to their first use."""
+
+    name = "overlap-comm"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for function in op.ops:
+            if isinstance(function, func.FuncOp) and function.body.blocks:
+                block = function.body.block
+                hoist_starts(block)
+                sink_waits(block)
+
+
+def hoist_starts(block: Block) -> None:
+    """Every start just after its operand's producer (or the block's start), in order."""
+    for start in [o for o in block.ops if isinstance(o, schedule.StartOp)]:
+        producer = start.operands[0].owner
+        anchor: Operation | None = producer if isinstance(producer, Operation) else None
+        # skip the starts already hoisted there, so their order is kept
+        following = anchor.next_op if anchor is not None else block.first_op
+        while isinstance(following, schedule.StartOp) and following is not start:
+            anchor, following = following, following.next_op
+        if following is start:
+            continue
+        start.detach()
+        if anchor is None:
+            block.insert_op_before(start, block.first_op)  # type: ignore[arg-type]
+        else:
+            block.insert_op_after(start, anchor)
+
+
+def sink_waits(block: Block) -> None:
+    """Every wait just before the first op that uses its result."""
+    for wait in [o for o in block.ops if isinstance(o, schedule.WaitOp)]:
+        users = {
+            block.find_ancestor_op_in_block(use.operation)
+            for result in wait.results
+            for use in result.uses
+        }
+        target = wait.next_op
+        while target is not None and target not in users and target is not block.last_op:
+            target = target.next_op
+        if target is None or target is wait.next_op:
+            continue
+        wait.detach()
+        block.insert_op_before(wait, target)
