@@ -192,6 +192,16 @@ class Lowered:
             model_states=self.model_states() if self.model_states else None,
         )
 
+    def simulate(self, topology: Any = None) -> Any:
+        """The scheduled program simulated on ``topology`` (a ``tessera.perf.Topology``, a
+        preset name such as ``"gb200_nvl72"``, or a JSON file; by default the mesh's
+        ``topology=``, else DGX H100 nodes enough for the mesh): step time, exposed
+        communication and a timeline (``.save_trace("trace.json")``); see
+        :mod:`tessera.perf.simulate`."""
+        from tessera.perf.simulate import simulate
+
+        return simulate(self.module_at("schedule"), self.name, self.mesh, topology)
+
     def collectives(self) -> list[CollectiveInfo]:
         """The communicating collectives each rank runs, in program order."""
         if self.mesh is None:

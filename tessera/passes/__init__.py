@@ -28,6 +28,7 @@ _PASSES: dict[str, tuple[str, str]] = {
         "LowerGraphToSchedulePass",
     ),
     "overlap-comm": ("tessera.passes.overlap_comm", "OverlapCommPass"),
+    "collective-matmul": ("tessera.passes.collective_matmul", "CollectiveMatmulPass"),
     "plan-memory": ("tessera.passes.plan_memory", "PlanMemoryPass"),
     "lower-schedule-to-tile": ("tessera.passes.lower_schedule_to_tile", "LowerScheduleToTilePass"),
 }

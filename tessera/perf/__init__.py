@@ -2,7 +2,8 @@
 
 :mod:`tessera.perf.topology` describes machines (devices, interconnect levels, SHARP) with
 documented preset numbers; :mod:`tessera.perf.collective_cost` prices collectives with the
-alpha-beta model.
+alpha-beta model; :mod:`tessera.perf.compute_cost` prices kernels (a roofline);
+:mod:`tessera.perf.simulate` runs a scheduled program on a topology (``lowered.simulate``).
 """
 
 from tessera.perf.collective_cost import (
@@ -12,6 +13,8 @@ from tessera.perf.collective_cost import (
     algorithms_for,
     collective_time,
 )
+from tessera.perf.compute_cost import compute_time, kernel_time
+from tessera.perf.simulate import Event, Simulation, simulate
 from tessera.perf.topology import (
     PRESETS,
     Device,
@@ -30,13 +33,18 @@ __all__ = [
     "PRESETS",
     "CollectiveCost",
     "Device",
+    "Event",
     "Link",
     "Sharp",
+    "Simulation",
     "Topology",
     "algorithms_for",
     "collective_time",
+    "compute_time",
     "dgx_h100",
     "gb200_nvl72",
+    "kernel_time",
     "load_topology",
+    "simulate",
     "single_gpu",
 ]

@@ -1,0 +1,299 @@
+"""Simulates a scheduled program on a topology: per-rank streams, step time, a timeline.
+
+Every rank of the mesh runs the scheduled function (``lower-graph-to-schedule`` and the
+schedule passes) on device ``rank`` of the topology, with one compute stream and the
+communication streams its starts name (``comm`` by default). Ops are issued in program
+order, as the runtime issues them (``torch.distributed`` with ``async_op=True``):
+
+- a kernel runs on the compute stream after the previous kernel, for
+  ``compute_cost.kernel_time``;
+- a start queues its collective on its stream after the work already issued to the
+  compute stream (so after its operand's producer) and after the stream's previous
+  collective; the group's ranks start it together, when the last of them is ready, and it
+  takes ``collective_cost.collective_time`` for its group;
+- a wait makes the compute stream wait until the collective ends.
+
+The step time T is when the last rank finishes. The exposed-communication fraction is
+``E = (T − T_compute_only) / T_comm``, with ``T_compute_only`` the step time of the same
+schedule with free communication and ``T_comm`` the communication time of the busiest
+rank: 1 for a serial schedule, 0 when all communication hides behind compute.
+:meth:`Simulation.save_trace` writes a Chrome-trace / Perfetto JSON timeline (one process
+per rank, one thread per stream).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.ir import SSAValue
+
+from tessera.dist.mesh import Mesh
+from tessera.errors import TesseraError
+from tessera.ir import schedule
+from tessera.ir.abstract import AbstractTensor, aval
+from tessera.perf.collective_cost import collective_time
+from tessera.perf.compute_cost import kernel_bytes, kernel_flops, kernel_time
+from tessera.perf.topology import Topology, dgx_h100, load_topology, single_gpu
+
+COMPUTE = "compute"
+ALIASES = {"nvl72": "gb200_nvl72", "gb200": "gb200_nvl72", "dgx": "dgx_h100", "h100": "single_gpu"}
+
+
+@dataclass(frozen=True)
+class Event:
+    """One kernel or collective on one rank's stream (times in seconds)."""
+
+    rank: int
+    stream: str
+    name: str
+    start_s: float
+    end_s: float
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """The simulated step of one scheduled program on one topology."""
+
+    topology: str
+    events: tuple[Event, ...]
+    step_time_s: float  # T
+    compute_only_s: float  # T with free communication
+    comm_time_s: float  # communication time of the busiest rank
+
+    @property
+    def exposed_fraction(self) -> float:
+        """E = (T − T_compute_only) / T_comm (0 without communication)."""
+        if self.comm_time_s == 0:
+            return 0.0
+        return (self.step_time_s - self.compute_only_s) / self.comm_time_s
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.step_time_s - self.compute_only_s
+
+    def rank_events(self, rank: int) -> list[Event]:
+        return [e for e in self.events if e.rank == rank]
+
+    def trace(self) -> dict[str, Any]:
+        """The timeline as a Chrome-trace object (``traceEvents``, times in µs)."""
+        streams: dict[int, list[str]] = defaultdict(list)
+        for e in self.events:
+            if e.stream not in streams[e.rank]:
+                streams[e.rank].append(e.stream)
+        events: list[dict[str, Any]] = []
+        for rank, names in sorted(streams.items()):
+            events.append(_meta("process_name", rank, 0, {"name": f"rank {rank}"}))
+            events.append(_meta("process_sort_index", rank, 0, {"sort_index": rank}))
+            for tid, stream in enumerate(sorted(names, key=lambda s: (s != COMPUTE, s))):
+                events.append(_meta("thread_name", rank, tid, {"name": stream}))
+        tids = {
+            (rank, stream): tid
+            for rank, names in streams.items()
+            for tid, stream in enumerate(sorted(names, key=lambda s: (s != COMPUTE, s)))
+        }
+        for e in self.events:
+            events.append(
+                {
+                    "name": e.name,
+                    "cat": "compute" if e.stream == COMPUTE else "communication",
+                    "ph": "X",
+                    "ts": e.start_s * 1e6,
+                    "dur": e.duration_s * 1e6,
+                    "pid": e.rank,
+                    "tid": tids[(e.rank, e.stream)],
+                    "args": e.args,
+                }
+            )
+        return {
+            "traceEvents": events,
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "topology": self.topology,
+                "step_time_us": self.step_time_s * 1e6,
+                "compute_only_us": self.compute_only_s * 1e6,
+                "comm_time_us": self.comm_time_s * 1e6,
+                "exposed_fraction": self.exposed_fraction,
+            },
+        }
+
+    def save_trace(self, path: str | os.PathLike[str]) -> None:
+        """Writes :meth:`trace` as JSON (open it in https://ui.perfetto.dev or chrome://tracing)."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.trace(), f)
+
+    def summary(self) -> str:
+        return (
+            f"{self.topology}: step {self.step_time_s * 1e3:.3f} ms, compute only "
+            f"{self.compute_only_s * 1e3:.3f} ms, communication {self.comm_time_s * 1e3:.3f} ms, "
+            f"exposed fraction E = {self.exposed_fraction:.2f}"
+        )
+
+
+def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "ph": "M", "pid": pid, "tid": tid, "args": args}
+
+
+def default_topology(mesh: Mesh | None) -> Topology:
+    """The mesh's ``topology=`` (``"nvl72"`` names the GB200 NVL72), else enough DGX H100s."""
+    hardware = mesh.hardware if mesh is not None else None
+    if isinstance(hardware, Topology):
+        return hardware
+    if isinstance(hardware, str):
+        return load_topology(ALIASES.get(hardware.lower(), hardware))
+    size = mesh.size if mesh is not None else 1
+    return single_gpu() if size == 1 else dgx_h100(nodes=-(-size // 8))
+
+
+def simulate(
+    module: ModuleOp, name: str, mesh: Mesh | None, topology: Topology | str | None = None
+) -> Simulation:
+    """Simulates ``@name`` of a scheduled ``module`` over ``mesh`` on ``topology``."""
+    if topology is None:
+        topology = default_topology(mesh)
+    elif isinstance(topology, str):
+        topology = load_topology(topology)
+    function = next(
+        (o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == name), None
+    )
+    if function is None:
+        raise TesseraError(f"simulate: no function @{name} in the scheduled module")
+    ranks = mesh.size if mesh is not None else 1
+    if ranks > topology.num_devices:
+        raise TesseraError(
+            f"simulate: the mesh has {ranks} ranks but topology {topology.name!r} has only "
+            f"{topology.num_devices} devices"
+        )
+    timed = _Run(function, mesh, topology, ranks, free_communication=False)
+    free = _Run(function, mesh, topology, ranks, free_communication=True)
+    return Simulation(
+        topology=topology.name,
+        events=tuple(timed.events),
+        step_time_s=timed.end(),
+        compute_only_s=free.end(),
+        comm_time_s=max(timed.comm_busy),
+    )
+
+
+class _Run:
+    """One pass over the program, all ranks in program order."""
+
+    def __init__(
+        self,
+        function: func.FuncOp,
+        mesh: Mesh | None,
+        topology: Topology,
+        ranks: int,
+        free_communication: bool,
+    ):
+        self.topology = topology
+        self.mesh = mesh
+        self.ranks = ranks
+        self.free = free_communication
+        self.events: list[Event] = []
+        self.compute = [0.0] * ranks  # when each rank's compute stream is free
+        self.streams: dict[str, list[float]] = defaultdict(lambda: [0.0] * ranks)
+        self.ready: dict[SSAValue, list[float]] = {}
+        self.comm_busy = [0.0] * ranks
+        self._kernel_times: dict[str, float] = {}
+        for op in function.body.block.ops:
+            if isinstance(op, schedule.KernelOp):
+                self._kernel(op)
+            elif isinstance(op, schedule.StartOp):
+                self._start(op)
+            elif isinstance(op, schedule.WaitOp):
+                self._wait(op)
+            elif isinstance(op, func.ReturnOp):
+                break
+            else:
+                raise TesseraError(f"simulate: cannot simulate {op.name} yet")
+
+    def end(self) -> float:
+        streams = [self.compute, *self.streams.values()]
+        return max(max(s) for s in streams) if streams else 0.0
+
+    def _ready(self, value: SSAValue, rank: int) -> float:
+        times = self.ready.get(value)
+        return times[rank] if times is not None else 0.0
+
+    def _kernel(self, op: schedule.KernelOp) -> None:
+        name = op.kernel_name
+        if name not in self._kernel_times:
+            self._kernel_times[name] = kernel_time(self.topology.device, op)
+        duration = self._kernel_times[name]
+        args = {"flops": kernel_flops(op), "bytes": kernel_bytes(op)}
+        ends = []
+        for rank in range(self.ranks):
+            start = max([self.compute[rank], *(self._ready(v, rank) for v in op.inputs)])
+            end = start + duration
+            self.compute[rank] = end
+            ends.append(end)
+            if not self.free:
+                self.events.append(Event(rank, COMPUTE, name, start, end, args))
+        for result in op.results:
+            self.ready[result] = ends
+
+    def _start(self, op: schedule.StartOp) -> None:
+        attrs = op.attrs()
+        kind = op.collective_name
+        stream_attr = op.properties.get("stream")
+        stream = stream_attr.data if isinstance(stream_attr, StringAttr) else "comm"
+        axes = tuple(attrs.get("axes", ()))
+        result = AbstractTensor.from_xdsl(op.handle.type.tensor)  # type: ignore[attr-defined]
+        operand = aval(op.operands[0]) if op.operands else result
+        nbytes = result.nbytes if kind == "all_gather" else operand.nbytes
+        free_at = self.streams[stream]
+        ends = [0.0] * self.ranks
+        label = f"{kind}[{','.join(axes)}]"
+        for group, priced in self._groups(axes, kind, attrs.get("offset")):
+            begin = max(
+                max(free_at[r], self.compute[r], *self._operand_ready(op, r)) for r in group
+            )
+            cost = collective_time(self.topology, kind, nbytes, priced)
+            duration = 0.0 if self.free else cost.time_s
+            for r in group:
+                free_at[r] = ends[r] = begin + duration
+                self.comm_busy[r] += duration
+                if not self.free:
+                    args = {"bytes": nbytes, "algorithm": cost.algorithm, "ranks": list(priced)}
+                    self.events.append(Event(r, stream, label, begin, begin + duration, args))
+        self.ready[op.handle] = ends
+
+    def _operand_ready(self, op: schedule.StartOp, rank: int) -> list[float]:
+        return [self._ready(v, rank) for v in op.operands]
+
+    def _groups(
+        self, axes: Sequence[str], kind: str, offset: int | None
+    ) -> list[tuple[list[int], list[int]]]:
+        """(ranks that start together, ranks the cost is priced over) per group."""
+        if self.mesh is None or not axes:
+            return [([r], [r]) for r in range(self.ranks)]
+        if kind in ("send", "recv"):  # point to point, each rank with its peer
+            axis = axes[0]
+            size = self.mesh.axis_size(axis)
+            pairs = []
+            for r in range(self.ranks):
+                coords = self.mesh.coords(r)
+                coords[axis] = (coords[axis] + (offset or 0)) % size
+                pairs.append(([r], [r, self.mesh.rank(coords)]))
+            return pairs
+        return [(list(g), list(g)) for g in self.mesh.groups(tuple(axes))]
+
+    def _wait(self, op: schedule.WaitOp) -> None:
+        done = self.ready.get(op.handle, [0.0] * self.ranks)
+        for rank in range(self.ranks):
+            self.compute[rank] = max(self.compute[rank], done[rank])
+        for result in op.results:
+            self.ready[result] = list(done)
+
