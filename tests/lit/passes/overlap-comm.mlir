@@ -1,0 +1,282 @@
+// RUN: tessera-opt %s --split-input-file -p overlap-comm | filecheck %s
+// RUN: tessera-opt %s --split-input-file -p overlap-comm | tessera-opt --split-input-file | filecheck %s
+
+// The wait moves down past independent kernels to the kernel that uses its result.
+// CHECK-LABEL: func.func @wait_sinks_to_first_use
+// CHECK-NEXT:    %[[Y:.*]] = schedule.kernel @k0
+// CHECK:         %[[H:.*]] = schedule.start all_reduce %[[Y]]
+// CHECK-NEXT:    %[[E:.*]] = schedule.kernel @k1
+// CHECK:         %[[T:.*]] = schedule.kernel @k2
+// CHECK:         %[[R:.*]] = schedule.wait %[[H]]
+// CHECK-NEXT:    %[[O:.*]] = schedule.kernel @k3(%{{.*}} = %[[R]], %{{.*}} = %[[T]])
+graph.mesh @mesh axes = [tp = 4]
+func.func @wait_sinks_to_first_use(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>, %u: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  %y = schedule.kernel @k0(%a = %x, %b = %w) : (tensor<8x16xf32>, tensor<16x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.matmul %a, %b : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %h = schedule.start all_reduce %y {axes = [tp], kind = sum} : tensor<8x32xf32> -> !schedule.handle<tensor<8x32xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8x32xf32>> -> tensor<8x32xf32>
+  %e = schedule.kernel @k1(%a = %u) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %t = schedule.kernel @k2(%a = %e) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.tanh %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %o = schedule.kernel @k3(%a = %r, %b = %t) : (tensor<8x32xf32>, tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.add %a, %b : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  func.return %o : tensor<8x32xf32>
+}
+
+// -----
+
+// A start placed late moves up to just after the kernel that makes its operand.
+// CHECK-LABEL: func.func @start_hoists_to_producer
+// CHECK-NEXT:    %[[Y:.*]] = schedule.kernel @k0
+// CHECK:         %[[H:.*]] = schedule.start all_reduce %[[Y]]
+// CHECK-NEXT:    %[[E:.*]] = schedule.kernel @k1
+// CHECK:         %[[R:.*]] = schedule.wait %[[H]]
+// CHECK-NEXT:    schedule.kernel @k2
+graph.mesh @mesh axes = [tp = 4]
+func.func @start_hoists_to_producer(%x: tensor<8x32xf32>, %u: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  %y = schedule.kernel @k0(%a = %x) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %e = schedule.kernel @k1(%a = %u) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %h = schedule.start all_reduce %y {axes = [tp], kind = sum} : tensor<8x32xf32> -> !schedule.handle<tensor<8x32xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8x32xf32>> -> tensor<8x32xf32>
+  %o = schedule.kernel @k2(%a = %r, %b = %e) : (tensor<8x32xf32>, tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.add %a, %b : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  func.return %o : tensor<8x32xf32>
+}
+
+// -----
+
+// A collective of a function argument starts first thing.
+// CHECK-LABEL: func.func @argument_starts_first
+// CHECK-NEXT:    %[[H:.*]] = schedule.start all_gather %x {axes = [tp], dim = 0}
+// CHECK-NEXT:    schedule.kernel @k0
+// CHECK:         schedule.wait %[[H]]
+// CHECK-NEXT:    schedule.kernel @k1
+graph.mesh @mesh axes = [tp = 4]
+func.func @argument_starts_first(%x: tensor<2x32xf32>, %u: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  %e = schedule.kernel @k0(%a = %u) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %h = schedule.start all_gather %x {axes = [tp], dim = 0} : tensor<2x32xf32> -> !schedule.handle<tensor<8x32xf32>>
+  %g = schedule.wait %h : !schedule.handle<tensor<8x32xf32>> -> tensor<8x32xf32>
+  %o = schedule.kernel @k1(%a = %g, %b = %e) : (tensor<8x32xf32>, tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.add %a, %b : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  func.return %o : tensor<8x32xf32>
+}
+
+// -----
+
+// Two starts after the same kernel keep their order (the stream runs them in order).
+// CHECK-LABEL: func.func @starts_keep_their_order
+// CHECK-NEXT:    %[[Y:.*]] = schedule.kernel @k0
+// CHECK:         %[[H1:.*]] = schedule.start all_reduce %[[Y]] {axes = [tp], kind = sum}
+// CHECK-NEXT:    %[[H2:.*]] = schedule.start all_reduce %[[Y]] {axes = [dp], kind = sum}
+// CHECK-NEXT:    schedule.kernel @k1
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @starts_keep_their_order(%x: tensor<8x32xf32>, %u: tensor<8x32xf32>) -> (tensor<8x32xf32>, tensor<8x32xf32>, tensor<8x32xf32>) {
+  %y = schedule.kernel @k0(%a = %x) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %e = schedule.kernel @k1(%a = %u) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %h1 = schedule.start all_reduce %y {axes = [tp], kind = sum} : tensor<8x32xf32> -> !schedule.handle<tensor<8x32xf32>>
+  %r1 = schedule.wait %h1 : !schedule.handle<tensor<8x32xf32>> -> tensor<8x32xf32>
+  %h2 = schedule.start all_reduce %y {axes = [dp], kind = sum} : tensor<8x32xf32> -> !schedule.handle<tensor<8x32xf32>>
+  %r2 = schedule.wait %h2 : !schedule.handle<tensor<8x32xf32>> -> tensor<8x32xf32>
+  func.return %r1, %r2, %e : tensor<8x32xf32>, tensor<8x32xf32>, tensor<8x32xf32>
+}
+
+// -----
+
+// A result only returned is waited for just before the return.
+// CHECK-LABEL: func.func @returned_waits_at_the_end
+// CHECK:         schedule.start all_reduce
+// CHECK-NEXT:    schedule.kernel @k1
+// CHECK:         %[[R:.*]] = schedule.wait
+// CHECK-NEXT:    func.return %[[R]]
+graph.mesh @mesh axes = [tp = 4]
+func.func @returned_waits_at_the_end(%x: tensor<8x32xf32>, %u: tensor<8x32xf32>) -> (tensor<8x32xf32>, tensor<8x32xf32>) {
+  %y = schedule.kernel @k0(%a = %x) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %h = schedule.start all_reduce %y {axes = [tp], kind = sum} : tensor<8x32xf32> -> !schedule.handle<tensor<8x32xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8x32xf32>> -> tensor<8x32xf32>
+  %e = schedule.kernel @k1(%a = %u) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  func.return %r, %e : tensor<8x32xf32>, tensor<8x32xf32>
+}
+
+// -----
+
+// Chained collectives: the second starts on the first's result, so the first's wait
+// stays just before it; the second's wait moves past the independent kernel.
+// CHECK-LABEL: func.func @chained_collectives
+// CHECK:         %[[H1:.*]] = schedule.start reduce_scatter
+// CHECK-NEXT:    %[[W1:.*]] = schedule.wait %[[H1]]
+// CHECK-NEXT:    %[[H2:.*]] = schedule.start all_gather %[[W1]]
+// CHECK-NEXT:    schedule.kernel @k1
+// CHECK:         schedule.wait %[[H2]]
+// CHECK-NEXT:    schedule.kernel @k2
+graph.mesh @mesh axes = [tp = 4]
+func.func @chained_collectives(%x: tensor<8x32xf32>, %u: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  %y = schedule.kernel @k0(%a = %x) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %h1 = schedule.start reduce_scatter %y {axes = [tp], dim = 0, kind = sum} : tensor<8x32xf32> -> !schedule.handle<tensor<2x32xf32>>
+  %w1 = schedule.wait %h1 : !schedule.handle<tensor<2x32xf32>> -> tensor<2x32xf32>
+  %h2 = schedule.start all_gather %w1 {axes = [tp], dim = 0} : tensor<2x32xf32> -> !schedule.handle<tensor<8x32xf32>>
+  %w2 = schedule.wait %h2 : !schedule.handle<tensor<8x32xf32>> -> tensor<8x32xf32>
+  %e = schedule.kernel @k1(%a = %u) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %o = schedule.kernel @k2(%a = %w2, %b = %e) : (tensor<8x32xf32>, tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.add %a, %b : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  func.return %o : tensor<8x32xf32>
+}
+
+// -----
+
+// A send's wait gives nothing: it moves to the end of the function.
+// CHECK-LABEL: func.func @send_waits_at_the_end
+// CHECK:         %[[H:.*]] = schedule.start send
+// CHECK-NEXT:    schedule.kernel @k1
+// CHECK:         schedule.wait %[[H]]
+// CHECK-NEXT:    func.return
+graph.mesh @mesh axes = [pp = 2]
+func.func @send_waits_at_the_end(%x: tensor<8x32xf32>, %u: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  %y = schedule.kernel @k0(%a = %x) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %h = schedule.start send %y {axes = [pp], offset = 1} : tensor<8x32xf32> -> !schedule.handle<tensor<8x32xf32>>
+  schedule.wait %h : !schedule.handle<tensor<8x32xf32>>
+  %e = schedule.kernel @k1(%a = %u) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  func.return %e : tensor<8x32xf32>
+}
+
+// -----
+
+// Already overlapped as far as the data allow: nothing moves.
+// CHECK-LABEL: func.func @nothing_to_move
+// CHECK-NEXT:    %[[Y:.*]] = schedule.kernel @k0
+// CHECK:         %[[H:.*]] = schedule.start all_reduce %[[Y]]
+// CHECK-NEXT:    %[[R:.*]] = schedule.wait %[[H]]
+// CHECK-NEXT:    schedule.kernel @k1(%{{.*}} = %[[R]])
+graph.mesh @mesh axes = [tp = 4]
+func.func @nothing_to_move(%x: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  %y = schedule.kernel @k0(%a = %x) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %h = schedule.start all_reduce %y {axes = [tp], kind = sum} : tensor<8x32xf32> -> !schedule.handle<tensor<8x32xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8x32xf32>> -> tensor<8x32xf32>
+  %o = schedule.kernel @k1(%a = %r) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.tanh %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  func.return %o : tensor<8x32xf32>
+}
+
+// -----
+
+// Data-parallel gradients: each all-reduce starts as its gradient is made (last layer
+// first), and every wait moves to the optimizer kernel that reads it, so the transfers
+// run under the remaining backward kernels.
+// CHECK-LABEL: func.func @gradients_overlap_backward
+// CHECK-NEXT:    %[[G2:.*]] = schedule.kernel @grad_layer2
+// CHECK:         %[[H2:.*]] = schedule.start all_reduce %[[G2]] {axes = [dp], kind = sum}
+// CHECK-NEXT:    %[[G1:.*]] = schedule.kernel @grad_layer1
+// CHECK:         %[[H1:.*]] = schedule.start all_reduce %[[G1]] {axes = [dp], kind = sum}
+// CHECK-NEXT:    %[[G0:.*]] = schedule.kernel @grad_layer0
+// CHECK:         %[[H0:.*]] = schedule.start all_reduce %[[G0]] {axes = [dp], kind = sum}
+// CHECK-NEXT:    %[[R2:.*]] = schedule.wait %[[H2]]
+// CHECK-NEXT:    schedule.kernel @update2(%{{.*}} = %[[R2]])
+// CHECK:         %[[R1:.*]] = schedule.wait %[[H1]]
+// CHECK-NEXT:    schedule.kernel @update1(%{{.*}} = %[[R1]])
+// CHECK:         %[[R0:.*]] = schedule.wait %[[H0]]
+// CHECK-NEXT:    schedule.kernel @update0(%{{.*}} = %[[R0]])
+graph.mesh @mesh axes = [dp = 4]
+func.func @gradients_overlap_backward(%x: tensor<16x16xf32>) -> (tensor<16x16xf32>, tensor<16x16xf32>, tensor<16x16xf32>) {
+  %g2 = schedule.kernel @grad_layer2(%a = %x) : (tensor<16x16xf32>) -> tensor<16x16xf32> {
+    %0 = graph.matmul %a, %a : tensor<16x16xf32>, tensor<16x16xf32> -> tensor<16x16xf32>
+    schedule.yield %0 : tensor<16x16xf32>
+  }
+  %g1 = schedule.kernel @grad_layer1(%a = %g2) : (tensor<16x16xf32>) -> tensor<16x16xf32> {
+    %0 = graph.matmul %a, %a : tensor<16x16xf32>, tensor<16x16xf32> -> tensor<16x16xf32>
+    schedule.yield %0 : tensor<16x16xf32>
+  }
+  %g0 = schedule.kernel @grad_layer0(%a = %g1) : (tensor<16x16xf32>) -> tensor<16x16xf32> {
+    %0 = graph.matmul %a, %a : tensor<16x16xf32>, tensor<16x16xf32> -> tensor<16x16xf32>
+    schedule.yield %0 : tensor<16x16xf32>
+  }
+  %h2 = schedule.start all_reduce %g2 {axes = [dp], kind = sum} : tensor<16x16xf32> -> !schedule.handle<tensor<16x16xf32>>
+  %r2 = schedule.wait %h2 : !schedule.handle<tensor<16x16xf32>> -> tensor<16x16xf32>
+  %u2 = schedule.kernel @update2(%a = %r2) : (tensor<16x16xf32>) -> tensor<16x16xf32> {
+    %0 = graph.neg %a : tensor<16x16xf32>
+    schedule.yield %0 : tensor<16x16xf32>
+  }
+  %h1 = schedule.start all_reduce %g1 {axes = [dp], kind = sum} : tensor<16x16xf32> -> !schedule.handle<tensor<16x16xf32>>
+  %r1 = schedule.wait %h1 : !schedule.handle<tensor<16x16xf32>> -> tensor<16x16xf32>
+  %u1 = schedule.kernel @update1(%a = %r1) : (tensor<16x16xf32>) -> tensor<16x16xf32> {
+    %0 = graph.neg %a : tensor<16x16xf32>
+    schedule.yield %0 : tensor<16x16xf32>
+  }
+  %h0 = schedule.start all_reduce %g0 {axes = [dp], kind = sum} : tensor<16x16xf32> -> !schedule.handle<tensor<16x16xf32>>
+  %r0 = schedule.wait %h0 : !schedule.handle<tensor<16x16xf32>> -> tensor<16x16xf32>
+  %u0 = schedule.kernel @update0(%a = %r0) : (tensor<16x16xf32>) -> tensor<16x16xf32> {
+    %0 = graph.neg %a : tensor<16x16xf32>
+    schedule.yield %0 : tensor<16x16xf32>
+  }
+  func.return %u2, %u1, %u0 : tensor<16x16xf32>, tensor<16x16xf32>, tensor<16x16xf32>
+}
+
+// -----
+
+// A function without collectives is unchanged.
+// CHECK-LABEL: func.func @no_collectives
+// CHECK-NEXT:    schedule.kernel @k0
+// CHECK:         schedule.kernel @k1
+// CHECK:         func.return
+func.func @no_collectives(%x: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  %y = schedule.kernel @k0(%a = %x) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %o = schedule.kernel @k1(%a = %y) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.tanh %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  func.return %o : tensor<8x32xf32>
+}
