@@ -177,9 +177,13 @@ class Lowered:
         if stage not in self._stages:
             passes = get_all_passes()
             module = self.module_at(STAGES[STAGES.index(stage) - 1]).clone()
-            flags = self.schedule_options.passes() if stage == "schedule" else _STAGE_PASSES[stage]
-            for flag in flags:
-                passes[flag]()().apply(Context(), module)
+            flags = (
+                self.schedule_options.passes()
+                if stage == "schedule"
+                else [(flag, {}) for flag in _STAGE_PASSES[stage]]
+            )
+            for flag, options in flags:
+                passes[flag]()(**options).apply(Context(), module)
             module.verify()
             self._stages[stage] = module
         return self._stages[stage]

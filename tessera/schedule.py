@@ -11,7 +11,10 @@ within a ``with`` block::
 
 ``all_reduce_overlap`` turns the ``overlap-comm`` pass on or off: collectives start as
 soon as their operand is made and are waited for only where their result is first used,
-so communication runs while independent kernels compute.
+so communication runs while independent kernels compute. With
+``schedule.options(collective_matmul=True)`` (experimental), ``collective-matmul`` also
+splits an all_gather feeding a matmul (or a matmul feeding an all_reduce or
+reduce_scatter) into chunks where the cost model on ``topology`` says it pays.
 """
 
 from __future__ import annotations
@@ -29,10 +32,23 @@ class ScheduleOptions:
     """The options a program is lowered with (part of its jit cache key)."""
 
     overlap: bool = True
+    # decompose collective + matmul pairs into chunks (off by default: the pass does not yet
+    # price the copies and lost fusion chunks cost, nor keep chunks at the matmul's place)
+    collective_matmul: bool = False
+    collective_matmul_chunks: int = 0  # 0: as the cost model chooses
+    topology: str = "dgx_h100"  # the machine the cost model prices (a tessera.perf preset)
 
-    def passes(self) -> list[str]:
-        """The Schedule IR passes these options ask for, in order."""
-        return ["lower-graph-to-schedule", *(["overlap-comm"] if self.overlap else []), "plan-memory"]
+    def passes(self) -> list[tuple[str, dict[str, Any]]]:
+        """The passes (flag, options) that lower a partitioned program to its schedule."""
+        passes: list[tuple[str, dict[str, Any]]] = []
+        if self.overlap and self.collective_matmul:
+            options = {"chunks": self.collective_matmul_chunks, "topology": self.topology}
+            passes.append(("collective-matmul", options))
+        passes.append(("lower-graph-to-schedule", {}))
+        if self.overlap:
+            passes.append(("overlap-comm", {}))
+        passes.append(("plan-memory", {}))
+        return passes
 
 
 _current = ScheduleOptions()

@@ -34,7 +34,8 @@ the first collective (gather) or the last one (matmul first) being exposed, with
 ``t_c(k) = collective_time(topology, kind, bytes / k, ranks of the first group)`` and
 ``t_m(k) = compute_time(device, flops / k, (lhs + result bytes) / k + rhs bytes, dtype)``
 (every chunk reads the whole rhs). ``T(1)`` is the serial ``t_c + t_m``; the fastest ``k``
-wins, and a pair for which ``k = 1`` wins is left alone.
+wins, and a pair for which ``k = 1`` wins is left alone, as is one whose group holds ranks
+the topology does not have (it cannot be priced).
 
 References: Wang et al., "Overlap Communication with Dependent Computation via
 Decomposition in Large Deep Learning Models", ASPLOS 2023; PyTorch's async tensor
@@ -190,19 +191,15 @@ class _ChunkChooser:
 
     @cached_property
     def topology(self) -> Topology:
-        topology = load_topology(self.topology_name)
-        if self.mesh.size > topology.num_devices:
-            raise TesseraError(
-                f"collective-matmul: topology {topology.name!r} has {topology.num_devices} "
-                f"devices, fewer than the {self.mesh.size} ranks of {self.mesh}; pass a larger "
-                f"one, e.g. topology=dgx_h100x{-(-self.mesh.size // 8)}"
-            )
-        return topology
+        return load_topology(self.topology_name)
 
     def choose(self, site: _Site) -> int:
         """The number of chunks for ``site`` (1: leave it alone)."""
         if self.chunks:
             return self.chunks if site.split(self.chunks) is not None else 1
+        ranks = self.mesh.groups(site.collective.attrs()["axes"])[0]
+        if max(ranks) >= self.topology.num_devices:  # the machine is too small to price it
+            return 1
         legal = [1, *(k for k in CANDIDATE_CHUNKS if site.split(k) is not None)]
         times = {k: self.time(site, k) for k in legal}
         return min(legal, key=lambda k: (times[k], k))

@@ -11,6 +11,12 @@ the launch overhead:
   are memory-bound, and their arithmetic is not counted.
 - bytes: what crosses the kernel's boundary, its inputs and outputs (a fused kernel keeps
   its intermediates in registers and shared memory), plus constants passed by pointer.
+
+A kernel that only re-views memory costs nothing (:func:`is_view`): a reshape (row-major
+data keep their order), a slice that keeps one contiguous block, and a concatenation of
+such blocks whose producers write straight into it (XLA and PyTorch make these views or
+in-place writes). Tessera's runtime still copies in these kernels; the model prices
+what a buffer-aware runtime does.
 """
 
 from __future__ import annotations
@@ -58,8 +64,49 @@ def compute_time(device: Device, flops: float, nbytes: float, dtype: str) -> flo
     return device.launch_overhead_s + max(arithmetic, memory)
 
 
+def _contiguous_block(shape: tuple[int, ...], axis: int) -> bool:
+    """Whether pieces along ``axis`` of a row-major ``shape`` are contiguous blocks."""
+    return all(d == 1 for d in shape[:axis])
+
+
+def is_view(kernel: schedule.KernelOp) -> bool:
+    """Whether the kernel only re-views its input: reshapes, contiguous slices, or a
+    concatenation of contiguous blocks made for it alone (each piece's producer writes
+    into its place)."""
+    ops = [o for o in kernel.body.block.ops if not isinstance(o, schedule.YieldOp)]
+    if not ops:
+        return False
+    for op in ops:
+        if isinstance(op, graph.ReshapeOp):
+            continue
+        if isinstance(op, graph.SliceOp):
+            attrs = op.attrs()
+            source = aval(op.operands[0]).shape
+            cut = [
+                d
+                for d, (lo, hi) in enumerate(zip(attrs["starts"], attrs["limits"], strict=True))
+                if (lo, hi) != (0, source[d])
+            ]
+            steps = attrs.get("strides") or [1] * len(source)
+            if len(cut) > 1 or any(s != 1 for s in steps):
+                return False
+            if cut and not _contiguous_block(aval(op.results[0]).shape, cut[0]):
+                return False
+            continue
+        if isinstance(op, graph.ConcatOp):
+            if not _contiguous_block(aval(op.results[0]).shape, op.attrs()["axis"]):
+                return False
+            if len(ops) != 1 or any(len(list(v.uses)) != 1 for v in kernel.inputs):
+                return False
+            continue
+        return False
+    return True
+
+
 def kernel_time(device: Device, kernel: schedule.KernelOp) -> float:
-    """Modelled time of one ``schedule.kernel`` on ``device``."""
+    """Modelled time of one ``schedule.kernel`` on ``device`` (0 for a view)."""
+    if is_view(kernel):
+        return 0.0
     matmuls = [op for op in kernel.body.block.ops if isinstance(op, graph.MatmulOp)]
     dtype = str(aval(matmuls[0].operands[0]).dtype) if matmuls else "f32"
     return compute_time(device, kernel_flops(kernel), kernel_bytes(kernel), dtype)

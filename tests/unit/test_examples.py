@@ -101,8 +101,9 @@ def test_mlp_main_prints_ir_and_ok(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.rstrip().endswith("OK")
 
 
-def test_readme_python_blocks_run() -> None:
-    """Every ```python block of the README runs (the quick start and the sharding one)."""
+def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ```python block of the README runs (files they write go to a temporary dir)."""
+    monkeypatch.chdir(tmp_path)
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
     assert len(blocks) >= 2, "README.md should show the quick start and sharding"
