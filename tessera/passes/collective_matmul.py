@@ -47,20 +47,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
-from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl.rewriter import Rewriter
 
 from tessera.dist.mesh import Mesh
 from tessera.errors import TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.mesh_symbol import module_mesh
+from tessera.passes.graph_emitter import GraphEmitter
 from tessera.perf.collective_cost import collective_time
 from tessera.perf.compute_cost import compute_time, matmul_flops
 from tessera.perf.topology import Topology, load_topology
@@ -233,18 +233,8 @@ def _decompose(block: Block, chooser: _ChunkChooser) -> None:
             _rewrite(site, chunks)
 
 
-class _Emitter:
-    """Builds graph ops (types from their shape rules) before ``anchor``."""
-
-    def __init__(self, anchor: Operation):
-        self.anchor = anchor
-
-    def __call__(
-        self, op_type: type[graph.GraphOp], operands: Sequence[SSAValue], **attrs: Any
-    ) -> SSAValue:
-        op = graph.build(op_type, operands, **attrs)
-        Rewriter.insert_op(op, InsertPoint.before(self.anchor))
-        return op.results[0]
+class _Emitter(GraphEmitter):
+    """A GraphEmitter with the slicing and reshaping helpers the chunks need."""
 
     def slice(self, value: SSAValue, dim: int, start: int, stop: int) -> SSAValue:
         shape = aval(value).shape

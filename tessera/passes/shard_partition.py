@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects import func
@@ -36,6 +35,7 @@ from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.attr_values import to_attr
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.sharding import Sharding, arg_sharding, op_shardings
+from tessera.passes.graph_emitter import GraphEmitter
 
 
 @dataclass(frozen=True)
@@ -140,18 +140,8 @@ class _Partitioner:
         Rewriter.erase_op(op)
 
 
-class _Emitter:
-    """Builds ops (types from their shape rules) before ``anchor``."""
-
-    def __init__(self, anchor: Operation):
-        self.anchor = anchor
-
-    def __call__(
-        self, op_type: type[graph.GraphOp], operands: Sequence[SSAValue], **attrs: Any
-    ) -> SSAValue:
-        op = graph.build(op_type, operands, **attrs)
-        Rewriter.insert_op(op, InsertPoint.before(self.anchor))
-        return op.results[0]
+class _Emitter(GraphEmitter):
+    """A GraphEmitter with the constant helpers the partitioned ops need."""
 
     def scalar(self, value: float, like: AbstractTensor) -> SSAValue:
         dense = DenseIntOrFPElementsAttr.from_list(
