@@ -59,8 +59,8 @@ from tessera.dist.mesh import Mesh
 from tessera.errors import TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
+from tessera.ir.graph_emitter import GraphEmitter
 from tessera.ir.mesh_symbol import module_mesh
-from tessera.passes.graph_emitter import GraphEmitter
 from tessera.perf.collective_cost import collective_time
 from tessera.perf.compute_cost import compute_time, matmul_flops
 from tessera.perf.topology import Topology, load_topology

@@ -33,9 +33,9 @@ from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.attr_values import to_attr
+from tessera.ir.graph_emitter import GraphEmitter
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.sharding import Sharding, arg_sharding, op_shardings
-from tessera.passes.graph_emitter import GraphEmitter
 
 
 @dataclass(frozen=True)
