@@ -44,6 +44,9 @@ from tessera.errors import DistributedError, ExecutionError, TesseraError
 from tessera.ir import graph, schedule
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.sharding import Sharding
+from tessera.perf import timeline as perf_timeline
+from tessera.perf.timeline import Mark
+from tessera.perf.trace import COMPUTE
 
 DEFAULT_TIMEOUT_S = 60.0
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -464,6 +467,8 @@ def run_rank(
     context = KernelContext(mesh, rt.rank)
     env: dict[SSAValue, torch.Tensor] = dict(zip(function.args, args, strict=True))
     pending: dict[SSAValue, _Pending] = {}
+    timeline = perf_timeline.active()
+    timed: dict[SSAValue, tuple[schedule.StartOp, Mark, object]] = {}  # handle -> issue
 
     def join(handle: SSAValue) -> torch.Tensor:
         if handle not in pending:  # completed when issued (a group of one rank)
@@ -474,6 +479,10 @@ def run_rank(
             issued.work.wait()  # type: ignore[attr-defined]
         except Exception as error:
             raise _failure(rt, what, error) from None
+        if timeline and handle in timed:
+            start, began, done = timed.pop(handle)
+            done.set(timeline.now(rt.device))  # type: ignore[attr-defined]
+            timeline.add(rt.rank, start.stream_name, start.label, began, done)  # type: ignore[arg-type]
         return issued.finish()
 
     for op in function.body.block.ops:
@@ -484,10 +493,14 @@ def run_rank(
             return tuple(env[v] for v in op.operands), record
         try:
             if isinstance(op, schedule.KernelOp):
+                began = timeline.now(rt.device) if timeline else 0.0
                 outputs = kernel(op, [env[v] for v in op.inputs], context)
+                if timeline:
+                    timeline.add(rt.rank, COMPUTE, op.kernel_name, began, timeline.now(rt.device))
                 results = dict(zip(op.outputs, outputs, strict=True))
             elif isinstance(op, schedule.StartOp):
                 group = rt.group(mesh, op.attrs()["axes"])
+                began = timeline.now(rt.device) if timeline else 0.0
                 try:
                     issued = _issue(op, env[op.input], group, rt.rank)
                 except TesseraError:
@@ -498,6 +511,8 @@ def run_rank(
                     ) from None
                 if isinstance(issued, _Pending):
                     pending[op.handle] = issued
+                    if timeline:
+                        timed[op.handle] = (op, began, timeline.completion(issued.work, rt.device))
                     record.collectives.extend(collectives_of(op, len(group.members)))
                 else:
                     env[op.handle] = issued

@@ -8,7 +8,8 @@ be another runner with the same signature.
 
 :func:`run_virtual` executes all ranks of a mesh in one process: a start computes the
 collective across each rank group (the group semantics of ``backends.virtual``) and its
-handle holds every rank's result until the wait.
+handle holds every rank's result until the wait. Inside
+``tessera.perf.record_timeline()`` both runners record every kernel and collective.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from tessera.backends.virtual import COLLECTIVES as GROUP_COLLECTIVES
 from tessera.dist.mesh import Mesh
 from tessera.errors import ExecutionError
 from tessera.ir import graph, schedule
+from tessera.perf import timeline as perf_timeline
+from tessera.perf.trace import COMPUTE
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,11 @@ def _start(op: schedule.StartOp, mesh: Mesh, inputs: Sequence[torch.Tensor]) -> 
     return outputs
 
 
+def _device(rank_args: Sequence[Sequence[torch.Tensor]]) -> torch.device:
+    """Where the kernels run (the arguments' device; the CPU without arguments)."""
+    return next((a.device for args in rank_args for a in args), torch.device("cpu"))
+
+
 def run_virtual(
     module: ModuleOp,
     name: str,
@@ -104,13 +112,23 @@ def run_virtual(
     envs: list[dict[SSAValue, object]] = [
         dict(zip(function.args, args, strict=True)) for args in rank_args
     ]
+    timeline = perf_timeline.active()
+    device = _device(rank_args)
     for op in function.body.block.ops:
         if isinstance(op, schedule.KernelOp):
             for rank, env in enumerate(envs):
+                began = timeline.now(device) if timeline else 0.0
                 outputs = kernel(op, [env[v] for v in op.inputs], KernelContext(mesh, rank))  # type: ignore[misc]
+                if timeline:
+                    timeline.add(rank, COMPUTE, op.kernel_name, began, timeline.now(device))
                 env.update(zip(op.outputs, outputs, strict=True))
         elif isinstance(op, schedule.StartOp):
+            began = timeline.now(device) if timeline else 0.0
             results = _start(op, mesh, [env[op.operands[0]] for env in envs])  # type: ignore[misc]
+            if timeline:  # the virtual mesh completes a collective when it starts
+                ended = timeline.now(device)
+                for rank in range(mesh.size):
+                    timeline.add(rank, op.stream_name, op.label, began, ended)
             for env, result in zip(envs, results, strict=True):
                 env[op.handle] = result
         elif isinstance(op, schedule.WaitOp):

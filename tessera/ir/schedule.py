@@ -367,6 +367,16 @@ class StartOp(IRDLOperation):
     def collective_name(self) -> str:
         return self.collective.data
 
+    @property
+    def stream_name(self) -> str:
+        """The communication stream it runs on (``comm`` when absent)."""
+        return self.stream.data if self.stream is not None else "comm"
+
+    @property
+    def label(self) -> str:
+        """``kind[axes]``, how timelines name it (e.g. ``all_reduce[tp]``)."""
+        return f"{self.collective_name}[{','.join(self.attrs()['axes'])}]"
+
     def attrs(self) -> dict[str, Any]:
         """The collective's properties as Python values (without ``collective``/``stream``)."""
         return {

@@ -3,7 +3,8 @@
 :mod:`tessera.perf.topology` describes machines (devices, interconnect levels, SHARP) with
 documented preset numbers; :mod:`tessera.perf.collective_cost` prices collectives with the
 alpha-beta model; :mod:`tessera.perf.compute_cost` prices kernels (a roofline);
-:mod:`tessera.perf.simulate` runs a scheduled program on a topology (``lowered.simulate``).
+:mod:`tessera.perf.simulate` runs a scheduled program on a topology (``lowered.simulate``);
+:mod:`tessera.perf.timeline` records real runs (``record_timeline``) in the same trace format.
 """
 
 from tessera.perf.collective_cost import (
@@ -14,7 +15,8 @@ from tessera.perf.collective_cost import (
     collective_time,
 )
 from tessera.perf.compute_cost import compute_time, kernel_time
-from tessera.perf.simulate import Event, Simulation, simulate
+from tessera.perf.simulate import Simulation, simulate
+from tessera.perf.timeline import Timeline, record_timeline
 from tessera.perf.topology import (
     PRESETS,
     Device,
@@ -26,6 +28,7 @@ from tessera.perf.topology import (
     load_topology,
     single_gpu,
 )
+from tessera.perf.trace import Event
 
 __all__ = [
     "ALGORITHMS",
@@ -37,6 +40,7 @@ __all__ = [
     "Link",
     "Sharp",
     "Simulation",
+    "Timeline",
     "Topology",
     "algorithms_for",
     "collective_time",
@@ -45,6 +49,7 @@ __all__ = [
     "gb200_nvl72",
     "kernel_time",
     "load_topology",
+    "record_timeline",
     "simulate",
     "single_gpu",
 ]

@@ -23,15 +23,14 @@ per rank, one thread per stream).
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
 from tessera.dist.mesh import Mesh
@@ -41,25 +40,9 @@ from tessera.ir.abstract import AbstractTensor, aval
 from tessera.perf.collective_cost import collective_time
 from tessera.perf.compute_cost import kernel_bytes, kernel_flops, kernel_time
 from tessera.perf.topology import Topology, dgx_h100, load_topology, single_gpu
+from tessera.perf.trace import COMPUTE, Event, chrome_trace, save_json
 
-COMPUTE = "compute"
 ALIASES = {"nvl72": "gb200_nvl72", "gb200": "gb200_nvl72", "dgx": "dgx_h100", "h100": "single_gpu"}
-
-
-@dataclass(frozen=True)
-class Event:
-    """One kernel or collective on one rank's stream (times in seconds)."""
-
-    rank: int
-    stream: str
-    name: str
-    start_s: float
-    end_s: float
-    args: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s - self.start_s
 
 
 @dataclass(frozen=True)
@@ -88,50 +71,20 @@ class Simulation:
 
     def trace(self) -> dict[str, Any]:
         """The timeline as a Chrome-trace object (``traceEvents``, times in µs)."""
-        streams: dict[int, list[str]] = defaultdict(list)
-        for e in self.events:
-            if e.stream not in streams[e.rank]:
-                streams[e.rank].append(e.stream)
-        events: list[dict[str, Any]] = []
-        for rank, names in sorted(streams.items()):
-            events.append(_meta("process_name", rank, 0, {"name": f"rank {rank}"}))
-            events.append(_meta("process_sort_index", rank, 0, {"sort_index": rank}))
-            for tid, stream in enumerate(sorted(names, key=lambda s: (s != COMPUTE, s))):
-                events.append(_meta("thread_name", rank, tid, {"name": stream}))
-        tids = {
-            (rank, stream): tid
-            for rank, names in streams.items()
-            for tid, stream in enumerate(sorted(names, key=lambda s: (s != COMPUTE, s)))
-        }
-        for e in self.events:
-            events.append(
-                {
-                    "name": e.name,
-                    "cat": "compute" if e.stream == COMPUTE else "communication",
-                    "ph": "X",
-                    "ts": e.start_s * 1e6,
-                    "dur": e.duration_s * 1e6,
-                    "pid": e.rank,
-                    "tid": tids[(e.rank, e.stream)],
-                    "args": e.args,
-                }
-            )
-        return {
-            "traceEvents": events,
-            "displayTimeUnit": "ms",
-            "otherData": {
+        return chrome_trace(
+            self.events,
+            {
                 "topology": self.topology,
                 "step_time_us": self.step_time_s * 1e6,
                 "compute_only_us": self.compute_only_s * 1e6,
                 "comm_time_us": self.comm_time_s * 1e6,
                 "exposed_fraction": self.exposed_fraction,
             },
-        }
+        )
 
     def save_trace(self, path: str | os.PathLike[str]) -> None:
         """Writes :meth:`trace` as JSON (open it in https://ui.perfetto.dev or chrome://tracing)."""
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.trace(), f)
+        save_json(self.trace(), path)
 
     def summary(self) -> str:
         return (
@@ -139,10 +92,6 @@ class Simulation:
             f"{self.compute_only_s * 1e3:.3f} ms, communication {self.comm_time_s * 1e3:.3f} ms, "
             f"exposed fraction E = {self.exposed_fraction:.2f}"
         )
-
-
-def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "ph": "M", "pid": pid, "tid": tid, "args": args}
 
 
 def default_topology(mesh: Mesh | None) -> Topology:
@@ -247,15 +196,14 @@ class _Run:
     def _start(self, op: schedule.StartOp) -> None:
         attrs = op.attrs()
         kind = op.collective_name
-        stream_attr = op.properties.get("stream")
-        stream = stream_attr.data if isinstance(stream_attr, StringAttr) else "comm"
+        stream = op.stream_name
         axes = tuple(attrs.get("axes", ()))
         result = AbstractTensor.from_xdsl(op.handle.type.tensor)  # type: ignore[attr-defined]
         operand = aval(op.operands[0]) if op.operands else result
         nbytes = result.nbytes if kind == "all_gather" else operand.nbytes
         free_at = self.streams[stream]
         ends = [0.0] * self.ranks
-        label = f"{kind}[{','.join(axes)}]"
+        label = op.label
         for group, priced in self._groups(axes, kind, attrs.get("offset")):
             begin = max(
                 max(free_at[r], self.compute[r], *self._operand_ready(op, r)) for r in group
