@@ -1,6 +1,6 @@
 """Shared pytest setup for Tessera's unit tests.
 
-Triton kernels run under Triton's CPU interpreter unless a GPU run asks otherwise. Tests
+Triton kernels run under Triton's CPU interpreter on a machine without a GPU. Tests
 of tracing, sharding and communication run their kernels with the reference executor
 (``TESSERA_KERNELS=reference``): the interpreter runs a kernel thousands of times slower
 than torch, and those tests check program semantics, not code generation. Generated
@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 
+import torch
 from hypothesis import settings
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if not torch.cuda.is_available():  # on a GPU, Triton compiles (test_gpu.py)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TESSERA_KERNELS", "reference")
 
 settings.register_profile("tessera", deadline=None)

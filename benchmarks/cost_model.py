@@ -1,0 +1,99 @@
+"""Measured kernel times against the roofline cost model, on the machine this runs on.
+
+Runs the Megatron tensor-parallel layer forward (``comm_volume.transformer_layer``) on the
+virtual mesh (every tp rank in this process, one after another) with the generated Triton
+kernels, records its timeline (``tessera.perf.record_timeline``: CUDA events on a GPU) and
+prints, per kernel of one rank's schedule: FLOPs, bytes at its boundary, the measured time
+(median over ranks and repeats, after a warm-up run that compiles and tunes), the time
+``tessera.perf.compute_cost.kernel_time`` models on the topology's device, and their ratio.
+Then one rank's compute total, measured and modelled (the simulator's compute-only step).
+
+    python benchmarks/cost_model.py                  # 70B-like layer (hidden 8192, seq 4096, tp 8) on a GPU
+    python benchmarks/cost_model.py --hidden 256 --seq 128 --heads 4 --tp 2   # CPU, interpreted
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import tessera as ts
+from tessera import dist, perf
+from tessera.ir import schedule as schedule_ir
+from tessera.perf.compute_cost import is_view, kernel_bytes, kernel_flops, kernel_time
+
+sys.path.insert(0, str(Path(__file__).parent))
+import comm_volume  # the Megatron layer, its layouts and inputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=8192)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--heads", type=int, default=64)
+    parser.add_argument("--tp", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--topology", default="dgx_h100", help="whose device the model prices")
+    parser.add_argument("--json", type=Path, help="write the measured kernel times here")
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+
+    mesh = dist.mesh({"tp": args.tp})
+    x_spec, p_specs = comm_volume.layouts(mesh, has_dp=False)
+    layer = ts.jit(
+        comm_volume.transformer_layer, static_argnums=2, mesh=mesh,
+        in_shardings=(x_spec, p_specs, None),
+    )  # fmt: skip
+    x, params = comm_volume.layer_inputs(1, args.seq, args.hidden)
+    x = x.to(device, dtype)
+    params = {n: p.to(device, dtype) for n, p in params.items()}
+    lowered = layer.lower(x, params, args.heads)
+    topology = perf.load_topology(args.topology)
+
+    started = time.time()
+    lowered(x, params, args.heads)  # compiles (and, on a GPU, tunes) every kernel
+    warm_s = time.time() - started
+    with perf.record_timeline() as timeline:
+        for _ in range(args.repeats):
+            lowered(x, params, args.heads)
+    measured = {name: statistics.median(t) for name, t in timeline.kernel_times().items()}
+
+    kernels = [o for o in lowered.module_at("schedule").walk() if isinstance(o, schedule_ir.KernelOp)]
+    simulation = lowered.simulate(topology)
+    where = torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter)"
+    print(f"# {where}; model: {topology.device.name} ({args.topology}); hidden {args.hidden}, "
+          f"seq {args.seq}, heads {args.heads}, tp {args.tp}, {str(dtype).removeprefix('torch.')}; "
+          f"median of {args.repeats} runs x {args.tp} ranks; warm-up {warm_s:.1f} s")  # fmt: skip
+    print("| kernel | GFLOP | MB | measured (µs) | model (µs) | measured / model |")
+    print("|---|---:|---:|---:|---:|---:|")
+    total_measured = total_model = 0.0
+    rows = []
+    for kernel in kernels:
+        name = kernel.kernel_name
+        model = kernel_time(topology.device, kernel)
+        took = measured[name]
+        total_measured += took
+        total_model += model
+        view = " (view)" if is_view(kernel) else ""
+        ratio = f"{took / model:.2f}" if model else "–"
+        print(f"| {name}{view} | {kernel_flops(kernel) / 1e9:.2f} | {kernel_bytes(kernel) / 1e6:.1f} "
+              f"| {took * 1e6:.1f} | {model * 1e6:.1f} | {ratio} |")  # fmt: skip
+        rows.append({"kernel": name, "flops": kernel_flops(kernel), "bytes": kernel_bytes(kernel),
+                     "measured_s": took, "model_s": model})  # fmt: skip
+    print(f"| **one rank's kernels** | | | {total_measured * 1e6:.1f} | {total_model * 1e6:.1f} "
+          f"| {total_measured / total_model:.2f} |")  # fmt: skip
+    print(f"simulated compute-only step on {args.topology}: {simulation.compute_only_s * 1e6:.1f} µs")
+    if args.json:
+        args.json.write_text(json.dumps({"device": where, "kernels": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
