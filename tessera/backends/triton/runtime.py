@@ -28,11 +28,11 @@ if not torch.cuda.is_available():  # Triton's interpreter must be chosen before 
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.backends.reference import IMPLS
-from tessera.backends.schedule_runner import KernelContext
+from tessera.backends.schedule_runner import KernelContext, reference_kernel
 from tessera.backends.triton.emit import emit_kernel
 from tessera.codegen.kernels import pointer_constants, position_axes
 from tessera.errors import ExecutionError
-from tessera.ir import schedule, tile
+from tessera.ir import graph, schedule, tile
 from tessera.ir.abstract import AbstractTensor
 
 
@@ -162,7 +162,8 @@ class TritonKernels:
     the default one unless options were given) in Triton's interpreter. CUDA tensors run
     the configuration :mod:`~tessera.backends.triton.autotune` chose for the kernel on that
     device, tuned at its first call (``autotune=False`` or ``TESSERA_AUTOTUNE=0``: the
-    module's tile kernel, compiled).
+    module's tile kernel, compiled). A kernel that only reshapes or slices a contiguous
+    block runs as a torch view, without a launch.
     """
 
     def __init__(self, module: ModuleOp, autotune: bool | None = None):
@@ -176,6 +177,7 @@ class TritonKernels:
         ] = {}
         self.autotune = tuning.enabled() if autotune is None else autotune
         self.tuned: dict[tuple[str, str], Any] = {}  # (kernel, device) -> autotune.Tuning
+        self.views: dict[str, bool] = {}  # kernel -> whether it runs as a torch view
 
     def kernel(self, name: str) -> CompiledKernel:
         """The module's tile kernel ``name`` (the interpreter's, and the untuned GPU's)."""
@@ -223,6 +225,22 @@ class TritonKernels:
     def __call__(
         self, kernel: schedule.KernelOp, inputs: Sequence[torch.Tensor], context: KernelContext
     ) -> list[torch.Tensor]:
+        name = kernel.kernel_name
+        if name not in self.views:
+            self.views[name] = _is_torch_view(kernel)
+        if self.views[name]:  # no launch: a view of the (contiguous) input
+            return reference_kernel(kernel, [x.contiguous() for x in inputs], context)
         compiled, args, outputs = self.prepare(kernel, inputs, context)
         compiled.launch(args)
         return outputs
+
+
+def _is_torch_view(kernel: schedule.KernelOp) -> bool:
+    """Whether the kernel is reshapes and contiguous slices only, which torch computes as a
+    view of its contiguous input: nothing to launch or copy."""
+    from tessera.perf.compute_cost import is_view
+
+    body = kernel.body.block.ops
+    return is_view(kernel) and all(
+        isinstance(o, (graph.ReshapeOp, graph.SliceOp, schedule.YieldOp)) for o in body
+    )
