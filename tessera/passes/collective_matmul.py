@@ -1,52 +1,67 @@
-"""``collective-matmul``: split a matmul and its collective into chunks that pipeline.
+"""``collective-matmul``: cut collectives and the work around them into row chunks that pipeline.
 
 Runs on partitioned functions (``graph.partitioned``, per-rank types; the mesh is the
 module's ``graph.mesh``), before ``lower-graph-to-schedule``. A matmul that waits for a
 gather, or a collective that waits for a matmul, serialises communication and compute.
-Cut into ``k`` chunks, chunk ``j + 1``'s matmul runs while chunk ``j``'s collective is in
-flight (once ``overlap-comm`` hoists the starts and sinks the waits). The rewrites, with
-``n`` ranks per group and ``c`` rows per chunk:
+Cut into ``k`` chunks of rows, chunk ``j + 1``'s work runs while chunk ``j``'s collective
+is in flight (once ``overlap-comm`` hoists the starts and sinks the waits).
 
-1. ``g = all_gather(x, dim d)`` used only as the lhs of ``y = matmul(g, w)``, ``d`` not the
-   contracting dim, ``m = x.shape[d]``, ``c = m / k``: ``x_j = x[j·c:(j+1)·c]`` on ``d``,
-   ``y_j = matmul(all_gather(x_j, dim d), w)``. ``y_j``'s dim holds ``n`` blocks of ``c``
-   rows, rank-major, while ``y``'s holds ``n`` blocks of ``m``: each ``y_j`` is reshaped to
-   ``(n, c)`` on that dim, the pieces concatenated on the ``c`` axis and reshaped to ``n·m``.
-2. ``r = reduce_scatter(y, dim d)`` of ``y = matmul(a, w)`` (its only user), ``d`` a row dim
-   of ``y`` that comes from the lhs, ``M = y.shape[d]``, ``c = M / (n·k)``: ``a``'s dim is
-   viewed as ``(n, M/n)``, ``a_j`` takes rows ``j·c..(j+1)·c`` of every rank's block, and
-   ``r = concat_j reduce_scatter(matmul(a_j, w), dim d)`` on ``d``.
-3. ``r = all_reduce(y)`` of ``y = matmul(a, w)`` (its only user): ``a`` is sliced on its first
-   chunkable row dim divisible by ``k`` and ``r = concat_j all_reduce(matmul(a_j, w))``.
+*Seeds* start the chunking (``n`` ranks per group):
 
-A row dim is chunkable when the rhs has no matching (non-1) batch dim. Chunks reduce
-elementwise across ranks, so any reduction kind is kept exactly; results are the same up
-to matmul rounding. New ops carry no ``graph.sharding`` (after partitioning it only
-describes values); the op that yields the final result takes the replaced op's attributes.
+1. ``all_gather(x, dim d)`` used only as the lhs of a matmul, ``d`` not the contracting
+   dim: ``x`` is cut on ``d``.
+2. ``reduce_scatter(matmul(a, w), dim d)``, the matmul's only user, ``d`` a row dim from the
+   lhs: ``a``'s dim is viewed as ``n`` rank blocks and every block is cut alike.
+3. ``all_reduce(matmul(a, w))``, the matmul's only user: ``a`` is cut on its first row dim
+   (or rhs-broadcast batch dim) that ``k`` divides.
 
-How many chunks: ``chunks=k`` (k >= 2) forces ``k`` where the sizes divide (else the pair
-is left alone). ``chunks=0`` asks the cost model of ``topology`` (a
-:func:`~tessera.perf.topology.load_topology` name), for k in 1, 2, 4, 8 where legal::
+*Propagation*: a chunked value flows, one op per chunk, through every consumer that acts
+on each row of the cut dim on its own: elementwise ops, reductions, softmaxes and norms
+not over that dim, a matmul with the value as lhs and the dim a row (or rhs-broadcast
+batch) dim, and all_reduce, broadcast, all_gather and reduce_scatter (whose chunks reduce
+or gather elementwise across ranks). A consumer's other operands are used whole where
+they broadcast over the dim, cut alike where they have it whole, and their chunks where
+they are chunked alike; otherwise (and at a non-row-wise op, the return, ...) the chunks
+are concatenated, just before the first op that needs the whole value, which gets the
+replaced op's attributes. So after the attention's output all-reduce of a Megatron layer
+the residual add, layer norm, MLP and its all-reduce run per chunk (token-wise
+pipelining), and the MLP hides the first all-reduce.
 
-    T(k) = t_c(k) + (k - 1) · max(t_c(k), t_m(k)) + t_m(k)
+Chunk ``j`` of a value whose dim has ``blocks · k · c`` rows holds rows ``[:, j, :]`` of
+that dim viewed as ``(blocks, k, c)``: a gather on the cut dim multiplies ``blocks`` by
+``n`` (each chunk gathers ``c`` rows of every rank), a reduce-scatter divides it by ``n``.
+A concatenation with ``blocks > 1`` reshapes each chunk to ``(blocks, c)`` and concatenates
+on the ``c`` axis.
 
-the first collective (gather) or the last one (matmul first) being exposed, with
-``t_c(k) = collective_time(topology, kind, bytes / k, ranks of the first group)`` and
-``t_m(k) = compute_time(device, flops / k, (lhs + result bytes) / k + rhs bytes, dtype)``
-(every chunk reads the whole rhs). ``T(1)`` is the serial ``t_c + t_m``; the fastest ``k``
-wins, and a pair for which ``k = 1`` wins is left alone, as is one whose group holds ranks
-the topology does not have (it cannot be priced).
+Order: replaced ops form runs (ops adjacent in program order); a run's chunk ops go
+where the run starts, so the program order of other ops (a backward's weight-gradient
+matmuls) is kept. Inside a run the chunks are software-pipelined: chunk ``j`` of an op
+``s`` collectives downstream of the run's start is issued at step ``j + s`` (program
+order within a step), so while chunk ``j`` crosses a collective, chunk ``j + 1``
+computes; a collective is issued right after its operand's chunk. Chunks reduce
+elementwise across ranks and rows are independent, so results equal the unchunked
+program's up to matmul rounding. New ops carry no ``graph.sharding`` (after
+partitioning it only describes values).
+
+How many chunks: ``chunks=k`` (k >= 2) uses ``k`` where the sizes divide (a seed that
+does not divide is left alone). ``chunks=0`` chooses, per function, by simulation on
+``topology`` (a :func:`~tessera.perf.topology.load_topology` name): each k in 1, 2, 4, 8
+that some seed allows is applied to a copy, lowered (``lower-graph-to-schedule``,
+``overlap-comm``) and simulated (:func:`tessera.perf.simulate.simulate`); the shortest
+step wins, ties to the smaller k (k = 1 leaves the function alone). A mesh larger than
+the topology cannot be simulated and is left alone.
 
 References: Wang et al., "Overlap Communication with Dependent Computation via
 Decomposition in Large Deep Learning Models", ASPLOS 2023; PyTorch's async tensor
-parallelism (``torch.distributed._symmetric_memory``, micro-pipelined TP).
+parallelism (micro-pipelined TP); token-wise pipelining of TP layers (e.g. Jangda et
+al., CoCoNet, ASPLOS 2022).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects import func
@@ -59,23 +74,32 @@ from tessera.dist.mesh import Mesh
 from tessera.errors import TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
-from tessera.ir.graph_emitter import GraphEmitter
 from tessera.ir.mesh_symbol import module_mesh
-from tessera.perf.collective_cost import collective_time
-from tessera.perf.compute_cost import compute_time, matmul_flops
-from tessera.perf.topology import Topology, load_topology
 
 CANDIDATE_CHUNKS = (2, 4, 8)
+
+ELEMENTWISE: tuple[type[graph.GraphOp], ...] = (
+    graph.NegOp, graph.AbsOp, graph.ReluOp, graph.ExpOp, graph.LogOp, graph.TanhOp, graph.SqrtOp,
+    graph.RsqrtOp, graph.SiluOp, graph.SigmoidOp, graph.GeluOp, graph.AddOp, graph.SubOp,
+    graph.MulOp, graph.DivOp, graph.PowOp, graph.MaximumOp, graph.MinimumOp, graph.CompareOp,
+    graph.SelectOp, graph.CastOp,
+)  # fmt: skip
+NORMS: tuple[type[graph.GraphOp], ...] = (graph.LayerNormOp, graph.RmsNormOp)
+SOFTMAXES: tuple[type[graph.GraphOp], ...] = (graph.SoftmaxOp, graph.LogSoftmaxOp)
+# collectives that communicate (a chunk's consumers come one pipeline step later)
+COMMUNICATING: tuple[type[graph.GraphOp], ...] = (
+    graph.AllReduceOp, graph.AllGatherOp, graph.ReduceScatterOp, graph.BroadcastOp,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class CollectiveMatmulPass(ModulePass):
-    """Chunks all_gather→matmul and matmul→reduce_scatter/all_reduce pairs so they overlap."""
+    """Chunks collectives next to matmuls, and the row-wise work after them, so they overlap."""
 
     name = "collective-matmul"
 
-    chunks: int = 0  # 0: chosen by the cost model; k >= 2: k chunks where the sizes divide
-    topology: str = "dgx_h100"  # the machine the cost model prices (load_topology's name)
+    chunks: int = 0  # 0: chosen by simulation; k >= 2: k chunks where the sizes divide
+    topology: str = "dgx_h100"  # the machine the simulation prices (load_topology's name)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.chunks < 0:
@@ -83,17 +107,19 @@ class CollectiveMatmulPass(ModulePass):
         found = module_mesh(op)
         if found is None or self.chunks == 1:
             return
-        chooser = _ChunkChooser(found[1], self.chunks, self.topology)
+        mesh = found[1]
         for function in list(op.ops):
             if (
                 isinstance(function, func.FuncOp)
                 and function.body.blocks
                 and graph.PARTITIONED in function.attributes
             ):
-                _decompose(function.body.block, chooser)
+                chunks = self.chunks or choose_chunks(op, function, mesh, self.topology)
+                if chunks > 1:
+                    decompose(function.body.block, mesh, chunks)
 
 
-# --- matching ------------------------------------------------------------------------------
+# --- seeds -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -103,8 +129,9 @@ class _Site:
     collective: graph.CollectiveOp
     matmul: graph.GraphOp
     group_size: int
-    # (lhs dim, result dim, extent): the lhs is cut on lhs dim into chunks of extent / k
-    # rows, which lie on result dim of the matmul; in order of preference
+    # (lhs dim, result dim, extent): the lhs (or the gathered operand) is cut on lhs dim
+    # into chunks of extent / k rows (per rank block for a reduce_scatter); in order of
+    # preference
     options: tuple[tuple[int, int, int], ...]
 
     @property
@@ -117,6 +144,17 @@ class _Site:
             if extent % chunks == 0:
                 return lhs_dim, result_dim, extent // chunks
         return None
+
+    def entry(self, chunks: int) -> tuple[Operation, int, _Layout] | None:
+        """(op, operand index, layout): where ``chunks`` chunks of this site start."""
+        split = self.split(chunks)
+        if split is None:
+            return None
+        lhs_dim, _, rows = split
+        if self.gathers_first:
+            return self.collective, 0, _Layout(lhs_dim, 1, rows)
+        blocks = self.group_size if isinstance(self.collective, graph.ReduceScatterOp) else 1
+        return self.matmul, 0, _Layout(lhs_dim, blocks, rows)
 
 
 def _result_dim(matmul: graph.GraphOp, lhs_dim: int) -> int | None:
@@ -173,68 +211,93 @@ def _match(op: Operation, mesh: Mesh) -> _Site | None:
     return _Site(op, matmul, group_size, tuple(options)) if options else None
 
 
+def _sites(block: Block, mesh: Mesh) -> list[_Site]:
+    return [site for op in block.ops if (site := _match(op, mesh)) is not None]
+
+
 # --- choosing the number of chunks ---------------------------------------------------------
 
 
-def pipelined_time(comm_s: float, compute_s: float, chunks: int) -> float:
-    """Time of ``chunks`` collective/matmul pairs that overlap one stage apart."""
-    return comm_s + (chunks - 1) * max(comm_s, compute_s) + compute_s
+def choose_chunks(module: ModuleOp, function: func.FuncOp, mesh: Mesh, topology: str) -> int:
+    """The k in 1, 2, 4, 8 whose chunked ``function`` simulates fastest on ``topology``."""
+    from tessera.perf.topology import load_topology
+
+    sites = _sites(function.body.block, mesh)
+    legal = [k for k in CANDIDATE_CHUNKS if any(s.split(k) is not None for s in sites)]
+    machine = load_topology(topology)
+    if not legal or mesh.size > machine.num_devices:  # nothing to cut, or cannot price it
+        return 1
+    index = list(module.ops).index(function)
+    times = {k: simulated_time(module, index, mesh, machine, k) for k in (1, *legal)}
+    return min(times, key=lambda k: (times[k], k))
 
 
-class _ChunkChooser:
-    """How many chunks a site is cut into: forced, or the cost model's fastest."""
+def simulated_time(module: ModuleOp, index: int, mesh: Mesh, topology: Any, chunks: int) -> float:
+    """Step time of function ``index`` of ``module`` cut into ``chunks`` chunks, lowered
+    with ``overlap-comm`` and simulated on ``topology`` (the module is not changed)."""
+    from tessera.passes.lower_graph_to_schedule import LowerGraphToSchedulePass
+    from tessera.passes.overlap_comm import OverlapCommPass
+    from tessera.perf.simulate import simulate
 
-    def __init__(self, mesh: Mesh, chunks: int, topology: str):
-        self.mesh = mesh
-        self.chunks = chunks
-        self.topology_name = topology
-
-    @cached_property
-    def topology(self) -> Topology:
-        return load_topology(self.topology_name)
-
-    def choose(self, site: _Site) -> int:
-        """The number of chunks for ``site`` (1: leave it alone)."""
-        if self.chunks:
-            return self.chunks if site.split(self.chunks) is not None else 1
-        ranks = self.mesh.groups(site.collective.attrs()["axes"])[0]
-        if max(ranks) >= self.topology.num_devices:  # the machine is too small to price it
-            return 1
-        legal = [1, *(k for k in CANDIDATE_CHUNKS if site.split(k) is not None)]
-        times = {k: self.time(site, k) for k in legal}
-        return min(legal, key=lambda k: (times[k], k))
-
-    def time(self, site: _Site, chunks: int) -> float:
-        """Modelled time of ``site`` cut into ``chunks`` chunks."""
-        matmul, collective = site.matmul, site.collective
-        lhs, rhs, result = (aval(v) for v in (*matmul.operands, matmul.results[0]))
-        payload = aval(collective.results[0] if site.gathers_first else collective.operands[0])
-        ranks = self.mesh.groups(collective.attrs()["axes"])[0]
-        kind = collective.name.removeprefix("graph.")
-        comm_s = collective_time(self.topology, kind, payload.nbytes // chunks, ranks).time_s
-        compute_s = compute_time(
-            self.topology.device,
-            matmul_flops(matmul) / chunks,
-            (lhs.nbytes + result.nbytes) / chunks + rhs.nbytes,
-            str(lhs.dtype),
-        )
-        return pipelined_time(comm_s, compute_s, chunks)
+    copy = module.clone()
+    function = list(copy.ops)[index]
+    assert isinstance(function, func.FuncOp)
+    if chunks > 1:
+        decompose(function.body.block, mesh, chunks)
+    LowerGraphToSchedulePass().apply(Context(), copy)
+    OverlapCommPass().apply(Context(), copy)
+    return simulate(copy, function.sym_name.data, mesh, topology).step_time_s
 
 
-# --- rewriting -----------------------------------------------------------------------------
+# --- chunked values ---------------------------------------------------------------------------
 
 
-def _decompose(block: Block, chooser: _ChunkChooser) -> None:
-    for op in list(block.ops):
-        if op.parent is None:  # erased by an earlier rewrite
-            continue
-        site = _match(op, chooser.mesh)
-        if site is not None and (chunks := chooser.choose(site)) > 1:
-            _rewrite(site, chunks)
+@dataclass(frozen=True)
+class _Layout:
+    """How a value is cut: dim ``dim`` viewed as ``(blocks, k, rows)``; chunk j is ``[:, j, :]``."""
+
+    dim: int
+    blocks: int
+    rows: int
 
 
-class _Emitter(GraphEmitter):
-    """A GraphEmitter with the slicing and reshaping helpers the chunks need."""
+@dataclass
+class _Member:
+    """A replaced op: its chunks, and where they are issued in their run."""
+
+    op: Operation
+    run: _Run
+    stage: int  # collectives between the run's start and this op
+    order: tuple[int, int]  # (position, tie break) within a pipeline step
+    chunks: list[Operation] = field(default_factory=list)
+
+
+@dataclass
+class _Chunked:
+    layout: _Layout
+    pieces: list[SSAValue]
+    member: _Member
+
+
+@dataclass
+class _Run:
+    """Replaced ops adjacent in program order: their chunks go before ``anchor``."""
+
+    anchor: Operation
+    prologue: list[Operation] = field(default_factory=list)  # cuts of whole operands
+    members: list[_Member] = field(default_factory=list)
+    cuts: dict[tuple[SSAValue, _Layout], list[SSAValue]] = field(default_factory=dict)
+
+
+class _Ops(list[Operation]):
+    """Builds graph ops (types from their shape rules) into a list, not yet in a block."""
+
+    def __call__(
+        self, op_type: type[graph.GraphOp], operands: Sequence[SSAValue], **attrs: Any
+    ) -> SSAValue:
+        op = graph.build(op_type, operands, **attrs)
+        self.append(op)
+        return op.results[0]
 
     def slice(self, value: SSAValue, dim: int, start: int, stop: int) -> SSAValue:
         shape = aval(value).shape
@@ -247,51 +310,179 @@ class _Emitter(GraphEmitter):
         shape = aval(value).shape
         return self(graph.ReshapeOp, [value], shape=(*shape[:dim], *sizes, *shape[dim + 1 :]))
 
+    def cut(self, value: SSAValue, layout: _Layout, chunks: int) -> list[SSAValue]:
+        """The ``chunks`` chunks of ``value`` under ``layout``."""
+        dim, blocks, rows = layout.dim, layout.blocks, layout.rows
+        if blocks == 1:
+            return [self.slice(value, dim, j * rows, (j + 1) * rows) for j in range(chunks)]
+        blocked = self.reshape_dim(value, dim, (blocks, chunks * rows))
+        shape = list(aval(value).shape)
+        shape[dim] = blocks * rows
+        return [
+            self(graph.ReshapeOp, [self.slice(blocked, dim + 1, j * rows, (j + 1) * rows)], shape=shape)
+            for j in range(chunks)
+        ]
 
-def _rewrite(site: _Site, chunks: int) -> None:
-    split = site.split(chunks)
-    assert split is not None
-    lhs_dim, result_dim, rows = split
-    collective, matmul, n = site.collective, site.matmul, site.group_size
-    attrs = collective.attrs()
-    lhs, rhs = matmul.operands
-    if site.gathers_first:
-        first, last = collective, matmul
-        emit = _Emitter(matmul)
-        source = collective.operands[0]
-        parts = [emit.slice(source, lhs_dim, j * rows, (j + 1) * rows) for j in range(chunks)]
-        pieces = []
-        for part in parts:
-            gathered = emit(graph.AllGatherOp, [part], **attrs, group_size=n)
-            product = emit(graph.MatmulOp, [gathered, rhs])
-            pieces.append(emit.reshape_dim(product, result_dim, (n, rows)))
-        joined = emit(graph.ConcatOp, pieces, axis=result_dim + 1)
-        result = emit(graph.ReshapeOp, [joined], shape=aval(matmul.results[0]).shape)
-    else:
-        first, last = matmul, collective
-        emit = _Emitter(collective)
-        op_type = type(collective)
-        blocked = None
-        if isinstance(collective, graph.ReduceScatterOp):  # every rank's block, cut alike
-            blocked = emit.reshape_dim(lhs, lhs_dim, (n, chunks * rows))
-        parts = []
-        for j in range(chunks):
-            if blocked is None:
-                parts.append(emit.slice(lhs, lhs_dim, j * rows, (j + 1) * rows))
+    def join(self, pieces: Sequence[SSAValue], layout: _Layout, shape: Sequence[int]) -> SSAValue:
+        """The whole value (of ``shape``) of its chunks ``pieces`` under ``layout``."""
+        dim, blocks = layout.dim, layout.blocks
+        if blocks == 1:
+            return self(graph.ConcatOp, pieces, axis=dim)
+        parts = [self.reshape_dim(p, dim, (blocks, layout.rows)) for p in pieces]
+        return self(graph.ReshapeOp, [self(graph.ConcatOp, parts, axis=dim + 1)], shape=shape)
+
+
+# --- propagation -----------------------------------------------------------------------------
+
+_Plan = tuple[_Layout, dict[int, "_Layout | None"]]
+
+
+def _plan(op: Operation, layouts: dict[int, _Layout]) -> _Plan | None:
+    """The result layout of ``op`` whose operands ``layouts`` are chunked (the others: a
+    layout to cut them to, or None to use them whole), if ``op`` is row-wise on them."""
+    result = aval(op.results[0]) if len(op.results) == 1 else None
+    if result is None or not isinstance(op, graph.GraphOp):
+        return None
+    if isinstance(op, ELEMENTWISE):
+        rank = result.rank
+        found = {replace(lay, dim=lay.dim + rank - aval(op.operands[i]).rank) for i, lay in layouts.items()}
+        if len(found) != 1:
+            return None
+        out = found.pop()
+        others: dict[int, _Layout | None] = {}
+        for i, operand in enumerate(op.operands):
+            if i in layouts:
+                continue
+            shape = aval(operand).shape
+            dim = out.dim - (rank - len(shape))
+            if dim < 0 or shape[dim] == 1:
+                others[i] = None
+            elif shape[dim] == result.shape[out.dim]:
+                others[i] = replace(out, dim=dim)
             else:
-                part = emit.slice(blocked, lhs_dim + 1, j * rows, (j + 1) * rows)
-                parts.append(emit(graph.ReshapeOp, [part], shape=_resized(lhs, lhs_dim, n * rows)))
-        pieces = []
-        for part in parts:
-            product = emit(graph.MatmulOp, [part, rhs])
-            pieces.append(emit(op_type, [product], **attrs, group_size=n))
-        result = emit(graph.ConcatOp, pieces, axis=result_dim)
-    result.owner.attributes.update(last.attributes)
-    last.results[0].replace_all_uses_with(result)
-    Rewriter.erase_op(last)
-    Rewriter.erase_op(first)
+                return None
+        return out, others
+    if set(layouts) != {0}:  # one chunked operand, the first
+        return None
+    lay = layouts[0]
+    dim = lay.dim
+    attrs = op.attrs()
+    if isinstance(op, graph.ReductionOp):
+        axes = attrs["axes"]
+        if dim in axes:
+            return None
+        kept = dim if attrs["keepdims"] else dim - sum(a < dim for a in axes)
+        return replace(lay, dim=kept), {}
+    if isinstance(op, NORMS):
+        return (lay, {}) if dim not in attrs["axes"] else None
+    if isinstance(op, SOFTMAXES):
+        return (lay, {}) if dim != attrs["axis"] else None
+    if isinstance(op, graph.MatmulOp):
+        result_dim = _result_dim(op, dim)
+        return (replace(lay, dim=result_dim), {1: None}) if result_dim is not None else None
+    if isinstance(op, (graph.AllReduceOp, graph.BroadcastOp)):
+        return lay, {}
+    if isinstance(op, (graph.AllGatherOp, graph.ReduceScatterOp)):
+        if attrs["dim"] != dim:
+            return lay, {}
+        n = op.group_size()
+        assert n is not None
+        if isinstance(op, graph.AllGatherOp):
+            return replace(lay, blocks=lay.blocks * n), {}
+        return (replace(lay, blocks=lay.blocks // n), {}) if lay.blocks % n == 0 else None
+    return None
 
 
-def _resized(value: SSAValue, dim: int, size: int) -> tuple[int, ...]:
-    shape = aval(value).shape
-    return (*shape[:dim], size, *shape[dim + 1 :])
+def decompose(block: Block, mesh: Mesh, chunks: int) -> None:
+    """Cuts ``block``'s seeds into ``chunks`` chunks and propagates them (see the module)."""
+    entries: dict[Operation, tuple[int, _Layout]] = {}
+    for site in _sites(block, mesh):
+        if (entry := site.entry(chunks)) is not None:
+            entries[entry[0]] = entry[1:]
+    if not entries:
+        return
+    ops = list(block.ops)
+    position = {op: i for i, op in enumerate(ops)}
+    chunked: dict[SSAValue, _Chunked] = {}
+    members: dict[Operation, _Member] = {}
+    runs: list[_Run] = []
+    open_run: _Run | None = None  # the run the next op may join (none after another op)
+    for i, op in enumerate(ops):
+        layouts = {k: chunked[v].layout for k, v in enumerate(op.operands) if v in chunked}
+        if not layouts and op in entries:
+            index, lay = entries[op]
+            planned = _plan(op, {index: lay})
+            if planned is not None:
+                planned[1][index] = lay  # the entry operand is cut too
+        else:
+            planned = _plan(op, layouts) if layouts else None
+        if planned is None:
+            open_run = None
+            continue
+        out, others = planned
+        sources = [chunked[v].member for v in op.operands if v in chunked]
+        if isinstance(op, COMMUNICATING) and sources:  # right after its operand's chunks
+            run, order = sources[0].run, (position[sources[0].op], i + 1)
+        else:
+            if open_run is None:
+                open_run = _Run(anchor=op)
+                runs.append(open_run)
+            run, order = open_run, (i, 0)
+        stage = max(
+            (s.stage + isinstance(s.op, COMMUNICATING) for s in sources if s.run is run), default=0
+        )
+        member = _Member(op, run, stage, order)
+        operands: list[list[SSAValue]] = []
+        for k, value in enumerate(op.operands):
+            if k in layouts:
+                operands.append(chunked[value].pieces)
+            elif others.get(k) is not None:
+                key = (value, others[k])
+                if key not in run.cuts:
+                    built = _Ops()
+                    run.cuts[key] = built.cut(value, others[k], chunks)
+                    run.prologue.extend(built)
+                operands.append(run.cuts[key])
+            else:
+                operands.append([value] * chunks)
+        attrs = op.rule_attrs()  # type: ignore[attr-defined]
+        for j in range(chunks):
+            member.chunks.append(graph.build(type(op), [o[j] for o in operands], **attrs))
+        run.members.append(member)
+        members[op] = member
+        chunked[op.results[0]] = _Chunked(out, [c.results[0] for c in member.chunks], member)
+    _emit(block, runs, chunks)
+    _join_and_erase(members, chunked, position)
+
+
+def _emit(block: Block, runs: list[_Run], chunks: int) -> None:
+    """Inserts each run's chunks before its anchor, software-pipelined (see the module)."""
+    for run in runs:
+        steps = sorted(
+            ((j + m.stage, m.order, j), m.chunks[j]) for m in run.members for j in range(chunks)
+        )
+        block.insert_ops_before([*run.prologue, *(op for _, op in steps)], run.anchor)
+
+
+def _join_and_erase(
+    members: dict[Operation, _Member],
+    chunked: dict[SSAValue, _Chunked],
+    position: dict[Operation, int],
+) -> None:
+    """Concatenates chunks where an op needs the whole value; erases the replaced ops."""
+    for op in members:
+        value = op.results[0]
+        uses = [u for u in value.uses if u.operation not in members]
+        if not uses:
+            continue
+        first = min((u.operation for u in uses), key=lambda o: position[o])
+        built = _Ops()
+        found = chunked[value]
+        whole = built.join(found.pieces, found.layout, aval(value).shape)
+        whole.owner.attributes.update(op.attributes)  # type: ignore[union-attr]
+        assert first.parent is not None
+        first.parent.insert_ops_before(built, first)
+        for use in uses:
+            use.operation.operands[use.index] = whole
+    for op in sorted(members, key=lambda o: position[o], reverse=True):
+        Rewriter.erase_op(op)
