@@ -15,6 +15,8 @@ so communication runs while independent kernels compute. With
 ``schedule.options(collective_matmul=True)`` (experimental), ``collective-matmul`` also
 splits an all_gather feeding a matmul (or a matmul feeding an all_reduce or
 reduce_scatter) into chunks where the cost model on ``topology`` says it pays.
+``schedule.options(bucket_bytes=n)`` sets the size of the buckets data-parallel gradient
+all-reduces are fused into (``bucket-gradients``; 25 MiB by default, 0 turns it off).
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ class ScheduleOptions:
     collective_matmul: bool = False
     collective_matmul_chunks: int = 0  # 0: as the cost model chooses
     topology: str = "dgx_h100"  # the machine the cost model prices (a tessera.perf preset)
+    # fuse all-reduces whose results wait (data-parallel gradients) into buckets of this
+    # many bytes (bucket-gradients; 0: off)
+    bucket_bytes: int = 25 * 2**20
+    # mark collectives with the cost model's algorithm (choose-collective-algorithms)
+    collective_algorithms: bool = True
 
     def passes(self) -> list[tuple[str, dict[str, Any]]]:
         """The passes (flag, options) that lower a partitioned program to its schedule."""
@@ -44,9 +51,13 @@ class ScheduleOptions:
         if self.overlap and self.collective_matmul:
             options = {"chunks": self.collective_matmul_chunks, "topology": self.topology}
             passes.append(("collective-matmul", options))
+        if self.bucket_bytes:
+            passes.append(("bucket-gradients", {"bucket_bytes": self.bucket_bytes}))
         passes.append(("lower-graph-to-schedule", {}))
         if self.overlap:
             passes.append(("overlap-comm", {}))
+        if self.collective_algorithms:
+            passes.append(("choose-collective-algorithms", {"topology": self.topology}))
         passes.append(("plan-memory", {}))
         return passes
 

@@ -9,6 +9,15 @@ the same order on every rank, and cached (:class:`Runtime`). Collectives are iss
 Their local semantics are the virtual mesh's (:mod:`tessera.backends.virtual`), which is
 the oracle this backend is tested against.
 
+A ``schedule.start`` marked ``algorithm = hierarchical`` (``choose-collective-algorithms``)
+runs in three phases over subgroups of its group (:mod:`tessera.backends.hierarchical`):
+within domains of ``domain`` consecutive members, across domains, within domains again.
+Every rank creates all of these subgroups in :meth:`Runtime.prepare`, in the same order.
+The first phase is issued asynchronously at the start; the other phases depend on it and
+run (synchronously) at the wait, so only the first phase overlaps the kernels in between.
+Other algorithm names (ring, tree, nvls) need nothing here: NCCL picks its algorithm
+itself (``NCCL_ALGO`` forces one), and gloo has one per collective.
+
 Before a program runs, the ranks compare a digest of its collective sequence; programs
 that would communicate differently are rejected with an error naming the first
 difference instead of deadlocking. A rank that fails or dies makes the others raise
@@ -35,6 +44,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
+from tessera.backends import hierarchical
 from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.layout import assemble
 from tessera.backends.schedule_runner import KernelContext, KernelRunner, reference_kernel
@@ -143,6 +153,7 @@ class Runtime:
             else torch.device("cpu")
         )
         self._groups: dict[tuple[Mesh, tuple[str, ...]], _Group] = {}
+        self._domains: dict[tuple[Mesh, tuple[str, ...], int], tuple[_Group, _Group]] = {}
 
     def check_mesh(self, mesh: Mesh) -> None:
         if mesh.size != self.world_size:
@@ -165,8 +176,27 @@ class Runtime:
             self._groups[key] = mine
         return self._groups[key]
 
+    def domains(self, mesh: Mesh, axes: Sequence[str], domain: int) -> tuple[_Group, _Group]:
+        """This rank's intra-domain and inter-domain subgroups of its group over ``axes``
+        (``hierarchical.domains``), creating those of every group over ``axes`` (all ranks
+        call ``new_group`` for each, in the same order) on first use."""
+        key = (mesh, tuple(axes), domain)
+        if key not in self._domains:
+            mine: list[_Group | None] = [None, None]
+            for members in mesh.groups(axes):
+                for which, subgroups in enumerate(hierarchical.domains(members, domain)):
+                    for sub in subgroups:
+                        handle = tdist.new_group(sub) if len(sub) > 1 else None
+                        if self.rank in sub:
+                            mine[which] = _Group(list(sub), handle)
+            intra, inter = mine
+            assert intra is not None and inter is not None
+            self._domains[key] = (intra, inter)
+        return self._domains[key]
+
     def prepare(self, module: ModuleOp, mesh: Mesh) -> None:
-        """Creates the groups ``module`` needs, in a deterministic order."""
+        """Creates the groups ``module`` needs, in a deterministic order: those of every
+        collective's axes, then the domain subgroups of hierarchical starts."""
         needed = sorted(
             {
                 tuple(op.attrs()["axes"])
@@ -176,6 +206,16 @@ class Runtime:
         )
         for axes in needed:
             self.group(mesh, axes)
+        for axes, domain in sorted(
+            {
+                (tuple(op.attrs()["axes"]), op.domain_size)
+                for op in module.walk()
+                if isinstance(op, schedule.StartOp)
+                and op.algorithm_name == "hierarchical"
+                and op.domain_size is not None
+            }
+        ):
+            self.domains(mesh, axes, domain)
 
     def all_gather_world(
         self, tensor: torch.Tensor, what: str = "all_gather over all ranks"
@@ -313,6 +353,93 @@ def _exchange_point_to_point(
     return _AllOf(works)
 
 
+class _Phased:
+    """The work of a hierarchical collective: ``wait`` waits for the first phase (issued
+    asynchronously) and then runs the remaining phases, which need its result."""
+
+    def __init__(self, first: object, rest: Callable[[], None]):
+        self.first = first
+        self.rest = rest
+
+    def wait(self) -> bool:
+        self.first.wait()  # type: ignore[attr-defined]
+        self.rest()
+        return True
+
+
+def _in_order(group: _Group, received: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Tensors received in torch's group-rank order, put in the group's (mesh) order."""
+    by_rank = dict(zip(group.by_group_rank, received, strict=True))
+    return [by_rank[m] for m in group.members]
+
+
+def _issue_hierarchical(
+    op: schedule.StartOp, x: torch.Tensor, intra: _Group, inter: _Group, members: list[int]
+) -> _Pending | torch.Tensor:
+    """Issues the first phase of a hierarchical collective (see
+    :mod:`tessera.backends.hierarchical`); the wait runs the others."""
+    attrs = op.attrs()
+    kind = op.collective_name
+    size, d = len(members), len(intra.members)
+    state: dict[str, torch.Tensor] = {}
+    if kind == "all_reduce":
+        if x.numel() == 0:
+            return x.clone()
+        reduce = _reduce_op(attrs["kind"])
+        pieces, count = hierarchical.padded_pieces(
+            hierarchical.accumulate(x, attrs["kind"]).contiguous(), d
+        )
+        inputs = [pieces[intra.position(r)].contiguous() for r in intra.by_group_rank]
+        mine = torch.empty_like(inputs[0])
+        first = tdist.reduce_scatter(mine, inputs, op=reduce, group=intra.handle, async_op=True)
+
+        def rest() -> None:
+            tdist.all_reduce(mine, op=reduce, group=inter.handle)
+            received = [torch.empty_like(mine) for _ in range(d)]
+            tdist.all_gather(received, mine, group=intra.handle)
+            state["out"] = torch.cat(_in_order(intra, received))[:count].reshape(x.shape)
+
+    elif kind == "reduce_scatter":
+        reduce = _reduce_op(attrs["kind"])
+        chunks = hierarchical.accumulate(x, attrs["kind"]).chunk(size, attrs["dim"])
+        # domain position i receives the bundle of pieces k*d + i, one per domain k
+        bundles = [
+            torch.stack([chunks[k * d + i] for k in range(size // d)]).contiguous()
+            for i in range(d)
+        ]
+        inputs = [bundles[intra.position(r)] for r in intra.by_group_rank]
+        mine = torch.empty_like(inputs[0])
+        first = tdist.reduce_scatter(mine, inputs, op=reduce, group=intra.handle, async_op=True)
+
+        def rest() -> None:
+            pieces = [mine[inter.position(r)].contiguous() for r in inter.by_group_rank]
+            out = torch.empty_like(pieces[0])
+            tdist.reduce_scatter(out, pieces, op=reduce, group=inter.handle)
+            state["out"] = out
+
+    elif kind == "all_gather":
+        received = [torch.empty_like(x) for _ in range(len(inter.members))]
+        first = tdist.all_gather(received, x.contiguous(), group=inter.handle, async_op=True)
+
+        def rest() -> None:
+            bundle = torch.stack(_in_order(inter, received))  # [k] is piece k*d + i
+            gathered = [torch.empty_like(bundle) for _ in range(d)]
+            tdist.all_gather(gathered, bundle, group=intra.handle)
+            by_position = _in_order(intra, gathered)  # [i][k] is piece k*d + i
+            ordered = [by_position[p % d][p // d] for p in range(size)]
+            state["out"] = torch.cat(ordered, attrs["dim"])
+
+    else:
+        raise ExecutionError(f"{kind} has no hierarchical algorithm")
+
+    def result() -> torch.Tensor:
+        if kind == "all_gather":
+            return state["out"]
+        return hierarchical.finish(state["out"], attrs["kind"], size, x.dtype)
+
+    return _Pending(_Phased(first, rest), result, op, members)
+
+
 def _reduce_op(kind: str) -> object:
     ops = {
         "sum": tdist.ReduceOp.SUM,
@@ -353,10 +480,15 @@ def _kind(op: graph.CollectiveOp | schedule.StartOp) -> str:
 
 
 def _issue(
-    op: graph.CollectiveOp | schedule.StartOp, x: torch.Tensor, group: _Group, rank: int
+    op: graph.CollectiveOp | schedule.StartOp,
+    x: torch.Tensor,
+    group: _Group,
+    rank: int,
+    domains: tuple[_Group, _Group] | None = None,
 ) -> _Pending | torch.Tensor:
     """Starts ``op`` (a graph collective or a ``schedule.start``) on this rank's operand
-    ``x``: a pending collective, or the result itself when no communication is needed."""
+    ``x``: a pending collective, or the result itself when no communication is needed.
+    ``domains`` (intra-domain, inter-domain subgroups) runs a hierarchical start."""
     attrs = op.attrs()
     kind = _kind(op)
     size = len(group.members)
@@ -365,6 +497,8 @@ def _issue(
         return x.chunk(size, attrs["dim"])[position].clone()
     if size == 1:
         return x.clone()
+    if domains is not None and isinstance(op, schedule.StartOp):
+        return _issue_hierarchical(op, x, *domains, group.members)
     pg = group.handle
     order = group.by_group_rank  # torch's order; mesh order is group.members
     if kind == "all_reduce":
@@ -501,8 +635,13 @@ def run_rank(
             elif isinstance(op, schedule.StartOp):
                 group = rt.group(mesh, op.attrs()["axes"])
                 began = timeline.now(rt.device) if timeline else 0.0
+                domains = (
+                    rt.domains(mesh, op.attrs()["axes"], op.domain_size)
+                    if op.algorithm_name == "hierarchical" and op.domain_size is not None
+                    else None
+                )
                 try:
-                    issued = _issue(op, env[op.input], group, rt.rank)
+                    issued = _issue(op, env[op.input], group, rt.rank, domains)
                 except TesseraError:
                     raise
                 except Exception as error:

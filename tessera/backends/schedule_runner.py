@@ -8,7 +8,9 @@ be another runner with the same signature.
 
 :func:`run_virtual` executes all ranks of a mesh in one process: a start computes the
 collective across each rank group (the group semantics of ``backends.virtual``) and its
-handle holds every rank's result until the wait. Inside
+handle holds every rank's result until the wait; a start marked ``algorithm =
+hierarchical`` runs its phases over the domains (:mod:`tessera.backends.hierarchical`),
+other algorithm names compute the same result as the flat collective. Inside
 ``tessera.perf.record_timeline()`` both runners record every kernel and collective.
 """
 
@@ -22,6 +24,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
+from tessera.backends import hierarchical
 from tessera.backends.reference import IMPLS
 from tessera.backends.virtual import COLLECTIVES as GROUP_COLLECTIVES
 from tessera.dist.mesh import Mesh
@@ -84,8 +87,13 @@ def _start(op: schedule.StartOp, mesh: Mesh, inputs: Sequence[torch.Tensor]) -> 
     if graph_op is None:
         raise ExecutionError(f"{op.collective_name} is not supported on the virtual mesh yet")
     outputs = list(inputs)
-    for group in mesh.groups(op.attrs()["axes"]):
-        results = GROUP_COLLECTIVES[graph_op](op, [inputs[r] for r in group])
+    attrs = op.attrs()
+    for group in mesh.groups(attrs["axes"]):
+        xs = [inputs[r] for r in group]
+        if op.algorithm_name == "hierarchical":  # within domains, then across (phase by phase)
+            results = hierarchical.run_group(op.collective_name, attrs, xs, op.domain_size)  # type: ignore[arg-type]
+        else:  # ring, tree, nvls: how the bytes move, not what arrives
+            results = GROUP_COLLECTIVES[graph_op](op, xs)
         for rank, result in zip(group, results, strict=True):
             outputs[rank] = result.clone()
     return outputs

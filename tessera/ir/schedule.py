@@ -27,6 +27,11 @@ its result is waited for) and *placement* (streams, buffers, microbatches, stage
   ``!schedule.handle<T>`` carries the type ``T`` the wait produces, which is checked with
   the graph op's shape rule and local (per-rank) semantics. Every handle is waited for
   exactly once; the wait of a ``send`` produces nothing. ``stream`` defaults to ``comm``.
+  ``algorithm`` (optional, set by ``choose-collective-algorithms``) names how the
+  collective runs: one of ``tessera.perf.collective_cost.ALGORITHMS``; with
+  ``hierarchical`` (all_reduce, all_gather, reduce_scatter), ``domain`` is how many
+  consecutive group members share an inner domain (it divides the group size, and
+  ``2 <= domain < group size``). Like ``stream``, they are not in ``StartOp.attrs()``.
 - ``schedule.alloc`` / ``schedule.free``: a buffer of ``!schedule.buffer<bytes>``, with
   an optional byte ``offset`` in the rank's arena; freed at most once.
 - ``schedule.microbatch`` / ``schedule.stage``: regions for one microbatch ``index`` of
@@ -96,7 +101,11 @@ COLLECTIVES: dict[str, type[graph.CollectiveOp] | None] = {
     "recv": None,
 }
 _PEER_PROPERTIES = ("axes", "offset")
-_START_PROPERTIES = ("axes", "kind", "dim", "split_dim", "concat_dim", "src", "offset", "stream")
+_START_PROPERTIES = ("axes", "kind", "dim", "split_dim", "concat_dim", "src", "offset")
+# how a start runs, not what it computes: kept out of ``StartOp.attrs()``
+_PLACEMENT_PROPERTIES = ("stream", "algorithm", "domain")
+# collectives that a hierarchical (domain, then across domains) algorithm can run
+HIERARCHICAL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 # --- types ---------------------------------------------------------------------------------
@@ -352,6 +361,8 @@ class StartOp(IRDLOperation):
     src = opt_prop_def(IntegerAttr)
     offset = opt_prop_def(IntegerAttr)
     stream = opt_prop_def(StringAttr)
+    algorithm = opt_prop_def(StringAttr)
+    domain = opt_prop_def(IntegerAttr)
 
     @staticmethod
     def get(
@@ -373,15 +384,24 @@ class StartOp(IRDLOperation):
         return self.stream.data if self.stream is not None else "comm"
 
     @property
+    def algorithm_name(self) -> str | None:
+        """The algorithm ``choose-collective-algorithms`` chose (None: the runtime's choice)."""
+        return self.algorithm.data if self.algorithm is not None else None
+
+    @property
+    def domain_size(self) -> int | None:
+        """For ``hierarchical``: how many consecutive group members share a domain."""
+        return self.domain.value.data if self.domain is not None else None
+
+    @property
     def label(self) -> str:
         """``kind[axes]``, how timelines name it (e.g. ``all_reduce[tp]``)."""
         return f"{self.collective_name}[{','.join(self.attrs()['axes'])}]"
 
     def attrs(self) -> dict[str, Any]:
-        """The collective's properties as Python values (without ``collective``/``stream``)."""
-        return {
-            n: to_python(self.properties[n]) for n in _START_PROPERTIES[:-1] if n in self.properties
-        }
+        """The collective's properties as Python values (without ``collective`` and the
+        placement properties ``stream``, ``algorithm``, ``domain``)."""
+        return {n: to_python(self.properties[n]) for n in _START_PROPERTIES if n in self.properties}
 
     def verify_(self) -> None:
         what = f"schedule.start {self.collective_name}"
@@ -423,10 +443,41 @@ class StartOp(IRDLOperation):
             raise VerifyException(
                 f"{what}: handle type mismatch: expected {HandleType(want.to_xdsl())}, found {self.handle.type}"
             )
+        if self.algorithm is not None or self.domain is not None:
+            group_size = math.prod(sizes[a] for a in attrs["axes"])
+            self._verify_algorithm(what, group_size)
         waits = [u.operation for u in self.handle.uses if isinstance(u.operation, WaitOp)]
         if len(waits) != 1:
             raise VerifyException(
                 f"{what}: expected exactly one schedule.wait of the handle, found {len(waits)}"
+            )
+
+    def _verify_algorithm(self, what: str, group_size: int) -> None:
+        from tessera.perf.collective_cost import ALGORITHMS
+
+        algorithm, domain = self.algorithm_name, self.domain_size
+        if algorithm is None:
+            raise VerifyException(f"{what}: a domain needs algorithm = hierarchical")
+        if algorithm not in ALGORITHMS:
+            raise VerifyException(
+                f"{what}: algorithm must be one of {ALGORITHMS}, found {algorithm!r}"
+            )
+        if algorithm != "hierarchical":
+            if domain is not None:
+                raise VerifyException(
+                    f"{what}: a domain needs algorithm = hierarchical, found {algorithm}"
+                )
+            return
+        if self.collective_name not in HIERARCHICAL_COLLECTIVES:
+            raise VerifyException(
+                f"{what}: algorithm hierarchical applies only to {HIERARCHICAL_COLLECTIVES}"
+            )
+        if domain is None:
+            raise VerifyException(f"{what}: algorithm hierarchical needs a domain")
+        if not 2 <= domain < group_size or group_size % domain:
+            raise VerifyException(
+                f"{what}: expected a domain that divides the group size {group_size} with "
+                f"2 <= domain < {group_size}, found {domain}"
             )
 
     def _verify_peer(self, what: str, attrs: dict[str, Any], sizes: dict[str, int]) -> None:
@@ -445,7 +496,7 @@ class StartOp(IRDLOperation):
         if self.input is not None:
             printer.print_string(" ")
             printer.print_operand(self.input)
-        print_properties(printer, self.properties, _START_PROPERTIES)
+        print_properties(printer, self.properties, _START_PROPERTIES + _PLACEMENT_PROPERTIES)
         printer.print_op_attributes(self.attributes, print_keyword=True)
         printer.print_string(" : ")
         if self.input is not None:

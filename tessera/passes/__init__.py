@@ -28,7 +28,12 @@ _PASSES: dict[str, tuple[str, str]] = {
         "LowerGraphToSchedulePass",
     ),
     "overlap-comm": ("tessera.passes.overlap_comm", "OverlapCommPass"),
+    "choose-collective-algorithms": (
+        "tessera.passes.choose_collective_algorithms",
+        "ChooseCollectiveAlgorithmsPass",
+    ),
     "collective-matmul": ("tessera.passes.collective_matmul", "CollectiveMatmulPass"),
+    "bucket-gradients": ("tessera.passes.bucket_gradients", "BucketGradientsPass"),
     "plan-memory": ("tessera.passes.plan_memory", "PlanMemoryPass"),
     "lower-schedule-to-tile": ("tessera.passes.lower_schedule_to_tile", "LowerScheduleToTilePass"),
 }

@@ -10,7 +10,9 @@ order, as the runtime issues them (``torch.distributed`` with ``async_op=True``)
 - a start queues its collective on its stream after the work already issued to the
   compute stream (so after its operand's producer) and after the stream's previous
   collective; the group's ranks start it together, when the last of them is ready, and it
-  takes ``collective_cost.collective_time`` for its group;
+  takes ``collective_cost.collective_time`` for its group (the time of the start's
+  ``algorithm`` when ``choose-collective-algorithms`` set one the topology has, else
+  of the fastest algorithm);
 - a wait makes the compute stream wait until the collective ends.
 
 The step time T is when the last rank finishes. The exposed-communication fraction is
@@ -37,7 +39,7 @@ from tessera.dist.mesh import Mesh
 from tessera.errors import TesseraError
 from tessera.ir import schedule
 from tessera.ir.abstract import AbstractTensor, aval
-from tessera.perf.collective_cost import collective_time
+from tessera.perf.collective_cost import CollectiveCost, algorithms_for, collective_time
 from tessera.perf.compute_cost import kernel_bytes, kernel_flops, kernel_time
 from tessera.perf.topology import Topology, dgx_h100, load_topology, single_gpu
 from tessera.perf.trace import COMPUTE, Event, chrome_trace, save_json
@@ -208,7 +210,7 @@ class _Run:
             begin = max(
                 max(free_at[r], self.compute[r], *self._operand_ready(op, r)) for r in group
             )
-            cost = collective_time(self.topology, kind, nbytes, priced)
+            cost = self._price(kind, nbytes, priced, op.algorithm_name)
             duration = 0.0 if self.free else cost.time_s
             for r in group:
                 free_at[r] = ends[r] = begin + duration
@@ -217,6 +219,18 @@ class _Run:
                     args = {"bytes": nbytes, "algorithm": cost.algorithm, "ranks": list(priced)}
                     self.events.append(Event(r, stream, label, begin, begin + duration, args))
         self.ready[op.handle] = ends
+
+    def _price(
+        self, kind: str, nbytes: int, ranks: Sequence[int], algorithm: str | None
+    ) -> CollectiveCost:
+        """The time of the start's ``algorithm`` (``choose-collective-algorithms``) when the
+        cost model has it for these ranks, else of the fastest algorithm (an unannotated
+        start, or one chosen for another topology)."""
+        if algorithm is not None:
+            times = algorithms_for(self.topology, kind, nbytes, ranks)
+            if algorithm in times:
+                return CollectiveCost(times[algorithm], algorithm)
+        return collective_time(self.topology, kind, nbytes, ranks)
 
     def _operand_ready(self, op: schedule.StartOp, rank: int) -> list[float]:
         return [self._ready(v, rank) for v in op.operands]

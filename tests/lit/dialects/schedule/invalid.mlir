@@ -224,6 +224,70 @@ func.func @start_bad_stream(%x: tensor<8xf32>) {
   func.return
 }
 
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+// An algorithm is one the cost model knows.
+func.func @start_unknown_algorithm(%x: tensor<8xf32>) {
+  // CHECK: schedule.start all_reduce: algorithm must be one of ('ring', 'tree', 'hierarchical', 'nvls'), found 'butterfly'{{$}}
+  %h = schedule.start all_reduce %x {axes = [dp, tp], kind = sum, algorithm = butterfly} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+// A hierarchical domain divides the group and is neither 1 nor the whole group.
+func.func @start_domain_not_dividing(%x: tensor<8xf32>) {
+  // CHECK: schedule.start all_reduce: expected a domain that divides the group size 8 with 2 <= domain < 8, found 3{{$}}
+  %h = schedule.start all_reduce %x {axes = [dp, tp], kind = sum, algorithm = hierarchical, domain = 3} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @start_domain_whole_group(%x: tensor<8xf32>) {
+  // CHECK: schedule.start all_reduce: expected a domain that divides the group size 4 with 2 <= domain < 4, found 4{{$}}
+  %h = schedule.start all_reduce %x {axes = [tp], kind = sum, algorithm = hierarchical, domain = 4} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+// hierarchical needs a domain; a domain needs hierarchical.
+func.func @start_hierarchical_without_domain(%x: tensor<8xf32>) {
+  // CHECK: schedule.start all_reduce: algorithm hierarchical needs a domain{{$}}
+  %h = schedule.start all_reduce %x {axes = [dp, tp], kind = sum, algorithm = hierarchical} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @start_domain_without_hierarchical(%x: tensor<8xf32>) {
+  // CHECK: schedule.start all_reduce: a domain needs algorithm = hierarchical, found ring{{$}}
+  %h = schedule.start all_reduce %x {axes = [dp, tp], kind = sum, algorithm = ring, domain = 2} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+// Only all_reduce, all_gather and reduce_scatter run hierarchically.
+func.func @start_hierarchical_broadcast(%x: tensor<8xf32>) {
+  // CHECK: schedule.start broadcast: algorithm hierarchical applies only to ('all_reduce', 'all_gather', 'reduce_scatter'){{$}}
+  %h = schedule.start broadcast %x {axes = [dp, tp], src = 0, algorithm = hierarchical, domain = 2} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
 // --- buffers ------------------------------------------------------------------------------
 
 // -----

@@ -122,3 +122,16 @@ func.func @regions(%x: tensor<8xf32>) -> tensor<8xf32> {
   }
   func.return %o : tensor<8xf32>
 }
+
+// A start's algorithm (choose-collective-algorithms) and, for hierarchical, its domain
+// print after the collective's properties and the stream.
+// CHECK-LABEL: func.func @algorithms
+// CHECK-NEXT:    %[[H0:.*]] = schedule.start all_reduce %[[X:.*]] {axes = [dp, tp], kind = mean, stream = comm, algorithm = hierarchical, domain = 4} : tensor<8x64xf32> -> !schedule.handle<tensor<8x64xf32>>{{$}}
+// CHECK-NEXT:    %[[H1:.*]] = schedule.start all_gather %[[X]] {axes = [tp], dim = 0, algorithm = ring} : tensor<8x64xf32> -> !schedule.handle<tensor<32x64xf32>>{{$}}
+func.func @algorithms(%x: tensor<8x64xf32>) -> (tensor<8x64xf32>, tensor<32x64xf32>) {
+  %h0 = schedule.start all_reduce %x {axes = [dp, tp], domain = 4, algorithm = hierarchical, kind = mean, stream = comm} : tensor<8x64xf32> -> !schedule.handle<tensor<8x64xf32>>
+  %h1 = schedule.start all_gather %x {axes = [tp], dim = 0, algorithm = ring} : tensor<8x64xf32> -> !schedule.handle<tensor<32x64xf32>>
+  %r0 = schedule.wait %h0 : !schedule.handle<tensor<8x64xf32>> -> tensor<8x64xf32>
+  %r1 = schedule.wait %h1 : !schedule.handle<tensor<32x64xf32>> -> tensor<32x64xf32>
+  func.return %r0, %r1 : tensor<8x64xf32>, tensor<32x64xf32>
+}

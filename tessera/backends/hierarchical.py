@@ -1,0 +1,166 @@
+"""Hierarchical collectives: within domains first, then across them.
+
+``choose-collective-algorithms`` marks a ``schedule.start`` with ``algorithm =
+hierarchical`` and a ``domain`` size ``d`` when the cost model says a two-level algorithm
+is fastest (a group spanning several nodes or NVSwitch domains). A group of ``n = n2 · d``
+members, in mesh-group order (``Mesh.groups``), is then cut into:
+
+- ``n2`` *intra-domain* groups of ``d`` consecutive members: ``members[k*d:(k+1)*d]``
+  (the GPUs of one node / NVLink domain), and
+- ``d`` *inter-domain* groups of the members at the same position ``i`` in their
+  domain: ``members[i::d]`` (one GPU per node, e.g. over InfiniBand).
+
+Member ``p = k*d + i`` is domain ``k``'s ``i``-th member. The phases, as in the NVL72
+guide's hierarchical all-reduce and as ``tessera.perf.collective_cost`` prices them:
+
+- ``all_reduce``: the operand is flattened and zero-padded to a multiple of ``d``;
+  intra-domain reduce_scatter (member ``i`` of each domain gets the domain's reduction
+  of piece ``i``), inter-domain all_reduce of that piece, intra-domain all_gather of the
+  pieces; the padding is dropped and the shape restored.
+- ``reduce_scatter`` along ``dim`` (``n`` pieces, piece ``p`` for member ``p``):
+  intra-domain reduce_scatter in which domain member ``i`` receives the bundle of pieces
+  ``{k*d + i : k}``, then inter-domain reduce_scatter of that bundle, so member
+  ``k*d + i`` keeps piece ``k*d + i``.
+- ``all_gather`` along ``dim``: inter-domain all_gather (member ``k*d + i`` gets the
+  bundle of pieces ``{k'*d + i : k'}``), then intra-domain all_gather of the bundles;
+  the pieces are concatenated in member order.
+
+Sum and mean reduce in the accumulation dtype (f32 for f16/bf16, as the flat collectives
+do) in every phase and round once at the end; mean divides by ``n`` at the end; max and
+min reduce in every phase. Results equal the flat collective's up to the order of
+floating-point additions (exactly, for max and min).
+
+This module computes the phases in memory for the virtual mesh
+(:func:`run_group`); ``tessera.backends.distributed`` issues them over
+``torch.distributed`` subgroups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tessera.backends.layout import reduce_pieces
+from tessera.errors import ExecutionError
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def domains(members: Sequence[int], domain: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(intra-domain groups, inter-domain groups) of a group's ``members`` (mesh order)."""
+    n = len(members)
+    if not 2 <= domain < n or n % domain:
+        raise ExecutionError(
+            f"hierarchical collective: domain {domain} must divide the group size {n} "
+            f"with 2 <= domain < {n}"
+        )
+    members = list(members)
+    intra = [members[k : k + domain] for k in range(0, n, domain)]
+    inter = [members[i::domain] for i in range(domain)]
+    return intra, inter
+
+
+def phase_kind(kind: str) -> str:
+    """The reduction each phase does: means are sums until the end."""
+    return "sum" if kind == "mean" else kind
+
+
+def accumulate(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """``x`` in the dtype the phases reduce in (f32 for f16/bf16 sums and means)."""
+    if kind in ("sum", "mean") and x.dtype in _LOW_PRECISION:
+        return x.float()
+    return x
+
+
+def finish(total: torch.Tensor, kind: str, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """The result from the reduced buffer: a mean divides by the group size; one rounding."""
+    if kind == "mean":
+        exact = total.is_floating_point() or total.is_complex()
+        total = total / size if exact else torch.div(total, size, rounding_mode="floor")
+    return total.to(dtype)
+
+
+def padded_pieces(x: torch.Tensor, domain: int) -> tuple[list[torch.Tensor], int]:
+    """``x`` flattened, zero-padded to a multiple of ``domain`` and cut into ``domain``
+    equal pieces; and ``x.numel()`` (what to keep of the gathered pieces)."""
+    flat = x.reshape(-1)
+    count = flat.numel()
+    piece = -(-count // domain)
+    if piece * domain != count:
+        flat = torch.nn.functional.pad(flat, (0, piece * domain - count))
+    return list(flat.split(piece)), count
+
+
+def run_group(
+    collective: str, attrs: dict[str, Any], xs: Sequence[torch.Tensor], domain: int
+) -> list[torch.Tensor]:
+    """Every member's result of a hierarchical ``collective`` over one group, from the
+    members' operands ``xs`` (in group order), moving the pieces phase by phase."""
+    if collective == "all_reduce":
+        return _all_reduce(xs, attrs["kind"], domain)
+    if collective == "reduce_scatter":
+        return _reduce_scatter(xs, attrs["kind"], attrs["dim"], domain)
+    if collective == "all_gather":
+        return _all_gather(xs, attrs["dim"], domain)
+    raise ExecutionError(f"{collective} has no hierarchical algorithm")
+
+
+def _all_reduce(xs: Sequence[torch.Tensor], kind: str, d: int) -> list[torch.Tensor]:
+    n, shape, dtype = len(xs), xs[0].shape, xs[0].dtype
+    if xs[0].numel() == 0:
+        return [x.clone() for x in xs]
+    intra, inter = domains(range(n), d)
+    step = phase_kind(kind)
+    split = [padded_pieces(accumulate(x, kind), d) for x in xs]
+    count = split[0][1]
+    held: list[torch.Tensor] = [torch.empty(0)] * n  # what each member holds
+    for group in intra:  # 1: reduce_scatter within each domain
+        for i, member in enumerate(group):
+            held[member] = reduce_pieces([split[m][0][i] for m in group], step)
+    for group in inter:  # 2: all_reduce across domains
+        total = reduce_pieces([held[m] for m in group], step)
+        for member in group:
+            held[member] = total.clone()
+    results: list[torch.Tensor] = [torch.empty(0)] * n
+    for group in intra:  # 3: all_gather within each domain
+        gathered = torch.cat([held[m] for m in group])[:count].reshape(shape)
+        for member in group:
+            results[member] = finish(gathered.clone(), kind, n, dtype)
+    return results
+
+
+def _reduce_scatter(xs: Sequence[torch.Tensor], kind: str, dim: int, d: int) -> list[torch.Tensor]:
+    n, dtype = len(xs), xs[0].dtype
+    intra, inter = domains(range(n), d)
+    step = phase_kind(kind)
+    pieces = [accumulate(x, kind).chunk(n, dim) for x in xs]  # pieces[member][piece]
+    bundles: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    for group in intra:  # 1: member i of a domain gets pieces {k*d + i}, reduced over the domain
+        for i, member in enumerate(group):
+            bundles[member] = [
+                reduce_pieces([pieces[m][k * d + i] for m in group], step) for k in range(n // d)
+            ]
+    results: list[torch.Tensor] = [torch.empty(0)] * n
+    for group in inter:  # 2: across domains, member k*d + i keeps piece k*d + i
+        for k, member in enumerate(group):
+            total = reduce_pieces([bundles[m][k] for m in group], step)
+            results[member] = finish(total, kind, n, dtype)
+    return results
+
+
+def _all_gather(xs: Sequence[torch.Tensor], dim: int, d: int) -> list[torch.Tensor]:
+    n = len(xs)
+    intra, inter = domains(range(n), d)
+    bundles: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    for group in inter:  # 1: across domains, member k*d + i gets pieces {k'*d + i}
+        for member in group:
+            bundles[member] = [xs[m].clone() for m in group]
+    results: list[torch.Tensor] = [torch.empty(0)] * n
+    for group in intra:  # 2: within each domain, the bundles of the d positions
+        for member in group:
+            by_position = [bundles[m] for m in group]  # [i][k] is piece k*d + i
+            ordered = [by_position[p % d][p // d] for p in range(n)]
+            results[member] = torch.cat(ordered, dim)
+    return results

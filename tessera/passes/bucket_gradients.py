@@ -1,0 +1,168 @@
+"""``bucket-gradients``: fuse small all-reduces whose results wait into one per bucket.
+
+Runs on partitioned functions (``graph.partitioned``) before ``lower-graph-to-schedule``.
+A data-parallel backward makes one gradient after another, in reverse layer order, and
+all-reduces each; their results are used only by the optimizer at the end. Many small
+all-reduces pay the collective's latency (α) many times over; DDP and Megatron fuse them
+into buckets of about ``bucket_bytes``. Each all-reduce smaller than that first moves to
+just after the op that makes its operand (``insert-collectives`` puts it at its first
+use), so buckets fill in the order gradients are made. Then, in program order, an
+all-reduce joins the open bucket of its (axes, kind, dtype) while:
+
+- no op has used a result of the bucket yet (a use closes it: the bucket must be whole
+  before anything reads its gradients),
+- the bucket stays within ``bucket_bytes`` (an all-reduce that would overflow it closes it
+  and opens the next one; one at least ``bucket_bytes`` alone stays as it is).
+
+A closed bucket of two or more all-reduces becomes, where its last member was::
+
+    flat_i = reshape(x_i, [n_i]); packed = concat(flat_0, …); reduced = all_reduce(packed)
+    r_i = reshape(slice(reduced, [o_i : o_i + n_i]), shape_i)     (no reshape of 1-D values)
+
+Each element is reduced exactly as before (an all-reduce is elementwise across ranks), so
+results are unchanged; the bucket starts when its last gradient is made, and
+``overlap-comm`` overlaps it with the rest of the backward. ``bucket_bytes=0`` turns the
+pass off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Operation
+from xdsl.passes import ModulePass
+from xdsl.rewriter import Rewriter
+
+from tessera.errors import TesseraError
+from tessera.ir import graph
+from tessera.ir.abstract import aval
+from tessera.ir.graph_emitter import GraphEmitter
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default
+
+
+@dataclass(frozen=True)
+class BucketGradientsPass(ModulePass):
+    """Fuses all-reduces whose results are not used yet into buckets of ``bucket_bytes``."""
+
+    name = "bucket-gradients"
+
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.bucket_bytes < 0:
+            raise TesseraError(
+                f"bucket-gradients: bucket_bytes must be >= 0, found {self.bucket_bytes}"
+            )
+        if self.bucket_bytes == 0:
+            return
+        for function in op.ops:
+            if (
+                isinstance(function, func.FuncOp)
+                and function.body.blocks
+                and graph.PARTITIONED in function.attributes
+            ):
+                _bucket_block(function.body.block, self.bucket_bytes)
+
+
+@dataclass
+class _Bucket:
+    members: list[graph.AllReduceOp] = field(default_factory=list)
+    nbytes: int = 0
+
+
+def _key(op: graph.AllReduceOp) -> tuple[object, ...]:
+    attrs = op.attrs()
+    return (tuple(attrs["axes"]), attrs["kind"], str(aval(op.operands[0]).dtype))
+
+
+def _candidate(op: Operation, bucket_bytes: int) -> bool:
+    return (
+        isinstance(op, graph.AllReduceOp)
+        and (op.group_size() or 1) >= 2
+        and aval(op.operands[0]).nbytes < bucket_bytes
+    )
+
+
+def _hoist(block: Block, bucket_bytes: int) -> None:
+    """Moves every candidate all-reduce to just after its operand's producer (after the
+    ones moved there before it): insert-collectives puts one where it is first used, but it
+    can start as soon as its gradient exists, and buckets follow that order."""
+    last_placed: dict[object, Operation] = {}
+    for op in list(block.ops):
+        if not _candidate(op, bucket_bytes):
+            continue
+        producer = op.operands[0].owner
+        after = last_placed.get(producer, producer)
+        op.detach()
+        if isinstance(after, Operation):
+            block.insert_op_after(op, after)
+        else:  # a block argument: the block's start
+            first = block.first_op
+            assert first is not None
+            block.insert_op_before(op, first)
+        last_placed[producer] = op
+
+
+def _bucket_block(block: Block, bucket_bytes: int) -> None:
+    _hoist(block, bucket_bytes)
+    open_buckets: dict[tuple[object, ...], _Bucket] = {}
+    member_of: dict[Operation, tuple[object, ...]] = {}  # open member -> its bucket's key
+
+    def close(key: tuple[object, ...]) -> None:
+        bucket = open_buckets.pop(key)
+        for member in bucket.members:
+            del member_of[member]
+        if len(bucket.members) > 1:
+            _emit(bucket.members)
+
+    for op in list(block.ops):
+        used = {member_of[o.owner] for o in op.operands if o.owner in member_of}
+        for key in used:  # someone reads a gradient: its bucket must be done first
+            close(key)
+        if isinstance(op, func.ReturnOp):
+            for key in list(open_buckets):
+                close(key)
+            break
+        if not _candidate(op, bucket_bytes):
+            continue
+        assert isinstance(op, graph.AllReduceOp)
+        nbytes = aval(op.operands[0]).nbytes
+        key = _key(op)
+        bucket = open_buckets.get(key)
+        if bucket is not None and bucket.nbytes + nbytes > bucket_bytes:
+            close(key)
+            bucket = None
+        if bucket is None:
+            bucket = open_buckets[key] = _Bucket()
+        bucket.members.append(op)
+        bucket.nbytes += nbytes
+        member_of[op] = key
+
+
+def _emit(members: list[graph.AllReduceOp]) -> None:
+    """Replaces ``members`` by one all-reduce of their flattened, concatenated operands,
+    placed where the last of them was."""
+    last = members[-1]
+    emit = GraphEmitter(last)
+    flats = [
+        x if aval(x).rank == 1 else emit(graph.ReshapeOp, [x], shape=(aval(x).size,))
+        for x in (m.operands[0] for m in members)
+    ]
+    packed = emit(graph.ConcatOp, flats, axis=0)
+    reduced = emit(graph.AllReduceOp, [packed], **last.attrs(), group_size=last.group_size())
+    offset = 0
+    for member in members:
+        value = aval(member.operands[0])
+        piece = emit(
+            graph.SliceOp, [reduced], starts=[offset], limits=[offset + value.size], strides=[1]
+        )
+        result = piece if value.rank == 1 else emit(graph.ReshapeOp, [piece], shape=value.shape)
+        result.owner.attributes.update(member.attributes)
+        member.results[0].replace_all_uses_with(result)
+        offset += value.size
+    for member in members:
+        Rewriter.erase_op(member)
