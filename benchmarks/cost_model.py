@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import tessera as ts
-from tessera import dist, perf
+from tessera import dist, perf, schedule
 from tessera.ir import schedule as schedule_ir
 from tessera.perf.compute_cost import is_view, kernel_bytes, kernel_flops, kernel_time
 
@@ -41,11 +41,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--topology", default="dgx_h100", help="whose device the model prices")
     parser.add_argument("--json", type=Path, help="write the measured kernel times here")
+    parser.add_argument(
+        "--collective-matmul", action="store_true",
+        help="lower with schedule.options(collective_matmul=True): the chunked program",
+    )  # fmt: skip
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
 
+    options = {"collective_matmul": args.collective_matmul, "topology": args.topology}
     mesh = dist.mesh({"tp": args.tp})
     x_spec, p_specs = comm_volume.layouts(mesh, has_dp=False)
     layer = ts.jit(
@@ -55,7 +60,8 @@ def main() -> None:
     x, params = comm_volume.layer_inputs(1, args.seq, args.hidden)
     x = x.to(device, dtype)
     params = {n: p.to(device, dtype) for n, p in params.items()}
-    lowered = layer.lower(x, params, args.heads)
+    with schedule.options(**options):
+        lowered = layer.lower(x, params, args.heads)
     topology = perf.load_topology(args.topology)
 
     started = time.time()
@@ -70,7 +76,8 @@ def main() -> None:
     simulation = lowered.simulate(topology)
     where = torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter)"
     print(f"# {where}; model: {topology.device.name} ({args.topology}); hidden {args.hidden}, "
-          f"seq {args.seq}, heads {args.heads}, tp {args.tp}, {str(dtype).removeprefix('torch.')}; "
+          f"seq {args.seq}, heads {args.heads}, tp {args.tp}, {str(dtype).removeprefix('torch.')}, "
+          f"collective_matmul={args.collective_matmul}; "
           f"median of {args.repeats} runs x {args.tp} ranks; warm-up {warm_s:.1f} s")  # fmt: skip
     print("| kernel | GFLOP | MB | measured (µs) | model (µs) | measured / model |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -90,7 +97,7 @@ def main() -> None:
                      "measured_s": took, "model_s": model})  # fmt: skip
     print(f"| **one rank's kernels** | | | {total_measured * 1e6:.1f} | {total_model * 1e6:.1f} "
           f"| {total_measured / total_model:.2f} |")  # fmt: skip
-    print(f"simulated compute-only step on {args.topology}: {simulation.compute_only_s * 1e6:.1f} µs")
+    print(f"simulated on {args.topology}: {simulation.summary()}")
     if args.json:
         args.json.write_text(json.dumps({"device": where, "kernels": rows}, indent=1))
 

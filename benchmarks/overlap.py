@@ -14,8 +14,8 @@ speedup of the overlapped schedule.
   column-parallel matmuls, reduce-scatter after the row-parallel ones). Goal: E ≤ 0.3 and
   ≥ 1.15× speedup.
 - DP backward: a training step (forward, backward, SGD) of L such layers (hidden 4096)
-  with the batch split over dp; each gradient's all-reduce starts as the backward makes
-  it. Goal: exposed communication ≤ 1/L + 0.05 of its total.
+  with the batch split over dp, without and with ``bucket-gradients`` (25 MiB buckets);
+  each all-reduce starts as the backward makes its (last) gradient. Goal: exposed communication ≤ 1/L + 0.05 of its total.
 
     python benchmarks/overlap.py [--trace nvl72_trace.json]
 """
@@ -90,7 +90,10 @@ def tp_forward(kind: str, overlap: bool, topology: str, dim: int, seq: int, head
         return lowered.simulate(topology)
 
 
-def dp_training(overlap: bool, topology: str, dp: int, layers: int, dim: int, seq: int, heads: int):
+def dp_training(
+    overlap: bool, topology: str, dp: int, layers: int, dim: int, seq: int, heads: int,
+    bucket_bytes: int = 25 * 2**20,
+):  # fmt: skip
     mesh = dist.mesh({"dp": dp})
     names = ("wq", "wk", "wv", "wo", "w1", "w2", "ln1_w", "ln1_b", "ln2_w", "ln2_b")
 
@@ -102,7 +105,9 @@ def dp_training(overlap: bool, topology: str, dp: int, layers: int, dim: int, se
 
     params = comm_volume.layer_params(dim, layers, materialize=False)
     params = {k: torch.empty(v.shape, dtype=BF16) for k, v in params.items()}
-    with schedule.all_reduce_overlap(overlap), schedule.options(topology=topology):
+    with schedule.all_reduce_overlap(overlap), schedule.options(
+        topology=topology, bucket_bytes=bucket_bytes
+    ):
         training = graph.training_step(step, optimizer=optim.SGD(lr=1e-3), mesh=mesh)
         state = training.init(params)
         lowered = training.lower(state, torch.empty(dp, seq, dim, dtype=BF16))
@@ -142,12 +147,13 @@ def main() -> None:
                 overlapped.save_trace(args.trace)
     L = args.layers
     for dp, topology in ((8, "dgx_h100"), (16, "dgx_h100x2")):
-        serial, overlapped = (
-            dp_training(o, topology, dp, L, args.dp_hidden, args.seq, args.dp_hidden // 128)
-            for o in (False, True)
-        )
-        goal = f"E ≤ 1/L + 0.05 = {1 / L + 0.05:.3f}"
-        print(row(f"DP training step, L={L}, dp={dp}", topology, serial, overlapped, goal))
+        for bucket_bytes in (0, 25 * 2**20):
+            sizes = (dp, L, args.dp_hidden, args.seq, args.dp_hidden // 128, bucket_bytes)
+            serial, overlapped = (dp_training(o, topology, *sizes) for o in (False, True))
+            goal = f"E ≤ 1/L + 0.05 = {1 / L + 0.05:.3f}"
+            buckets = f"{bucket_bytes >> 20} MiB buckets" if bucket_bytes else "no buckets"
+            case = f"DP training step, L={L}, dp={dp}, {buckets}"
+            print(row(case, topology, serial, overlapped, goal))
     print(f"\n({time.time() - started:.0f} s; simulated, nothing ran on a GPU)")
 
 
