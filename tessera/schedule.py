@@ -14,9 +14,12 @@ soon as their operand is made and are waited for only where their result is firs
 so communication runs while independent kernels compute. With
 ``schedule.options(collective_matmul=True)`` (experimental), ``collective-matmul`` also
 splits an all_gather feeding a matmul (or a matmul feeding an all_reduce or
-reduce_scatter) into chunks where the cost model on ``topology`` says it pays.
+reduce_scatter) into chunks, carried through the row-wise ops after the collective, when
+simulating the schedule on ``topology`` says it pays.
 ``schedule.options(bucket_bytes=n)`` sets the size of the buckets data-parallel gradient
-all-reduces are fused into (``bucket-gradients``; 25 MiB by default, 0 turns it off).
+all-reduces are fused into (``bucket-gradients``; 25 MiB by default, 0 turns it off);
+``collective_algorithms`` (on) marks every collective with the algorithm the cost model
+picks (``choose-collective-algorithms``), hierarchical ones running over subgroups.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ class ScheduleOptions:
     """The options a program is lowered with (part of its jit cache key)."""
 
     overlap: bool = True
-    # decompose collective + matmul pairs into chunks (off by default: the pass does not yet
-    # price the copies and lost fusion chunks cost, nor keep chunks at the matmul's place)
+    # decompose collective + matmul pairs (and the row-wise chain after them) into chunks,
+    # k chosen by simulation. Off by default: on an H100 each extra kernel costs 50-90 µs of
+    # the Python runtime's dispatch, which the model's 4 µs launch does not see
+    # (benchmarks/RESULTS.md, "Kernel cost model vs measured kernels")
     collective_matmul: bool = False
     collective_matmul_chunks: int = 0  # 0: as the cost model chooses
     topology: str = "dgx_h100"  # the machine the cost model prices (a tessera.perf preset)
