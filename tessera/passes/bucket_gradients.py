@@ -27,6 +27,7 @@ pass off.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
@@ -36,10 +37,12 @@ from xdsl.ir import Block, Operation
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 
+from tessera.dist.mesh import Mesh
 from tessera.errors import TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.graph_emitter import GraphEmitter
+from tessera.ir.mesh_symbol import module_mesh
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default
 
@@ -59,13 +62,16 @@ class BucketGradientsPass(ModulePass):
             )
         if self.bucket_bytes == 0:
             return
+        found = module_mesh(op)
+        if found is None:
+            return
         for function in op.ops:
             if (
                 isinstance(function, func.FuncOp)
                 and function.body.blocks
                 and graph.PARTITIONED in function.attributes
             ):
-                _bucket_block(function.body.block, self.bucket_bytes)
+                _bucket_block(function.body.block, self.bucket_bytes, found[1])
 
 
 @dataclass
@@ -79,21 +85,28 @@ def _key(op: graph.AllReduceOp) -> tuple[object, ...]:
     return (tuple(attrs["axes"]), attrs["kind"], str(aval(op.operands[0]).dtype))
 
 
-def _candidate(op: Operation, bucket_bytes: int) -> bool:
-    return (
-        isinstance(op, graph.AllReduceOp)
-        and (op.group_size() or 1) >= 2
+def _group_size(op: graph.AllReduceOp, mesh: Mesh) -> int:
+    return math.prod(mesh.axis_size(a) for a in op.attrs()["axes"])
+
+
+def _candidates(block: Block, bucket_bytes: int, mesh: Mesh) -> set[graph.AllReduceOp]:
+    """The all-reduces that may be bucketed: over 2+ ranks, smaller than a bucket."""
+    return {
+        op
+        for op in block.ops
+        if isinstance(op, graph.AllReduceOp)
+        and _group_size(op, mesh) >= 2
         and aval(op.operands[0]).nbytes < bucket_bytes
-    )
+    }
 
 
-def _hoist(block: Block, bucket_bytes: int) -> None:
+def _hoist(block: Block, candidates: set[graph.AllReduceOp]) -> None:
     """Moves every candidate all-reduce to just after its operand's producer (after the
     ones moved there before it): insert-collectives puts one where it is first used, but it
     can start as soon as its gradient exists, and buckets follow that order."""
     last_placed: dict[object, Operation] = {}
     for op in list(block.ops):
-        if not _candidate(op, bucket_bytes):
+        if op not in candidates:
             continue
         producer = op.operands[0].owner
         after = last_placed.get(producer, producer)
@@ -107,8 +120,9 @@ def _hoist(block: Block, bucket_bytes: int) -> None:
         last_placed[producer] = op
 
 
-def _bucket_block(block: Block, bucket_bytes: int) -> None:
-    _hoist(block, bucket_bytes)
+def _bucket_block(block: Block, bucket_bytes: int, mesh: Mesh) -> None:
+    candidates = _candidates(block, bucket_bytes, mesh)
+    _hoist(block, candidates)
     open_buckets: dict[tuple[object, ...], _Bucket] = {}
     member_of: dict[Operation, tuple[object, ...]] = {}  # open member -> its bucket's key
 
@@ -117,7 +131,7 @@ def _bucket_block(block: Block, bucket_bytes: int) -> None:
         for member in bucket.members:
             del member_of[member]
         if len(bucket.members) > 1:
-            _emit(bucket.members)
+            _emit(bucket.members, _group_size(bucket.members[0], mesh))
 
     for op in list(block.ops):
         used = {member_of[o.owner] for o in op.operands if o.owner in member_of}
@@ -127,7 +141,7 @@ def _bucket_block(block: Block, bucket_bytes: int) -> None:
             for key in list(open_buckets):
                 close(key)
             break
-        if not _candidate(op, bucket_bytes):
+        if op not in candidates:
             continue
         assert isinstance(op, graph.AllReduceOp)
         nbytes = aval(op.operands[0]).nbytes
@@ -143,7 +157,7 @@ def _bucket_block(block: Block, bucket_bytes: int) -> None:
         member_of[op] = key
 
 
-def _emit(members: list[graph.AllReduceOp]) -> None:
+def _emit(members: list[graph.AllReduceOp], group_size: int) -> None:
     """Replaces ``members`` by one all-reduce of their flattened, concatenated operands,
     placed where the last of them was."""
     last = members[-1]
@@ -153,7 +167,7 @@ def _emit(members: list[graph.AllReduceOp]) -> None:
         for x in (m.operands[0] for m in members)
     ]
     packed = emit(graph.ConcatOp, flats, axis=0)
-    reduced = emit(graph.AllReduceOp, [packed], **last.attrs(), group_size=last.group_size())
+    reduced = emit(graph.AllReduceOp, [packed], **last.attrs(), group_size=group_size)
     offset = 0
     for member in members:
         value = aval(member.operands[0])

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_distributed import SCRIPTS, tessera_run
+from test_simulate import DEVICE  # a flat test device (100 TFLOP/s f32, 1 TB/s)
 from xdsl.context import Context
 from xdsl.dialects.builtin import Builtin, IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.dialects.func import Func
@@ -24,7 +25,7 @@ from tessera.errors import ExecutionError, TesseraError
 from tessera.ir import graph
 from tessera.ir import schedule as schedule_ir
 from tessera.passes.choose_collective_algorithms import ChooseCollectiveAlgorithmsPass
-from tessera.perf import Device, Link, Topology, algorithms_for, collective_time, dgx_h100
+from tessera.perf import Link, Topology, algorithms_for, collective_time, dgx_h100
 from tessera.perf.simulate import simulate
 
 TWO_NODES = dgx_h100(nodes=2)
@@ -446,17 +447,8 @@ def test_simulator_prices_unannotated_or_foreign_starts_at_the_fastest() -> None
 
 def two_domains_of_two() -> Topology:
     """4 devices: 2 domains of 2 on a fast link, joined by a slow network."""
-    device = Device(
-        name="test device",
-        matmul_flops={"f32": 100e12, "bf16": 400e12, "f16": 400e12},
-        matmul_efficiency=0.5,
-        memory_bandwidth=1e12,
-        memory_efficiency=0.5,
-        memory_bytes=80 * 2**30,
-        launch_overhead_s=1e-6,
-    )
     levels = (Link("nvlink", 2, 1e-6, 400e9), Link("network", 4, 10e-6, 10e9))
-    return Topology("two_domains_of_two", 4, device, levels)
+    return Topology("two_domains_of_two", 4, DEVICE, levels)
 
 
 def test_four_gloo_ranks_run_hierarchical_collectives(tmp_path: Path) -> None:
