@@ -25,11 +25,26 @@ from xdsl.rewriter import InsertPoint
 from tessera.autodiff.builder import GradBuilder
 from tessera.errors import TraceError
 from tessera.frontend import pytree
-from tessera.frontend.tracer import Tensor, user_location
+from tessera.frontend.tracer import Tensor, current_trace, user_location
 from tessera.passes.autodiff import backprop
-from tessera.training import TrainingStep, TrainState, active_params, training_step
+from tessera.training import (
+    TrainingStep,
+    TrainState,
+    active_params,
+    forward_only_loss,
+    training_step,
+)
 
-__all__ = ["TrainState", "TrainingStep", "backward", "training_step"]
+__all__ = ["TrainState", "TrainingStep", "backward", "stage", "training_step"]
+
+
+def stage() -> None:
+    """Marks a pipeline stage boundary in the traced forward pass: the ops traced after
+    this call belong to the next stage (on a mesh with a ``pp`` axis; elsewhere it has no
+    effect). Without marks, a pipelined step splits the forward where the cost model
+    balances the stages."""
+    trace = current_trace()
+    trace.stage_marks.append(sum(1 for _ in trace.block.ops))
 
 
 def backward(loss: Tensor, params: Any = None) -> Any:
@@ -45,6 +60,8 @@ def backward(loss: Tensor, params: Any = None) -> Any:
         )
     if params is None:
         params = active_params()
+    if forward_only_loss(loss):  # a pipelined step differentiates stage by stage
+        return params
     leaves, tree = pytree.flatten(params)
     for leaf in leaves:
         if not isinstance(leaf, Tensor) or leaf.trace is not loss.trace:

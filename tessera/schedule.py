@@ -49,6 +49,11 @@ class ScheduleOptions:
     bucket_bytes: int = 25 * 2**20
     # mark collectives with the cost model's algorithm (choose-collective-algorithms)
     collective_algorithms: bool = True
+    # pipelined training steps (a mesh with a pp axis): microbatches per step, the
+    # schedule (tessera.pipeline.schedules.SCHEDULE_KINDS) and model chunks per rank
+    pipeline_microbatches: int = 1
+    pipeline_schedule: str = "1f1b"
+    pipeline_virtual: int = 1
 
     def passes(self) -> list[tuple[str, dict[str, Any]]]:
         """The passes (flag, options) that lower a partitioned program to its schedule."""
@@ -95,6 +100,31 @@ def all_reduce_overlap(enabled: bool = True) -> _Setting:
         raise TesseraError(f"schedule.all_reduce_overlap expects True or False, found {enabled!r}")
     global _current
     previous, _current = _current, replace(_current, overlap=enabled)
+    return _Setting(previous)
+
+
+def pipeline_microbatches(count: int, kind: str = "1f1b", virtual: int = 1) -> _Setting:
+    """Pipelined training steps lowered from now split each batch into ``count``
+    microbatches and run them with the ``kind`` schedule (``gpipe``, ``1f1b``,
+    ``interleaved`` with ``virtual`` model chunks per pipeline rank, or ``zb-h1``)."""
+    from tessera.pipeline.schedules import SCHEDULE_KINDS
+
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise TesseraError(f"schedule.pipeline_microbatches expects a count >= 1, found {count!r}")
+    if kind not in SCHEDULE_KINDS:
+        raise TesseraError(
+            f"schedule.pipeline_microbatches: unknown schedule {kind!r}; known: {', '.join(SCHEDULE_KINDS)}"
+        )
+    if not isinstance(virtual, int) or virtual < 1 or (virtual > 1 and kind != "interleaved"):
+        raise TesseraError(
+            f"schedule.pipeline_microbatches: virtual={virtual!r} needs kind='interleaved' "
+            f"(and an int >= 1)"
+        )
+    global _current
+    previous = _current
+    _current = replace(
+        _current, pipeline_microbatches=count, pipeline_schedule=kind, pipeline_virtual=virtual
+    )
     return _Setting(previous)
 
 

@@ -100,6 +100,29 @@ def _training_params(params: Any) -> Iterator[None]:
         _active_params.pop()
 
 
+_forward_only_losses: list[list[Tensor]] = []
+
+
+@contextmanager
+def _forward_only() -> Iterator[list[Tensor]]:
+    """While tracing a pipelined step's forward: ``graph.backward`` records its loss
+    (yielded) instead of differentiating."""
+    recorded: list[Tensor] = []
+    _forward_only_losses.append(recorded)
+    try:
+        yield recorded
+    finally:
+        _forward_only_losses.pop()
+
+
+def forward_only_loss(loss: Tensor) -> bool:
+    """Records ``loss`` and returns True when tracing a pipelined step's forward."""
+    if not _forward_only_losses:
+        return False
+    _forward_only_losses[-1].append(loss)
+    return True
+
+
 def active_params() -> Any:
     """The parameters of the training step being traced (``graph.backward``'s default)."""
     if not _active_params:
@@ -138,6 +161,7 @@ class TrainingStep:
         dp_axis: str = "dp",
         kernels: str | None = None,
         module: str | None = None,
+        pp_axis: str = "pp",
     ):
         if zero not in ZERO_STAGES:
             raise TesseraError(f"training_step: zero must be one of {ZERO_STAGES}, found {zero!r}")
@@ -162,6 +186,18 @@ class TrainingStep:
         self.dp_axis = dp_axis if has_dp else None
         self.kernels = kernels
         self.__name__ = module or getattr(fn, "__name__", "training_step")
+        self.pp_axis = pp_axis if mesh is not None and pp_axis in mesh.axis_names else None
+        if self.pp_axis and zero:
+            raise ShardingError(
+                f"training_step: zero={zero} with the pipeline axis {pp_axis!r} is not "
+                f"supported yet; use zero=0 on a mesh with {pp_axis!r}"
+            )
+        if self.pp_axis and batch_shardings is not None:
+            raise ShardingError(
+                f"training_step: a pipelined step splits the batch over {dp_axis!r} itself; "
+                f"drop batch_shardings"
+            )
+        self._pipeline: Any = None
         self._jit: dict[tuple[pytree.TreeDef, int], tuple[JitFunction, _Layouts]] = {}
 
     # --- user API ---------------------------------------------------------------------------
@@ -183,6 +219,8 @@ class TrainingStep:
 
     def __call__(self, state: TrainState, *batch: Any) -> Any:
         """Runs one step: updates ``state`` in place and returns the metrics."""
+        if self.pp_axis is not None:
+            return self.pipeline()(state, *batch)
         lowered = self.lower(state, *batch)
         new_params, new_opt_state, metrics = lowered(state.params, state.opt_state, *batch)
         with torch.no_grad():
@@ -197,6 +235,19 @@ class TrainingStep:
                     old.copy_(torch.as_tensor(new))
         state.step += 1
         return metrics
+
+    def pipeline(self) -> Any:
+        """The pipelined execution of this step (a mesh with the pipeline axis):
+        :class:`tessera.pipeline.step.PipelineStep`."""
+        if self.pp_axis is None:
+            raise TesseraError(
+                f"{self.__name__} is not pipelined: its mesh has no pipeline axis (pp_axis)"
+            )
+        if self._pipeline is None:
+            from tessera.pipeline.step import PipelineStep
+
+            self._pipeline = PipelineStep(self, self.pp_axis)
+        return self._pipeline
 
     def gather(self, state: TrainState) -> TrainState:
         """The state with whole tensors on every process. Under ``tessera run`` each
@@ -406,16 +457,18 @@ def training_step(
     dp_axis: str = "dp",
     kernels: str | None = None,
     module: str | None = None,
+    pp_axis: str = "pp",
 ) -> Any:
     """Compiles ``fn(params, *batch) -> (grads, metrics)`` into a training step with the
     ``optimizer``'s update (see the module docstring). ``param_shardings`` is a pytree
     prefix of ``dist.ShardSpec`` for the parameters (their tensor-parallel layout),
     ``batch_shardings`` one spec per batch argument (default: dim 0 over ``dp_axis``),
-    ``zero`` the ZeRO stage, ``module`` the program's name."""
+    ``zero`` the ZeRO stage, ``module`` the program's name. On a mesh with ``pp_axis``
+    the step is pipelined (:mod:`tessera.pipeline.step`)."""
     options = {
         "optimizer": optimizer, "mesh": mesh, "param_shardings": param_shardings,
         "batch_shardings": batch_shardings, "zero": zero, "dp_axis": dp_axis,
-        "kernels": kernels, "module": module,
+        "kernels": kernels, "module": module, "pp_axis": pp_axis,
     }  # fmt: skip
     if fn is None:
         return lambda f: TrainingStep(f, **options)

@@ -81,14 +81,25 @@ def _function(module: ModuleOp, name: str) -> func.FuncOp:
     raise ExecutionError(f"no function @{name} in the scheduled module")
 
 
-def _start(op: schedule.StartOp, mesh: Mesh, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Every rank's result of the collective ``op`` starts (the virtual mesh completes it)."""
+def _start(
+    op: schedule.StartOp, mesh: Mesh, inputs: dict[int, torch.Tensor]
+) -> dict[int, torch.Tensor]:
+    """Every running rank's result of the collective ``op`` starts (the virtual mesh
+    completes it); ``inputs`` holds the running ranks' operands."""
     graph_op = schedule.COLLECTIVES[op.collective_name]
     if graph_op is None:
         raise ExecutionError(f"{op.collective_name} is not supported on the virtual mesh yet")
-    outputs = list(inputs)
+    outputs = dict(inputs)
     attrs = op.attrs()
     for group in mesh.groups(attrs["axes"]):
+        present = [r in inputs for r in group]
+        if not any(present):
+            continue
+        if not all(present):
+            raise ExecutionError(
+                f"{op.label}: ranks {[r for r in group if r not in inputs]} of the group "
+                f"{list(group)} do not run this program"
+            )
         xs = [inputs[r] for r in group]
         if op.algorithm_name == "hierarchical":  # within domains, then across (phase by phase)
             results = hierarchical.run_group(op.collective_name, attrs, xs, op.domain_size)  # type: ignore[arg-type]
@@ -110,12 +121,16 @@ def run_virtual(
     mesh: Mesh,
     rank_args: Sequence[Sequence[torch.Tensor]],
     kernel: KernelRunner = reference_kernel,
+    ranks: Sequence[int] | None = None,
 ) -> list[tuple[torch.Tensor, ...]]:
-    """Every rank's results of the scheduled function ``@name`` (ranks in mesh order)."""
+    """Every rank's results of the scheduled function ``@name`` (ranks in mesh order).
+    With ``ranks``, only those ranks run (``rank_args`` and the results follow their
+    order): a pipeline stage's slice of the mesh, every collective group inside it."""
     function = _function(module, name)
-    if len(rank_args) != mesh.size:
+    ranks = list(range(mesh.size)) if ranks is None else list(ranks)
+    if len(rank_args) != len(ranks):
         raise ExecutionError(
-            f"@{name}: expected arguments for {mesh.size} ranks, found {len(rank_args)}"
+            f"@{name}: expected arguments for {len(ranks)} ranks, found {len(rank_args)}"
         )
     envs: list[dict[SSAValue, object]] = [
         dict(zip(function.args, args, strict=True)) for args in rank_args
@@ -124,7 +139,7 @@ def run_virtual(
     device = _device(rank_args)
     for op in function.body.block.ops:
         if isinstance(op, schedule.KernelOp):
-            for rank, env in enumerate(envs):
+            for rank, env in zip(ranks, envs, strict=True):
                 began = timeline.now(device) if timeline else 0.0
                 outputs = kernel(op, [env[v] for v in op.inputs], KernelContext(mesh, rank))  # type: ignore[misc]
                 if timeline:
@@ -132,13 +147,14 @@ def run_virtual(
                 env.update(zip(op.outputs, outputs, strict=True))
         elif isinstance(op, schedule.StartOp):
             began = timeline.now(device) if timeline else 0.0
-            results = _start(op, mesh, [env[op.operands[0]] for env in envs])  # type: ignore[misc]
+            operands = {r: env[op.operands[0]] for r, env in zip(ranks, envs, strict=True)}
+            results = _start(op, mesh, operands)  # type: ignore[arg-type]
             if timeline:  # the virtual mesh completes a collective when it starts
                 ended = timeline.now(device)
-                for rank in range(mesh.size):
+                for rank in ranks:
                     timeline.add(rank, op.stream_name, op.label, began, ended)
-            for env, result in zip(envs, results, strict=True):
-                env[op.handle] = result
+            for rank, env in zip(ranks, envs, strict=True):
+                env[op.handle] = results[rank]
         elif isinstance(op, schedule.WaitOp):
             if op.result is not None:
                 for env in envs:

@@ -63,6 +63,7 @@ class Trace:
         self.name = name
         self.mesh = mesh  # a tessera.dist.Mesh when traced with ts.jit(..., mesh=...)
         self.block = Block(arg_types=[a.to_xdsl() for a in inputs])
+        self.stage_marks: list[int] = []  # graph.stage(): op counts where stages begin
 
     def bind(
         self, op_type: type[graph.GraphOp], operands: Sequence[Tensor], **attrs: Any

@@ -11,7 +11,7 @@ times are summed. Arguments the loss does not depend on get zeros.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -65,14 +65,19 @@ def differentiate(function: func.FuncOp, wrt: Sequence[int] | None = None) -> No
 
 def backprop(
     forward: Sequence[Operation],
-    loss: SSAValue,
+    loss: SSAValue | None,
     wrt: Sequence[SSAValue],
     b: GradBuilder,
     where: str = "",
+    seeds: Mapping[SSAValue, SSAValue] | None = None,
 ) -> list[SSAValue]:
     """Emits with ``b`` the gradients of the scalar ``loss`` with respect to ``wrt``, by
-    reverse accumulation over the ``forward`` ops (in program order)."""
-    cotangents: dict[SSAValue, SSAValue] = {loss: b.constant(1.0, loss)}
+    reverse accumulation over the ``forward`` ops (in program order). ``seeds`` gives
+    further values' cotangents (a vector-Jacobian product: a pipeline stage's outputs
+    seeded with the gradients the next stage sends back)."""
+    cotangents: dict[SSAValue, SSAValue] = dict(seeds or {})
+    if loss is not None:
+        cotangents[loss] = b.constant(1.0, loss)
     for op in reversed(forward):
         result_cts = [cotangents.get(r) for r in op.results]
         if all(c is None for c in result_cts):

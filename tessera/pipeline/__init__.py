@@ -1,0 +1,1 @@
+"""Pipeline parallelism: stages over a ``pp`` mesh axis, microbatch schedules, execution."""

@@ -1,0 +1,353 @@
+"""The programs a pipeline stage runs: forward, backward (or its two halves), update.
+
+For each stage, :func:`stage_programs` builds one *joint* function — the stage's forward
+ops followed by their reverse-mode derivative, seeded with the gradients of what the
+stage sends on (``backprop(..., seeds=...)``, a vector-Jacobian product) or, on the last
+stage, with the loss — and slices it into the functions the schedule calls:
+
+- ``forward``: what the stage sends (the last stage: loss and metrics), plus the
+  *residuals* its backward reads (intermediates saved for the backward pass);
+- ``backward``: the gradients of what the stage received, to send back, and of its
+  parameters, to accumulate; or, split for zero-bubble schedules,
+- ``backward_input`` (the received values' gradients, plus the residuals the weight
+  half reads) and ``backward_weight`` (the parameter gradients).
+
+Slicing follows data flow: a function holds the ops its outputs need that an earlier
+function did not already compute; what it reads from an earlier one becomes an input.
+Constants are recomputed rather than passed. Each function is a Graph IR module
+compiled like any other (``Lowered``), over the whole mesh: its shardings name only the
+axes inside a stage (tensor parallelism), while the pipeline and data-parallel axes are
+*manual* — every (pp, dp) slice runs the stage's program on its own data, as in
+``shard_map``. The shardings of values crossing stages, and of residuals, are those the
+producing program gives them, so sender and receiver agree on every local shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Attribute, Block, Operation, SSAValue
+from xdsl.rewriter import InsertPoint
+
+from tessera.autodiff.builder import GradBuilder
+from tessera.compiled import Lowered, Signature
+from tessera.dist.collectives import MESH_SYMBOL
+from tessera.dist.mesh import Mesh
+from tessera.frontend import pytree
+from tessera.frontend.tracer import Tensor, Trace
+from tessera.ir.abstract import AbstractTensor, aval
+from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr
+from tessera.passes.autodiff import backprop
+from tessera.pipeline.split import StagePlan, is_free
+from tessera.schedule import ScheduleOptions
+
+
+@dataclass
+class Program:
+    """One compiled function of a stage and where its inputs come from.
+
+    ``inputs`` name each argument: ``("param", i)``, ``("batch", i)``, ``("received", i)``
+    (the i-th value received from the previous stage), ``("seed", i)`` (the gradient of
+    the i-th value sent on), or ``("saved", name, i)`` (output i of the stage's program
+    ``name``, kept for this microbatch)."""
+
+    name: str
+    lowered: Lowered
+    inputs: list[tuple]
+    output_count: int
+
+    def layouts(self) -> tuple[list[Sharding], list[Sharding]]:
+        """The local layouts of the arguments and results."""
+        return self.lowered._layouts()
+
+
+@dataclass
+class StagePrograms:
+    """The compiled programs of one stage and the shape of its traffic."""
+
+    index: int
+    params: list[int]  # parameter leaves the stage uses
+    batch: list[int]  # batch leaves the stage reads
+    forward: Program
+    backward: Program | None  # the whole backward (one of backward / split halves)
+    backward_input: Program | None
+    backward_weight: Program | None
+    sent: list[AbstractTensor]  # values sent on, per microbatch
+    received: list[AbstractTensor]
+    received_grads: list[int]  # which received values get a gradient back (floats)
+    sent_grads: list[int]  # which sent values get a gradient back
+    metric_outputs: int = 0  # last stage: loss and metrics lead the forward outputs
+    sent_layouts: list[Sharding] = field(default_factory=list)
+    received_layouts: list[Sharding] = field(default_factory=list)
+    # outputs of the backward programs: received-value gradients, then parameter gradients
+    param_grad_layouts: list[Sharding] = field(default_factory=list)
+
+
+def _closure(wanted: Sequence[SSAValue], ops: set[Operation]) -> set[Operation]:
+    """The ops among ``ops`` that ``wanted`` depends on."""
+    found: set[Operation] = set()
+    stack = [v.owner for v in wanted if isinstance(v.owner, Operation)]
+    while stack:
+        op = stack.pop()
+        if op in found or op not in ops:
+            continue
+        found.add(op)
+        stack.extend(v.owner for v in op.operands if isinstance(v.owner, Operation))
+    return found
+
+
+class _Joint:
+    """One stage's forward and backward ops in one block (values of the joint function)."""
+
+    def __init__(
+        self,
+        plan: StagePlan,
+        stage: int,
+        params: Sequence[SSAValue],
+        batch: Sequence[SSAValue],
+        outputs: Sequence[SSAValue],
+        split_backward: bool,
+    ):
+        last = stage == plan.count - 1
+        ops = plan.ops[stage]
+        used = {v for op in ops for v in op.operands}
+        self.param_indices = [i for i, p in enumerate(params) if p in used]
+        self.batch_indices = [i for i, b in enumerate(batch) if b in used]
+        received = plan.received[stage]
+        sent = list(outputs) if last else plan.sent[stage]
+        self.sent_grads = [i for i, v in enumerate(sent) if aval(v).dtype.is_float and not last]
+        self.received_grads = [i for i, v in enumerate(received) if aval(v).dtype.is_float]
+        originals = [
+            *(params[i] for i in self.param_indices),
+            *(batch[i] for i in self.batch_indices),
+            *received,
+        ]
+        seed_types = [sent[i].type for i in self.sent_grads]
+        self.block = Block(arg_types=[v.type for v in originals] + seed_types)
+        args = list(self.block.args)
+        self.kinds: dict[SSAValue, tuple] = {}
+        for position, arg in enumerate(args):
+            if position < len(self.param_indices):
+                self.kinds[arg] = ("param", self.param_indices[position])
+            elif position < len(self.param_indices) + len(self.batch_indices):
+                self.kinds[arg] = ("batch", self.batch_indices[position - len(self.param_indices)])
+            elif position < len(originals):
+                self.kinds[arg] = (
+                    "received",
+                    position - len(self.param_indices) - len(self.batch_indices),
+                )
+            else:
+                self.kinds[arg] = ("seed", self.sent_grads[position - len(originals)])
+        mapping: dict[SSAValue, SSAValue] = dict(
+            zip(originals, args[: len(originals)], strict=True)
+        )
+        forward: list[Operation] = []
+
+        def clone(op: Operation) -> None:
+            for operand in op.operands:
+                if operand not in mapping and is_free(operand.owner):  # type: ignore[arg-type]
+                    clone(operand.owner)  # type: ignore[arg-type]
+            copy = op.clone(mapping)
+            self.block.add_op(copy)
+            forward.append(copy)
+
+        for op in ops:
+            clone(op)
+        self.forward_ops = set(forward)
+        self.sent = [mapping[v] for v in sent]
+        seeds = {self.sent[i]: args[len(originals) + k] for k, i in enumerate(self.sent_grads)}
+        builder = GradBuilder(InsertPoint.at_end(self.block))
+        param_args = args[: len(self.param_indices)]
+        received_args = args[len(self.param_indices) + len(self.batch_indices) : len(originals)]
+        differentiable = [received_args[i] for i in self.received_grads]
+        grads = backprop(
+            forward,
+            self.sent[0] if last else None,
+            [*differentiable, *param_args],
+            builder,
+            f"pipeline stage {stage}",
+            seeds,
+        )
+        self.input_grads = grads[: len(differentiable)]
+        self.param_grads = grads[len(differentiable) :]
+        self.order = {op: i for i, op in enumerate(self.block.ops)}
+        self.split_backward = split_backward
+
+    def slice(
+        self, outputs: Sequence[SSAValue], done: set[Operation]
+    ) -> tuple[list[Operation], list[SSAValue]]:
+        """The ops (in order) computing ``outputs`` beyond ``done``, and the values they
+        read from outside (joint arguments or results of ``done`` ops)."""
+        ops = _closure(outputs, set(self.order) - done)
+        # constants are recomputed, never read from another program
+        for op in list(ops):
+            for v in op.operands:
+                if isinstance(v.owner, Operation) and v.owner in done and is_free(v.owner):
+                    ops.add(v.owner)
+        for v in outputs:
+            if isinstance(v.owner, Operation) and v.owner in done and is_free(v.owner):
+                ops.add(v.owner)
+        ordered = sorted(ops, key=self.order.__getitem__)
+        inside = {r for op in ordered for r in op.results}
+        reads: list[SSAValue] = []
+        for v in [*(v for op in ordered for v in op.operands), *outputs]:
+            if v not in inside and v not in reads:
+                reads.append(v)
+        return ordered, reads
+
+
+def _function(
+    name: str,
+    mesh: Mesh,
+    inputs: Sequence[SSAValue],
+    ops: Sequence[Operation],
+    outputs: Sequence[SSAValue],
+    shardings: Sequence[Sharding],
+) -> ModuleOp:
+    """A Graph IR module of one function: ``ops`` (cloned) from ``inputs`` to ``outputs``."""
+    avals = [aval(v) for v in inputs]
+    trace = Trace(name, avals, mesh=mesh)
+    mapping: dict[SSAValue, SSAValue] = dict(zip(inputs, trace.block.args, strict=True))
+    for op in ops:
+        trace.block.add_op(op.clone(mapping))
+    arg_attrs: list[dict[str, Attribute]] = [
+        {SHARDING_KEY: ShardingAttr.get(MESH_SYMBOL, s)} for s in shardings
+    ]
+    return trace.finish([Tensor(trace, mapping[v]) for v in outputs], arg_attrs)
+
+
+def _lowered(
+    module: ModuleOp,
+    name: str,
+    avals: Sequence[AbstractTensor],
+    shardings: Sequence[Sharding],
+    mesh: Mesh,
+    kernels: str,
+    options: ScheduleOptions,
+) -> Lowered:
+    _, tree = pytree.flatten((tuple(range(len(avals))), {}))
+    signature = Signature(tree, tuple(avals), tuple(shardings))
+    _, out_tree = pytree.flatten(())
+    return Lowered(name, module, signature, out_tree, mesh, kernels, options)
+
+
+def stage_programs(
+    name: str,
+    plan: StagePlan,
+    params: Sequence[SSAValue],
+    param_layouts: Sequence[Sharding],
+    batch: Sequence[SSAValue],
+    outputs: Sequence[SSAValue],
+    mesh: Mesh,
+    split_backward: bool,
+    kernels: str,
+    options: ScheduleOptions,
+) -> list[StagePrograms]:
+    """Every stage's compiled programs (stage by stage: a stage's received values take
+    the layouts of the previous stage's sent ones)."""
+    stages: list[StagePrograms] = []
+    received: list[Sharding] = []
+    for stage in range(plan.count):
+        joint = _Joint(plan, stage, params, batch, outputs, split_backward)
+        compiler = _StageCompiler(
+            f"{name}_s{stage}", joint, param_layouts, received, mesh, kernels, options
+        )
+        programs = compiler.compile(stage, stage == plan.count - 1, plan)
+        stages.append(programs)
+        received = programs.sent_layouts
+    return stages
+
+
+class _StageCompiler:
+    """Slices one stage's joint function into its programs and compiles them."""
+
+    def __init__(
+        self, prefix: str, joint: _Joint, param_layouts: Sequence[Sharding],
+        received_layouts: list[Sharding], mesh: Mesh, kernels: str, options: ScheduleOptions,
+    ):  # fmt: skip
+        self.prefix, self.joint, self.mesh = prefix, joint, mesh
+        self.param_layouts, self.received_layouts = param_layouts, received_layouts
+        self.kernels, self.options = kernels, options
+        self.sent_layouts: list[Sharding] = []
+        self.saved: dict[SSAValue, Sharding] = {}  # residual -> layout
+        self.sources: dict[SSAValue, tuple] = {}  # residual -> ("saved", program, output)
+
+    def layout_of(self, value: SSAValue) -> Sharding:
+        if value in self.saved:
+            return self.saved[value]
+        kind = self.joint.kinds[value]
+        if kind[0] == "param":
+            return self.param_layouts[kind[1]]
+        if kind[0] == "received":
+            return self.received_layouts[kind[1]]
+        if kind[0] == "seed":
+            return self.sent_layouts[kind[1]]
+        return Sharding.replicated(aval(value).rank)  # batch: manual over dp
+
+    def part(
+        self, part: str, ops: list[Operation], reads: list[SSAValue], outs: list[SSAValue]
+    ) -> Program:
+        """Compiles one program of the stage; its results become residuals for later ones."""
+        function = f"{self.prefix}_{part}"
+        shardings = [self.layout_of(v) for v in reads]
+        module = _function(function, self.mesh, reads, ops, outs, shardings)
+        avals = [aval(v) for v in reads]
+        lowered = _lowered(
+            module, function, avals, shardings, self.mesh, self.kernels, self.options
+        )
+        inputs = [self.sources.get(v) or self.joint.kinds[v] for v in reads]
+        return Program(function, lowered, inputs, len(outs))
+
+    def save(self, program: Program, values: Sequence[SSAValue], first: int) -> None:
+        """Makes ``values`` (outputs ``first``… of ``program``) readable by later programs."""
+        layouts = program.layouts()[1]
+        for i, v in enumerate(values):
+            self.saved[v] = layouts[first + i]
+            self.sources[v] = ("saved", program.name.removeprefix(f"{self.prefix}_"), first + i)
+
+    def compile(self, stage: int, last: bool, plan: StagePlan) -> StagePrograms:
+        joint = self.joint
+        targets = [*joint.input_grads, *joint.param_grads]
+        forward_ops, _ = joint.slice(joint.sent, set())
+        done = set(forward_ops)
+        _, backward_reads = joint.slice(targets, done)
+        made = {r for op in forward_ops for r in op.results}
+        residuals = [v for v in backward_reads if v in made]
+        forward_outs = [*joint.sent, *residuals]
+        forward = self.part("forward", *joint.slice(forward_outs, set()), forward_outs)
+        self.sent_layouts = forward.layouts()[1][: len(joint.sent)]
+        self.save(forward, residuals, len(joint.sent))
+        backward = backward_input = backward_weight = None
+        if not joint.split_backward:
+            backward = self.part("backward", *joint.slice(targets, done), targets)
+            grad_layouts = backward.layouts()[1][len(joint.input_grads) :]
+        else:
+            input_ops, input_reads = joint.slice(joint.input_grads, done)
+            weight_ops, weight_reads = joint.slice(joint.param_grads, done | set(input_ops))
+            input_made = {r for op in input_ops for r in op.results}
+            carried = [v for v in weight_reads if v in input_made]
+            input_outs = [*joint.input_grads, *carried]
+            backward_input = self.part("backward_input", input_ops, input_reads, input_outs)
+            self.save(backward_input, carried, len(joint.input_grads))
+            weight_outs = list(joint.param_grads)
+            backward_weight = self.part("backward_weight", weight_ops, weight_reads, weight_outs)
+            grad_layouts = backward_weight.layouts()[1]
+        return StagePrograms(
+            index=stage,
+            params=joint.param_indices,
+            batch=joint.batch_indices,
+            forward=forward,
+            backward=backward,
+            backward_input=backward_input,
+            backward_weight=backward_weight,
+            sent=[] if last else [aval(v) for v in joint.sent],
+            received=[aval(v) for v in plan.received[stage]],
+            received_grads=joint.received_grads,
+            sent_grads=joint.sent_grads,
+            metric_outputs=len(joint.sent) if last else 0,
+            sent_layouts=[] if last else list(self.sent_layouts),
+            received_layouts=list(self.received_layouts),
+            param_grad_layouts=list(grad_layouts),
+        )

@@ -1,0 +1,267 @@
+"""Runs a pipeline schedule's action lists: stage programs, transfers, gradient sums.
+
+One *pipeline rank* is one coordinate along the ``pp`` mesh axis; its *members* are the
+mesh ranks at that coordinate (its data- and tensor-parallel slice). Every action runs
+for all members at once: a computation runs the stage's program on each member's local
+values (on the virtual mesh, all members in this process; across processes, the one
+member this process is), a send hands each member's values to the member with the same
+data- and tensor-parallel coordinates on the neighbouring pipeline rank.
+
+On the virtual mesh, :class:`PipelineExecutor` interleaves the pipeline ranks' lists in
+one process: it runs a rank's next action whenever its inputs have arrived, so a list
+that would deadlock on devices stops with an error here too. Across processes, each
+process follows its own list; sends are ``isend`` (waited for at the end of the step)
+and receives block, with a tag naming the microbatch, stage and direction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as tdist
+
+from tessera.backends import distributed, schedule_runner
+from tessera.dist.mesh import Mesh
+from tessera.errors import DistributedError, ExecutionError
+from tessera.pipeline import actions as A
+from tessera.pipeline.programs import Program, StagePrograms
+
+Values = list[list[torch.Tensor]]  # per member, the tensors of one message or output list
+
+
+@dataclass
+class Placement:
+    """Where pipeline ranks live on the mesh."""
+
+    mesh: Mesh
+    pp_axis: str
+    ranks: int  # pipeline ranks (the pp axis size)
+
+    def members(self, pipeline_rank: int) -> list[int]:
+        """The mesh ranks at ``pipeline_rank`` along the pp axis, in rank order."""
+        return [
+            r for r in range(self.mesh.size) if self.mesh.coords(r)[self.pp_axis] == pipeline_rank
+        ]
+
+    def pipeline_rank(self, rank: int) -> int:
+        return self.mesh.coords(rank)[self.pp_axis]
+
+    def peer(self, rank: int, pipeline_rank: int) -> int:
+        """The mesh rank at ``pipeline_rank`` with ``rank``'s other coordinates."""
+        group = next(g for g in self.mesh.groups([self.pp_axis]) if rank in g)
+        return group[pipeline_rank]
+
+
+@dataclass
+class RankState:
+    """One pipeline rank's step in progress."""
+
+    pipeline_rank: int
+    members: list[int]  # mesh ranks this process runs for (all members, or its own)
+    position: int = 0  # next action
+    saved: dict[tuple[int, int, str], Values] = field(default_factory=dict)  # (mb, stage, program)
+    inbox: dict[tuple[str, int, int], Values] = field(default_factory=dict)  # (kind, mb, stage)
+    grads: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # param -> per member
+    metrics: list[Values] = field(default_factory=list)  # last stage: per microbatch
+    sends: list[object] = field(default_factory=list)  # isend works to wait for
+
+
+ArgumentSource = Callable[[RankState, tuple, int, int], list[torch.Tensor]]
+
+
+class PipelineExecutor:
+    """Executes one training step's actions (see the module docstring)."""
+
+    def __init__(
+        self,
+        stages: Sequence[StagePrograms],
+        placement: Placement,
+        params: Callable[[int, int], torch.Tensor],
+        batch: Callable[[int, int, int], torch.Tensor],
+        processes: bool,
+    ):
+        self.stages = stages
+        self.placement = placement
+        self.params = params  # (param index, mesh rank) -> local piece
+        self.batch = batch  # (batch index, microbatch, mesh rank) -> local microbatch
+        self.processes = processes
+        self.mesh = placement.mesh
+
+    # --- running programs -----------------------------------------------------------------
+
+    def _run(self, program: Program, state: RankState, mb: int, stage: int) -> Values:
+        per_member = [
+            [self._argument(state, source, mb, stage, member) for source in program.inputs]
+            for member in state.members
+        ]
+        lowered = program.lowered
+        module = lowered.module_at("schedule")
+        if self.processes:
+            outputs, _ = distributed.run_rank(
+                module, program.name, self.mesh, per_member[0], None,
+                lowered.kernel_runner(), check_program=False,
+            )  # fmt: skip
+            return [list(outputs)]
+        results = schedule_runner.run_virtual(
+            module, program.name, self.mesh, per_member, lowered.kernel_runner(), state.members
+        )
+        return [list(r) for r in results]
+
+    def _argument(
+        self, state: RankState, source: tuple, mb: int, stage: int, member: int
+    ) -> torch.Tensor:
+        index = state.members.index(member)
+        kind = source[0]
+        if kind == "param":
+            return self.params(source[1], member)
+        if kind == "batch":
+            return self.batch(source[1], mb, member)
+        if kind == "received":
+            return state.inbox[(A.RECV_ACTIVATION, mb, stage)][index][source[1]]
+        if kind == "seed":
+            position = self.stages[stage].sent_grads.index(source[1])
+            return state.inbox[(A.RECV_GRAD, mb, stage)][index][position]
+        _, program, output = source
+        return state.saved[(mb, stage, program)][index][output]
+
+    # --- actions --------------------------------------------------------------------------
+
+    def compute(self, state: RankState, action: A.Action) -> None:
+        stage = self.stages[action.stage]
+        mb, s = action.microbatch, action.stage
+        if action.kind == A.FORWARD:
+            outputs = self._run(stage.forward, state, mb, s)
+            state.saved[(mb, s, "forward")] = outputs
+            if stage.metric_outputs:
+                state.metrics.append([o[: stage.metric_outputs] for o in outputs])
+            return
+        program = {
+            A.BACKWARD: stage.backward,
+            A.BACKWARD_INPUT: stage.backward_input,
+            A.BACKWARD_WEIGHT: stage.backward_weight,
+        }[action.kind]
+        if program is None:
+            raise ExecutionError(
+                f"pipeline stage {s} was compiled for "
+                f"{'a split' if stage.backward is None else 'a whole'} backward; the schedule "
+                f"asks for {action.kind}"
+            )
+        outputs = self._run(program, state, mb, s)
+        grads_back = len(stage.received_grads)
+        if action.kind != A.BACKWARD_WEIGHT and grads_back:
+            state.saved[(mb, s, "grads_back")] = [o[:grads_back] for o in outputs]
+        if action.kind == A.BACKWARD_INPUT:
+            state.saved[(mb, s, "backward_input")] = outputs
+            return
+        param_grads = [o[grads_back:] if action.kind == A.BACKWARD else o for o in outputs]
+        for position, param in enumerate(stage.params):
+            pieces = [g[position] for g in param_grads]
+            total = state.grads.get(param)
+            state.grads[param] = (
+                pieces if total is None else [t + p for t, p in zip(total, pieces, strict=True)]
+            )
+        for key in [k for k in state.saved if k[0] == mb and k[1] == s]:  # the stage is done
+            if key[2] != "grads_back":
+                del state.saved[key]
+        state.inbox.pop((A.RECV_ACTIVATION, mb, s), None)
+        state.inbox.pop((A.RECV_GRAD, mb, s), None)
+
+    def outgoing(self, state: RankState, action: A.Action) -> Values:
+        """The values a send action sends, per member."""
+        mb, s = action.microbatch, action.stage
+        if action.kind == A.SEND_ACTIVATION:
+            count = len(self.stages[s].sent)
+            return [o[:count] for o in state.saved[(mb, s, "forward")]]
+        return state.saved.pop((mb, s, "grads_back"))
+
+    def incoming_shapes(self, action: A.Action) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """The local shapes and dtypes a receive gets (per member, the same)."""
+        stage = self.stages[action.stage]
+        if action.kind == A.RECV_ACTIVATION:
+            values, layouts = stage.received, stage.received_layouts
+        else:
+            values = [stage.sent[i] for i in stage.sent_grads]
+            layouts = [stage.sent_layouts[i] for i in stage.sent_grads]
+        return [
+            (layout.local_shape(self.mesh, v.shape), v.dtype.to_torch())
+            for v, layout in zip(values, layouts, strict=True)
+        ]
+
+    # --- the virtual mesh -----------------------------------------------------------------
+
+    def run_virtual(self, lists: Sequence[Sequence[A.Action]]) -> list[RankState]:
+        """Runs every pipeline rank's list in this process."""
+        states = [RankState(r, self.placement.members(r)) for r in range(len(lists))]
+        while any(st.position < len(lists[st.pipeline_rank]) for st in states):
+            progressed = False
+            for st in states:
+                todo = lists[st.pipeline_rank]
+                while st.position < len(todo):
+                    action = todo[st.position]
+                    if action.kind in A.COMPUTE_KINDS:
+                        self.compute(st, action)
+                    elif action.kind in (A.SEND_ACTIVATION, A.SEND_GRAD):
+                        receiver = states[A.rank_of(action.peer, len(lists))]  # type: ignore[arg-type]
+                        kind = (
+                            A.RECV_ACTIVATION if action.kind == A.SEND_ACTIVATION else A.RECV_GRAD
+                        )
+                        receiver.inbox[(kind, action.microbatch, action.peer)] = self.outgoing(
+                            st, action
+                        )  # type: ignore[index]
+                    elif (action.kind, action.microbatch, action.stage) not in st.inbox:
+                        break  # a receive whose message has not been sent yet
+                    st.position += 1
+                    progressed = True
+            if not progressed:
+                stuck = ", ".join(
+                    f"pipeline rank {st.pipeline_rank} at {lists[st.pipeline_rank][st.position]}"
+                    for st in states
+                    if st.position < len(lists[st.pipeline_rank])
+                )
+                raise ExecutionError(f"the pipeline schedule deadlocks: {stuck}")
+        return states
+
+    # --- processes ------------------------------------------------------------------------
+
+    def _tag(self, action: A.Action, index: int) -> int:
+        """The gloo/NCCL tag of tensor ``index`` of a transfer (same on both ends)."""
+        sender_stage = action.stage if action.kind.startswith("send") else action.peer
+        grad = action.kind in (A.SEND_GRAD, A.RECV_GRAD)
+        stages = len(self.stages)
+        return ((action.microbatch * stages + sender_stage) * 2 + grad) * 64 + index  # type: ignore[operator]
+
+    def run_process(self, lists: Sequence[Sequence[A.Action]], rank: int) -> RankState:
+        """Runs this process's pipeline rank's list (one member: ``rank``)."""
+        pipeline_rank = self.placement.pipeline_rank(rank)
+        st = RankState(pipeline_rank, [rank])
+        timeout = distributed.timeout_seconds()
+        for action in lists[pipeline_rank]:
+            if action.kind in A.COMPUTE_KINDS:
+                self.compute(st, action)
+                continue
+            peer = self.placement.peer(rank, A.rank_of(action.peer, len(lists)))  # type: ignore[arg-type]
+            try:
+                if action.kind in (A.SEND_ACTIVATION, A.SEND_GRAD):
+                    for i, tensor in enumerate(self.outgoing(st, action)[0]):
+                        st.sends.append(
+                            tdist.isend(tensor.contiguous(), peer, tag=self._tag(action, i))
+                        )
+                    continue
+                received = []
+                for i, (shape, dtype) in enumerate(self.incoming_shapes(action)):
+                    buffer = torch.empty(shape, dtype=dtype)
+                    tdist.irecv(buffer, peer, tag=self._tag(action, i)).wait()
+                    received.append(buffer)
+                st.inbox[(action.kind, action.microbatch, action.stage)] = [received]
+            except Exception as error:
+                raise DistributedError(
+                    f"rank {rank}: {action} with rank {peer} failed: the peer failed, exited or "
+                    f"did not answer within {timeout:g} s (TESSERA_TIMEOUT) "
+                    f"[{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}]"
+                ) from None
+        for work in st.sends:
+            work.wait()  # type: ignore[attr-defined]
+        st.sends.clear()
+        return st
