@@ -256,6 +256,8 @@ class TrainingStep:
         processes it returns ``state`` itself."""
         if self.mesh is None or not distributed.launched():
             return state
+        if self.pp_axis is not None:
+            return self.pipeline().gather(state)
         _, layouts = self._compiled(state, 0)
         arg_layouts = [*layouts.stored, *layouts.opt_state]
         leaves, tree = pytree.flatten((state.params, state.opt_state))

@@ -36,6 +36,31 @@ its result is waited for) and *placement* (streams, buffers, microbatches, stage
   an optional byte ``offset`` in the rank's arena; freed at most once.
 - ``schedule.microbatch`` / ``schedule.stage``: regions for one microbatch ``index`` of
   ``count``, or one pipeline stage; they verify, print and parse (nothing lowers them yet).
+- ``schedule.pipeline`` / ``schedule.pipeline_rank`` / ``schedule.action``: a pipeline
+  schedule (``pipeline-schedule`` makes one; ``tessera.pipeline.ir`` converts it to and
+  from :class:`tessera.pipeline.actions.Action` lists). The pipeline holds one
+  ``pipeline_rank`` per rank, in rank order, each holding that rank's actions in the
+  order it runs them; none has a terminator::
+
+    schedule.pipeline {kind = "1f1b", ranks = 2, microbatches = 2, virtual = 1} {
+      schedule.pipeline_rank {index = 0} {
+        schedule.action forward {microbatch = 0, stage = 0}
+        schedule.action send_activation {microbatch = 0, stage = 0, peer = 1}
+        ...
+      }
+      schedule.pipeline_rank {index = 1} { ... }
+    }
+
+  The pipeline verifies the whole schedule (:func:`check_pipeline`): every (microbatch,
+  stage) of ``microbatches`` x ``ranks * virtual`` has one ``forward`` and either one
+  ``backward`` or one ``backward_input`` and one ``backward_weight``, on rank
+  ``stage % ranks``; a stage receives from each neighbour stage on another rank what it
+  needs; each send has exactly one matching receive (``send_activation`` of stage ``s``
+  to ``s + 1`` with ``recv_activation`` of ``s + 1`` from ``s``, ``send_grad`` of ``s``
+  to ``s - 1`` with ``recv_grad`` of ``s - 1`` from ``s``) and vice versa; and on its
+  rank a stage's receive comes before the computation that needs it, its send after the
+  one that makes it, its backward after its forward. ``kind`` only names the schedule
+  (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``...); it is not checked.
 """
 
 from __future__ import annotations
@@ -67,6 +92,7 @@ from xdsl.irdl import (
     IRDLOperation,
     irdl_attr_definition,
     irdl_op_definition,
+    lazy_traits_def,
     operand_def,
     opt_operand_def,
     opt_prop_def,
@@ -80,7 +106,7 @@ from xdsl.irdl import (
 )
 from xdsl.parser import AttrParser, Parser, UnresolvedOperand
 from xdsl.printer import Printer
-from xdsl.traits import HasParent, IsTerminator
+from xdsl.traits import HasParent, IsTerminator, NoTerminator
 from xdsl.utils.exceptions import VerifyException
 
 from tessera.errors import TesseraError
@@ -697,8 +723,404 @@ def kernel_body(arg_types: Sequence[Attribute]) -> Region:
     return Region(Block(arg_types=arg_types))
 
 
+# --- pipeline schedules: what each pipeline rank runs, in order ---------------------------
+
+
+def _pipeline_actions() -> Any:
+    """``tessera.pipeline.actions``, imported when first needed (``tessera.pipeline``
+    builds on this dialect, so importing it at module load could be circular)."""
+    from tessera.pipeline import actions
+
+    return actions
+
+
+def _int(op: IRDLOperation, name: str) -> int:
+    return op.properties[name].value.data  # type: ignore[attr-defined]
+
+
+def _print_body(printer: Printer, body: Region) -> None:
+    printer.print_string(" ")
+    printer.print_region(body, print_entry_block_args=False, print_empty_block=False)
+
+
+def _parse_body(parser: Parser) -> Region:
+    body = parser.parse_region()
+    if not body.blocks:  # `{\n}`: an empty block
+        body.add_block(Block())
+    return body
+
+
+@irdl_op_definition
+class ActionOp(IRDLOperation):
+    """One step of a pipeline rank: ``schedule.action <kind> {microbatch, stage[, peer]}``.
+
+    ``kind`` is one of ``tessera.pipeline.actions.ACTION_KINDS``; transfers (and only
+    they) name their ``peer`` stage."""
+
+    name = "schedule.action"
+    kind = prop_def(StringAttr)
+    microbatch = prop_def(IntegerAttr)
+    stage = prop_def(IntegerAttr)
+    peer = opt_prop_def(IntegerAttr)
+    traits = lazy_traits_def(lambda: (HasParent(PipelineRankOp),))
+
+    @staticmethod
+    def get(kind: str, microbatch: int, stage: int, peer: int | None = None) -> ActionOp:
+        properties: dict[str, Attribute] = {
+            "kind": StringAttr(kind),
+            "microbatch": IntegerAttr(microbatch, 64),
+            "stage": IntegerAttr(stage, 64),
+        }
+        if peer is not None:
+            properties["peer"] = IntegerAttr(peer, 64)
+        return ActionOp.create(properties=properties)
+
+    @property
+    def kind_name(self) -> str:
+        return self.kind.data
+
+    @property
+    def microbatch_index(self) -> int:
+        return self.microbatch.value.data
+
+    @property
+    def stage_index(self) -> int:
+        return self.stage.value.data
+
+    @property
+    def peer_stage(self) -> int | None:
+        return self.peer.value.data if self.peer is not None else None
+
+    def verify_(self) -> None:
+        actions = _pipeline_actions()
+        if self.kind_name not in actions.ACTION_KINDS:
+            raise VerifyException(
+                f"schedule.action: kind must be one of {actions.ACTION_KINDS}, found {self.kind_name!r}"
+            )
+        what = f"schedule.action {self.kind_name}"
+        for name in ("microbatch", "stage"):
+            if _int(self, name) < 0:
+                raise VerifyException(
+                    f"{what}: expected a non-negative {name}, found {_int(self, name)}"
+                )
+        if self.kind_name in actions.TRANSFER_KINDS and self.peer is None:
+            raise VerifyException(f"{what}: expected a peer stage (a transfer names its peer)")
+        if self.kind_name in actions.COMPUTE_KINDS and self.peer is not None:
+            raise VerifyException(
+                f"{what}: expected no peer (a computation has none), found {self.peer_stage}"
+            )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(f" {self.kind_name}")
+        print_properties(printer, self.properties, ["microbatch", "stage", "peer"])
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ActionOp:
+        kind = parser.parse_identifier(" for a pipeline action kind")
+        properties = parse_properties(parser)
+        attributes = parser.parse_optional_attr_dict_with_keyword()
+        return cls.create(
+            properties={"kind": StringAttr(kind), **properties},
+            attributes=attributes.data if attributes else {},
+        )
+
+
+@irdl_op_definition
+class PipelineRankOp(IRDLOperation):
+    """The actions pipeline rank ``index`` runs, in order."""
+
+    name = "schedule.pipeline_rank"
+    index = prop_def(IntegerAttr)
+    body = region_def("single_block")
+    traits = lazy_traits_def(lambda: (NoTerminator(), HasParent(PipelineOp)))
+
+    @staticmethod
+    def get(index: int, actions: Sequence[ActionOp] = ()) -> PipelineRankOp:
+        return PipelineRankOp.create(
+            properties={"index": IntegerAttr(index, 64)}, regions=[Region(Block(actions))]
+        )
+
+    @property
+    def rank(self) -> int:
+        return self.index.value.data
+
+    @property
+    def actions(self) -> list[ActionOp]:
+        return [o for o in self.body.block.ops if isinstance(o, ActionOp)]
+
+    def verify_(self) -> None:
+        for inner in self.body.block.ops:
+            if not isinstance(inner, ActionOp):
+                raise VerifyException(
+                    f"schedule.pipeline_rank {self.rank}: expected only schedule.action ops, found {inner.name}"
+                )
+
+    def print(self, printer: Printer) -> None:
+        print_properties(printer, self.properties, ["index"])
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        _print_body(printer, self.body)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> PipelineRankOp:
+        properties = parse_properties(parser)
+        attributes = parser.parse_optional_attr_dict_with_keyword()
+        return cls.create(
+            properties=properties,
+            attributes=attributes.data if attributes else {},
+            regions=[_parse_body(parser)],
+        )
+
+
+# (earlier, later): two actions of one (microbatch, stage) that its rank runs in this order
+_ORDER = (
+    ("recv_activation", "forward"),
+    ("forward", "send_activation"),
+    ("forward", "backward"),
+    ("forward", "backward_input"),
+    ("backward_input", "backward_weight"),
+    ("recv_grad", "backward"),
+    ("recv_grad", "backward_input"),
+    ("backward", "send_grad"),
+    ("backward_input", "send_grad"),
+)
+# transfer -> (its counterpart, peer - stage)
+_TRANSFERS = {
+    "send_activation": ("recv_activation", 1),
+    "recv_activation": ("send_activation", -1),
+    "send_grad": ("recv_grad", -1),
+    "recv_grad": ("send_grad", 1),
+}
+
+
+@irdl_op_definition
+class PipelineOp(IRDLOperation):
+    """A pipeline schedule: one ``schedule.pipeline_rank`` per rank, in rank order."""
+
+    name = "schedule.pipeline"
+    kind = prop_def(StringAttr)
+    ranks = prop_def(IntegerAttr)
+    microbatches = prop_def(IntegerAttr)
+    virtual = prop_def(IntegerAttr)
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+
+    @staticmethod
+    def get(
+        kind: str,
+        ranks: int,
+        microbatches: int,
+        virtual: int,
+        rank_ops: Sequence[PipelineRankOp],
+    ) -> PipelineOp:
+        return PipelineOp.create(
+            properties={
+                "kind": StringAttr(kind),
+                "ranks": IntegerAttr(ranks, 64),
+                "microbatches": IntegerAttr(microbatches, 64),
+                "virtual": IntegerAttr(virtual, 64),
+            },
+            regions=[Region(Block(rank_ops))],
+        )
+
+    @property
+    def schedule_kind(self) -> str:
+        return self.kind.data
+
+    @property
+    def rank_ops(self) -> list[PipelineRankOp]:
+        return [o for o in self.body.block.ops if isinstance(o, PipelineRankOp)]
+
+    def verify_(self) -> None:
+        what = "schedule.pipeline"
+        for name in ("ranks", "microbatches", "virtual"):
+            if _int(self, name) < 1:
+                raise VerifyException(f"{what}: expected {name} >= 1, found {_int(self, name)}")
+        ranks = _int(self, "ranks")
+        for inner in self.body.block.ops:
+            if not isinstance(inner, PipelineRankOp):
+                raise VerifyException(
+                    f"{what}: expected only schedule.pipeline_rank ops, found {inner.name}"
+                )
+        rank_ops = self.rank_ops
+        if len(rank_ops) != ranks:
+            raise VerifyException(
+                f"{what}: expected {ranks} schedule.pipeline_rank ops (one per rank), found {len(rank_ops)}"
+            )
+        for position, rank_op in enumerate(rank_ops):
+            if rank_op.rank != position:
+                raise VerifyException(
+                    f"{what}: expected the ranks in order, found index {rank_op.rank} at position {position}"
+                )
+        actions = _pipeline_actions()
+        lists = []
+        for rank_op in rank_ops:
+            try:
+                lists.append(
+                    [
+                        actions.Action(a.kind_name, a.microbatch_index, a.stage_index, a.peer_stage)
+                        for a in rank_op.actions
+                    ]
+                )
+            except ValueError as error:
+                raise VerifyException(f"{what}: rank {rank_op.rank}: {error}") from None
+        error = check_pipeline(lists, ranks, _int(self, "microbatches"), _int(self, "virtual"))
+        if error is not None:
+            raise VerifyException(f"{what}: {error}")
+
+    def print(self, printer: Printer) -> None:
+        print_properties(printer, self.properties, ["kind", "ranks", "microbatches", "virtual"])
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        _print_body(printer, self.body)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> PipelineOp:
+        properties = parse_properties(parser)
+        attributes = parser.parse_optional_attr_dict_with_keyword()
+        return cls.create(
+            properties=properties,
+            attributes=attributes.data if attributes else {},
+            regions=[_parse_body(parser)],
+        )
+
+
+def check_pipeline(
+    lists: Sequence[Sequence[Any]], ranks: int, microbatches: int, virtual: int
+) -> str | None:
+    """What is wrong with a schedule (one list of :class:`tessera.pipeline.actions.Action`
+    per rank), as ``schedule.pipeline`` reports it, or None if nothing is.
+
+    See the module docstring for the rules; messages name the rank and the action."""
+    stages = ranks * virtual
+    position: dict[Any, tuple[int, int]] = {}  # action -> (its rank, its index there)
+    for rank, rank_actions in enumerate(lists):
+        for index, action in enumerate(rank_actions):
+            error = _check_action(action, rank, ranks, microbatches, stages)
+            if error is None and action in position:
+                error = f"duplicated (also at position {position[action][1]} of this rank)"
+            if error is not None:
+                return f"rank {rank}: {action}: {error}"
+            position[action] = (rank, index)
+    return (
+        _check_transfers(position, ranks)
+        or _check_complete(position, ranks, microbatches, stages)
+        or _check_order(position, ranks, microbatches, stages)
+    )
+
+
+def _check_action(action: Any, rank: int, ranks: int, microbatches: int, stages: int) -> str | None:
+    """What is wrong with one action of ``rank``'s list, on its own."""
+    actions = _pipeline_actions()
+    if not 0 <= action.microbatch < microbatches:
+        return f"expected 0 <= microbatch < {microbatches}, found {action.microbatch}"
+    if not 0 <= action.stage < stages:
+        return f"expected 0 <= stage < {stages} (ranks * virtual), found {action.stage}"
+    if actions.rank_of(action.stage, ranks) != rank:
+        return f"stage {action.stage} runs on rank {actions.rank_of(action.stage, ranks)}"
+    if action.kind in _TRANSFERS:
+        step = _TRANSFERS[action.kind][1]
+        if action.peer != action.stage + step:
+            sign = "+" if step > 0 else "-"
+            return f"expected peer {action.stage + step} (stage {sign} 1), found {action.peer}"
+        if not 0 <= action.peer < stages:
+            return f"expected 0 <= peer < {stages}, found {action.peer}"
+    return None
+
+
+def _check_transfers(position: dict[Any, tuple[int, int]], ranks: int) -> str | None:
+    """Every send has its receive and every receive its send."""
+    actions = _pipeline_actions()
+    for action, (rank, _) in position.items():
+        if action.kind in _TRANSFERS:
+            other_kind = _TRANSFERS[action.kind][0]
+            other = actions.Action(other_kind, action.microbatch, action.peer, action.stage)
+            if other not in position:
+                other_rank = actions.rank_of(action.peer, ranks)
+                return f"rank {rank}: {action}: no matching {other} on rank {other_rank}"
+    return None
+
+
+def _check_complete(
+    position: dict[Any, tuple[int, int]], ranks: int, microbatches: int, stages: int
+) -> str | None:
+    """Every (microbatch, stage) is computed, forward and backward, and receives from its
+    neighbour stages on other ranks what it needs."""
+    actions = _pipeline_actions()
+    for microbatch in range(microbatches):
+        for stage in range(stages):
+            rank = actions.rank_of(stage, ranks)
+            here = f"rank {rank}: microbatch {microbatch}, stage {stage}"
+            found = [
+                kind
+                for kind in actions.COMPUTE_KINDS
+                if actions.Action(kind, microbatch, stage) in position
+            ]
+            backward = [k for k in found if k != actions.FORWARD]
+            if actions.FORWARD not in found:
+                return f"{here}: expected a forward, found none"
+            if backward not in (
+                [actions.BACKWARD],
+                [actions.BACKWARD_INPUT, actions.BACKWARD_WEIGHT],
+            ):
+                return (
+                    f"{here}: expected a backward or a backward_input and a backward_weight, "
+                    f"found {' and '.join(backward) or 'none'}"
+                )
+            for kind, neighbour in (
+                (actions.RECV_ACTIVATION, stage - 1),
+                (actions.RECV_GRAD, stage + 1),
+            ):
+                if not 0 <= neighbour < stages:
+                    continue
+                other_rank = actions.rank_of(neighbour, ranks)
+                received = actions.Action(kind, microbatch, stage, neighbour) in position
+                if other_rank != rank and not received:
+                    return (
+                        f"{here}: expected a {kind} from stage {neighbour} "
+                        f"(rank {other_rank}), found none"
+                    )
+    return None
+
+
+def _check_order(
+    position: dict[Any, tuple[int, int]], ranks: int, microbatches: int, stages: int
+) -> str | None:
+    """On its rank, what a (microbatch, stage) receives comes before the computation that
+    needs it, what it sends after the one that makes it, its backward after its forward."""
+    actions = _pipeline_actions()
+
+    def action(kind: str, microbatch: int, stage: int) -> Any:
+        peer = stage + _TRANSFERS[kind][1] if kind in _TRANSFERS else None
+        return actions.Action(kind, microbatch, stage, peer)
+
+    for microbatch in range(microbatches):
+        for stage in range(stages):
+            for earlier_kind, later_kind in _ORDER:
+                earlier = action(earlier_kind, microbatch, stage)
+                later = action(later_kind, microbatch, stage)
+                if (
+                    earlier in position
+                    and later in position
+                    and position[later] < position[earlier]
+                ):
+                    return f"rank {position[later][0]}: {later}: expected after {earlier}"
+    return None
+
+
 Schedule = Dialect(
     "schedule",
-    [KernelOp, StartOp, WaitOp, AllocOp, FreeOp, YieldOp, MicrobatchOp, StageOp],
+    [
+        KernelOp,
+        StartOp,
+        WaitOp,
+        AllocOp,
+        FreeOp,
+        YieldOp,
+        MicrobatchOp,
+        StageOp,
+        PipelineOp,
+        PipelineRankOp,
+        ActionOp,
+    ],
     [HandleType, BufferType],
 )

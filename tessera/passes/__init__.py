@@ -36,6 +36,7 @@ _PASSES: dict[str, tuple[str, str]] = {
     "bucket-gradients": ("tessera.passes.bucket_gradients", "BucketGradientsPass"),
     "plan-memory": ("tessera.passes.plan_memory", "PlanMemoryPass"),
     "lower-schedule-to-tile": ("tessera.passes.lower_schedule_to_tile", "LowerScheduleToTilePass"),
+    "pipeline-schedule": ("tessera.passes.pipeline_schedule", "PipelineSchedulePass"),
 }
 
 

@@ -33,10 +33,10 @@ from xdsl.rewriter import InsertPoint
 
 from tessera.autodiff.builder import GradBuilder
 from tessera.compiled import Lowered, Signature
-from tessera.dist.collectives import MESH_SYMBOL
+from tessera.dist.collectives import MESH_SYMBOL, shard
 from tessera.dist.mesh import Mesh
 from tessera.frontend import pytree
-from tessera.frontend.tracer import Tensor, Trace
+from tessera.frontend.tracer import Tensor, Trace, tracing
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr
 from tessera.passes.autodiff import backprop
@@ -205,8 +205,11 @@ def _function(
     ops: Sequence[Operation],
     outputs: Sequence[SSAValue],
     shardings: Sequence[Sharding],
+    out_shardings: Sequence[Sharding | None] = (),
 ) -> ModuleOp:
-    """A Graph IR module of one function: ``ops`` (cloned) from ``inputs`` to ``outputs``."""
+    """A Graph IR module of one function: ``ops`` (cloned) from ``inputs`` to ``outputs``,
+    the arguments laid out as ``shardings`` and each output with an ``out_shardings``
+    entry constrained to it."""
     avals = [aval(v) for v in inputs]
     trace = Trace(name, avals, mesh=mesh)
     mapping: dict[SSAValue, SSAValue] = dict(zip(inputs, trace.block.args, strict=True))
@@ -215,7 +218,12 @@ def _function(
     arg_attrs: list[dict[str, Attribute]] = [
         {SHARDING_KEY: ShardingAttr.get(MESH_SYMBOL, s)} for s in shardings
     ]
-    return trace.finish([Tensor(trace, mapping[v]) for v in outputs], arg_attrs)
+    results = [Tensor(trace, mapping[v]) for v in outputs]
+    with tracing(trace):
+        for i, wanted in enumerate(out_shardings):
+            if wanted is not None:
+                results[i] = shard(results[i], wanted)
+    return trace.finish(results, arg_attrs)
 
 
 def _lowered(
@@ -289,10 +297,15 @@ class _StageCompiler:
     def part(
         self, part: str, ops: list[Operation], reads: list[SSAValue], outs: list[SSAValue]
     ) -> Program:
-        """Compiles one program of the stage; its results become residuals for later ones."""
+        """Compiles one program of the stage. A backward program's leading outputs, the
+        gradients sent back, take the layouts the values were received in (the previous
+        stage's seeds)."""
         function = f"{self.prefix}_{part}"
         shardings = [self.layout_of(v) for v in reads]
-        module = _function(function, self.mesh, reads, ops, outs, shardings)
+        grads_back: list[Sharding | None] = []
+        if part in ("backward", "backward_input"):
+            grads_back = [self.received_layouts[i] for i in self.joint.received_grads]
+        module = _function(function, self.mesh, reads, ops, outs, shardings, grads_back)
         avals = [aval(v) for v in reads]
         lowered = _lowered(
             module, function, avals, shardings, self.mesh, self.kernels, self.options

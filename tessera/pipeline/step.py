@@ -75,6 +75,7 @@ class PipelineStep:
         self.dp = self.mesh.axis_size(step.dp_axis) if step.dp_axis else 1
         self.placement = Placement(self.mesh, pp_axis, self.ranks)
         self._cache: dict[Any, CompiledPipeline] = {}
+        self._latest: CompiledPipeline | None = None  # the last step's (for gather)
 
     # --- compilation ----------------------------------------------------------------------
 
@@ -210,7 +211,7 @@ class PipelineStep:
     # --- one step -------------------------------------------------------------------------
 
     def __call__(self, state: TrainState, *batch: Any) -> Any:
-        compiled = self.compiled(state, batch)
+        compiled = self._latest = self.compiled(state, batch)
         leaves = pytree.flatten(state.params)[0]
         layouts = compiled.param_layouts
         mesh, m = self.mesh, compiled.microbatches
@@ -246,6 +247,46 @@ class PipelineStep:
                 target[index].copy_(value)
         state.step += 1
         return self._metrics(compiled, states, processes)
+
+    def gather(self, state: TrainState) -> TrainState:
+        """The state with whole tensors on every process (a collective). Each process
+        updates only the pieces its rank owns; for every parameter and optimizer-state
+        tensor, the rank that holds a piece first (lowest pipeline rank owning it, first
+        data- and tensor-parallel copy) contributes it and a sum assembles the whole."""
+        if not distributed.launched() or self._latest is None:
+            return state
+        compiled = self._latest
+        rt = distributed.runtime()
+        param_leaves, tree = pytree.flatten(state.params)
+        optimizer = self.step.optimizer
+        layouts: dict[int, tuple[torch.Tensor, int, Sharding]] = {}  # id -> tensor, owner, layout
+        for rank, owned in enumerate(compiled.update_params):
+            if not owned:
+                continue
+            subset = _state_subset(optimizer, state.opt_state, len(param_leaves), owned)
+            targets = [param_leaves[i] for i in owned] + pytree.flatten(subset)[0]
+            arg_layouts = compiled.updates[rank]._layouts()[0]
+            for target, layout in zip(targets, arg_layouts, strict=False):
+                layouts.setdefault(id(target), (target, rank, layout))
+        coords = self.mesh.coords(rt.rank)
+        gathered: dict[int, torch.Tensor] = {}
+        for key, (target, owner, layout) in layouts.items():
+            contribution = torch.zeros_like(target)
+            holds = coords[self.pp_axis] == owner and all(
+                coords[a] == 0 for a in self.mesh.axis_names if a != self.pp_axis and a not in layout.split_axes
+            )
+            if holds:
+                index = block(rt.rank, layout, self.mesh, target.shape)
+                contribution[index] = target[index]
+            try:
+                tdist.all_reduce(contribution)
+            except Exception as error:
+                raise distributed._failure(rt, "gathering the pipeline's state", error) from None
+            gathered[key] = contribution
+        params = pytree.unflatten(tree, [gathered.get(id(x), x) for x in param_leaves])
+        state_leaves, state_tree = pytree.flatten(state.opt_state)
+        opt_state = pytree.unflatten(state_tree, [gathered.get(id(x), x) for x in state_leaves])
+        return type(state)(params, opt_state, state.step)
 
     def _prepare_groups(self, compiled: CompiledPipeline, rt: distributed.Runtime) -> None:
         """Creates every process group any stage program uses, on every rank in one order

@@ -363,3 +363,370 @@ func.func @stage_with_arguments() {
   }) : () -> ()
   func.return
 }
+
+// --- pipeline schedules ----------------------------------------------------------------------
+
+// -----
+
+// An action's kind is one of tessera.pipeline.actions.ACTION_KINDS.
+func.func @action_unknown_kind() {
+  schedule.pipeline {kind = gpipe, ranks = 1, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      // CHECK: schedule.action: kind must be one of ('forward', 'backward', 'backward_input', 'backward_weight', 'send_activation', 'recv_activation', 'send_grad', 'recv_grad'), found 'fwd'{{$}}
+      schedule.action fwd {microbatch = 0, stage = 0}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+// A computation names no peer; a transfer does.
+func.func @action_computation_with_peer() {
+  schedule.pipeline {kind = gpipe, ranks = 1, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      // CHECK: schedule.action forward: expected no peer (a computation has none), found 1{{$}}
+      schedule.action forward {microbatch = 0, stage = 0, peer = 1}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+func.func @action_transfer_without_peer() {
+  schedule.pipeline {kind = gpipe, ranks = 1, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      // CHECK: schedule.action send_activation: expected a peer stage (a transfer names its peer){{$}}
+      schedule.action send_activation {microbatch = 0, stage = 0}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+// Microbatches and stages are non-negative.
+func.func @action_negative_microbatch() {
+  schedule.pipeline {kind = gpipe, ranks = 1, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      // CHECK: schedule.action forward: expected a non-negative microbatch, found -1{{$}}
+      schedule.action forward {microbatch = -1, stage = 0}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+// Actions live in a pipeline_rank, pipeline_ranks in a pipeline.
+func.func @action_outside_rank() {
+  // CHECK: 'schedule.action' expects parent op 'schedule.pipeline_rank'{{$}}
+  schedule.action forward {microbatch = 0, stage = 0}
+  func.return
+}
+
+// -----
+
+func.func @rank_outside_pipeline() {
+  // CHECK: 'schedule.pipeline_rank' expects parent op 'schedule.pipeline'{{$}}
+  schedule.pipeline_rank {index = 0} {
+    schedule.action forward {microbatch = 0, stage = 0}
+  }
+  func.return
+}
+
+// -----
+
+// A pipeline_rank holds only actions.
+func.func @rank_holds_other_op() {
+  schedule.pipeline {kind = gpipe, ranks = 1, microbatches = 1, virtual = 1} {
+    // CHECK: schedule.pipeline_rank 0: expected only schedule.action ops, found schedule.microbatch{{$}}
+    schedule.pipeline_rank {index = 0} {
+      schedule.microbatch {index = 0, count = 1} {
+        schedule.yield
+      }
+    }
+  }
+  func.return
+}
+
+// -----
+
+// ranks, microbatches and virtual are at least 1.
+func.func @pipeline_no_ranks() {
+  // CHECK: schedule.pipeline: expected ranks >= 1, found 0{{$}}
+  schedule.pipeline {kind = gpipe, ranks = 0, microbatches = 1, virtual = 1} {
+  }
+  func.return
+}
+
+// -----
+
+// One pipeline_rank per rank, in rank order.
+func.func @pipeline_missing_rank() {
+  // CHECK: schedule.pipeline: expected 2 schedule.pipeline_rank ops (one per rank), found 1{{$}}
+  schedule.pipeline {kind = gpipe, ranks = 2, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+func.func @pipeline_ranks_out_of_order() {
+  // CHECK: schedule.pipeline: expected the ranks in order, found index 1 at position 0{{$}}
+  schedule.pipeline {kind = gpipe, ranks = 2, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 1} {
+      schedule.action forward {microbatch = 0, stage = 1}
+      schedule.action backward {microbatch = 0, stage = 1}
+    }
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+// Microbatches and stages lie within the pipeline's counts.
+func.func @pipeline_microbatch_out_of_range() {
+  // CHECK: schedule.pipeline: rank 0: forward(mb=1, stage=0): expected 0 <= microbatch < 1, found 1{{$}}
+  schedule.pipeline {kind = gpipe, ranks = 1, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 1, stage = 0}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+func.func @pipeline_stage_out_of_range() {
+  // CHECK: schedule.pipeline: rank 0: backward(mb=0, stage=2): expected 0 <= stage < 2 (ranks * virtual), found 2{{$}}
+  schedule.pipeline {kind = interleaved, ranks = 1, microbatches = 1, virtual = 2} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action backward {microbatch = 0, stage = 2}
+    }
+  }
+  func.return
+}
+
+// -----
+
+// Stage s runs on rank s % ranks.
+func.func @pipeline_wrong_rank() {
+  // CHECK: schedule.pipeline: rank 1: forward(mb=0, stage=0): stage 0 runs on rank 0{{$}}
+  schedule.pipeline {kind = gpipe, ranks = 2, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+    schedule.pipeline_rank {index = 1} {
+      schedule.action forward {microbatch = 0, stage = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+// Transfers go between adjacent stages, within the pipeline.
+func.func @pipeline_peer_not_adjacent() {
+  // CHECK: schedule.pipeline: rank 1: send_grad(mb=0, stage=1->2): expected peer 0 (stage - 1), found 2{{$}}
+  schedule.pipeline {kind = gpipe, ranks = 2, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+    schedule.pipeline_rank {index = 1} {
+      schedule.action forward {microbatch = 0, stage = 1}
+      schedule.action backward {microbatch = 0, stage = 1}
+      schedule.action send_grad {microbatch = 0, stage = 1, peer = 2}
+    }
+  }
+  func.return
+}
+
+// -----
+
+func.func @pipeline_peer_past_the_end() {
+  // CHECK: schedule.pipeline: rank 1: send_activation(mb=0, stage=1->2): expected 0 <= peer < 2, found 2{{$}}
+  schedule.pipeline {kind = gpipe, ranks = 2, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+    schedule.pipeline_rank {index = 1} {
+      schedule.action forward {microbatch = 0, stage = 1}
+      schedule.action send_activation {microbatch = 0, stage = 1, peer = 2}
+      schedule.action backward {microbatch = 0, stage = 1}
+    }
+  }
+  func.return
+}
+
+// -----
+
+// Each action happens once.
+func.func @pipeline_duplicated_forward() {
+  // CHECK: schedule.pipeline: rank 0: forward(mb=0, stage=0): duplicated (also at position 0 of this rank){{$}}
+  schedule.pipeline {kind = gpipe, ranks = 1, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+// Every send has its receive on the peer stage's rank, and every receive its send.
+func.func @pipeline_send_without_recv() {
+  // CHECK: schedule.pipeline: rank 0: send_activation(mb=0, stage=0->1): no matching recv_activation(mb=0, stage=1->0) on rank 1{{$}}
+  schedule.pipeline {kind = gpipe, ranks = 2, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action send_activation {microbatch = 0, stage = 0, peer = 1}
+      schedule.action recv_grad {microbatch = 0, stage = 0, peer = 1}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+    schedule.pipeline_rank {index = 1} {
+      schedule.action forward {microbatch = 0, stage = 1}
+      schedule.action backward {microbatch = 0, stage = 1}
+      schedule.action send_grad {microbatch = 0, stage = 1, peer = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+func.func @pipeline_recv_without_send() {
+  // CHECK: schedule.pipeline: rank 0: recv_grad(mb=0, stage=0->1): no matching send_grad(mb=0, stage=1->0) on rank 1{{$}}
+  schedule.pipeline {kind = gpipe, ranks = 2, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action send_activation {microbatch = 0, stage = 0, peer = 1}
+      schedule.action recv_grad {microbatch = 0, stage = 0, peer = 1}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+    schedule.pipeline_rank {index = 1} {
+      schedule.action recv_activation {microbatch = 0, stage = 1, peer = 0}
+      schedule.action forward {microbatch = 0, stage = 1}
+      schedule.action backward {microbatch = 0, stage = 1}
+    }
+  }
+  func.return
+}
+
+// -----
+
+// Every (microbatch, stage) runs one forward and one backward, whole or split in two.
+func.func @pipeline_missing_forward() {
+  // CHECK: schedule.pipeline: rank 0: microbatch 1, stage 0: expected a forward, found none{{$}}
+  schedule.pipeline {kind = gpipe, ranks = 1, microbatches = 2, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action backward {microbatch = 0, stage = 0}
+      schedule.action backward {microbatch = 1, stage = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+func.func @pipeline_half_a_backward() {
+  // CHECK: schedule.pipeline: rank 0: microbatch 0, stage 0: expected a backward or a backward_input and a backward_weight, found backward_input{{$}}
+  schedule.pipeline {kind = "zb-h1", ranks = 1, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action backward_input {microbatch = 0, stage = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+func.func @pipeline_two_backwards() {
+  // CHECK: schedule.pipeline: rank 0: microbatch 0, stage 0: expected a backward or a backward_input and a backward_weight, found backward and backward_input and backward_weight{{$}}
+  schedule.pipeline {kind = "zb-h1", ranks = 1, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action backward {microbatch = 0, stage = 0}
+      schedule.action backward_input {microbatch = 0, stage = 0}
+      schedule.action backward_weight {microbatch = 0, stage = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+// A stage receives from its neighbours on other ranks what it needs.
+func.func @pipeline_no_transfers() {
+  // CHECK: schedule.pipeline: rank 0: microbatch 0, stage 0: expected a recv_grad from stage 1 (rank 1), found none{{$}}
+  schedule.pipeline {kind = gpipe, ranks = 2, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+    schedule.pipeline_rank {index = 1} {
+      schedule.action forward {microbatch = 0, stage = 1}
+      schedule.action backward {microbatch = 0, stage = 1}
+    }
+  }
+  func.return
+}
+
+// -----
+
+// On its rank, a receive comes before the computation that needs it, a send after the
+// one that makes it, a backward after its forward.
+func.func @pipeline_send_before_forward() {
+  // CHECK: schedule.pipeline: rank 0: send_activation(mb=0, stage=0->1): expected after forward(mb=0, stage=0){{$}}
+  schedule.pipeline {kind = gpipe, ranks = 2, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action send_activation {microbatch = 0, stage = 0, peer = 1}
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action recv_grad {microbatch = 0, stage = 0, peer = 1}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+    schedule.pipeline_rank {index = 1} {
+      schedule.action recv_activation {microbatch = 0, stage = 1, peer = 0}
+      schedule.action forward {microbatch = 0, stage = 1}
+      schedule.action backward {microbatch = 0, stage = 1}
+      schedule.action send_grad {microbatch = 0, stage = 1, peer = 0}
+    }
+  }
+  func.return
+}
+
+// -----
+
+func.func @pipeline_weight_before_input_gradient() {
+  // CHECK: schedule.pipeline: rank 0: backward_weight(mb=0, stage=0): expected after backward_input(mb=0, stage=0){{$}}
+  schedule.pipeline {kind = "zb-h1", ranks = 1, microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action backward_weight {microbatch = 0, stage = 0}
+      schedule.action backward_input {microbatch = 0, stage = 0}
+    }
+  }
+  func.return
+}

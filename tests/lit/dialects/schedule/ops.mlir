@@ -135,3 +135,42 @@ func.func @algorithms(%x: tensor<8x64xf32>) -> (tensor<8x64xf32>, tensor<32x64xf
   %r1 = schedule.wait %h1 : !schedule.handle<tensor<32x64xf32>> -> tensor<32x64xf32>
   func.return %r0, %r1 : tensor<8x64xf32>, tensor<32x64xf32>
 }
+
+// A pipeline schedule: one pipeline_rank per rank, each rank's actions in order.
+// Transfers name their peer stage; kinds that are not identifiers print quoted. A
+// (microbatch, stage) has either one backward or a backward_input and a backward_weight.
+// CHECK-LABEL: func.func @pipeline
+// CHECK-NEXT:    schedule.pipeline {kind = "1f1b", ranks = 2, microbatches = 1, virtual = 1} {{{$}}
+// CHECK-NEXT:      schedule.pipeline_rank {index = 0} {{{$}}
+// CHECK-NEXT:        schedule.action forward {microbatch = 0, stage = 0}{{$}}
+// CHECK-NEXT:        schedule.action send_activation {microbatch = 0, stage = 0, peer = 1}{{$}}
+// CHECK-NEXT:        schedule.action recv_grad {microbatch = 0, stage = 0, peer = 1}{{$}}
+// CHECK-NEXT:        schedule.action backward {microbatch = 0, stage = 0}{{$}}
+// CHECK-NEXT:      }
+// CHECK-NEXT:      schedule.pipeline_rank {index = 1} {{{$}}
+// CHECK-NEXT:        schedule.action recv_activation {microbatch = 0, stage = 1, peer = 0}{{$}}
+// CHECK-NEXT:        schedule.action forward {microbatch = 0, stage = 1}{{$}}
+// CHECK-NEXT:        schedule.action backward_input {microbatch = 0, stage = 1}{{$}}
+// CHECK-NEXT:        schedule.action send_grad {microbatch = 0, stage = 1, peer = 0}{{$}}
+// CHECK-NEXT:        schedule.action backward_weight {microbatch = 0, stage = 1}{{$}}
+// CHECK-NEXT:      }
+// CHECK-NEXT:    }
+// CHECK-NEXT:    func.return
+func.func @pipeline() {
+  schedule.pipeline {ranks = 2, kind = "1f1b", microbatches = 1, virtual = 1} {
+    schedule.pipeline_rank {index = 0} {
+      schedule.action forward {microbatch = 0, stage = 0}
+      schedule.action send_activation {stage = 0, microbatch = 0, peer = 1}
+      schedule.action recv_grad {microbatch = 0, stage = 0, peer = 1}
+      schedule.action backward {microbatch = 0, stage = 0}
+    }
+    schedule.pipeline_rank {index = 1} {
+      schedule.action recv_activation {microbatch = 0, stage = 1, peer = 0}
+      schedule.action forward {microbatch = 0, stage = 1}
+      schedule.action backward_input {microbatch = 0, stage = 1}
+      schedule.action send_grad {microbatch = 0, stage = 1, peer = 0}
+      schedule.action backward_weight {microbatch = 0, stage = 1}
+    }
+  }
+  func.return
+}

@@ -1,0 +1,38 @@
+"""A pipelined GPT training step over pp x dp x tp processes (run by test_pipeline_training).
+
+Usage: ``tessera run -n N pipeline_gpt.py PP DP TP MICROBATCHES KIND VIRTUAL STEPS``.
+Rank 0 prints every step's loss as a float hex string (``losses: ...``) and a digest of
+the parameters after the last step (gathered from the pipeline ranks that own them), for
+the test to compare with the same pipeline on the virtual mesh and with the unpipelined
+step.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as tdist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipeline_case import losses_and_params
+
+
+def main() -> None:
+    pp, dp, tp, m = (int(a) for a in sys.argv[1:5])
+    kind, virtual, steps = sys.argv[5], int(sys.argv[6]), int(sys.argv[7])
+    losses, params = losses_and_params(pp, dp, tp, m, kind, virtual, steps)  # params gathered
+    rank = tdist.get_rank()
+    if rank == 0:
+        print("losses:", " ".join(float(x).hex() for x in losses))
+        digest = torch.cat([params[k].flatten() for k in sorted(params)]).double()
+        print("params:", float(digest.sum()).hex(), float(digest.abs().sum()).hex())
+    print(f"rank {rank} OK (pid {os.getpid()})")
+
+
+if __name__ == "__main__":
+    main()

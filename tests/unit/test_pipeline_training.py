@@ -1,0 +1,225 @@
+"""Pipelined training steps (a mesh with a ``pp`` axis) against the unpipelined step.
+
+The GPT of ``examples/train_gpt.py`` (tied embedding: its weight lives on the first and
+the last stage) trains for two AdamW steps with every schedule; losses and parameters
+must equal the unpipelined step on a ``dp x tp`` mesh up to float32 rounding (the
+microbatch gradients are summed in another order): losses to 1e-5 relative, parameters
+to 3e-5 absolute. Over gloo processes the pipeline must be *bit-identical* to the same
+pipeline on the virtual mesh.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from pipeline_case import batch, losses_and_params
+from test_distributed import SCRIPTS, tessera_run
+
+from tessera import dist, graph, op, optim, schedule
+from tessera.dist.mesh import Mesh
+from tessera.dtypes import as_dtype
+from tessera.errors import ExecutionError, ShardingError, TesseraError, TraceError
+from tessera.frontend.tracer import Tensor, Trace, tracing
+from tessera.ir.abstract import AbstractTensor, aval
+from tessera.perf.topology import dgx_h100
+from tessera.pipeline import actions as A
+from tessera.pipeline.runtime import PipelineExecutor, Placement
+from tessera.pipeline.schedules import pipeline_schedule
+from tessera.pipeline.split import _op_time, balanced_cuts, plan_stages
+
+LOSS_RTOL, PARAM_ATOL = 1e-5, 3e-5
+F32 = as_dtype(torch.float32)
+
+
+@functools.cache
+def unpipelined(dp: int, tp: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    return losses_and_params(0, dp, tp)
+
+
+@pytest.mark.parametrize(
+    ("pp", "dp", "tp", "microbatches", "kind", "virtual"),
+    [
+        (2, 2, 2, 2, "1f1b", 1),
+        (2, 1, 2, 4, "gpipe", 1),
+        (2, 2, 1, 2, "interleaved", 2),
+        (4, 1, 2, 4, "zb-h1", 1),
+    ],
+)
+def test_pipelined_gpt_matches_the_unpipelined_step(
+    pp: int, dp: int, tp: int, microbatches: int, kind: str, virtual: int
+) -> None:
+    losses, params = losses_and_params(pp, dp, tp, microbatches, kind, virtual)
+    expected_losses, expected_params = unpipelined(dp, tp)
+    np.testing.assert_allclose(losses, expected_losses, rtol=LOSS_RTOL)
+    assert losses[1] < losses[0]
+    for name, value in expected_params.items():
+        torch.testing.assert_close(params[name], value, atol=PARAM_ATOL, rtol=0, msg=name)
+
+
+def test_the_executed_actions_come_from_the_schedule_ir() -> None:
+    from pipeline_case import train_gpt
+
+    params = train_gpt.init_params(64, 8, 32, 2)
+    mesh = dist.Mesh(axes=["pp", "dp", "tp"], shape=(2, 1, 1))
+    args = __import__("argparse").Namespace(lr=1e-3, zero=0, heads=2, layers=2)
+    step = train_gpt.make_step(mesh, params, args)
+    state = step.init(params)
+    with schedule.options(pipeline_microbatches=4, pipeline_schedule="zb-h1"):
+        compiled = step.pipeline().compiled(state, batch())
+    text = str(compiled.pipeline_ir)
+    assert text.startswith("schedule.pipeline") and "backward_weight" in text
+    assert compiled.lists == pipeline_schedule("zb-h1", 2, 4)
+    assert [s.backward for s in compiled.stages] == [None, None]  # split backward programs
+    assert all(s.backward_input and s.backward_weight for s in compiled.stages)
+
+
+def _mlp_step(mesh: Mesh, marks: int, layers: int = 4):
+    @graph.training_step(optimizer=optim.SGD(lr=0.1), mesh=mesh)
+    def step(p, x, y):
+        h = x
+        for i in range(layers):
+            h = op.tanh(h @ p[f"w{i}"])
+            if i < marks:
+                graph.stage()
+        loss = op.mean((h - y) * (h - y))
+        return graph.backward(loss), {"loss": loss}
+
+    return step
+
+
+def _mlp_params(layers: int = 4) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return {f"w{i}": torch.randn(16, 16, generator=g) * 0.3 for i in range(layers)}
+
+
+def test_stage_marks_choose_the_cuts() -> None:
+    mesh = dist.Mesh(axes=["pp", "dp"], shape=(4, 1))
+    params = _mlp_params()
+    step = _mlp_step(mesh, marks=3)
+    state = step.init(params)
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    with schedule.options(pipeline_microbatches=2):
+        compiled = step.pipeline().compiled(state, (x, y))
+        assert [s.params for s in compiled.stages] == [[0], [1], [2], [3]]
+        # one SGD step equals the unpipelined gradient step (numpy, float64)
+        before = {k: v.double().numpy().copy() for k, v in params.items()}
+        loss = step(state, x, y)["loss"]
+    h, hs = x.double().numpy(), []
+    for i in range(4):
+        hs.append(h)
+        h = np.tanh(h @ before[f"w{i}"])
+    diff = h - y.double().numpy()
+    grad_h = 2 * diff / diff.size
+    np.testing.assert_allclose(float(loss), float(np.mean(diff * diff)), rtol=1e-5)
+    for i in reversed(range(4)):
+        out = np.tanh(hs[i] @ before[f"w{i}"])
+        grad_pre = grad_h * (1 - out * out)
+        expected = before[f"w{i}"] - 0.1 * (hs[i].T @ grad_pre)
+        np.testing.assert_allclose(params[f"w{i}"].double().numpy(), expected, atol=1e-5)
+        grad_h = grad_pre @ before[f"w{i}"].T
+
+
+def test_stage_marks_must_match_the_stage_count() -> None:
+    mesh = dist.Mesh(axes=["pp"], shape=(2,))
+    step = _mlp_step(mesh, marks=2)
+    state = step.init(_mlp_params())
+    with pytest.raises(TraceError, match=r"2 graph.stage\(\) marks make 3 stages, but the mesh's pp=2"):
+        step(state, torch.randn(4, 16), torch.randn(4, 16))
+
+
+def test_balanced_split_is_the_best_split() -> None:
+    """The dynamic program's cuts give the same slowest stage as trying every split."""
+    mesh = dist.Mesh(axes=["pp"], shape=(4,))
+    step = _mlp_step(mesh, marks=0, layers=8)
+    params = {f"w{i}": torch.randn(256, 256) for i in range(8)}
+    state = step.init(params)
+    compiled = step.pipeline().compiled(state, (torch.randn(512, 256), torch.randn(512, 256)))
+    assert all(s.params for s in compiled.stages)  # every stage holds layers
+    trace = Trace("f", [AbstractTensor((256, 256), F32)] * 8 + [AbstractTensor((512, 256), F32)] * 2)
+    args = [Tensor(trace, a) for a in trace.block.args]
+    with tracing(trace):
+        h = args[8]
+        for w in args[:8]:
+            h = op.tanh(h @ w)
+        loss = op.mean((h - args[9]) * (h - args[9]))
+    ops, topology = list(trace.block.ops), dgx_h100()
+    link = topology.levels[0].bandwidth
+
+    def slowest(cuts: tuple[int, ...]) -> float:
+        plan = plan_stages(ops, cuts, [loss.value])
+        times = [
+            sum(_op_time(o, topology) for o in stage) + sum(aval(v).nbytes for v in sent) / link
+            for stage, sent in zip(plan.ops, plan.sent, strict=True)
+        ]
+        return max(times)
+
+    positions = [i for i, o in enumerate(ops) if o.operands][1:]
+    best = min(slowest(c) for c in itertools.combinations(positions, 3))
+    chosen = tuple(balanced_cuts(ops, [loss.value], 4, topology))
+    assert slowest(chosen) == pytest.approx(best, rel=1e-12)
+    assert compiled.cuts == list(chosen)
+
+
+def test_pipeline_errors_name_the_problem() -> None:
+    params = _mlp_params()
+    mesh = dist.Mesh(axes=["pp", "dp"], shape=(2, 2))
+    with pytest.raises(ShardingError, match="zero=1 with the pipeline axis 'pp' is not supported"):
+        graph.training_step(lambda p, x: None, optimizer=optim.SGD(), mesh=mesh, zero=1)
+    step = _mlp_step(mesh, marks=1)
+    state = step.init(params)
+    with schedule.options(pipeline_microbatches=4), pytest.raises(
+        ShardingError, match=r"6 rows \(dim 0\), which must split evenly over 2 data-parallel ranks x 4"
+    ):
+        step(state, torch.randn(6, 16), torch.randn(6, 16))
+    interleaved = _mlp_step(mesh, marks=3)
+    with (
+        schedule.options(pipeline_microbatches=3, pipeline_schedule="interleaved", pipeline_virtual=2),
+        pytest.raises(TesseraError, match="interleaved"),
+    ):
+        interleaved(interleaved.init(params), torch.randn(12, 16), torch.randn(12, 16))
+    split_over_pp = dist.ShardSpec(partition=(0,), mesh_axes=("pp",))
+    bad = graph.training_step(
+        lambda p, x: (graph.backward(op.sum(x @ p["w0"])), {}), optimizer=optim.SGD(), mesh=mesh,
+        param_shardings={"w0": split_over_pp},
+    )  # fmt: skip
+    with pytest.raises(ShardingError, match="over the pipeline axis 'pp'; stages own whole parameters"):
+        bad(bad.init({"w0": torch.randn(16, 16)}), torch.randn(4, 16))
+    with pytest.raises(TesseraError, match="expects a count >= 1"):
+        schedule.pipeline_microbatches(0)
+
+
+def test_a_deadlocking_action_list_is_reported() -> None:
+    mesh = dist.Mesh(axes=["pp"], shape=(2,))
+    executor = PipelineExecutor([], Placement(mesh, "pp", 2), None, None, processes=False)  # type: ignore[arg-type]
+    lists = [
+        [A.Action(A.RECV_GRAD, 0, 0, peer=1)],
+        [A.Action(A.RECV_ACTIVATION, 0, 1, peer=0)],
+    ]
+    with pytest.raises(ExecutionError, match="deadlocks: pipeline rank 0 at recv_grad"):
+        executor.run_virtual(lists)
+
+
+@pytest.mark.parametrize(
+    ("pp", "dp", "tp", "microbatches", "kind", "virtual", "processes"),
+    [(2, 2, 2, 2, "1f1b", 1, 8), (4, 2, 2, 4, "zb-h1", 1, 16)],
+)
+def test_pipelined_gpt_over_processes_equals_the_virtual_mesh(
+    pp: int, dp: int, tp: int, microbatches: int, kind: str, virtual: int, processes: int
+) -> None:
+    """pp x dp x tp gloo processes: losses and parameters bit-identical to the virtual
+    mesh's pipeline (so within tolerance of the unpipelined step, checked above)."""
+    args = [str(a) for a in (pp, dp, tp, microbatches, kind, virtual, 2)]
+    result = tessera_run(processes, SCRIPTS / "pipeline_gpt.py", *args, timeout=120.0, limit=400.0)
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses, params = losses_and_params(pp, dp, tp, microbatches, kind, virtual)
+    digest = torch.cat([params[k].flatten() for k in sorted(params)]).double()
+    assert "losses: " + " ".join(x.hex() for x in losses) in result.stdout
+    assert f"params: {float(digest.sum()).hex()} {float(digest.abs().sum()).hex()}" in result.stdout
+    for rank in range(processes):
+        assert f"rank {rank} OK" in result.stdout
+    expected_losses, _ = unpipelined(dp, tp)
+    np.testing.assert_allclose(losses, expected_losses, rtol=LOSS_RTOL)
