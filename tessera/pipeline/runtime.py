@@ -251,7 +251,7 @@ class PipelineExecutor:
                     continue
                 received = []
                 for i, (shape, dtype) in enumerate(self.incoming_shapes(action)):
-                    buffer = torch.empty(shape, dtype=dtype)
+                    buffer = torch.empty(shape, dtype=dtype, device=distributed.runtime().device)
                     tdist.irecv(buffer, peer, tag=self._tag(action, i)).wait()
                     received.append(buffer)
                 st.inbox[(action.kind, action.microbatch, action.stage)] = [received]

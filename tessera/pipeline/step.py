@@ -31,7 +31,7 @@ import torch.distributed as tdist
 from tessera import op, schedule
 from tessera.backends import distributed, schedule_runner
 from tessera.backends.layout import block, piece
-from tessera.compiled import JitFunction, default_kernels
+from tessera.compiled import JitFunction, _kernel_device, default_kernels
 from tessera.dist.shard_spec import ShardSpec
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
@@ -76,6 +76,7 @@ class PipelineStep:
         self.placement = Placement(self.mesh, pp_axis, self.ranks)
         self._cache: dict[Any, CompiledPipeline] = {}
         self._latest: CompiledPipeline | None = None  # the last step's (for gather)
+        self._device = torch.device("cpu")  # where the last step's kernels ran
 
     # --- compilation ----------------------------------------------------------------------
 
@@ -219,15 +220,19 @@ class PipelineStep:
         rows = [t.shape[0] // (self.dp * m) for t in tensors]
         dp_axis = self.step.dp_axis
 
+        processes = distributed.launched()
+        kernels = self.step.kernels or default_kernels()
+        device = distributed.runtime().device if processes else _kernel_device(leaves, kernels)
+
         def param_piece(index: int, rank: int) -> torch.Tensor:
-            return piece(leaves[index].detach(), layouts[index], mesh, rank)
+            return piece(leaves[index].detach(), layouts[index], mesh, rank).to(device)
 
         def batch_piece(index: int, mb: int, rank: int) -> torch.Tensor:
             d = mesh.coords(rank)[dp_axis] if dp_axis else 0
             start = (d * m + mb) * rows[index]
-            return tensors[index][start : start + rows[index]]
+            return tensors[index][start : start + rows[index]].to(device)
 
-        processes = distributed.launched()
+        self._device = device
         executor = PipelineExecutor(
             compiled.stages, self.placement, param_piece, batch_piece, processes
         )
@@ -273,7 +278,9 @@ class PipelineStep:
         for key, (target, owner, layout) in layouts.items():
             contribution = torch.zeros_like(target)
             holds = coords[self.pp_axis] == owner and all(
-                coords[a] == 0 for a in self.mesh.axis_names if a != self.pp_axis and a not in layout.split_axes
+                coords[a] == 0
+                for a in self.mesh.axis_names
+                if a != self.pp_axis and a not in layout.split_axes
             )
             if holds:
                 index = block(rt.rank, layout, self.mesh, target.shape)
@@ -378,7 +385,7 @@ class PipelineStep:
         per_member = []
         for position, member in enumerate(st.members):
             values = [
-                piece(t.detach(), layout, self.mesh, member)
+                piece(t.detach(), layout, self.mesh, member).to(self._device)
                 for t, layout in zip(targets, arg_layouts[: len(targets)], strict=True)
             ]
             grads = [st.grads[p][position].unsqueeze(0) for p in owned]
@@ -400,7 +407,7 @@ class PipelineStep:
                 module, lowered.name, self.mesh, per_member, lowered.kernel_runner(), st.members
             )
         return [
-            (target, block(member, layout, self.mesh, target.shape), value)
+            (target, block(member, layout, self.mesh, target.shape), value.to(target.device))
             for member, outputs in zip(st.members, results, strict=True)
             for target, value, layout in zip(targets, outputs, out_layouts, strict=True)
         ]
@@ -416,11 +423,13 @@ class PipelineStep:
                 continue
             for microbatch in st.metrics:
                 for values in microbatch:
-                    totals += torch.stack([v.double() for v in values])
+                    totals += torch.stack([v.double().cpu() for v in values])
         if processes:
             rt = distributed.runtime()
             try:
-                tdist.all_reduce(totals)
+                on_device = totals.to(rt.device)
+                tdist.all_reduce(on_device)
+                totals = on_device.cpu()
             except Exception as error:
                 raise distributed._failure(rt, "summing the pipeline's metrics", error) from None
         means = (totals / (members * compiled.microbatches)).float()
