@@ -200,7 +200,7 @@ class TritonKernels:
     ) -> tuple[CompiledKernel, list[Any], list[torch.Tensor]]:
         """The compiled kernel to launch, its arguments and the (new) output tensors; on
         CUDA with autotuning, the first call of a kernel tunes it on these arguments."""
-        device = inputs[0].device if inputs else torch.device("cpu")
+        device = inputs[0].device if inputs else _device_without_inputs()
         if kernel.kernel_name not in self.signatures:  # reading types is slow: once per kernel
             results = [(tuple(r.type.get_shape()), _torch_dtype(r.type)) for r in kernel.results]  # type: ignore[attr-defined]
             self.signatures[kernel.kernel_name] = (results, position_axes(kernel))
@@ -244,3 +244,10 @@ def _is_torch_view(kernel: schedule.KernelOp) -> bool:
     return is_view(kernel) and all(
         isinstance(o, (graph.ReshapeOp, graph.SliceOp, schedule.YieldOp)) for o in body
     )
+
+
+def _device_without_inputs() -> torch.device:
+    """Where a kernel without inputs (a constant) runs: the GPU when Triton compiles for
+    one (not interpreted), else the CPU."""
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return torch.device("cuda") if torch.cuda.is_available() and not interpreted else torch.device("cpu")
