@@ -276,6 +276,11 @@ class TrainingStep:
                 f"{self.__name__} expects a TrainState (from {self.__name__}.init(params)) "
                 f"first, found {type(state).__name__}"
             )
+        if self.pp_axis is not None:
+            raise TesseraError(
+                f"{self.__name__} is pipelined over {self.pp_axis!r}: it compiles into stage "
+                f"programs, not one program; inspect {self.__name__}.pipeline().compiled(state, batch)"
+            )
         jitted, layouts = self._compiled(state, len(batch))
         lowered = jitted.lower(state.params, state.opt_state, *batch)
         lowered.model_states = lambda: self._model_states(lowered, state, layouts)

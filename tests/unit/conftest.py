@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 from hypothesis import settings
 
@@ -25,3 +26,15 @@ os.environ.setdefault("TESSERA_KERNELS", "reference")
 settings.register_profile("tessera", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "tessera")
+
+
+@pytest.fixture(autouse=True)
+def _restore_schedule_options():
+    """A test (or a README block run in process) that sets a process-wide schedule option
+    (``schedule.pipeline_microbatches``, ``schedule.all_reduce_overlap``) must not leak it
+    into the next test."""
+    from tessera import schedule
+
+    saved = schedule.current()
+    yield
+    schedule._current = saved

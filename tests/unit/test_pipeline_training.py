@@ -188,6 +188,8 @@ def test_pipeline_errors_name_the_problem() -> None:
     )  # fmt: skip
     with pytest.raises(ShardingError, match="over the pipeline axis 'pp'; stages own whole parameters"):
         bad(bad.init({"w0": torch.randn(16, 16)}), torch.randn(4, 16))
+    with pytest.raises(TesseraError, match=r"is pipelined over 'pp': it compiles into stage programs"):
+        step.lower(state, torch.randn(8, 16), torch.randn(8, 16))
     with pytest.raises(TesseraError, match="expects a count >= 1"):
         schedule.pipeline_microbatches(0)
 
