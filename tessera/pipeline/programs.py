@@ -56,7 +56,6 @@ class Program:
     name: str
     lowered: Lowered
     inputs: list[tuple]
-    output_count: int
 
     def layouts(self) -> tuple[list[Sharding], list[Sharding]]:
         """The local layouts of the arguments and results."""
@@ -311,7 +310,7 @@ class _StageCompiler:
             module, function, avals, shardings, self.mesh, self.kernels, self.options
         )
         inputs = [self.sources.get(v) or self.joint.kinds[v] for v in reads]
-        return Program(function, lowered, inputs, len(outs))
+        return Program(function, lowered, inputs)
 
     def save(self, program: Program, values: Sequence[SSAValue], first: int) -> None:
         """Makes ``values`` (outputs ``first``… of ``program``) readable by later programs."""

@@ -31,27 +31,26 @@ from tessera.pipeline.programs import Program, StagePrograms
 Values = list[list[torch.Tensor]]  # per member, the tensors of one message or output list
 
 
-@dataclass
 class Placement:
     """Where pipeline ranks live on the mesh."""
 
-    mesh: Mesh
-    pp_axis: str
-    ranks: int  # pipeline ranks (the pp axis size)
+    def __init__(self, mesh: Mesh, pp_axis: str, ranks: int):
+        self.mesh = mesh
+        self.pp_axis = pp_axis
+        self.ranks = ranks  # pipeline ranks (the pp axis size)
+        # each group varies only along pp: its members at pp = 0, 1, ...
+        self._line = {r: g for g in mesh.groups([pp_axis]) for r in g}
 
     def members(self, pipeline_rank: int) -> list[int]:
         """The mesh ranks at ``pipeline_rank`` along the pp axis, in rank order."""
-        return [
-            r for r in range(self.mesh.size) if self.mesh.coords(r)[self.pp_axis] == pipeline_rank
-        ]
+        return sorted(g[pipeline_rank] for g in self.mesh.groups([self.pp_axis]))
 
     def pipeline_rank(self, rank: int) -> int:
-        return self.mesh.coords(rank)[self.pp_axis]
+        return self._line[rank].index(rank)
 
     def peer(self, rank: int, pipeline_rank: int) -> int:
         """The mesh rank at ``pipeline_rank`` with ``rank``'s other coordinates."""
-        group = next(g for g in self.mesh.groups([self.pp_axis]) if rank in g)
-        return group[pipeline_rank]
+        return self._line[rank][pipeline_rank]
 
 
 @dataclass
@@ -66,9 +65,6 @@ class RankState:
     grads: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # param -> per member
     metrics: list[Values] = field(default_factory=list)  # last stage: per microbatch
     sends: list[object] = field(default_factory=list)  # isend works to wait for
-
-
-ArgumentSource = Callable[[RankState, tuple, int, int], list[torch.Tensor]]
 
 
 class PipelineExecutor:

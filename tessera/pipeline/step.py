@@ -122,7 +122,7 @@ class PipelineStep:
         step = self.step
         name = step.__name__
         layouts = step._layouts(leaves, tree).compute
-        for layout, path in zip(layouts, range(len(leaves)), strict=True):
+        for path, layout in enumerate(layouts):
             if self.pp_axis in layout.split_axes:
                 raise ShardingError(
                     f"{name}: param_shardings split parameter {path} over the pipeline axis "
@@ -167,15 +167,15 @@ class PipelineStep:
         ir = pipeline_op(kind, self.ranks, m, virtual, actions)
         ir.verify()
         lists = actions_of(ir)
+        grad_layouts: dict[int, Sharding] = {}
+        for s in stages:
+            for position, p in enumerate(s.params):
+                grad_layouts.setdefault(p, s.param_grad_layouts[position])
         updates, update_params = [], []
         for rank in range(self.ranks):
             owned = sorted(
                 {p for s in stages if A.rank_of(s.index, self.ranks) == rank for p in s.params}
             )
-            grad_layouts = {}
-            for s in stages:
-                for position, p in enumerate(s.params):
-                    grad_layouts.setdefault(p, s.param_grad_layouts[position])
             updates.append(
                 self._update_program(state, leaves, owned, layouts, grad_layouts, m, kernels)
             )
@@ -296,30 +296,17 @@ class PipelineStep:
         return type(state)(params, opt_state, state.step)
 
     def _prepare_groups(self, compiled: CompiledPipeline, rt: distributed.Runtime) -> None:
-        """Creates every process group any stage program uses, on every rank in one order
-        (``new_group`` is collective over the whole world)."""
-        modules = [
-            p.lowered.module_at("schedule")
+        """Creates the process groups of every stage and update program on every rank, in
+        the same order everywhere (``new_group`` is collective over the whole world),
+        before ranks start running different programs."""
+        programs = [
+            p.lowered
             for s in compiled.stages
             for p in (s.forward, s.backward, s.backward_input, s.backward_weight)
-            if p
+            if p is not None
         ]
-        modules += [u.module_at("schedule") for u in compiled.updates]
-        from tessera.ir import graph as graph_ir
-        from tessera.ir import schedule as schedule_ir
-
-        needed = sorted(
-            {
-                tuple(o.attrs()["axes"])
-                for module in modules
-                for o in module.walk()
-                if isinstance(o, (graph_ir.CollectiveOp, schedule_ir.StartOp))
-            }
-        )
-        for axes in needed:
-            rt.group(self.mesh, axes)
-        for module in modules:
-            rt.prepare(module, self.mesh)
+        for lowered in [*programs, *compiled.updates]:
+            rt.prepare(lowered.module_at("schedule"), self.mesh)
 
     def _sum_shared_grads(
         self, compiled: CompiledPipeline, states: list[RankState], processes: bool
