@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, UnitAttr
 from xdsl.ir import Attribute, BlockArgument, SSAValue
@@ -28,6 +27,7 @@ from tessera.backends import distributed, schedule_runner
 from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.layout import assemble, piece, scatter
 from tessera.backends.reference import check_index_inputs, run_function
+from tessera.driver import KERNEL_BACKENDS, STAGES, CompileConfig, pipeline_string, run_stage
 from tessera.dist.collectives import MESH_SYMBOL, shard
 from tessera.dist.mesh import Mesh
 from tessera.dist.shard_spec import ShardSpec
@@ -35,23 +35,14 @@ from tessera.dist.tensor import DistTensor
 from tessera.dtypes import as_dtype
 from tessera.errors import ExecutionError, ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
-from tessera.frontend.tracer import Tensor, Trace, tracing
+from tessera.frontend.tracer import Tensor, Trace, current_trace, is_tracing, tracing
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.graph import DONATED
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_sharding, op_shardings
-from tessera.passes import get_all_passes
 from tessera.passes.plan_memory import peak_bytes
 from tessera.schedule import ScheduleOptions
 
-STAGES = ("graph", "sharded", "partitioned", "schedule", "tile")
-_STAGE_PASSES = {  # each stage runs its passes on a copy of the previous stage
-    "sharded": ["shard-propagate", "insert-collectives"],
-    "partitioned": ["shard-partition"],
-    "schedule": [],  # from the program's ScheduleOptions
-    "tile": ["lower-schedule-to-tile"],
-}
-KERNEL_BACKENDS = ("triton", "reference")
 INDEXED_OPS = (graph.GatherOp, graph.CrossEntropyOp)  # inputs range-checked before a kernel
 
 
@@ -111,26 +102,41 @@ class Lowered:
         module: ModuleOp,
         signature: Signature,
         out_tree: pytree.TreeDef,
-        mesh: Mesh | None = None,
-        kernels: str = "triton",
-        schedule_options: ScheduleOptions | None = None,
+        config: CompileConfig,
     ):
         self.name = name
-        self.module = module
+        self.module = module  # as traced
         self.signature = signature
         self.out_tree = out_tree
-        self.mesh = mesh
-        self.kernels = kernels
-        self.schedule_options = schedule_options or ScheduleOptions()
-        self._stages: dict[str, ModuleOp] = {"graph": module}
+        self.config = config
+        self._stages: dict[str, ModuleOp] = {"traced": module}
         self._runner: schedule_runner.KernelRunner | None = None
         self._layout_cache: tuple[list[Sharding], list[Sharding]] | None = None
         self.last_run: distributed.RunRecord | None = None  # set by multi-process calls
         # set by graph.training_step: the per-rank bytes of parameters, gradients, state
         self.model_states: Callable[[], ModelStateMemory] | None = None
 
+    @property
+    def mesh(self) -> Mesh | None:
+        return self.config.mesh
+
+    @property
+    def kernels(self) -> str:
+        return self.config.kernels
+
+    @property
+    def schedule_options(self) -> ScheduleOptions:
+        return self.config.schedule
+
+    def pipeline(self, *stages: str) -> str:
+        """The passes that compile this program (or only ``stages``' passes), as a
+        ``tessera-opt -p`` string: ``tessera-opt`` given the text of the stage before the
+        first of ``stages`` reproduces the text of the last."""
+        return pipeline_string(self.config, stages or STAGES[1:])
+
     def as_text(self, stage: str = "graph") -> str:
-        """The IR at ``stage``: ``"graph"`` (traced, global shapes), ``"sharded"`` (every
+        """The IR at ``stage``: ``"traced"`` (as traced), ``"graph"`` (cleaned up by
+        canonicalize, cse and dce; global shapes), ``"sharded"`` (every
         value annotated with its sharding, collectives inserted), ``"partitioned"``
         (the per-rank program, local shapes), ``"schedule"`` (kernels, collective
         start/wait pairs, buffer offsets) or ``"tile"`` (the schedule plus one
@@ -175,17 +181,8 @@ class Lowered:
         if stage not in STAGES:
             raise TesseraError(f"unknown or not yet available stage {stage!r}; available: {STAGES}")
         if stage not in self._stages:
-            passes = get_all_passes()
-            module = self.module_at(STAGES[STAGES.index(stage) - 1]).clone()
-            flags = (
-                self.schedule_options.passes()
-                if stage == "schedule"
-                else [(flag, {}) for flag in _STAGE_PASSES[stage]]
-            )
-            for flag, options in flags:
-                passes[flag]()(**options).apply(Context(), module)
-            module.verify()
-            self._stages[stage] = module
+            previous = self.module_at(STAGES[STAGES.index(stage) - 1])
+            self._stages[stage] = run_stage(stage, previous, self.config)
         return self._stages[stage]
 
     def memory(self) -> MemoryStats:
@@ -232,7 +229,8 @@ class Lowered:
         device = _kernel_device(arrays, self.kernels)
         inputs = [_to_torch(a, aval, device) for a, aval in zip(arrays, expected, strict=True)]
         if self.mesh is None and self.kernels == "reference":
-            outputs = [_unaliased(o, inputs) for o in run_function(self.module, self.name, inputs)]
+            module = self.module_at("graph")
+            outputs = [_unaliased(o, inputs) for o in run_function(module, self.name, inputs)]
         else:
             outputs = self._run_on_virtual_mesh(inputs)
         home = _home_device(arrays)
@@ -407,6 +405,11 @@ class JitFunction:
         leaves, treedef = pytree.flatten((marked, kwargs))
         keys = []
         for leaf in leaves:
+            if isinstance(leaf, Tensor):
+                raise TraceError(
+                    f"{self.__name__}.lower() got a traced tensor {leaf.aval}; inside traced "
+                    f"code call the function itself"
+                )
             if _is_array(leaf):
                 keys.append(_abstract(leaf))
             else:
@@ -474,9 +477,45 @@ class JitFunction:
         return self._cache[key]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if is_tracing():  # called from traced code: inlined into the caller's program
+            return self._inline(args, kwargs)
         lowered = self.lower(*args, **kwargs)
         leaves, _ = pytree.flatten((args, kwargs))
         return lowered.run(leaves)
+
+    def _body(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """What the program computes, traced on the current trace (``ts.grad`` adds the
+        backward pass)."""
+        return self.fn(*args, **kwargs)
+
+    def _inline(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Traces the function into the program being traced, as ``jax.jit`` inside
+        ``jax.jit`` does: the outer function's options govern the whole program; this
+        function's shardings become sharding constraints on its arguments and results."""
+        trace = current_trace()
+        if self.mesh is not None and trace.mesh != self.mesh:
+            where = f"{trace.mesh}" if trace.mesh is not None else "no mesh"
+            raise ShardingError(
+                f"{self.__name__} is compiled for {self.mesh} but is called from a function "
+                f"traced with {where}; give the outer ts.jit the same mesh"
+            )
+        if self.in_shardings is not None:
+            specs = self.in_shardings
+            if not isinstance(specs, (tuple, list)):
+                specs = (specs,) * len(args)
+            if len(specs) != len(args):
+                raise ShardingError(
+                    f"{self.__name__}: in_shardings has {len(specs)} entries for "
+                    f"{len(args)} positional arguments"
+                )
+            args = tuple(
+                _constrain(arg, spec, f"in_shardings[{i}]")
+                for i, (arg, spec) in enumerate(zip(args, specs, strict=True))
+            )
+        result = self._body(args, kwargs)
+        if self.out_shardings is not None:
+            result = _constrain(result, self.out_shardings, "out_shardings")
+        return result
 
     def _trace(self, signature: Signature) -> Lowered:
         self.trace_count += 1
@@ -491,7 +530,7 @@ class JitFunction:
         ]
         args, kwargs = pytree.unflatten(signature.treedef, leaves)
         with tracing(trace):
-            result = self.fn(*args, **kwargs)
+            result = self._body(args, kwargs)
             out_leaves, out_tree = pytree.flatten(result)
             if self.out_shardings is not None:
                 specs = _broadcast_prefix(self.out_shardings, out_tree, "out_shardings")
@@ -515,15 +554,8 @@ class JitFunction:
             for index, s in enumerate(shardings)
         ]
         module = trace.finish(out_leaves, arg_attrs)
-        return Lowered(
-            trace.name,
-            module,
-            signature,
-            out_tree,
-            self.mesh,
-            self.kernels or default_kernels(),
-            schedule.current(),
-        )
+        config = CompileConfig(self.mesh, self.kernels or default_kernels(), schedule.current())
+        return Lowered(trace.name, module, signature, out_tree, config)
 
     def _donated_leaves(self, signature: Signature) -> set[int]:
         """Indices (among the array arguments) of the leaves of ``donate_argnums``."""
@@ -625,6 +657,20 @@ def jit(
     if inspect.isclass(fn):
         raise TesseraError("ts.jit expects a function, found a class")
     return JitFunction(fn, nums, **options)
+
+
+def _constrain(value: Any, specs: Any, what: str) -> Any:
+    """``value`` (a pytree) with each traced tensor constrained to its spec in ``specs``
+    (a pytree prefix of ``value`` of ``dist.ShardSpec`` or None)."""
+    leaves, tree = pytree.flatten(value)
+    per_leaf = _broadcast_prefix(specs, tree, what)
+    return pytree.unflatten(
+        tree,
+        [
+            shard(leaf, spec) if spec is not None and isinstance(leaf, Tensor) else leaf
+            for leaf, spec in zip(leaves, per_leaf, strict=True)
+        ],
+    )
 
 
 def _broadcast_prefix(prefix: Any, tree: pytree.TreeDef, what: str) -> list[Any]:

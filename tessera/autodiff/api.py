@@ -1,10 +1,16 @@
-"""``ts.grad`` and ``ts.value_and_grad``: compiled gradients of a scalar-valued function.
+"""``ts.grad`` and ``ts.value_and_grad``: gradients of a scalar-valued function.
 
 Like JAX's: ``argnums`` picks the positional arguments to differentiate (an int gives
 that argument's gradient, a tuple a tuple of them), each argument may be a pytree of
-arrays (e.g. a dict of parameters) and its gradient has the same structure. The
-function is traced once per signature, the ``autodiff`` pass appends the backward
-program, and the whole program compiles and runs like any ``ts.jit`` function.
+arrays (e.g. a dict of parameters) and its gradient has the same structure; with
+``has_aux=True`` the function returns ``(loss, aux)`` and ``aux`` is passed through.
+
+A gradient function is a transform of traced code: called inside traced code
+(``ts.jit(ts.grad(f))``, or a ``ts.grad`` inside a ``@ts.jit`` model) it traces ``f``
+into the caller's program and appends the backward ops (the ops' VJPs, as the
+``autodiff`` pass does); called on arrays it is compiled like any ``ts.jit`` function,
+whose options (``mesh``, ``in_shardings``, ...) it accepts. Ops that only compute a loss
+the caller drops are removed by the compile pipeline's ``dce``.
 """
 
 from __future__ import annotations
@@ -12,100 +18,160 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from xdsl.dialects import func
-from xdsl.dialects.builtin import FunctionType
+from xdsl.ir import Operation
+from xdsl.rewriter import InsertPoint
 
-from tessera.compiled import JitFunction, Lowered, Signature
+from tessera.autodiff.builder import GradBuilder
+from tessera.compiled import JitFunction, _is_array
 from tessera.errors import TesseraError, TraceError
 from tessera.frontend import pytree
-from tessera.ir.abstract import AbstractTensor
-from tessera.passes.autodiff import differentiate
+from tessera.frontend.tracer import Tensor, Trace, current_trace
+from tessera.ir import graph
+from tessera.passes.autodiff import backprop
 
 
 class GradFunction(JitFunction):
-    """A JitFunction whose program returns gradients (and the value, if asked)."""
+    """A function returning the gradients of ``fn`` (and its value, if asked)."""
 
     def __init__(
-        self, fn: Callable[..., Any], argnums: int | Sequence[int], with_value: bool, **options: Any
+        self,
+        fn: Callable[..., Any],
+        argnums: int | Sequence[int],
+        with_value: bool,
+        has_aux: bool = False,
+        **options: Any,
     ):
         super().__init__(fn, **options)
         self.argnums = argnums
         self.with_value = with_value
+        self.has_aux = has_aux
 
-    def _trace(self, signature: Signature) -> Lowered:
-        lowered = super()._trace(signature)
-        if lowered.out_tree.num_leaves != 1:
-            raise TraceError(
-                f"{self.__name__} must return one scalar (the loss) to be differentiated, "
-                f"found {lowered.out_tree.num_leaves} outputs"
-            )
-        positional = signature.treedef.children[0].children
+    def _body(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        trace = current_trace()
+        positional = list(args)
         nums = (self.argnums,) if isinstance(self.argnums, int) else tuple(self.argnums)
-        wrt: list[int] = []
-        structures = []
+        wrt: list[Tensor] = []
+        structures: list[tuple[pytree.TreeDef, list[bool]]] = []
+        seen: set[int] = set()
         for num in nums:
             if not -len(positional) <= num < len(positional):
                 raise TesseraError(
-                    f"argnums {num} is out of range for {len(positional)} positional arguments"
+                    f"argnums {num} is out of range for {len(positional)} positional arguments "
+                    f"of {self.__name__}"
                 )
             num %= len(positional)
-            start = sum(child.num_leaves for child in positional[:num])
-            leaves = signature.leaves[start : start + positional[num].num_leaves]
-            if not any(isinstance(leaf, AbstractTensor) for leaf in leaves):
+            leaves, tree = pytree.flatten(positional[num])
+            differentiated = [_is_array(leaf) or isinstance(leaf, Tensor) for leaf in leaves]
+            if not any(differentiated):
                 raise TesseraError(
                     f"argument {num} of {self.__name__} has no arrays to differentiate"
                 )
-            first = sum(isinstance(leaf, AbstractTensor) for leaf in signature.leaves[:start])
-            index = first
-            marks = []
-            for leaf in leaves:
-                if isinstance(leaf, AbstractTensor):
-                    if not leaf.dtype.is_float:
-                        raise TesseraError(
-                            f"argument {num} of {self.__name__} holds {leaf}; only float arrays have gradients"
-                        )
-                    wrt.append(index)
-                    index += 1
-                    marks.append(0)
-                else:
-                    marks.append(None)
-            structures.append(pytree.unflatten(positional[num], marks))
-        function = next(
-            op
-            for op in lowered.module.ops
-            if isinstance(op, func.FuncOp) and op.sym_name.data == lowered.name
-        )
-        try:
-            differentiate(function, wrt)
-        except TesseraError as error:
-            raise type(error)(f"{self.__name__}: {error}") from None
-        if not self.with_value:  # drop the loss
-            ret = function.body.block.last_op
-            assert isinstance(ret, func.ReturnOp)
-            ret.operands = list(ret.operands)[1:]
-            function.function_type = FunctionType.from_lists(
-                [a.type for a in function.args], [v.type for v in ret.operands]
+            leaves = [
+                _fresh(trace, leaf, seen, num, self.__name__) if marked else leaf
+                for leaf, marked in zip(leaves, differentiated, strict=True)
+            ]
+            wrt += [leaf for leaf, marked in zip(leaves, differentiated, strict=True) if marked]
+            structures.append((tree, differentiated))
+            positional[num] = pytree.unflatten(tree, leaves)
+        before = trace.block.last_op
+        result = self.fn(*positional, **kwargs)
+        loss, aux = self._split_result(result, trace)
+        grads = iter(
+            backprop(
+                _ops_after(trace, before),
+                loss.value,
+                [t.value for t in wrt],
+                GradBuilder(InsertPoint.at_end(trace.block)),
+                self.__name__,
             )
-        lowered.module.verify()
-        grads = structures[0] if isinstance(self.argnums, int) else tuple(structures)
-        tree = (0, grads) if self.with_value else grads
-        return Lowered(
-            lowered.name,
-            lowered.module,
-            signature,
-            pytree.flatten(tree)[1],
-            lowered.mesh,
-            lowered.kernels,
         )
+        per_argument = [
+            pytree.unflatten(
+                tree, [Tensor(trace, next(grads)) if marked else None for marked in differentiated]
+            )
+            for tree, differentiated in structures
+        ]
+        gradients = per_argument[0] if isinstance(self.argnums, int) else tuple(per_argument)
+        if self.with_value:
+            return (loss, aux) if self.has_aux else loss, gradients
+        return (gradients, aux) if self.has_aux else gradients
+
+    def _split_result(self, result: Any, trace: Trace) -> tuple[Tensor, Any]:
+        """The loss (checked to be a float scalar of this trace) and the aux value."""
+        aux = None
+        if self.has_aux:
+            if not isinstance(result, (tuple, list)) or len(result) != 2:
+                raise TraceError(
+                    f"{self.__name__} was differentiated with has_aux=True, so it must return "
+                    f"a pair (loss, aux); found {type(result).__name__}"
+                )
+            result, aux = result
+        if not isinstance(result, Tensor):
+            leaves, _ = pytree.flatten(result)
+            hint = "; to return more, use has_aux=True and return (loss, aux)"
+            raise TraceError(
+                f"{self.__name__} must return one scalar (the loss) to be differentiated, "
+                f"found {len(leaves)} outputs" + (hint if len(leaves) > 1 else "")
+            )
+        if result.trace is not trace:
+            raise TraceError(f"{self.__name__} returned a tensor from another traced function")
+        if result.aval.shape != () or not result.aval.dtype.is_float:
+            raise TraceError(
+                f"{self.__name__}: the loss must be a float scalar to be differentiated, "
+                f"found {result.aval}"
+            )
+        return result, aux
+
+
+def _fresh(trace: Trace, leaf: Any, seen: set[int], num: int, name: str) -> Tensor:
+    """``leaf`` as a tensor of ``trace`` that no other differentiated leaf shares (an
+    argument given twice gets a copy, so each position has its own gradient)."""
+    tensor = leaf if isinstance(leaf, Tensor) else _constant(leaf)
+    if tensor.trace is not trace:
+        raise TraceError(f"argument {num} of {name} is a tensor of another traced function")
+    if not tensor.dtype.is_float:
+        raise TesseraError(
+            f"argument {num} of {name} holds {tensor.aval}; only float arrays have gradients"
+        )
+    if id(tensor.value) in seen:
+        (tensor,) = trace.bind(graph.ReshapeOp, [tensor], shape=tensor.shape)
+    seen.add(id(tensor.value))
+    return tensor
+
+
+def _constant(array: Any) -> Tensor:
+    from tessera import op
+
+    return op.constant(array)
+
+
+def _ops_after(trace: Trace, before: Operation | None) -> list[Operation]:
+    """The ops traced after ``before`` (all of them when it is None)."""
+    op = trace.block.first_op if before is None else before.next_op
+    ops = []
+    while op is not None:
+        ops.append(op)
+        op = op.next_op
+    return ops
 
 
 def value_and_grad(
-    fn: Callable[..., Any], argnums: int | Sequence[int] = 0, **options: Any
+    fn: Callable[..., Any],
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+    **options: Any,
 ) -> GradFunction:
-    """``f(*args) -> (loss, gradients)``; ``options`` are :func:`tessera.jit`'s."""
-    return GradFunction(fn, argnums, with_value=True, **options)
+    """``f(*args) -> (loss, gradients)`` (``((loss, aux), gradients)`` with
+    ``has_aux``); ``options`` are :func:`tessera.jit`'s."""
+    return GradFunction(fn, argnums, with_value=True, has_aux=has_aux, **options)
 
 
-def grad(fn: Callable[..., Any], argnums: int | Sequence[int] = 0, **options: Any) -> GradFunction:
-    """``f(*args) -> gradients`` of a scalar-valued ``fn``; ``options`` are :func:`tessera.jit`'s."""
-    return GradFunction(fn, argnums, with_value=False, **options)
+def grad(
+    fn: Callable[..., Any],
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+    **options: Any,
+) -> GradFunction:
+    """``f(*args) -> gradients`` of a scalar-valued ``fn`` (``(gradients, aux)`` with
+    ``has_aux``); ``options`` are :func:`tessera.jit`'s."""
+    return GradFunction(fn, argnums, with_value=False, has_aux=has_aux, **options)

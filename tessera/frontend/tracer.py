@@ -132,6 +132,11 @@ def tracing(trace: Trace):
         _active.pop()
 
 
+def is_tracing() -> bool:
+    """Whether a function is being traced (an op called now is recorded)."""
+    return bool(_active)
+
+
 def current_trace() -> Trace:
     if not _active:
         raise TraceError(
@@ -303,4 +308,12 @@ def _op() -> Any:
     return op
 
 
-__all__ = ["Tensor", "TesseraError", "Trace", "current_trace", "tracing", "user_location"]
+__all__ = [
+    "Tensor",
+    "TesseraError",
+    "Trace",
+    "current_trace",
+    "is_tracing",
+    "tracing",
+    "user_location",
+]

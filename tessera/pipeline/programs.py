@@ -35,6 +35,7 @@ from tessera.autodiff.builder import GradBuilder
 from tessera.compiled import Lowered, Signature
 from tessera.dist.collectives import MESH_SYMBOL, shard
 from tessera.dist.mesh import Mesh
+from tessera.driver import CompileConfig
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, tracing
 from tessera.ir.abstract import AbstractTensor, aval
@@ -237,7 +238,7 @@ def _lowered(
     _, tree = pytree.flatten((tuple(range(len(avals))), {}))
     signature = Signature(tree, tuple(avals), tuple(shardings))
     _, out_tree = pytree.flatten(())
-    return Lowered(name, module, signature, out_tree, mesh, kernels, options)
+    return Lowered(name, module, signature, out_tree, CompileConfig(mesh, kernels, options))
 
 
 def stage_programs(
