@@ -27,11 +27,11 @@ from tessera.backends import distributed, schedule_runner
 from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.layout import assemble, piece, scatter
 from tessera.backends.reference import check_index_inputs, run_function
-from tessera.driver import KERNEL_BACKENDS, STAGES, CompileConfig, pipeline_string, run_stage
 from tessera.dist.collectives import MESH_SYMBOL, shard
 from tessera.dist.mesh import Mesh
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dist.tensor import DistTensor
+from tessera.driver import KERNEL_BACKENDS, STAGES, CompileConfig, pipeline_string, run_stage
 from tessera.dtypes import as_dtype
 from tessera.errors import ExecutionError, ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
