@@ -25,7 +25,14 @@ from xdsl.ir import Attribute, BlockArgument, SSAValue
 from tessera import schedule
 from tessera.backends import distributed, schedule_runner
 from tessera.backends.collective_info import CollectiveInfo, collectives
-from tessera.backends.layout import assemble, piece, scatter
+from tessera.backends.execution import (
+    Execution,
+    Processes,
+    VirtualMesh,
+    execution_for,
+    kernel_device,
+)
+from tessera.backends.layout import assemble, piece
 from tessera.backends.reference import check_index_inputs, run_function
 from tessera.dist.collectives import MESH_SYMBOL, shard
 from tessera.dist.mesh import Mesh
@@ -214,6 +221,10 @@ class Lowered:
         return self.run(leaves)
 
     def run(self, leaves: Sequence[Any]) -> Any:
+        """Runs the program on the array ``leaves`` of a call (global values, or
+        ``dist.tensor`` pieces): on the virtual mesh the global results come back; in a
+        multi-process job each result is this rank's
+        :class:`~tessera.backends.distributed.LocalResult`."""
         arrays = [leaf for leaf in leaves if _is_array(leaf)]
         expected, found = self._input_avals(), [_abstract(a) for a in arrays]
         if found != expected:
@@ -222,24 +233,21 @@ class Lowered:
                 f"found {', '.join(map(str, found)) or 'none'}"
             )
         to_numpy = any(isinstance(a, (np.ndarray, np.generic)) for a in arrays)
-        if self.mesh is not None and distributed.launched():
-            return pytree.unflatten(
-                self.out_tree, self._run_on_processes(arrays, expected, to_numpy)
-            )
-        device = _kernel_device(arrays, self.kernels)
-        inputs = [_to_torch(a, aval, device) for a, aval in zip(arrays, expected, strict=True)]
-        if self.mesh is None and self.kernels == "reference":
+        if self.mesh is None and self.kernels == "reference":  # the oracle: no schedule
+            inputs = [_to_torch(a, aval) for a, aval in zip(arrays, expected, strict=True)]
             module = self.module_at("graph")
             outputs = [_unaliased(o, inputs) for o in run_function(module, self.name, inputs)]
         else:
-            outputs = self._run_on_virtual_mesh(inputs)
+            outputs = self._execute(arrays, expected, to_numpy)
+            if outputs and isinstance(outputs[0], distributed.LocalResult):
+                return pytree.unflatten(self.out_tree, outputs)
         home = _home_device(arrays)
         outputs = [o.to(home) for o in outputs]
         results = [o.numpy() if to_numpy and o.dtype != torch.bfloat16 else o for o in outputs]
         return pytree.unflatten(self.out_tree, results)
 
-    def _layouts(self) -> tuple[list[Sharding], list[Sharding]]:
-        """The shardings of the partitioned function's arguments and results (computed once)."""
+    def layouts(self) -> tuple[list[Sharding], list[Sharding]]:
+        """The per-rank layouts of the program's arguments and results (computed once)."""
         if self._layout_cache is None:
             module = self.module_at("partitioned")
             function = next(
@@ -254,68 +262,55 @@ class Lowered:
             self._layout_cache = (args, results)
         return self._layout_cache
 
-    def _run_on_virtual_mesh(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Slices the global inputs per rank (as the partitioned program's arguments are
-        laid out), runs every rank's scheduled program and assembles the global outputs
-        from the ranks' pieces."""
-        mesh = self.mesh or Mesh(("device",), (1,))
-        arg_layouts, out_layouts = self._layouts()
-        if self.mesh is None:
-            rank_args = [list(inputs)]
-        else:
-            pieces = [
-                scatter(x, layout, mesh) for x, layout in zip(inputs, arg_layouts, strict=True)
-            ]
-            rank_args = [[p[rank] for p in pieces] for rank in range(mesh.size)]
-        per_rank = schedule_runner.run_virtual(
-            self.module_at("schedule"), self.name, mesh, rank_args, self.kernel_runner()
-        )
-        outputs = []
-        for index, sharding in enumerate(out_layouts):
-            if self.mesh is None:
-                outputs.append(_unaliased(per_rank[0][index], inputs))
-            else:
-                outputs.append(assemble([ranks[index] for ranks in per_rank], sharding, mesh))
-        return outputs
-
-    def _run_on_processes(
+    def _execute(
         self, arrays: Sequence[Any], avals: Sequence[AbstractTensor], to_numpy: bool
-    ) -> list[distributed.LocalResult]:
-        """Runs this process's rank (a multi-process run): global arguments are cut to
-        this rank's piece, ``dist.tensor`` arguments give their local shard, and every
-        output comes back as a :class:`~tessera.backends.distributed.LocalResult`."""
-        assert self.mesh is not None
-        rt = distributed.runtime()
-        rt.check_mesh(self.mesh)
-        partitioned = self.module_at("partitioned")  # the layouts of arguments and results
-        function = next(
-            o
-            for o in partitioned.ops
-            if isinstance(o, func.FuncOp) and o.sym_name.data == self.name
-        )
-        local = []
-        for index, (array, aval) in enumerate(zip(arrays, avals, strict=True)):
-            sharding = arg_sharding(function, index) or Sharding.replicated(len(aval.shape))
+    ) -> list[Any]:
+        """Cuts the arguments into the pieces of the ranks this process runs (as the
+        partitioned program lays them out; a ``dist.tensor`` gives its own pieces), runs
+        the scheduled program, and puts the results back together: global values on the
+        virtual mesh, this rank's :class:`~tessera.backends.distributed.LocalResult`
+        under a launcher."""
+        mesh = self.mesh or Mesh(("device",), (1,))
+        if self.mesh is None:
+            execution: Execution = VirtualMesh(mesh, kernel_device(arrays, self.kernels))
+        else:
+            execution = execution_for(mesh, arrays, self.kernels)
+        arg_layouts, out_layouts = self.layouts()
+        wholes = [
+            None if isinstance(a, DistTensor) else _to_torch(a, aval, execution.device)
+            for a, aval in zip(arrays, avals, strict=True)
+        ]
+
+        def argument(index: int, rank: int) -> torch.Tensor:
+            array, aval = arrays[index], avals[index]
             if isinstance(array, DistTensor):
-                value = array.local(rt.rank)
+                value = array.local(rank)
                 value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-                local.append(value.detach().to(device=rt.device, dtype=aval.dtype.to_torch()))
+                value = value.detach().to(dtype=aval.dtype.to_torch())
+            elif self.mesh is None:
+                value = wholes[index]
             else:
-                whole = _to_torch(array, aval)
-                local.append(piece(whole, sharding, self.mesh, rt.rank).to(rt.device))
-        outputs, self.last_run = distributed.run_rank(
-            self.module_at("schedule"), self.name, self.mesh, local, rt, self.kernel_runner()
+                value = piece(wholes[index], arg_layouts[index], mesh, rank)
+            return value.to(execution.device)
+
+        rank_args = [[argument(i, rank) for i in range(len(arrays))] for rank in execution.ranks]
+        per_rank = execution.run(
+            self.module_at("schedule"), self.name, rank_args, self.kernel_runner()
         )
-        returned = function.body.block.last_op.operands
+        if isinstance(execution, Processes):
+            self.last_run = execution.last_run
+            (local,), (outputs,) = rank_args, per_rank
+            return [
+                distributed.LocalResult(
+                    _unaliased(o, local).cpu(), layout, mesh, execution.runtime.rank, to_numpy
+                )
+                for o, layout in zip(outputs, out_layouts, strict=True)
+            ]
+        if self.mesh is None:
+            return [_unaliased(o, rank_args[0]) for o in per_rank[0]]
         return [
-            distributed.LocalResult(
-                _unaliased(o, local).cpu(),
-                _value_sharding(function, value),
-                self.mesh,
-                rt.rank,
-                to_numpy,
-            )
-            for o, value in zip(outputs, returned, strict=True)
+            assemble([ranks[index] for ranks in per_rank], layout, mesh)
+            for index, layout in enumerate(out_layouts)
         ]
 
     def _input_avals(self) -> list[AbstractTensor]:
@@ -329,14 +324,6 @@ def _value_sharding(function: func.FuncOp, value: SSAValue) -> Sharding:
     else:
         found = (op_shardings(value.owner) or [None] * (value.index + 1))[value.index]
     return found or Sharding.replicated(AbstractTensor.from_xdsl(value.type).rank)
-
-
-def _kernel_device(arrays: Sequence[Any], kernels: str) -> torch.device:
-    """Where kernels run: the GPU when there is one (Triton kernels), else the CPU."""
-    if kernels == "triton" and torch.cuda.is_available():
-        on_gpu = [a.device for a in arrays if isinstance(a, torch.Tensor) and a.is_cuda]
-        return on_gpu[0] if on_gpu else torch.device("cuda")
-    return torch.device("cpu")
 
 
 def _home_device(arrays: Sequence[Any]) -> torch.device:
@@ -444,7 +431,7 @@ class JitFunction:
         per_leaf: list[ShardSpec | None] = []
         for index, arg in enumerate(args):
             _, tree = pytree.flatten(arg)
-            per_leaf += _broadcast_prefix(
+            per_leaf += broadcast_prefix(
                 specs[index] if specs else None, tree, f"in_shardings[{index}]"
             )
         per_leaf += [None] * (len(leaves) - len(per_leaf))  # keyword arguments: open
@@ -533,7 +520,7 @@ class JitFunction:
             result = self._body(args, kwargs)
             out_leaves, out_tree = pytree.flatten(result)
             if self.out_shardings is not None:
-                specs = _broadcast_prefix(self.out_shardings, out_tree, "out_shardings")
+                specs = broadcast_prefix(self.out_shardings, out_tree, "out_shardings")
                 out_leaves = [
                     shard(leaf, spec) if spec is not None and isinstance(leaf, Tensor) else leaf
                     for leaf, spec in zip(out_leaves, specs, strict=True)
@@ -663,7 +650,7 @@ def _constrain(value: Any, specs: Any, what: str) -> Any:
     """``value`` (a pytree) with each traced tensor constrained to its spec in ``specs``
     (a pytree prefix of ``value`` of ``dist.ShardSpec`` or None)."""
     leaves, tree = pytree.flatten(value)
-    per_leaf = _broadcast_prefix(specs, tree, what)
+    per_leaf = broadcast_prefix(specs, tree, what)
     return pytree.unflatten(
         tree,
         [
@@ -673,7 +660,7 @@ def _constrain(value: Any, specs: Any, what: str) -> Any:
     )
 
 
-def _broadcast_prefix(prefix: Any, tree: pytree.TreeDef, what: str) -> list[Any]:
+def broadcast_prefix(prefix: Any, tree: pytree.TreeDef, what: str) -> list[Any]:
     """One entry per leaf of ``tree``: a leaf of ``prefix`` applies to its whole subtree."""
     if prefix is None or isinstance(prefix, ShardSpec):
         return [prefix] * tree.num_leaves
@@ -688,13 +675,13 @@ def _broadcast_prefix(prefix: Any, tree: pytree.TreeDef, what: str) -> list[Any]
         return [
             x
             for p, child in zip(prefix, tree.children, strict=True)
-            for x in _broadcast_prefix(p, child, what)
+            for x in broadcast_prefix(p, child, what)
         ]
     if tree.kind == "dict" and isinstance(prefix, dict) and set(prefix) == set(tree.meta):
         return [
             x
             for key, child in zip(tree.meta, tree.children, strict=True)
-            for x in _broadcast_prefix(prefix[key], child, what)
+            for x in broadcast_prefix(prefix[key], child, what)
         ]
     raise ShardingError(f"{what} does not match the structure of the values it describes")
 

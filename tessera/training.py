@@ -54,7 +54,7 @@ import torch
 from tessera.backends import distributed
 from tessera.backends.distributed import LocalResult
 from tessera.backends.layout import block
-from tessera.compiled import JitFunction, Lowered, MemoryStats, ModelStateMemory, _broadcast_prefix
+from tessera.compiled import JitFunction, Lowered, MemoryStats, ModelStateMemory, broadcast_prefix
 from tessera.dist.collectives import shard
 from tessera.dist.mesh import Mesh
 from tessera.dist.shard_spec import ShardSpec
@@ -92,7 +92,7 @@ _active_params: list[Any] = []
 
 
 @contextmanager
-def _training_params(params: Any) -> Iterator[None]:
+def training_params(params: Any) -> Iterator[None]:
     _active_params.append(params)
     try:
         yield
@@ -104,7 +104,7 @@ _forward_only_losses: list[list[Tensor]] = []
 
 
 @contextmanager
-def _forward_only() -> Iterator[list[Tensor]]:
+def forward_only() -> Iterator[list[Tensor]]:
     """While tracing a pipelined step's forward: ``graph.backward`` records its loss
     (yielded) instead of differentiating."""
     recorded: list[Tensor] = []
@@ -344,7 +344,7 @@ class TrainingStep:
         if self.mesh is None:
             whole = [Sharding.replicated(len(s)) for s in shapes]
             return _Layouts(whole, whole, whole, whole)
-        specs = _broadcast_prefix(self.param_shardings, tree, "param_shardings")
+        specs = broadcast_prefix(self.param_shardings, tree, "param_shardings")
         compute = []
         for spec, shape, path in zip(specs, shapes, _paths(tree), strict=True):
             name = f"parameter {path} of {self.__name__}"
@@ -387,7 +387,7 @@ class TrainingStep:
             stored = pytree.flatten(params)[0]
             # ZeRO-3: gather each parameter once, at the start, for the forward and backward
             used = pytree.unflatten(tree, constrain(stored, layouts.stored, layouts.compute))
-            with _training_params(used):
+            with training_params(used):
                 returned = user_fn(used, *batch)
             if not (isinstance(returned, tuple) and len(returned) == 2):
                 raise TraceError(
@@ -427,7 +427,7 @@ class TrainingStep:
             )
 
         # the layouts the compiled program really gives its arguments
-        arg_layouts, _ = lowered._layouts()
+        arg_layouts, _ = lowered.layouts()
         count = len(param_leaves)
         stored = arg_layouts[:count]
         state_layouts = arg_layouts[count : count + len(state_leaves)]

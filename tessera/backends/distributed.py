@@ -226,7 +226,7 @@ class Runtime:
         try:
             tdist.all_gather(pieces, local)
         except Exception as error:
-            raise _failure(self, what, error) from None
+            raise failure(self, what, error) from None
         return [p.cpu() for p in pieces]
 
     def check_same_program(self, module: ModuleOp, name: str) -> None:
@@ -244,7 +244,7 @@ class Runtime:
         try:
             tdist.all_gather_object(everyone, described)
         except Exception as error:
-            raise _failure(self, "exchanging collective sequences", error) from None
+            raise failure(self, "exchanging collective sequences", error) from None
         raise DistributedError(
             f"@{name}: the ranks run different programs: {_first_difference(everyone)}"
         )
@@ -305,7 +305,7 @@ def _first_line(error: BaseException) -> str:
     return line.split(". This is typically")[0]  # gloo's advice to check the remote logs
 
 
-def _failure(rt: Runtime, what: str, error: BaseException) -> DistributedError:
+def failure(rt: Runtime, what: str, error: BaseException) -> DistributedError:
     return DistributedError(
         f"rank {rt.rank}: {what} failed: another rank failed, exited or did not reach it within "
         f"the timeout of {rt.timeout:g} s (TESSERA_TIMEOUT) [{type(error).__name__}: {_first_line(error)}]"
@@ -616,7 +616,7 @@ def run_rank(
         try:
             issued.work.wait()  # type: ignore[attr-defined]
         except Exception as error:
-            raise _failure(rt, what, error) from None
+            raise failure(rt, what, error) from None
         if timeline and handle in timed:
             start, began, done = timed.pop(handle)
             done.set(timeline.now(rt.device))  # type: ignore[attr-defined]
@@ -649,7 +649,7 @@ def run_rank(
                 except TesseraError:
                     raise
                 except Exception as error:
-                    raise _failure(
+                    raise failure(
                         rt, f"{_kind(op)} over {list(op.attrs()['axes'])}", error
                     ) from None
                 if isinstance(issued, _Pending):

@@ -60,7 +60,7 @@ class Program:
 
     def layouts(self) -> tuple[list[Sharding], list[Sharding]]:
         """The local layouts of the arguments and results."""
-        return self.lowered._layouts()
+        return self.lowered.layouts()
 
 
 @dataclass

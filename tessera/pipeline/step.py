@@ -29,9 +29,10 @@ import torch
 import torch.distributed as tdist
 
 from tessera import op, schedule
-from tessera.backends import distributed, schedule_runner
+from tessera.backends import distributed
+from tessera.backends.execution import Execution, execution_for
 from tessera.backends.layout import block, piece
-from tessera.compiled import JitFunction, _kernel_device, default_kernels
+from tessera.compiled import JitFunction, default_kernels
 from tessera.dist.shard_spec import ShardSpec
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
@@ -76,7 +77,7 @@ class PipelineStep:
         self.placement = Placement(self.mesh, pp_axis, self.ranks)
         self._cache: dict[Any, CompiledPipeline] = {}
         self._latest: CompiledPipeline | None = None  # the last step's (for gather)
-        self._device = torch.device("cpu")  # where the last step's kernels ran
+        self._execution: Execution | None = None  # where the last step ran
 
     # --- compilation ----------------------------------------------------------------------
 
@@ -117,7 +118,7 @@ class PipelineStep:
     ) -> CompiledPipeline:  # fmt: skip
         from tessera.pipeline.ir import actions_of, pipeline_op
         from tessera.pipeline.schedules import pipeline_schedule
-        from tessera.training import _forward_only, _training_params
+        from tessera.training import forward_only, training_params
 
         step = self.step
         name = step.__name__
@@ -135,7 +136,7 @@ class PipelineStep:
         args = list(trace.block.args)
         params = pytree.unflatten(tree, [Tensor(trace, a) for a in args[: len(leaves)]])
         batch = [Tensor(trace, a) for a in args[len(leaves) :]]
-        with tracing(trace), _forward_only() as recorded, _training_params(params):
+        with tracing(trace), forward_only() as recorded, training_params(params):
             returned = step.fn(params, *batch)
         if not (isinstance(returned, tuple) and len(returned) == 2) or not recorded:
             raise TraceError(f"{name} must return (graph.backward(loss), metrics)")
@@ -220,9 +221,9 @@ class PipelineStep:
         rows = [t.shape[0] // (self.dp * m) for t in tensors]
         dp_axis = self.step.dp_axis
 
-        processes = distributed.launched()
         kernels = self.step.kernels or default_kernels()
-        device = distributed.runtime().device if processes else _kernel_device(leaves, kernels)
+        execution = self._execution = execution_for(mesh, leaves, kernels)
+        processes, device = execution.processes, execution.device
 
         def param_piece(index: int, rank: int) -> torch.Tensor:
             return piece(leaves[index].detach(), layouts[index], mesh, rank).to(device)
@@ -232,7 +233,6 @@ class PipelineStep:
             start = (d * m + mb) * rows[index]
             return tensors[index][start : start + rows[index]].to(device)
 
-        self._device = device
         executor = PipelineExecutor(
             compiled.stages, self.placement, param_piece, batch_piece, processes
         )
@@ -270,7 +270,7 @@ class PipelineStep:
                 continue
             subset = _state_subset(optimizer, state.opt_state, len(param_leaves), owned)
             targets = [param_leaves[i] for i in owned] + pytree.flatten(subset)[0]
-            arg_layouts = compiled.updates[rank]._layouts()[0]
+            arg_layouts = compiled.updates[rank].layouts()[0]
             for target, layout in zip(targets, arg_layouts, strict=False):
                 layouts.setdefault(id(target), (target, rank, layout))
         coords = self.mesh.coords(rt.rank)
@@ -288,7 +288,7 @@ class PipelineStep:
             try:
                 tdist.all_reduce(contribution)
             except Exception as error:
-                raise distributed._failure(rt, "gathering the pipeline's state", error) from None
+                raise distributed.failure(rt, "gathering the pipeline's state", error) from None
             gathered[key] = contribution
         params = pytree.unflatten(tree, [gathered.get(id(x), x) for x in param_leaves])
         state_leaves, state_tree = pytree.flatten(state.opt_state)
@@ -359,6 +359,8 @@ class PipelineStep:
     ) -> list[tuple[torch.Tensor, tuple[slice, ...], torch.Tensor]]:
         """Runs pipeline rank ``st``'s update program; returns the writes of the new values
         of its parameters and optimizer state (the members' pieces) into ``state``."""
+        execution = self._execution
+        assert execution is not None
         owned = compiled.update_params[st.pipeline_rank]
         if not owned:
             return []
@@ -367,32 +369,24 @@ class PipelineStep:
         state_leaves = pytree.flatten(
             _state_subset(self.step.optimizer, state.opt_state, len(param_leaves), owned)
         )[0]
-        arg_layouts, out_layouts = lowered._layouts()
+        arg_layouts, out_layouts = lowered.layouts()
         targets = [param_leaves[i] for i in owned] + state_leaves
         per_member = []
         for position, member in enumerate(st.members):
             values = [
-                piece(t.detach(), layout, self.mesh, member).to(self._device)
+                piece(t.detach(), layout, self.mesh, member).to(execution.device)
                 for t, layout in zip(targets, arg_layouts[: len(targets)], strict=True)
             ]
             grads = [st.grads[p][position].unsqueeze(0) for p in owned]
             per_member.append(values + grads)
-        module = lowered.module_at("schedule")
-        if processes:
-            outputs, _ = distributed.run_rank(
-                module,
-                lowered.name,
-                self.mesh,
-                per_member[0],
-                None,
-                lowered.kernel_runner(),
-                check_program=False,
-            )
-            results = [outputs]
-        else:
-            results = schedule_runner.run_virtual(
-                module, lowered.name, self.mesh, per_member, lowered.kernel_runner(), st.members
-            )
+        results = execution.run(
+            lowered.module_at("schedule"),
+            lowered.name,
+            per_member,
+            lowered.kernel_runner(),
+            ranks=st.members,
+            check_program=False,
+        )
         return [
             (target, block(member, layout, self.mesh, target.shape), value.to(target.device))
             for member, outputs in zip(st.members, results, strict=True)
@@ -418,7 +412,7 @@ class PipelineStep:
                 tdist.all_reduce(on_device)
                 totals = on_device.cpu()
             except Exception as error:
-                raise distributed._failure(rt, "summing the pipeline's metrics", error) from None
+                raise distributed.failure(rt, "summing the pipeline's metrics", error) from None
         means = (totals / (members * compiled.microbatches)).float()
         return pytree.unflatten(compiled.metric_tree, list(means[1:]))
 
