@@ -21,11 +21,15 @@ uses (its tp shard), n = dp and t = tp, bytes received under ring algorithms:
 - ZeRO-3: all_gather of the parameters (once, kept for the backward) and reduce_scatter
   of the gradients, 2(n-1)/n Ψ;
 - TP: per layer two all-reduces of the activations [B/dp, T, C] in the forward and two
-  of their gradients in the backward (Megatron-LM, section 3), 4 L 2(t-1)/t B/dp T C b;
+  of their gradients in the backward (Megatron-LM, section 3), except the gradient of
+  the first layer's input, which a step does not need (the input is data: ``dce``
+  removes it). Its layer norm's weight and bias gradients, partial over tp, are
+  all-reduced instead (their dp shard from ZeRO-2 on):
+  (4L - 1) 2(t-1)/t B/dp T C b + 2 2(t-1)/t C b / (n if ZeRO >= 2 else 1);
 - every step also all-reduces the f32 loss over dp, 2(n-1)/n 4 bytes.
 
-With tp nothing else is all-reduced: each layer norm's weight and bias gradients are
-computed from the all-reduced activation gradient, as in Megatron-LM
+With tp nothing else is all-reduced: every other layer norm's weight and bias gradients
+are computed from the all-reduced activation gradient, as in Megatron-LM
 (``tessera/ir/reduction_points.py``).
 
 It checks each sharded step against the same step on one device (the updated
@@ -182,7 +186,12 @@ def measure_training(
     per_rank = sum(v.numel() * 4 / (tp if k[:2] in ("wq", "wk", "wv", "wo", "w1", "w2") else 1) for k, v in params.items())
     n, t = dp, tp
     dp_factor = {0: 2, 1: 3, 2: 2, 3: 2}[zero] * (n - 1) / n
-    formula = dp_factor * per_rank + 2 * (n - 1) / n * 4 + 4 * layers * 2 * (t - 1) / t * (batch // dp) * seq * dim * 4
+    tp_factor = 2 * (t - 1) / t
+    activations = (4 * layers - 1) * tp_factor * (batch // dp) * seq * dim * 4
+    # the first layer norm's weight and bias gradients; from ZeRO-2 on, reduce-scattered
+    # over dp before the all-reduce over tp
+    norm_grads = 2 * tp_factor * dim * 4 / (n if zero >= 2 else 1)
+    formula = dp_factor * per_rank + 2 * (n - 1) / n * 4 + activations + norm_grads
     kinds = ", ".join(f"{c}× {k}[{','.join(a)}]" for (k, a), c in sorted(Counter((i.kind, i.mesh_axes) for i in infos).items()))
     return {
         "mesh": f"dp={dp} × tp={tp}", "zero": zero, "collectives": kinds, "received": received(infos),
