@@ -101,8 +101,25 @@ def stage_passes(stage: str, config: CompileConfig) -> list[PassSpec]:
     if stage == "traced":
         return []
     if stage == "schedule":
-        return [PassSpec.of(flag, options) for flag, options in config.schedule.passes()]
+        return _schedule_passes(config.schedule)
     return [PassSpec.of(flag) for flag in _FIXED_STAGE_PASSES[stage]]
+
+
+def _schedule_passes(options: ScheduleOptions) -> list[PassSpec]:
+    """The passes that lower a partitioned program to its schedule, as ``options`` ask."""
+    passes: list[PassSpec] = []
+    if options.overlap and options.collective_matmul:
+        chunking = {"chunks": options.collective_matmul_chunks, "topology": options.topology}
+        passes.append(PassSpec.of("collective-matmul", chunking))
+    if options.bucket_bytes:
+        passes.append(PassSpec.of("bucket-gradients", {"bucket_bytes": options.bucket_bytes}))
+    passes.append(PassSpec.of("lower-graph-to-schedule"))
+    if options.overlap:
+        passes.append(PassSpec.of("overlap-comm"))
+    if options.collective_algorithms:
+        passes.append(PassSpec.of("choose-collective-algorithms", {"topology": options.topology}))
+    passes.append(PassSpec.of("plan-memory"))
+    return passes
 
 
 def pipeline_string(config: CompileConfig, stages: Sequence[str] = STAGES[1:]) -> str:

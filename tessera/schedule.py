@@ -55,22 +55,6 @@ class ScheduleOptions:
     pipeline_schedule: str = "1f1b"
     pipeline_virtual: int = 1
 
-    def passes(self) -> list[tuple[str, dict[str, Any]]]:
-        """The passes (flag, options) that lower a partitioned program to its schedule."""
-        passes: list[tuple[str, dict[str, Any]]] = []
-        if self.overlap and self.collective_matmul:
-            options = {"chunks": self.collective_matmul_chunks, "topology": self.topology}
-            passes.append(("collective-matmul", options))
-        if self.bucket_bytes:
-            passes.append(("bucket-gradients", {"bucket_bytes": self.bucket_bytes}))
-        passes.append(("lower-graph-to-schedule", {}))
-        if self.overlap:
-            passes.append(("overlap-comm", {}))
-        if self.collective_algorithms:
-            passes.append(("choose-collective-algorithms", {"topology": self.topology}))
-        passes.append(("plan-memory", {}))
-        return passes
-
 
 _current = ScheduleOptions()
 

@@ -214,8 +214,13 @@ def test_bad_force_name() -> None:
 
 
 def test_schedule_options_run_the_pass() -> None:
+    from tessera.driver import CompileConfig, stage_passes
+
+    def passes(options: schedule.ScheduleOptions) -> list:
+        return stage_passes("schedule", CompileConfig(schedule=options))
+
     options = schedule.ScheduleOptions()
-    flags = [flag for flag, _ in options.passes()]
+    flags = [spec.flag for spec in passes(options)]
     assert flags == [
         "bucket-gradients",
         "lower-graph-to-schedule",
@@ -223,9 +228,9 @@ def test_schedule_options_run_the_pass() -> None:
         "choose-collective-algorithms",
         "plan-memory",
     ]
-    assert options.passes()[3][1] == {"topology": "dgx_h100"}
+    assert dict(passes(options)[3].options) == {"topology": "dgx_h100"}
     off = schedule.ScheduleOptions(collective_algorithms=False)
-    assert "choose-collective-algorithms" not in [flag for flag, _ in off.passes()]
+    assert "choose-collective-algorithms" not in [spec.flag for spec in passes(off)]
 
 
 def test_jit_on_two_nodes_runs_hierarchical_with_the_flat_result() -> None:

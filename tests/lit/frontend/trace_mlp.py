@@ -34,7 +34,7 @@ def zeros(*shape: int) -> np.ndarray:
 # CHECK-NEXT: %[[Y:.*]] = graph.matmul %[[G]], %[[W2]] : tensor<16x256xf32>, tensor<256x10xf32> -> tensor<16x10xf32>{{$}}
 # CHECK-NEXT: %[[P:.*]] = graph.softmax %[[Y]] {axis = 1} : tensor<16x10xf32>{{$}}
 # CHECK-NEXT: func.return %[[P]] : tensor<16x10xf32>{{$}}
-print(mlp.lower(zeros(16, 64), zeros(64, 256), zeros(256), zeros(256, 10)).as_text("graph"))
+print(mlp.lower(zeros(16, 64), zeros(64, 256), zeros(256), zeros(256, 10)).as_text("traced"))
 print("// -----")
 
 # The same function traced for another signature (torch bf16 arrays, batch 8, and a static
@@ -49,4 +49,4 @@ print("// -----")
 # CHECK-NEXT: func.return %[[P]] : tensor<8x10xbf16>{{$}}
 shapes = [(8, 64), (64, 256), (256,), (256, 10)]
 args = [torch.zeros(shape, dtype=torch.bfloat16) for shape in shapes]
-print(mlp.lower(*args, approximate="tanh").as_text("graph"))
+print(mlp.lower(*args, approximate="tanh").as_text("traced"))

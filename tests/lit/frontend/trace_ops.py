@@ -22,7 +22,7 @@ modules: list[str] = []
 
 def show(fn: ts.JitFunction, *args: object) -> None:
     """Records fn's Graph IR for the example arguments (printed at the end)."""
-    modules.append(fn.lower(*args).as_text("graph"))
+    modules.append(fn.lower(*args).as_text("traced"))
 
 
 # reshape (with -1), .T, transpose, basic slicing (a strided slice; an integer index is a
