@@ -22,6 +22,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, UnitAttr
 from xdsl.ir import Attribute, BlockArgument, SSAValue
 
+from tessera import op as _op_library  # noqa: F401 (gives traced tensors their operators)
 from tessera import schedule
 from tessera.backends import distributed, schedule_runner
 from tessera.backends.collective_info import CollectiveInfo, collectives

@@ -18,22 +18,19 @@ optimizer and the synchronisation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from xdsl.rewriter import InsertPoint
 
 from tessera.autodiff.builder import GradBuilder
+from tessera.dist.mesh import Mesh
 from tessera.errors import TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, current_trace, user_location
 from tessera.passes.autodiff import backprop
-from tessera.training import (
-    TrainingStep,
-    TrainState,
-    active_params,
-    forward_only_loss,
-    training_step,
-)
+from tessera.pipeline.step import PipelinedTrainingStep
+from tessera.training import TrainingStep, TrainState, active_params, forward_only_loss
 
 __all__ = ["TrainState", "TrainingStep", "backward", "stage", "training_step"]
 
@@ -82,3 +79,36 @@ def backward(loss: Tensor, params: Any = None) -> Any:
         "graph.backward",
     )
     return pytree.unflatten(tree, [Tensor(trace, g) for g in grads])
+
+
+def training_step(
+    fn: Callable[..., Any] | None = None,
+    *,
+    optimizer: Any,
+    mesh: Mesh | None = None,
+    param_shardings: Any = None,
+    batch_shardings: Any = None,
+    zero: int = 0,
+    dp_axis: str = "dp",
+    kernels: str | None = None,
+    module: str | None = None,
+    pp_axis: str = "pp",
+) -> Any:
+    """Compiles ``fn(params, *batch) -> (grads, metrics)`` into a training step with the
+    ``optimizer``'s update (see :mod:`tessera.training`). ``param_shardings`` is a
+    pytree prefix of ``dist.ShardSpec`` for the parameters (their tensor-parallel
+    layout), ``batch_shardings`` one spec per batch argument (default: dim 0 over
+    ``dp_axis``), ``zero`` the ZeRO stage, ``module`` the program's name. On a mesh with
+    ``pp_axis`` the step is pipelined (:mod:`tessera.pipeline.step`)."""
+    options = {
+        "optimizer": optimizer, "mesh": mesh, "param_shardings": param_shardings,
+        "batch_shardings": batch_shardings, "zero": zero, "dp_axis": dp_axis,
+        "kernels": kernels, "module": module, "pp_axis": pp_axis,
+    }  # fmt: skip
+    pipelined = mesh is not None and pp_axis in mesh.axis_names
+    kind = PipelinedTrainingStep if pipelined else TrainingStep
+
+    def build(f: Callable[..., Any]) -> TrainingStep:
+        return kind(f, **options)
+
+    return build if fn is None else build(fn)

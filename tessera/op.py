@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr
 
 from tessera.dtypes import DType, as_dtype, promote
 from tessera.errors import ShapeError, TraceError
-from tessera.frontend.tracer import Tensor, current_trace, user_location
+from tessera.frontend.tracer import Tensor, current_trace, register_operators, user_location
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.dense import dense_from_numpy
@@ -532,3 +533,6 @@ gather = take
 def embedding(ids: Operand, table: Operand) -> Tensor:
     """Rows of ``table`` (``[vocab, dim]``) for integer ``ids`` (torch's argument order)."""
     return take(table, ids, axis=0)
+
+
+register_operators(sys.modules[__name__])  # traced tensors' operators (+, @, [], ...) call these

@@ -50,7 +50,7 @@ class ScheduleOptions:
     # mark collectives with the cost model's algorithm (choose-collective-algorithms)
     collective_algorithms: bool = True
     # pipelined training steps (a mesh with a pp axis): microbatches per step, the
-    # schedule (tessera.pipeline.schedules.SCHEDULE_KINDS) and model chunks per rank
+    # schedule (tessera.ir.pipeline_actions.SCHEDULE_KINDS) and model chunks per rank
     pipeline_microbatches: int = 1
     pipeline_schedule: str = "1f1b"
     pipeline_virtual: int = 1
@@ -91,7 +91,7 @@ def pipeline_microbatches(count: int, kind: str = "1f1b", virtual: int = 1) -> _
     """Pipelined training steps lowered from now split each batch into ``count``
     microbatches and run them with the ``kind`` schedule (``gpipe``, ``1f1b``,
     ``interleaved`` with ``virtual`` model chunks per pipeline rank, or ``zb-h1``)."""
-    from tessera.pipeline.schedules import SCHEDULE_KINDS
+    from tessera.ir.pipeline_actions import SCHEDULE_KINDS
 
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise TesseraError(f"schedule.pipeline_microbatches expects a count >= 1, found {count!r}")

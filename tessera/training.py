@@ -197,7 +197,6 @@ class TrainingStep:
                 f"training_step: a pipelined step splits the batch over {dp_axis!r} itself; "
                 f"drop batch_shardings"
             )
-        self._pipeline: Any = None
         self._jit: dict[tuple[pytree.TreeDef, int], tuple[JitFunction, _Layouts]] = {}
 
     # --- user API ---------------------------------------------------------------------------
@@ -219,8 +218,6 @@ class TrainingStep:
 
     def __call__(self, state: TrainState, *batch: Any) -> Any:
         """Runs one step: updates ``state`` in place and returns the metrics."""
-        if self.pp_axis is not None:
-            return self.pipeline()(state, *batch)
         lowered = self.lower(state, *batch)
         new_params, new_opt_state, metrics = lowered(state.params, state.opt_state, *batch)
         with torch.no_grad():
@@ -237,17 +234,11 @@ class TrainingStep:
         return metrics
 
     def pipeline(self) -> Any:
-        """The pipelined execution of this step (a mesh with the pipeline axis):
-        :class:`tessera.pipeline.step.PipelineStep`."""
-        if self.pp_axis is None:
-            raise TesseraError(
-                f"{self.__name__} is not pipelined: its mesh has no pipeline axis (pp_axis)"
-            )
-        if self._pipeline is None:
-            from tessera.pipeline.step import PipelineStep
-
-            self._pipeline = PipelineStep(self, self.pp_axis)
-        return self._pipeline
+        """The pipelined execution of this step; only steps on a mesh with a pipeline
+        axis have one (:class:`tessera.pipeline.step.PipelinedTrainingStep`)."""
+        raise TesseraError(
+            f"{self.__name__} is not pipelined: its mesh has no pipeline axis (pp_axis)"
+        )
 
     def gather(self, state: TrainState) -> TrainState:
         """The state with whole tensors on every process. Under ``tessera run`` each
@@ -256,8 +247,6 @@ class TrainingStep:
         processes it returns ``state`` itself."""
         if self.mesh is None or not distributed.launched():
             return state
-        if self.pp_axis is not None:
-            return self.pipeline().gather(state)
         _, layouts = self._compiled(state, 0)
         arg_layouts = [*layouts.stored, *layouts.opt_state]
         leaves, tree = pytree.flatten((state.params, state.opt_state))
@@ -275,11 +264,6 @@ class TrainingStep:
             raise TesseraError(
                 f"{self.__name__} expects a TrainState (from {self.__name__}.init(params)) "
                 f"first, found {type(state).__name__}"
-            )
-        if self.pp_axis is not None:
-            raise TesseraError(
-                f"{self.__name__} is pipelined over {self.pp_axis!r}: it compiles into stage "
-                f"programs, not one program; inspect {self.__name__}.pipeline().compiled(state, batch)"
             )
         jitted, layouts = self._compiled(state, len(batch))
         lowered = jitted.lower(state.params, state.opt_state, *batch)
@@ -451,32 +435,3 @@ def _paths(tree: pytree.TreeDef) -> list[str]:
 
     visit(tree, "")
     return paths
-
-
-def training_step(
-    fn: Callable[..., Any] | None = None,
-    *,
-    optimizer: Any,
-    mesh: Mesh | None = None,
-    param_shardings: Any = None,
-    batch_shardings: Any = None,
-    zero: int = 0,
-    dp_axis: str = "dp",
-    kernels: str | None = None,
-    module: str | None = None,
-    pp_axis: str = "pp",
-) -> Any:
-    """Compiles ``fn(params, *batch) -> (grads, metrics)`` into a training step with the
-    ``optimizer``'s update (see the module docstring). ``param_shardings`` is a pytree
-    prefix of ``dist.ShardSpec`` for the parameters (their tensor-parallel layout),
-    ``batch_shardings`` one spec per batch argument (default: dim 0 over ``dp_axis``),
-    ``zero`` the ZeRO stage, ``module`` the program's name. On a mesh with ``pp_axis``
-    the step is pipelined (:mod:`tessera.pipeline.step`)."""
-    options = {
-        "optimizer": optimizer, "mesh": mesh, "param_shardings": param_shardings,
-        "batch_shardings": batch_shardings, "zero": zero, "dp_axis": dp_axis,
-        "kernels": kernels, "module": module, "pp_axis": pp_axis,
-    }  # fmt: skip
-    if fn is None:
-        return lambda f: TrainingStep(f, **options)
-    return TrainingStep(fn, **options)

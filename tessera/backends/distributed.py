@@ -39,7 +39,6 @@ from types import TracebackType
 
 import torch
 import torch.distributed as tdist
-from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
@@ -553,19 +552,6 @@ def _issue(
     raise ExecutionError(f"the distributed backend cannot run {kind}")
 
 
-def scheduled(module: ModuleOp) -> ModuleOp:
-    """``module`` itself when its functions are scheduled, else a scheduled copy of it
-    (partitioned Graph IR lowered by ``lower-graph-to-schedule``)."""
-    from tessera.passes.lower_graph_to_schedule import LowerGraphToSchedulePass
-
-    top_level = (op for f in module.ops if isinstance(f, func.FuncOp) for op in f.body.ops)
-    if not any(isinstance(op, graph.GraphOp) for op in top_level):
-        return module
-    copy = module.clone()
-    LowerGraphToSchedulePass().apply(Context(), copy)
-    return copy
-
-
 def run_rank(
     module: ModuleOp,
     name: str,
@@ -575,9 +561,8 @@ def run_rank(
     kernel: KernelRunner = reference_kernel,
     check_program: bool = True,
 ) -> tuple[tuple[torch.Tensor, ...], RunRecord]:
-    """Runs this process's rank of the scheduled ``func.func @name`` (the Schedule IR;
-    partitioned Graph IR is scheduled first) on its local arguments; returns its local
-    results and a :class:`RunRecord`.
+    """Runs this process's rank of the scheduled ``func.func @name`` (the Schedule IR)
+    on its local arguments; returns its local results and a :class:`RunRecord`.
 
     Kernels run through the kernel interface of ``schedule_runner``; a
     ``schedule.start`` issues its collective with ``async_op=True`` and the matching
@@ -587,8 +572,12 @@ def run_rank(
     """
     rt = rt or runtime()
     rt.check_mesh(mesh)
-    module = scheduled(module)
     function: func.FuncOp = _function(module, name)
+    if any(isinstance(op, graph.GraphOp) for op in function.body.ops):
+        raise ExecutionError(
+            f"@{name} is not scheduled: run_rank runs the Schedule IR (lower the "
+            f"partitioned program with lower-graph-to-schedule first)"
+        )
     _check_mesh(module, mesh)
     avals = [AbstractTensor.from_xdsl(a.type) for a in function.args]
     if len(args) != len(avals):

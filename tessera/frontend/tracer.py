@@ -203,7 +203,7 @@ class Tensor:
     def __iter__(self) -> Any:
         return (self[i] for i in range(len(self)))
 
-    # Operators delegate to tessera.op (imported lazily: op imports this module).
+    # Operators delegate to tessera.op (see register_operators).
     def __add__(self, other: Any) -> Tensor:
         return _op().add(self, other)
 
@@ -302,10 +302,21 @@ class Tensor:
         return _op().min(self, axis=axis, keepdims=keepdims)
 
 
-def _op() -> Any:
-    from tessera import op
+_operators: Any = None  # the tessera.op module, which registers itself when imported
 
-    return op
+
+def register_operators(module: Any) -> None:
+    """Makes ``module`` (``tessera.op``) implement the traced tensor's operators. The op
+    library builds on this module, so it registers itself rather than being imported
+    here (``tessera.compiled`` imports it before tracing anything)."""
+    global _operators
+    _operators = module
+
+
+def _op() -> Any:
+    if _operators is None:
+        raise TraceError("tensor operators need tessera.op: import tessera.op first")
+    return _operators
 
 
 __all__ = [

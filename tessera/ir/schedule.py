@@ -28,7 +28,7 @@ its result is waited for) and *placement* (streams, buffers, microbatches, stage
   the graph op's shape rule and local (per-rank) semantics. Every handle is waited for
   exactly once; the wait of a ``send`` produces nothing. ``stream`` defaults to ``comm``.
   ``algorithm`` (optional, set by ``choose-collective-algorithms``) names how the
-  collective runs: one of ``tessera.perf.collective_cost.ALGORITHMS``; with
+  collective runs: one of :data:`ALGORITHMS`; with
   ``hierarchical`` (all_reduce, all_gather, reduce_scatter), ``domain`` is how many
   consecutive group members share an inner domain (it divides the group size, and
   ``2 <= domain < group size``). Like ``stream``, they are not in ``StartOp.attrs()``.
@@ -37,8 +37,8 @@ its result is waited for) and *placement* (streams, buffers, microbatches, stage
 - ``schedule.microbatch`` / ``schedule.stage``: regions for one microbatch ``index`` of
   ``count``, or one pipeline stage; they verify, print and parse (nothing lowers them yet).
 - ``schedule.pipeline`` / ``schedule.pipeline_rank`` / ``schedule.action``: a pipeline
-  schedule (``pipeline-schedule`` makes one; ``tessera.pipeline.ir`` converts it to and
-  from :class:`tessera.pipeline.actions.Action` lists). The pipeline holds one
+  schedule (``pipeline-schedule`` makes one; ``tessera.ir.pipeline_schedules`` converts it to and
+  from :class:`tessera.ir.pipeline_actions.Action` lists). The pipeline holds one
   ``pipeline_rank`` per rank, in rank order, each holding that rank's actions in the
   order it runs them; none has a terminator::
 
@@ -111,8 +111,12 @@ from xdsl.utils.exceptions import VerifyException
 
 from tessera.errors import TesseraError
 from tessera.ir import graph
+from tessera.ir import pipeline_actions as actions
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.attr_values import parse_properties, print_properties, to_python
+
+# how a collective runs (``algorithm`` of a start): the cost model prices each
+ALGORITHMS = ("ring", "tree", "hierarchical", "nvls")
 
 STREAMS = ("compute", "comm")
 
@@ -479,8 +483,6 @@ class StartOp(IRDLOperation):
             )
 
     def _verify_algorithm(self, what: str, group_size: int) -> None:
-        from tessera.perf.collective_cost import ALGORITHMS
-
         algorithm, domain = self.algorithm_name, self.domain_size
         if algorithm is None:
             raise VerifyException(f"{what}: a domain needs algorithm = hierarchical")
@@ -726,14 +728,6 @@ def kernel_body(arg_types: Sequence[Attribute]) -> Region:
 # --- pipeline schedules: what each pipeline rank runs, in order ---------------------------
 
 
-def _pipeline_actions() -> Any:
-    """``tessera.pipeline.actions``, imported when first needed (``tessera.pipeline``
-    builds on this dialect, so importing it at module load could be circular)."""
-    from tessera.pipeline import actions
-
-    return actions
-
-
 def _int(op: IRDLOperation, name: str) -> int:
     return op.properties[name].value.data  # type: ignore[attr-defined]
 
@@ -754,7 +748,7 @@ def _parse_body(parser: Parser) -> Region:
 class ActionOp(IRDLOperation):
     """One step of a pipeline rank: ``schedule.action <kind> {microbatch, stage[, peer]}``.
 
-    ``kind`` is one of ``tessera.pipeline.actions.ACTION_KINDS``; transfers (and only
+    ``kind`` is one of ``tessera.ir.pipeline_actions.ACTION_KINDS``; transfers (and only
     they) name their ``peer`` stage."""
 
     name = "schedule.action"
@@ -792,7 +786,6 @@ class ActionOp(IRDLOperation):
         return self.peer.value.data if self.peer is not None else None
 
     def verify_(self) -> None:
-        actions = _pipeline_actions()
         if self.kind_name not in actions.ACTION_KINDS:
             raise VerifyException(
                 f"schedule.action: kind must be one of {actions.ACTION_KINDS}, found {self.kind_name!r}"
@@ -952,7 +945,6 @@ class PipelineOp(IRDLOperation):
                 raise VerifyException(
                     f"{what}: expected the ranks in order, found index {rank_op.rank} at position {position}"
                 )
-        actions = _pipeline_actions()
         lists = []
         for rank_op in rank_ops:
             try:
@@ -987,7 +979,7 @@ class PipelineOp(IRDLOperation):
 def check_pipeline(
     lists: Sequence[Sequence[Any]], ranks: int, microbatches: int, virtual: int
 ) -> str | None:
-    """What is wrong with a schedule (one list of :class:`tessera.pipeline.actions.Action`
+    """What is wrong with a schedule (one list of :class:`tessera.ir.pipeline_actions.Action`
     per rank), as ``schedule.pipeline`` reports it, or None if nothing is.
 
     See the module docstring for the rules; messages name the rank and the action."""
@@ -1010,7 +1002,6 @@ def check_pipeline(
 
 def _check_action(action: Any, rank: int, ranks: int, microbatches: int, stages: int) -> str | None:
     """What is wrong with one action of ``rank``'s list, on its own."""
-    actions = _pipeline_actions()
     if not 0 <= action.microbatch < microbatches:
         return f"expected 0 <= microbatch < {microbatches}, found {action.microbatch}"
     if not 0 <= action.stage < stages:
@@ -1029,7 +1020,6 @@ def _check_action(action: Any, rank: int, ranks: int, microbatches: int, stages:
 
 def _check_transfers(position: dict[Any, tuple[int, int]], ranks: int) -> str | None:
     """Every send has its receive and every receive its send."""
-    actions = _pipeline_actions()
     for action, (rank, _) in position.items():
         if action.kind in _TRANSFERS:
             other_kind = _TRANSFERS[action.kind][0]
@@ -1045,7 +1035,6 @@ def _check_complete(
 ) -> str | None:
     """Every (microbatch, stage) is computed, forward and backward, and receives from its
     neighbour stages on other ranks what it needs."""
-    actions = _pipeline_actions()
     for microbatch in range(microbatches):
         for stage in range(stages):
             rank = actions.rank_of(stage, ranks)
@@ -1087,7 +1076,6 @@ def _check_order(
 ) -> str | None:
     """On its rank, what a (microbatch, stage) receives comes before the computation that
     needs it, what it sends after the one that makes it, its backward after its forward."""
-    actions = _pipeline_actions()
 
     def action(kind: str, microbatch: int, stage: int) -> Any:
         peer = stage + _TRANSFERS[kind][1] if kind in _TRANSFERS else None

@@ -3,7 +3,7 @@
 For every function holding ``schedule.stage`` regions (all of one ``count`` S: the model's
 pipeline stages), the pass builds the schedule ``kind`` of ``microbatches`` microbatches
 over ``ranks = S / virtual`` pipeline ranks (stage ``s`` on rank ``s % ranks``) with
-:func:`tessera.pipeline.schedules.pipeline_schedule`, and puts it, as a
+:func:`tessera.ir.pipeline_schedules.pipeline_schedule`, and puts it, as a
 ``schedule.pipeline`` op (see :mod:`tessera.ir.schedule`), just before the function's
 ``func.return``. A ``schedule.pipeline`` already there is replaced, so running the pass
 again with other options re-schedules::
@@ -41,7 +41,7 @@ class PipelineSchedulePass(ModulePass):
     virtual: int = 1
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        from tessera.pipeline.schedules import SCHEDULE_KINDS
+        from tessera.ir.pipeline_actions import SCHEDULE_KINDS
 
         if self.kind not in SCHEDULE_KINDS:
             raise TesseraError(
@@ -73,8 +73,7 @@ class PipelineSchedulePass(ModulePass):
                 f"stages per rank"
             )
         ranks = stages // self.virtual
-        from tessera.pipeline.ir import pipeline_op
-        from tessera.pipeline.schedules import pipeline_schedule
+        from tessera.ir.pipeline_schedules import pipeline_op, pipeline_schedule
 
         try:
             actions = pipeline_schedule(self.kind, ranks, self.microbatches, self.virtual)

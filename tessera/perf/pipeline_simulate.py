@@ -1,6 +1,6 @@
 """Simulates pipeline schedules: per-rank action lists run literally, in order.
 
-Each rank executes its list (``tessera.pipeline.actions``) one action after another:
+Each rank executes its list (``tessera.ir.pipeline_actions``) one action after another:
 
 - a computation starts when the rank is free and takes the time of its stage
   (``forward_s``, ``backward_input_s``, ``backward_weight_s``; a full ``backward`` takes
@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.errors import TesseraError
-from tessera.perf.trace import COMPUTE, Event, chrome_trace, save_json
-from tessera.pipeline.actions import (
+from tessera.ir.pipeline_actions import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
@@ -40,6 +39,7 @@ from tessera.pipeline.actions import (
     Action,
     rank_of,
 )
+from tessera.perf.trace import COMPUTE, Event, chrome_trace, save_json
 
 P2P = "p2p"
 StageTimes = float | Sequence[float]

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as tdist
 
-from tessera.backends import distributed, schedule_runner
+from tessera.backends import distributed
+from tessera.backends.execution import Execution
 from tessera.dist.mesh import Mesh
 from tessera.errors import DistributedError, ExecutionError
-from tessera.pipeline import actions as A
+from tessera.ir import pipeline_actions as A
 from tessera.pipeline.programs import Program, StagePrograms
 
 Values = list[list[torch.Tensor]]  # per member, the tensors of one message or output list
@@ -76,13 +77,14 @@ class PipelineExecutor:
         placement: Placement,
         params: Callable[[int, int], torch.Tensor],
         batch: Callable[[int, int, int], torch.Tensor],
-        processes: bool,
+        execution: Execution,
     ):
         self.stages = stages
         self.placement = placement
         self.params = params  # (param index, mesh rank) -> local piece
         self.batch = batch  # (batch index, microbatch, mesh rank) -> local microbatch
-        self.processes = processes
+        self.execution = execution
+        self.processes = execution.processes
         self.mesh = placement.mesh
 
     # --- running programs -----------------------------------------------------------------
@@ -93,15 +95,13 @@ class PipelineExecutor:
             for member in state.members
         ]
         lowered = program.lowered
-        module = lowered.module_at("schedule")
-        if self.processes:
-            outputs, _ = distributed.run_rank(
-                module, program.name, self.mesh, per_member[0], None,
-                lowered.kernel_runner(), check_program=False,
-            )  # fmt: skip
-            return [list(outputs)]
-        results = schedule_runner.run_virtual(
-            module, program.name, self.mesh, per_member, lowered.kernel_runner(), state.members
+        results = self.execution.run(
+            lowered.module_at("schedule"),
+            program.name,
+            per_member,
+            lowered.kernel_runner(),
+            ranks=state.members,
+            check_program=False,
         )
         return [list(r) for r in results]
 

@@ -21,7 +21,7 @@ over microbatches and data-parallel ranks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,17 +37,17 @@ from tessera.dist.shard_spec import ShardSpec
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, tracing
+from tessera.ir import pipeline_actions as A
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.sharding import Sharding
 from tessera.perf.topology import load_topology
-from tessera.pipeline import actions as A
 from tessera.pipeline.programs import StagePrograms, stage_programs
 from tessera.pipeline.runtime import PipelineExecutor, Placement, RankState
 from tessera.pipeline.split import balanced_cuts, plan_stages
+from tessera.training import TrainingStep, TrainState, forward_only, training_params
 
 if TYPE_CHECKING:
     from tessera.compiled import Lowered
-    from tessera.training import TrainingStep, TrainState
 
 
 @dataclass
@@ -116,9 +116,7 @@ class PipelineStep:
         self, state: TrainState, tree: pytree.TreeDef, leaves: list[torch.Tensor],
         batch_avals: list[AbstractTensor], m: int, kind: str, virtual: int, options: Any,
     ) -> CompiledPipeline:  # fmt: skip
-        from tessera.pipeline.ir import actions_of, pipeline_op
-        from tessera.pipeline.schedules import pipeline_schedule
-        from tessera.training import forward_only, training_params
+        from tessera.ir.pipeline_schedules import actions_of, pipeline_op, pipeline_schedule
 
         step = self.step
         name = step.__name__
@@ -234,7 +232,7 @@ class PipelineStep:
             return tensors[index][start : start + rows[index]].to(device)
 
         executor = PipelineExecutor(
-            compiled.stages, self.placement, param_piece, batch_piece, processes
+            compiled.stages, self.placement, param_piece, batch_piece, execution
         )
         if processes:
             rt = distributed.runtime()
@@ -448,3 +446,28 @@ def _state_subset(optimizer: Any, opt_state: Any, count: int, owned: list[int]) 
         picked.append(queues[slot][taken.get(slot, 0)])
         taken[slot] = taken.get(slot, 0) + 1
     return pytree.unflatten(subset_tree, picked)
+
+
+class PipelinedTrainingStep(TrainingStep):
+    """A training step on a mesh with a pipeline axis: each call runs the pipelined
+    schedule of its stage programs (:class:`PipelineStep`) instead of one program."""
+
+    def __init__(self, fn: Callable[..., Any], **options: Any):
+        super().__init__(fn, **options)
+        assert self.pp_axis is not None
+        self._pipeline = PipelineStep(self, self.pp_axis)
+
+    def __call__(self, state: TrainState, *batch: Any) -> Any:
+        return self._pipeline(state, *batch)
+
+    def pipeline(self) -> PipelineStep:
+        return self._pipeline
+
+    def gather(self, state: TrainState) -> TrainState:
+        return self._pipeline.gather(state)
+
+    def lower(self, state: TrainState, *batch: Any) -> Lowered:
+        raise TesseraError(
+            f"{self.__name__} is pipelined over {self.pp_axis!r}: it compiles into stage "
+            f"programs, not one program; inspect {self.__name__}.pipeline().compiled(state, batch)"
+        )

@@ -10,10 +10,7 @@ from itertools import pairwise
 import pytest
 
 from tessera.errors import TesseraError
-from tessera.perf.pipeline_simulate import simulate_pipeline
-from tessera.perf.trace import COMPUTE
-from tessera.pipeline import theory
-from tessera.pipeline.actions import (
+from tessera.ir.pipeline_actions import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
@@ -26,7 +23,10 @@ from tessera.pipeline.actions import (
     Action,
     rank_of,
 )
-from tessera.pipeline.schedules import SCHEDULE_KINDS, pipeline_schedule, stage_count
+from tessera.ir.pipeline_schedules import SCHEDULE_KINDS, pipeline_schedule, stage_count
+from tessera.perf.pipeline_simulate import simulate_pipeline
+from tessera.perf.trace import COMPUTE
+from tessera.pipeline import theory
 
 RANKS = (2, 4, 8)
 MICROBATCHES = (4, 8, 16, 32, 64)

@@ -20,15 +20,16 @@ from pipeline_case import batch, losses_and_params
 from test_distributed import SCRIPTS, tessera_run
 
 from tessera import dist, graph, op, optim, schedule
+from tessera.backends.execution import VirtualMesh
 from tessera.dist.mesh import Mesh
 from tessera.dtypes import as_dtype
 from tessera.errors import ExecutionError, ShardingError, TesseraError, TraceError
 from tessera.frontend.tracer import Tensor, Trace, tracing
+from tessera.ir import pipeline_actions as A
 from tessera.ir.abstract import AbstractTensor, aval
+from tessera.ir.pipeline_schedules import pipeline_schedule
 from tessera.perf.topology import dgx_h100
-from tessera.pipeline import actions as A
 from tessera.pipeline.runtime import PipelineExecutor, Placement
-from tessera.pipeline.schedules import pipeline_schedule
 from tessera.pipeline.split import _op_time, balanced_cuts, plan_stages
 
 LOSS_RTOL, PARAM_ATOL = 1e-5, 3e-5
@@ -196,7 +197,7 @@ def test_pipeline_errors_name_the_problem() -> None:
 
 def test_a_deadlocking_action_list_is_reported() -> None:
     mesh = dist.Mesh(axes=["pp"], shape=(2,))
-    executor = PipelineExecutor([], Placement(mesh, "pp", 2), None, None, processes=False)  # type: ignore[arg-type]
+    executor = PipelineExecutor([], Placement(mesh, "pp", 2), None, None, VirtualMesh(mesh))  # type: ignore[arg-type]
     lists = [
         [A.Action(A.RECV_GRAD, 0, 0, peer=1)],
         [A.Action(A.RECV_ACTIVATION, 0, 1, peer=0)],

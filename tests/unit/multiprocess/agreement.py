@@ -129,6 +129,7 @@ def check_collectives() -> None:
     from tessera.backends.distributed import run_rank
     from tessera.backends.virtual import run_partitioned
     from tessera.ir.graph import Graph
+    from tessera.passes.lower_graph_to_schedule import LowerGraphToSchedulePass
 
     context = Context()
     for dialect in (Builtin, Func, Graph):
@@ -138,7 +139,9 @@ def check_collectives() -> None:
     g = torch.Generator().manual_seed(3)
     rank_args = [[torch.randn(8, 12, generator=g), torch.randn(4, 6, generator=g).bfloat16()] for _ in range(WORLD)]
     expected = run_partitioned(module, "f", mesh, rank_args)[RANK]
-    got, run = run_rank(module, "f", mesh, rank_args[RANK])
+    scheduled = module.clone()
+    LowerGraphToSchedulePass().apply(context, scheduled)
+    got, run = run_rank(scheduled, "f", mesh, rank_args[RANK])
     assert len(run.collectives) == 8, run.collectives
     for index, (a, b) in enumerate(zip(got, expected, strict=True)):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=lambda m, i=index: f"result {i}: {m}")

@@ -1,7 +1,8 @@
-"""Pipeline schedules as per-rank action lists.
+"""Pipeline schedules as per-rank action lists, and those lists as the Schedule IR's
+``schedule.pipeline`` op (:func:`pipeline_op`) and back (:func:`actions_of`).
 
 :func:`pipeline_schedule` builds, for each pipeline rank, the ordered list of
-:class:`~tessera.pipeline.actions.Action` a runtime executes literally:
+:class:`~tessera.ir.pipeline_actions.Action` a runtime executes literally:
 
 - ``gpipe`` (Huang et al. 2019, "GPipe"): every forward, then every backward;
 - ``1f1b`` (Narayanan et al. 2021, PipeDream-Flush; Megatron-LM's default): rank ``r`` runs
@@ -24,20 +25,22 @@ and a forward of ``s < S - 1`` right before ``send_activation`` to ``s + 1``; a 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tessera.errors import TesseraError
-from tessera.pipeline.actions import (
+from tessera.ir.pipeline_actions import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
     FORWARD,
     RECV_ACTIVATION,
     RECV_GRAD,
+    SCHEDULE_KINDS,
     SEND_ACTIVATION,
     SEND_GRAD,
     Action,
 )
-
-SCHEDULE_KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
+from tessera.ir.schedule import ActionOp, PipelineOp, PipelineRankOp
 
 Compute = tuple[str, int, int]  # (kind, microbatch, stage)
 
@@ -156,3 +159,36 @@ def _with_transfers(order: list[Compute], stages: int) -> list[Action]:
         if kind in (BACKWARD, BACKWARD_INPUT) and stage > 0:
             actions.append(Action(SEND_GRAD, mb, stage, stage - 1))
     return actions
+
+
+# --- schedules as IR: action lists to schedule.pipeline and back -------------------------
+
+
+def action_op(action: Action) -> ActionOp:
+    """``schedule.action`` of one action."""
+    return ActionOp.get(action.kind, action.microbatch, action.stage, action.peer)
+
+
+def action_of(op: ActionOp) -> Action:
+    """The action of one ``schedule.action`` (``ValueError`` for an unknown kind)."""
+    return Action(op.kind_name, op.microbatch_index, op.stage_index, op.peer_stage)
+
+
+def pipeline_op(
+    kind: str,
+    ranks: int,
+    microbatches: int,
+    virtual: int,
+    actions: Sequence[Sequence[Action]],
+) -> PipelineOp:
+    """``schedule.pipeline`` of a schedule: ``actions[r]`` is what rank ``r`` runs."""
+    rank_ops = [
+        PipelineRankOp.get(rank, [action_op(a) for a in rank_actions])
+        for rank, rank_actions in enumerate(actions)
+    ]
+    return PipelineOp.get(kind, ranks, microbatches, virtual, rank_ops)
+
+
+def actions_of(op: PipelineOp) -> list[list[Action]]:
+    """The schedule a ``schedule.pipeline`` holds: one list of actions per rank."""
+    return [[action_of(a) for a in rank_op.actions] for rank_op in op.rank_ops]

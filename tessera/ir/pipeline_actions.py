@@ -1,4 +1,5 @@
-"""What one pipeline rank does, in order: the actions of a pipeline schedule.
+"""What one pipeline rank does, in order: the actions of a pipeline schedule (the
+vocabulary of the Schedule IR's ``schedule.pipeline`` op).
 
 A schedule over ``ranks`` pipeline ranks runs ``stages = ranks * virtual`` model stages;
 stage ``s`` lives on rank ``s % ranks`` (Megatron's interleaved placement: with
@@ -22,6 +23,9 @@ SEND_ACTIVATION = "send_activation"
 RECV_ACTIVATION = "recv_activation"
 SEND_GRAD = "send_grad"
 RECV_GRAD = "recv_grad"
+
+# the pipeline schedules tessera.ir.pipeline_schedules builds (schedule.pipeline's kinds)
+SCHEDULE_KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
 COMPUTE_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 TRANSFER_KINDS = (SEND_ACTIVATION, RECV_ACTIVATION, SEND_GRAD, RECV_GRAD)
