@@ -9,6 +9,7 @@ constants) and binds graph ops. Python scalars are weakly typed, as in JAX and t
 from __future__ import annotations
 
 import builtins
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -436,27 +437,64 @@ def concat(xs: Sequence[Operand], axis: int = 0) -> Tensor:
 cat = concatenate = concat
 
 
-def split(x: Operand, sizes: int | Sequence[int], axis: int = 0) -> list[Tensor]:
-    """torch ``split``: pieces of ``sizes`` (an int: equal pieces, the last smaller)."""
+def _split_sizes(x: Operand, sizes: int | Sequence[int], axis: int = 0) -> list[Tensor]:
+    """torch-style split (internal): pieces of ``sizes`` (an int: equal pieces, the last
+    smaller)."""
     (tensor,) = _tensors(x)
     ax = _axis(tensor, axis)
     length = tensor.shape[ax]
-    if isinstance(sizes, int):
+    if isinstance(sizes, (int, np.integer)):
         if sizes <= 0:
             raise ShapeError(
                 f"graph.split: expected a positive piece size, found {sizes} at {user_location()}"
             )
-        pieces = [sizes] * (length // sizes) + ([length % sizes] if length % sizes else [])
+        pieces = [int(sizes)] * (length // sizes) + ([length % sizes] if length % sizes else [])
     else:
         pieces = [int(s) for s in sizes]
     return current_trace().bind(graph.SplitOp, [tensor], axis=ax, sizes=tuple(pieces))
+
+
+def split(x: Operand, indices_or_sections: int | Sequence[int], axis: int = 0) -> list[Tensor]:
+    """numpy ``split``: an int ``N`` gives ``N`` equal pieces along ``axis`` (a ShapeError
+    when the dimension is not divisible by ``N``); a sequence gives the split points, so
+    ``split(x, [2, 5])`` is ``[x[:2], x[2:5], x[5:]]`` (points past the end give empty
+    pieces, negative points count from the end, as in numpy).
+
+    torch's ``split`` takes piece sizes instead: ``torch.split(x, 3)`` is
+    ``op.split(x, n // 3)`` when 3 divides ``n``, and ``op.chunk`` gives torch's pieces.
+    """
+    (tensor,) = _tensors(x)
+    ax = _axis(tensor, axis)
+    length = tensor.shape[ax]
+    if isinstance(indices_or_sections, (int, np.integer)) and not isinstance(
+        indices_or_sections, bool
+    ):
+        sections = int(indices_or_sections)
+        if sections <= 0 or length % sections:
+            raise ShapeError(
+                f"split: {sections} sections do not divide dimension {ax} of {tensor.aval} "
+                f"(size {length}) into equal pieces; give split points for unequal pieces, "
+                f"at {user_location()}"
+            )
+        return _split_sizes(tensor, [length // sections] * sections, ax)
+    bounds = [0, *(int(i) for i in indices_or_sections), length]
+    ranges = [builtins.slice(lo, hi).indices(length)[:2] for lo, hi in itertools.pairwise(bounds)]
+    ranges = [(lo, builtins.max(lo, hi)) for lo, hi in ranges]
+    if all(prev[1] == cur[0] for prev, cur in itertools.pairwise(ranges)):
+        return _split_sizes(tensor, [hi - lo for lo, hi in ranges], ax)
+    pieces = []  # overlapping pieces (decreasing split points): one slice each
+    for lo, hi in ranges:
+        starts, limits = [0] * tensor.ndim, list(tensor.shape)
+        starts[ax], limits[ax] = lo, hi
+        pieces.append(slice(tensor, starts, limits))
+    return pieces
 
 
 def chunk(x: Operand, chunks: int, axis: int = 0) -> list[Tensor]:
     """torch ``chunk``: ``chunks`` pieces of size ceil(n / chunks)."""
     (tensor,) = _tensors(x)
     length = tensor.shape[_axis(tensor, axis)]
-    return split(tensor, -(-length // chunks) if chunks > 0 else 0, axis)
+    return _split_sizes(tensor, -(-length // chunks) if chunks > 0 else 0, axis)
 
 
 def slice(
@@ -532,3 +570,23 @@ gather = take
 def embedding(ids: Operand, table: Operand) -> Tensor:
     """Rows of ``table`` (``[vocab, dim]``) for integer ``ids`` (torch's argument order)."""
     return take(table, ids, axis=0)
+
+
+# --- composites ---------------------------------------------------------------------------------
+# Functions built from the ops above at trace time (tessera/frontend/composites.py): they
+# need no graph op, rule or kernel of their own.
+
+from tessera.frontend import composites as _composites  # noqa: E402
+
+arange = _composites.arange
+einsum = _composites.einsum
+expand_dims = _composites.expand_dims
+logsumexp = _composites.logsumexp
+one_hot = _composites.one_hot
+squeeze = _composites.squeeze
+stack = _composites.stack
+std = _composites.std
+take_along_axis = _composites.take_along_axis
+tril = _composites.tril
+triu = _composites.triu
+var = _composites.var
