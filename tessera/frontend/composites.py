@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import builtins
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,7 +63,7 @@ from tessera.op import (
     where,
 )
 
-# --- einsum ---------------------------------------------------------------------------------
+# --- helpers ---------------------------------------------------------------------------------
 
 
 def _normalized(axes: Sequence[int], ndim: int, what: str, x: Tensor | None = None) -> list[int]:
@@ -77,6 +77,9 @@ def _normalized(axes: Sequence[int], ndim: int, what: str, x: Tensor | None = No
             )
         result.append(int(axis) % ndim)
     return result
+
+
+# --- einsum ----------------------------------------------------------------------------------
 
 
 class _Operand:
@@ -121,7 +124,10 @@ def _contract(
     matmul (or a broadcast multiply when no label is contracted)."""
     a = a.sum_out({label for label in a.labels if label not in b.labels and label not in keep})
     b = b.sum_out({label for label in b.labels if label not in a.labels and label not in keep})
-    order = lambda labels: sorted(labels, key=lambda label: rank[label])  # noqa: E731
+
+    def order(labels: Iterable[_einsum.Label]) -> list[_einsum.Label]:  # as in the output
+        return sorted(labels, key=lambda label: rank[label])
+
     batch = order(label for label in a.labels if label in b.labels and label in keep)
     contracted = [label for label in a.labels if label in b.labels and label not in keep]
     a_only = order(label for label in a.labels if label not in b.labels)
@@ -131,7 +137,10 @@ def _contract(
         for operand in (a, b)
         for label, size in zip(operand.labels, operand.tensor.shape, strict=True)
     }
-    dims = lambda labels: [sizes[label] for label in labels]  # noqa: E731
+
+    def dims(labels: Sequence[_einsum.Label]) -> list[int]:
+        return [sizes[label] for label in labels]
+
     if not contracted:  # an outer or elementwise product: broadcast multiply
         lhs = reshape(a.permuted(batch + a_only), dims(batch + a_only) + [1] * len(b_only))
         rhs = reshape(b.permuted(batch + b_only), dims(batch) + [1] * len(a_only) + dims(b_only))
