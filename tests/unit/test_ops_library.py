@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tessera as ts
 from tessera import dist, op
@@ -107,6 +109,29 @@ EINSUM_CASES = [
 def test_einsum(equation: str, shapes: list[tuple[int, ...]]) -> None:
     xs = [randn(*shape, seed=i) for i, shape in enumerate(shapes)]
     got = jit(lambda *ts_: op.einsum(equation, *ts_))(*xs)
+    close(got, torch.einsum(equation, *[x.double() for x in xs]))
+
+
+@st.composite
+def einsum_cases(draw: st.DrawFn) -> tuple[str, list[tuple[int, ...]]]:
+    """Random equations: 1-3 operands of 0-3 indices from ``abcde`` (repeats included),
+    an explicit output (a subset of the indices, in any order) or an implicit one."""
+    sizes = {letter: draw(st.integers(1, 4)) for letter in "abcde"}
+    terms = draw(st.lists(st.text("abcde", max_size=3), min_size=1, max_size=3))
+    used = sorted(set("".join(terms)))
+    equation = ",".join(terms)
+    if draw(st.booleans()):
+        output = draw(st.permutations(used))[: draw(st.integers(0, len(used)))]
+        equation += "->" + "".join(output)
+    return equation, [tuple(sizes[letter] for letter in term) for term in terms]
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=einsum_cases(), seed=st.integers(0, 2**16))
+def test_einsum_random_equations(case: tuple[str, list[tuple[int, ...]]], seed: int) -> None:
+    equation, shapes = case
+    xs = [randn(*shape, seed=seed + i) for i, shape in enumerate(shapes)]
+    got = jit(lambda *a: op.einsum(equation, *a))(*xs)
     close(got, torch.einsum(equation, *[x.double() for x in xs]))
 
 
