@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lark import Lark, Token, Tree
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from tessera.errors import ShapeError, TraceError
 
@@ -99,16 +99,12 @@ def parse(equation: str) -> Equation:
         tree = _parser().parse(equation)
     except UnexpectedInput as error:
         if isinstance(error, UnexpectedCharacters):
-            position, what = (
-                error.pos_in_stream,
-                f"unexpected character {equation[error.pos_in_stream]!r}",
-            )
+            position = error.pos_in_stream
+            what = f"unexpected character {equation[position]!r}"
         elif isinstance(error, UnexpectedToken) and error.token.type != "$END":
             position, what = error.token.start_pos or 0, f"unexpected {str(error.token)!r}"
-        else:  # UnexpectedEOF or an unexpected end
+        else:  # the equation ends too early
             position, what = len(equation), "unexpected end of the equation"
-        if isinstance(error, UnexpectedEOF):
-            position = len(equation)
         expected = "letters a-z, A-Z, '...', ',' and one '->'"
         raise Equation(equation, (), None).error(
             TraceError, f"{what} (an equation has {expected})", position
