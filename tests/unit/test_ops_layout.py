@@ -6,7 +6,6 @@ exactly, in every dtype.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -203,15 +202,19 @@ def test_concat_promotes_dtypes():
 
 @st.composite
 def split_cases(draw: st.DrawFn) -> tuple[tuple[int, ...], int, int | list[int]]:
-    """A shape, an axis and split sizes: an int (equal pieces) or a list summing to the dim."""
+    """A shape, an axis and numpy split arguments: an int dividing the dim (equal
+    sections) or split points (sorted, or in any order, past the end and negative)."""
     shape = draw(shapes(min_rank=1))
     axis = draw(st.integers(-len(shape), len(shape) - 1))
     length = shape[axis]
     if draw(st.booleans()):
-        return shape, axis, draw(st.integers(1, length + 1))
-    cuts = sorted(draw(st.lists(st.integers(0, length), max_size=3)))
-    bounds = [0, *cuts, length]
-    return shape, axis, [hi - lo for lo, hi in itertools.pairwise(bounds)]
+        return (
+            shape,
+            axis,
+            draw(st.sampled_from([n for n in range(1, length + 1) if length % n == 0])),
+        )
+    points = draw(st.lists(st.integers(-length, length + 2), max_size=3))
+    return shape, axis, sorted(points) if draw(st.booleans()) else points
 
 
 @settings(max_examples=40)
@@ -221,7 +224,7 @@ def test_split(case, dtype, seed):
     x = random(seed, shape, dtype)
     arg = as_input(x, True)
     results = ts.jit(lambda x: op.split(x, sizes, axis=axis))(arg)
-    expected = torch.split(x, sizes, dim=axis)
+    expected = torch.tensor_split(x, sizes, dim=axis)  # numpy's split (sections divide)
     assert isinstance(results, list) and len(results) == len(expected)
     for result, piece in zip(results, expected, strict=True):
         check(result, exact(piece), dtype, args=[arg])

@@ -1,4 +1,4 @@
-"""Array operations for traced code, with numpy / array-API names.
+"""The primitive array operations: each binds graph ops directly (see :mod:`tessera.op`).
 
 Every function takes traced tensors (and Python scalars or numpy arrays, which become
 constants) and binds graph ops. Python scalars are weakly typed, as in JAX and torch:
@@ -9,6 +9,7 @@ constants) and binds graph ops. Python scalars are weakly typed, as in JAX and t
 from __future__ import annotations
 
 import builtins
+import itertools
 import math
 import sys
 from collections.abc import Sequence
@@ -437,27 +438,64 @@ def concat(xs: Sequence[Operand], axis: int = 0) -> Tensor:
 cat = concatenate = concat
 
 
-def split(x: Operand, sizes: int | Sequence[int], axis: int = 0) -> list[Tensor]:
-    """torch ``split``: pieces of ``sizes`` (an int: equal pieces, the last smaller)."""
+def _split_sizes(x: Operand, sizes: int | Sequence[int], axis: int = 0) -> list[Tensor]:
+    """torch-style split (internal): pieces of ``sizes`` (an int: equal pieces, the last
+    smaller)."""
     (tensor,) = _tensors(x)
     ax = _axis(tensor, axis)
     length = tensor.shape[ax]
-    if isinstance(sizes, int):
+    if isinstance(sizes, (int, np.integer)):
         if sizes <= 0:
             raise ShapeError(
                 f"graph.split: expected a positive piece size, found {sizes} at {user_location()}"
             )
-        pieces = [sizes] * (length // sizes) + ([length % sizes] if length % sizes else [])
+        pieces = [int(sizes)] * (length // sizes) + ([length % sizes] if length % sizes else [])
     else:
         pieces = [int(s) for s in sizes]
     return current_trace().bind(graph.SplitOp, [tensor], axis=ax, sizes=tuple(pieces))
+
+
+def split(x: Operand, indices_or_sections: int | Sequence[int], axis: int = 0) -> list[Tensor]:
+    """numpy ``split``: an int ``N`` gives ``N`` equal pieces along ``axis`` (a ShapeError
+    when the dimension is not divisible by ``N``); a sequence gives the split points, so
+    ``split(x, [2, 5])`` is ``[x[:2], x[2:5], x[5:]]`` (points past the end give empty
+    pieces, negative points count from the end, as in numpy).
+
+    torch's ``split`` takes piece sizes instead: ``torch.split(x, 3)`` is
+    ``op.split(x, n // 3)`` when 3 divides ``n``, and ``op.chunk`` gives torch's pieces.
+    """
+    (tensor,) = _tensors(x)
+    ax = _axis(tensor, axis)
+    length = tensor.shape[ax]
+    if isinstance(indices_or_sections, (int, np.integer)) and not isinstance(
+        indices_or_sections, bool
+    ):
+        sections = int(indices_or_sections)
+        if sections <= 0 or length % sections:
+            raise ShapeError(
+                f"split: {sections} sections do not divide dimension {ax} of {tensor.aval} "
+                f"(size {length}) into equal pieces; give split points for unequal pieces, "
+                f"at {user_location()}"
+            )
+        return _split_sizes(tensor, [length // sections] * sections, ax)
+    bounds = [0, *(int(i) for i in indices_or_sections), length]
+    ranges = [builtins.slice(lo, hi).indices(length)[:2] for lo, hi in itertools.pairwise(bounds)]
+    ranges = [(lo, builtins.max(lo, hi)) for lo, hi in ranges]
+    if all(prev[1] == cur[0] for prev, cur in itertools.pairwise(ranges)):
+        return _split_sizes(tensor, [hi - lo for lo, hi in ranges], ax)
+    pieces = []  # overlapping pieces (decreasing split points): one slice each
+    for lo, hi in ranges:
+        starts, limits = [0] * tensor.ndim, list(tensor.shape)
+        starts[ax], limits[ax] = lo, hi
+        pieces.append(slice(tensor, starts, limits))
+    return pieces
 
 
 def chunk(x: Operand, chunks: int, axis: int = 0) -> list[Tensor]:
     """torch ``chunk``: ``chunks`` pieces of size ceil(n / chunks)."""
     (tensor,) = _tensors(x)
     length = tensor.shape[_axis(tensor, axis)]
-    return split(tensor, -(-length // chunks) if chunks > 0 else 0, axis)
+    return _split_sizes(tensor, -(-length // chunks) if chunks > 0 else 0, axis)
 
 
 def slice(
@@ -534,5 +572,68 @@ def embedding(ids: Operand, table: Operand) -> Tensor:
     """Rows of ``table`` (``[vocab, dim]``) for integer ``ids`` (torch's argument order)."""
     return take(table, ids, axis=0)
 
+
+__all__ = [
+    "Axis",
+    "Operand",
+    "abs",
+    "add",
+    "astype",
+    "broadcast_to",
+    "cast",
+    "cat",
+    "chunk",
+    "concat",
+    "concatenate",
+    "constant",
+    "cross_entropy",
+    "divide",
+    "embedding",
+    "equal",
+    "exp",
+    "full",
+    "gather",
+    "gelu",
+    "getitem",
+    "greater",
+    "greater_equal",
+    "layer_norm",
+    "less",
+    "less_equal",
+    "log",
+    "log_softmax",
+    "matmul",
+    "max",
+    "maximum",
+    "mean",
+    "min",
+    "minimum",
+    "multiply",
+    "neg",
+    "negative",
+    "not_equal",
+    "ones",
+    "permute_dims",
+    "power",
+    "relu",
+    "reshape",
+    "rms_norm",
+    "rsqrt",
+    "select",
+    "sigmoid",
+    "silu",
+    "slice",
+    "softmax",
+    "split",
+    "sqrt",
+    "subtract",
+    "sum",
+    "swapaxes",
+    "take",
+    "tanh",
+    "transpose",
+    "where",
+    "zeros",
+]
 
 register_operators(sys.modules[__name__])  # traced tensors' operators (+, @, [], ...) call these

@@ -1,0 +1,43 @@
+"""Array operations for traced code, with numpy / array-API names.
+
+``tessera.op`` is the library users call inside ``@ts.jit`` functions:
+
+- :mod:`tessera.op.primitives`: one function per graph op (elementwise math, matmul,
+  reductions, norms, layout, indexing, constants), with numpy's promotion rules;
+- :mod:`tessera.op.composites`: functions built from the primitives at trace time
+  (``einsum``, ``logsumexp``, ``var``, ``stack``, ...), which need no graph op, rule or
+  kernel of their own.
+"""
+
+from tessera.op.composites import (
+    arange,
+    einsum,
+    expand_dims,
+    logsumexp,
+    one_hot,
+    squeeze,
+    stack,
+    std,
+    take_along_axis,
+    tril,
+    triu,
+    var,
+)
+from tessera.op.primitives import *  # noqa: F403
+from tessera.op.primitives import __all__ as _primitives
+
+__all__ = [
+    *_primitives,
+    "arange",
+    "einsum",
+    "expand_dims",
+    "logsumexp",
+    "one_hot",
+    "squeeze",
+    "stack",
+    "std",
+    "take_along_axis",
+    "tril",
+    "triu",
+    "var",
+]
