@@ -42,7 +42,6 @@ from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr
 from tessera.passes.autodiff import backprop
 from tessera.pipeline.split import StagePlan, is_free
-from tessera.schedule import ScheduleOptions
 
 
 @dataclass
@@ -231,14 +230,12 @@ def _lowered(
     name: str,
     avals: Sequence[AbstractTensor],
     shardings: Sequence[Sharding],
-    mesh: Mesh,
-    kernels: str,
-    options: ScheduleOptions,
+    config: CompileConfig,
 ) -> Lowered:
     _, tree = pytree.flatten((tuple(range(len(avals))), {}))
     signature = Signature(tree, tuple(avals), tuple(shardings))
     _, out_tree = pytree.flatten(())
-    return Lowered(name, module, signature, out_tree, CompileConfig(mesh, kernels, options))
+    return Lowered(name, module, signature, out_tree, config)
 
 
 def stage_programs(
@@ -248,20 +245,17 @@ def stage_programs(
     param_layouts: Sequence[Sharding],
     batch: Sequence[SSAValue],
     outputs: Sequence[SSAValue],
-    mesh: Mesh,
     split_backward: bool,
-    kernels: str,
-    options: ScheduleOptions,
+    config: CompileConfig,
 ) -> list[StagePrograms]:
-    """Every stage's compiled programs (stage by stage: a stage's received values take
-    the layouts of the previous stage's sent ones)."""
+    """Every stage's compiled programs, each compiled with ``config`` (its mesh is the
+    whole mesh), stage by stage: a stage's received values take the layouts of the
+    previous stage's sent ones."""
     stages: list[StagePrograms] = []
     received: list[Sharding] = []
     for stage in range(plan.count):
         joint = _Joint(plan, stage, params, batch, outputs, split_backward)
-        compiler = _StageCompiler(
-            f"{name}_s{stage}", joint, param_layouts, received, mesh, kernels, options
-        )
+        compiler = _StageCompiler(f"{name}_s{stage}", joint, param_layouts, received, config)
         programs = compiler.compile(stage, stage == plan.count - 1, plan)
         stages.append(programs)
         received = programs.sent_layouts
@@ -273,11 +267,11 @@ class _StageCompiler:
 
     def __init__(
         self, prefix: str, joint: _Joint, param_layouts: Sequence[Sharding],
-        received_layouts: list[Sharding], mesh: Mesh, kernels: str, options: ScheduleOptions,
+        received_layouts: list[Sharding], config: CompileConfig,
     ):  # fmt: skip
-        self.prefix, self.joint, self.mesh = prefix, joint, mesh
+        assert config.mesh is not None
+        self.prefix, self.joint, self.mesh, self.config = prefix, joint, config.mesh, config
         self.param_layouts, self.received_layouts = param_layouts, received_layouts
-        self.kernels, self.options = kernels, options
         self.sent_layouts: list[Sharding] = []
         self.saved: dict[SSAValue, Sharding] = {}  # residual -> layout
         self.sources: dict[SSAValue, tuple] = {}  # residual -> ("saved", program, output)
@@ -307,9 +301,7 @@ class _StageCompiler:
             grads_back = [self.received_layouts[i] for i in self.joint.received_grads]
         module = _function(function, self.mesh, reads, ops, outs, shardings, grads_back)
         avals = [aval(v) for v in reads]
-        lowered = _lowered(
-            module, function, avals, shardings, self.mesh, self.kernels, self.options
-        )
+        lowered = _lowered(module, function, avals, shardings, self.config)
         inputs = [self.sources.get(v) or self.joint.kinds[v] for v in reads]
         return Program(function, lowered, inputs)
 

@@ -34,6 +34,7 @@ from tessera.backends.execution import Execution, execution_for
 from tessera.backends.layout import block, piece
 from tessera.compiled import JitFunction, default_kernels
 from tessera.dist.shard_spec import ShardSpec
+from tessera.driver import CompileConfig
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, tracing
@@ -158,10 +159,10 @@ class PipelineStep:
         plan = plan_stages(forward, cuts, outputs)
         kernels = step.kernels or default_kernels()
         split = kind == "zb-h1"
+        config = CompileConfig(self.mesh, kernels, options)
         stages = stage_programs(
-            name, plan, args[: len(leaves)], layouts, args[len(leaves) :], outputs,
-            self.mesh, split, kernels, options,
-        )  # fmt: skip
+            name, plan, args[: len(leaves)], layouts, args[len(leaves) :], outputs, split, config
+        )
         actions = pipeline_schedule(kind, self.ranks, m, virtual)
         ir = pipeline_op(kind, self.ranks, m, virtual, actions)
         ir.verify()
