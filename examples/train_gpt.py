@@ -137,9 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     rank0 = int(os.environ.get("RANK", "0")) == 0
 
     def error(message: str) -> None:
-        """An argument error, printed once (by rank 0) however many ranks run the script."""
+        """An argument error, printed once (by rank 0) however many ranks run the script:
+        the other ranks give rank 0 time to print it and exit first (the launcher then
+        stops them)."""
         if rank0:
             parser.error(message)
+        time.sleep(10)
         raise SystemExit(2)
 
     if processes and processes != args.pp * args.dp * args.tp:

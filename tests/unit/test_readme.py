@@ -250,3 +250,37 @@ def test_shipped_ir_is_what_the_readme_program_traces() -> None:
     finally:
         sys.path.pop(0)
     assert example_ir.main(["--check"]) == 0, "run .venv/bin/python scripts/example_ir.py"
+
+
+# --- "Multiple processes": a failing job reports its error once ------------------------------
+
+
+def test_launcher_names_ranks_that_failed_alike_together() -> None:
+    from types import SimpleNamespace
+
+    from tessera.tools import launch
+
+    def failure(code: int, message: str = "") -> SimpleNamespace:
+        return SimpleNamespace(exitcode=code, message={"message": message} if message else "")
+
+    same = {r: failure(1, "ValueError: bad input") for r in range(4)}
+    assert launch._report(same, 4) == "ranks 0-3 failed with exit code 1: ValueError: bad input"
+    mixed = {0: failure(2), 1: failure(-15), 2: failure(2), 3: failure(-15)}
+    assert launch._report(mixed, 4) == "ranks 0, 2 exited with code 2; ranks 1, 3 were stopped"
+
+
+def test_a_failing_job_prints_its_traceback_once(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text('def main():\n    raise ValueError("bad input")\n\n\nmain()\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")}
+    result = subprocess.run(
+        [str(BIN / "tessera"), "run", "-n", "2", str(script)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("Traceback (most recent call last):") == 1, result.stderr
+    assert result.stderr.count('raise ValueError("bad input")') == 1, result.stderr
+    assert "tessera/tools/worker.py" not in result.stderr  # the script's frames only
+    summary = result.stderr.strip().splitlines()[-1]
+    assert summary.startswith(f"tessera run: {script} failed: ")
+    assert "failed with exit code 1: ValueError: bad input" in summary
