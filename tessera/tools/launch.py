@@ -4,7 +4,7 @@ A thin wrapper over ``torch.distributed.run`` (torchrun): a standalone rendezvou
 127.0.0.1 at a free port, one process per rank, each running ``script.py`` under
 :mod:`tessera.tools.worker` (which records a failing rank's error and traceback for the
 report instead of printing them). If a rank raises or dies, torchrun stops the others;
-``tessera run`` then prints the first failed rank's traceback once, names the failed
+``tessera run`` then prints one traceback (the lowest root-cause rank's), names the failed
 rank(s) in one line (ranks that failed with the same error together) and exits with the
 worst rank's exit code (128 + signal for a killed rank). Plain ``torchrun
 --nproc-per-node N script.py`` works too (every rank then prints its own traceback).
