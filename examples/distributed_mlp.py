@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 
@@ -56,12 +57,13 @@ def main() -> None:
     executed = ", ".join(
         f"{c.kind}[{','.join(c.mesh_axes)}] {c.dtype}{list(c.shape)}" for c in run.collectives
     )
-    print(
+    line = (
         f"rank {run.rank} {run.coords}: local result {list(result.local.shape)} of "
         f"{list(result.shape)}, {run.seconds * 1e3:.2f} ms (first call {first.seconds * 1e3:.2f} ms), "
-        f"collectives: {executed or 'none'}",
-        flush=True,
+        f"collectives: {executed or 'none'}\n"
     )
+    sys.stdout.write(line)  # one write, so that the ranks' lines do not interleave
+    sys.stdout.flush()
     full = result.full()  # a collective: every rank gathers the global value
     if run.rank == 0:
         error = (full - expected).abs().max().item()

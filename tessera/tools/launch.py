@@ -2,15 +2,18 @@
 
 A thin wrapper over ``torch.distributed.run`` (torchrun): a standalone rendezvous on
 127.0.0.1 at a free port, one process per rank, each running ``script.py`` under
-:mod:`tessera.tools.worker` (which records a failing rank's error for the report). If a
-rank raises or dies, torchrun stops the others; ``tessera run`` then names the failed
-rank(s) and exits with the worst rank's exit code (128 + signal for a killed rank).
-Plain ``torchrun --nproc-per-node N script.py`` works too.
+:mod:`tessera.tools.worker` (which records a failing rank's error and traceback for the
+report instead of printing them). If a rank raises or dies, torchrun stops the others;
+``tessera run`` then prints one traceback (the lowest root-cause rank's), names the failed
+rank(s) in one line (ranks that failed with the same error together) and exits with the
+worst rank's exit code (128 + signal for a killed rank). Plain ``torchrun
+--nproc-per-node N script.py`` works too (every rank then prints its own traceback).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import socket
@@ -68,17 +71,37 @@ def _code(failure: object) -> int:
     return 1 if code == -signal.SIGTERM and _message(failure) else code
 
 
-def _describe(rank: int, failure: object) -> str:
-    code, detail = _code(failure), _message(failure)
+def _ranks(ranks: Sequence[int]) -> str:
+    """``rank 3``, ``ranks 0-7`` (consecutive) or ``ranks 0, 2, 5``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(str(r) for r in ranks)
+
+
+def _describe(ranks: Sequence[int], failure: object) -> str:
+    """How ``ranks`` (which failed the same way as ``failure``) failed."""
+    who, code, detail = _ranks(ranks), _code(failure), _message(failure)
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        return f"rank {rank} was killed by {name} (exit code {_exit_code(code)})"
+        verb = "was" if len(ranks) == 1 else "were"
+        return f"{who} {verb} killed by {name} (exit code {_exit_code(code)})"
     if not detail:
-        return f"rank {rank} exited with code {code}"
-    return f"rank {rank} failed with exit code {code}: {detail}"
+        return f"{who} exited with code {code}"
+    return f"{who} failed with exit code {code}: {detail}"
+
+
+def _traceback(failure: object) -> str:
+    """The traceback a rank recorded, or ""."""
+    message = getattr(failure, "message", "")
+    if not isinstance(message, dict):
+        return ""
+    extra = message.get("extraInfo")
+    return str(extra.get("py_callstack", "")).rstrip() if isinstance(extra, dict) else ""
 
 
 def _stopped(failure: object) -> bool:
@@ -93,19 +116,24 @@ def _consequence(failure: object) -> bool:
     return "another rank failed" in message
 
 
-def _report(failures: dict[int, object], nproc: int) -> str:
-    """The failed ranks, root causes first: ranks that failed on their own, then ranks
-    whose collectives failed because of them, then ranks torchrun stopped."""
+def _causes(failures: dict[int, object]) -> dict[int, object]:
+    """The failed ranks torchrun did not stop, root causes first: ranks that failed on
+    their own, then ranks whose collectives failed because of them."""
     ordered = sorted(failures.items(), key=lambda item: (_consequence(item[1]), item[0]))
-    causes = {r: f for r, f in ordered if not _stopped(f)} or dict(ordered)
+    return {r: f for r, f in ordered if not _stopped(f)} or dict(ordered)
+
+
+def _report(failures: dict[int, object], nproc: int) -> str:
+    """The failed ranks in one line, root causes first (ranks that failed the same way
+    named together), then the ranks torchrun stopped."""
+    causes = _causes(failures)
     stopped = [r for r in sorted(failures) if r not in causes]
-    text = "; ".join(_describe(rank, failure) for rank, failure in causes.items())
+    groups: dict[tuple[int, str], list[int]] = {}
+    for rank, failure in causes.items():
+        groups.setdefault((_code(failure), _message(failure)), []).append(rank)
+    text = "; ".join(_describe(ranks, causes[ranks[0]]) for ranks in groups.values())
     if stopped:
-        text += (
-            f"; ranks {stopped} were stopped"
-            if len(stopped) > 1
-            else f"; rank {stopped[0]} was stopped"
-        )
+        text += f"; {_ranks(stopped)} {'were' if len(stopped) > 1 else 'was'} stopped"
     return text
 
 
@@ -129,6 +157,8 @@ def run(nproc: int, script: str, args: Sequence[str], timeout: float | None = No
     if timeout is not None:
         os.environ["TESSERA_TIMEOUT"] = str(timeout)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its banner
+    # torchrun logs every rank it stops and every failure; the report below says it once
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     argv = [
         "--nnodes=1",
         f"--nproc-per-node={nproc}",
@@ -145,6 +175,10 @@ def run(nproc: int, script: str, args: Sequence[str], timeout: float | None = No
     try:
         torchrun.run(torchrun.parse_args(argv))
     except ChildFailedError as error:
+        first = next(iter(_causes(error.failures).items()))
+        trace = _traceback(first[1])
+        if trace:
+            print(f"tessera run: rank {first[0]}'s error:\n{trace}", file=sys.stderr)
         print(f"tessera run: {script} failed: {_report(error.failures, nproc)}", file=sys.stderr)
         return _worst(error.failures)
     except KeyboardInterrupt:
