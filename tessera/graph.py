@@ -22,10 +22,10 @@ from typing import Any
 
 from xdsl.rewriter import InsertPoint
 
-from tessera.autodiff.builder import GradBuilder
 from tessera.errors import TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, current_trace, user_location
+from tessera.ir.grad_builder import GradBuilder
 from tessera.passes.autodiff import backprop
 from tessera.training import (
     TrainingStep,

@@ -2,7 +2,7 @@
 
 :func:`run_rank` executes a ``func.func`` carrying ``graph.partitioned`` for the calling
 rank only. Compute ops run through the reference semantics
-(:data:`tessera.backends.reference.IMPLS`); collectives go through ``torch.distributed``
+(each op's ``tessera.ops.op_def(op).reference``); collectives go through ``torch.distributed``
 over one process group per mesh-axis subgroup (``mesh.groups(axes)``), created once, in
 the same order on every rank, and cached (:class:`Runtime`). Collectives are issued with
 ``async_op=True``; their work handles are joined right before the result's first use.

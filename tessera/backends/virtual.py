@@ -3,7 +3,7 @@
 :func:`run_partitioned` runs a ``func.func`` carrying ``graph.partitioned`` (all types
 are per-rank local types) for all ranks of a mesh in lockstep, op by op in program
 order. Compute ops run per rank through the reference semantics
-(:data:`tessera.backends.reference.IMPLS`); collectives are computed exactly in memory
+(each op's ``tessera.ops.op_def(op).reference``); collectives are computed exactly in memory
 over each rank group ``mesh.groups(axes)``, a member's group position being its index
 in the group. This is the oracle the real backends are tested against.
 """
@@ -18,11 +18,11 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
 from tessera.backends.layout import reduce_pieces
-from tessera.backends.reference import IMPLS
 from tessera.dist.mesh import Mesh
 from tessera.errors import ExecutionError, TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
+from tessera.ops import lookup
 
 Values = list[torch.Tensor]  # one tensor per member of a rank group, in group order
 
@@ -132,12 +132,12 @@ def _run_op(op: Operation, mesh: Mesh, inputs: list[Values]) -> list[Values]:
     """Results of ``op`` as ``[result][rank]`` from operands as ``[operand][rank]``."""
     if isinstance(op, graph.CollectiveOp):
         return [_collective(op, mesh, inputs[0])]
-    impl = IMPLS.get(type(op))
-    if impl is None:
+    found = lookup(op)
+    if found is None:
         raise ExecutionError(f"the virtual mesh cannot run {op.name}")
     per_rank = []
     for rank in range(mesh.size):
-        result = impl(op, *(values[rank] for values in inputs))
+        result = found.reference(op, *(values[rank] for values in inputs))
         per_rank.append(result if isinstance(result, tuple) else (result,))
     return [list(results) for results in zip(*per_rank, strict=True)]
 
