@@ -111,12 +111,12 @@ def test_register_rejects_an_omitted_field(field: str) -> None:
 
 
 def test_register_rejects_a_second_definition() -> None:
-    with pytest.raises(ValueError, match="graph.neg is registered twice"):
+    with pytest.raises(ValueError, match=r"graph\.neg is registered twice"):
         register(graph.NegOp, **COMPLETE)  # type: ignore[arg-type]
 
 
 def test_a_missing_definition_names_the_op() -> None:
-    with pytest.raises(IRError, match="graph.mesh has no op definition"):
+    with pytest.raises(IRError, match=r"graph\.mesh has no op definition"):
         op_def(graph.MeshOp)
-    with pytest.raises(IRError, match="graph.probe has no op definition"):
+    with pytest.raises(IRError, match=r"graph\.probe has no op definition"):
         op_def(ProbeOp)
