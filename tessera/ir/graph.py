@@ -220,6 +220,7 @@ SqrtOp = _unary("sqrt", shape_rules.float_unary, "square root")
 RsqrtOp = _unary("rsqrt", shape_rules.float_unary, "1 / sqrt(x)")
 SiluOp = _unary("silu", shape_rules.float_unary, "x * sigmoid(x)")
 SigmoidOp = _unary("sigmoid", shape_rules.float_unary, "1 / (1 + e^-x)")
+ErfOp = _unary("erf", shape_rules.float_unary, "the error function")
 
 AddOp = _binary("add", shape_rules.binary, "lhs + rhs (numpy broadcasting)")
 SubOp = _binary("sub", shape_rules.binary, "lhs - rhs (numpy broadcasting)")
@@ -689,7 +690,7 @@ COLLECTIVE_OPS: tuple[type[GraphOp], ...] = (
 
 
 GRAPH_OPS: tuple[type[GraphOp], ...] = (
-    NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, GeluOp,
+    NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, ErfOp, GeluOp,
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
     CastOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, SoftmaxOp, LogSoftmaxOp, LayerNormOp,
     RmsNormOp, CrossEntropyOp, ReshapeOp, BroadcastToOp, TransposeOp, SliceOp, ConcatOp,

@@ -229,6 +229,19 @@ _register(
 )
 
 
+def _erf_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    x = op.operands[0]  # d/dx erf(x) = 2 / sqrt(pi) e^(-x^2)
+    return _local(b, cts[0], b.scale(b.op(graph.ExpOp, b.neg(b.mul(x, x))), 2 / math.sqrt(math.pi)))
+
+
+_register(
+    graph.ErfOp,
+    vjp=_erf_vjp,
+    reference=on_operands(torch.erf),
+    tile=Pointwise(lambda b, op, a: b.math(mathd.ErfOp, a[0])),
+)
+
+
 def _gelu_vjp(b: GradBuilder, op: graph.GeluOp, cts: Cotangents) -> Cotangents:
     x = op.operands[0]
     one, half = b.constant(1.0, x), b.constant(0.5, x)

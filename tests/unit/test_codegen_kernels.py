@@ -217,6 +217,7 @@ UNARY = {
     "rsqrt": (graph.RsqrtOp, op.rsqrt, torch.rsqrt, _positive),
     "sigmoid": (graph.SigmoidOp, op.sigmoid, torch.sigmoid, None),
     "silu": (graph.SiluOp, op.silu, F.silu, None),
+    "erf": (graph.ErfOp, op.erf, torch.erf, None),
     "gelu": (graph.GeluOp, op.gelu, F.gelu, None),
     "gelu_tanh": (
         graph.GeluOp,
