@@ -24,16 +24,28 @@ from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import (
     FactorKind,
+    Rule,
     RuleBuilder,
     ShardingRule,
     statistic_along_axes,
     statistic_along_axis,
 )
-from tessera.ops.registry import NOT_LINEAR, Cotangents, Fusion, RowReduction, register
+from tessera.ops.registry import (
+    NOT_LINEAR,
+    Cotangents,
+    Fusion,
+    Reference,
+    RowReduction,
+    VjpRule,
+    register,
+)
 
 if TYPE_CHECKING:
     from tessera.codegen.builder import TileBuilder
     from tessera.codegen.evaluate import Evaluator
+
+
+Row = Callable[..., SSAValue]  # RowReduction.fn: (ev, op, x, mask, width) -> value
 
 
 def _in_f32(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -51,6 +63,21 @@ def _shifted_sum(
     shifted = b.sub(x, top)
     total = b.reduce(b.masked(b.exp(shifted), mask, "sum"), "sum", 1)
     return top, shifted, total
+
+
+def _register_row(
+    op_type: type[graph.GraphOp], *, sharding: Rule, vjp: VjpRule, reference: Reference, row: Row
+) -> None:
+    """Registers a row-wise op whose result keeps its operand's shape (not linear in it)."""
+    register(
+        op_type,
+        sharding=sharding,
+        partial=NOT_LINEAR,
+        vjp=vjp,
+        reference=reference,
+        tile=RowReduction(row),
+        fusion=Fusion.NORMALIZATION,
+    )
 
 
 # --- softmax and log_softmax ------------------------------------------------------------------
@@ -72,14 +99,12 @@ def _softmax_row(
     return ev.b.div(ev.b.exp(shifted), total)
 
 
-register(
+_register_row(
     graph.SoftmaxOp,
     sharding=statistic_along_axis,
-    partial=NOT_LINEAR,
     vjp=_softmax_vjp,
     reference=lambda op, x: _in_f32(lambda v: torch.softmax(v, dim=op.attrs()["axis"]), x),
-    tile=RowReduction(_softmax_row),
-    fusion=Fusion.NORMALIZATION,
+    row=_softmax_row,
 )
 
 
@@ -99,14 +124,12 @@ def _log_softmax_row(
     return ev.b.sub(shifted, ev.b.log(total))
 
 
-register(
+_register_row(
     graph.LogSoftmaxOp,
     sharding=statistic_along_axis,
-    partial=NOT_LINEAR,
     vjp=_log_softmax_vjp,
     reference=lambda op, x: _in_f32(lambda v: torch.log_softmax(v, dim=op.attrs()["axis"]), x),
-    tile=RowReduction(_log_softmax_row),
-    fusion=Fusion.NORMALIZATION,
+    row=_log_softmax_row,
 )
 
 
@@ -154,14 +177,12 @@ def _layer_norm_row(
     return b.mul(centred, b.rsqrt(b.add(var, eps)))
 
 
-register(
+_register_row(
     graph.LayerNormOp,
     sharding=statistic_along_axes,
-    partial=NOT_LINEAR,
     vjp=_layer_norm_vjp,
     reference=_layer_norm_reference,
-    tile=RowReduction(_layer_norm_row),
-    fusion=Fusion.NORMALIZATION,
+    row=_layer_norm_row,
 )
 
 
@@ -191,14 +212,12 @@ def _rms_norm_row(
     return b.mul(x, b.rsqrt(b.add(mean_square, eps)))
 
 
-register(
+_register_row(
     graph.RmsNormOp,
     sharding=statistic_along_axes,
-    partial=NOT_LINEAR,
     vjp=_rms_norm_vjp,
     reference=_rms_norm_reference,
-    tile=RowReduction(_rms_norm_row),
-    fusion=Fusion.NORMALIZATION,
+    row=_rms_norm_row,
 )
 
 
