@@ -3,7 +3,8 @@
 Runs after ``shard-partition`` (or on a function without collectives). Three steps:
 
 1. *Group* (greedy, in program order). Every graph op but a collective or a constant
-   joins a group; a group becomes one ``schedule.kernel``.
+   joins a group; a group becomes one ``schedule.kernel``. What an op may join is its
+   fusion class (``tessera.ops.op_def(op).fusion``):
 
    - First, each ``softmax(score(q kᵀ)) v`` (``codegen.attention.find_attention``: the
      optional transpose of k, the two matmuls, the elementwise score ops such as a scale,
