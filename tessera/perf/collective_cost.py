@@ -32,9 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tessera.errors import TesseraError
+from tessera.ir.schedule import ALGORITHMS
 from tessera.perf.topology import Link, Topology
 
-ALGORITHMS = ("ring", "tree", "hierarchical", "nvls")
 COLLECTIVE_KINDS = (
     "all_reduce",
     "all_gather",
