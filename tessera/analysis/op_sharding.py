@@ -169,7 +169,8 @@ def _passthrough(
     points: ReductionPoints,
 ) -> dict[int, tuple[tuple[str, str], ...]]:
     """Partial (sum/mean) axes each operand may keep because the op is linear in it."""
-    policy = op_def(op).partial
+    definition = op_def(op)
+    policy = definition.partial
     partials = [
         tuple((a, k) for a, k in s.partial if k in LINEAR_KINDS)
         if s and value not in points
@@ -177,13 +178,13 @@ def _passthrough(
         for s, value in zip(known, op.operands, strict=True)
     ]
     split = {a for axes in assignment.values() for a in axes}
-    if not isinstance(policy, str | tuple) or any(a in split for p in partials for a, _ in p):
+    if not definition.linear or any(a in split for p in partials for a, _ in p):
         return {}
     if policy == "all":
         if partials and partials[0] and all(p == partials[0] for p in partials):
             return dict.fromkeys(range(len(partials)), partials[0])
         return {}
-    carriers = [i for i in policy if i < len(partials) and partials[i]]
+    carriers = [i for i in policy if i < len(partials) and partials[i]]  # type: ignore[union-attr]
     if len(carriers) == 1 and all(
         not partials[i] for i in range(len(partials)) if i != carriers[0]
     ):

@@ -248,4 +248,4 @@ class TileBuilder:
         self.insert(tile.ReturnOp())
 
 
-__all__ = ["IDENTITY", "TileBuilder", "broadcast_shape", "f32", "i1", "i32", "is_float", "shape"]
+__all__ = ["IDENTITY", "TileBuilder", "broadcast_shape", "f32", "i1", "i32", "shape"]

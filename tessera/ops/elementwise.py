@@ -30,6 +30,7 @@ from tessera.ops.registry import (
     NOT_LINEAR,
     Cotangents,
     Fusion,
+    NotApplicable,
     PartialRule,
     Pointwise,
     Reference,
@@ -51,7 +52,7 @@ def _register(
     vjp: VjpRule,
     reference: Reference,
     tile: Pointwise,
-    partial: PartialRule = NOT_LINEAR,  # type: ignore[assignment]
+    partial: PartialRule | NotApplicable = NOT_LINEAR,
 ) -> None:
     """Registers an elementwise op: elementwise sharding and fusion."""
     register(
