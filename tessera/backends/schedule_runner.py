@@ -25,11 +25,11 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
 from tessera.backends import hierarchical
-from tessera.backends.virtual import COLLECTIVES as GROUP_COLLECTIVES
 from tessera.dist.mesh import Mesh
 from tessera.errors import ExecutionError
 from tessera.ir import graph, schedule
 from tessera.ops import lookup
+from tessera.ops.collective import on_group
 from tessera.perf import timeline as perf_timeline
 from tessera.perf.trace import COMPUTE
 
@@ -104,7 +104,7 @@ def _start(
         if op.algorithm_name == "hierarchical":  # within domains, then across (phase by phase)
             results = hierarchical.run_group(op.collective_name, attrs, xs, op.domain_size)  # type: ignore[arg-type]
         else:  # ring, tree, nvls: how the bytes move, not what arrives
-            results = GROUP_COLLECTIVES[graph_op](op, xs)
+            results = on_group(graph_op)(op, xs)
         for rank, result in zip(group, results, strict=True):
             outputs[rank] = result.clone()
     return outputs

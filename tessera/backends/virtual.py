@@ -10,70 +10,28 @@ in the group. This is the oracle the real backends are tested against.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
-from tessera.backends.layout import reduce_pieces
 from tessera.dist.mesh import Mesh
 from tessera.errors import ExecutionError, TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ops import lookup
+from tessera.ops.collective import on_group
 
 Values = list[torch.Tensor]  # one tensor per member of a rank group, in group order
-
-
-def _all_reduce(op: graph.AllReduceOp, xs: Values) -> Values:
-    return [reduce_pieces(xs, op.attrs()["kind"])] * len(xs)
-
-
-def _all_gather(op: graph.AllGatherOp, xs: Values) -> Values:
-    return [torch.cat(xs, op.attrs()["dim"])] * len(xs)
-
-
-def _all_slice(op: graph.AllSliceOp, xs: Values) -> Values:
-    return [x.chunk(len(xs), op.attrs()["dim"])[p] for p, x in enumerate(xs)]
-
-
-def _reduce_scatter(op: graph.ReduceScatterOp, xs: Values) -> Values:
-    attrs = op.attrs()
-    return list(reduce_pieces(xs, attrs["kind"]).chunk(len(xs), attrs["dim"]))
-
-
-def _all_to_all(op: graph.AllToAllOp, xs: Values) -> Values:
-    attrs = op.attrs()
-    chunks = [x.chunk(len(xs), attrs["split_dim"]) for x in xs]  # chunks[sender][receiver]
-    return [torch.cat([c[p] for c in chunks], attrs["concat_dim"]) for p in range(len(xs))]
-
-
-def _broadcast(op: graph.BroadcastOp, xs: Values) -> Values:
-    src = op.attrs()["src"]
-    if not 0 <= src < len(xs):
-        raise ExecutionError(
-            f"{op.name}: source index {src} is outside the group of {len(xs)} ranks"
-        )
-    return [xs[src]] * len(xs)
-
-
-COLLECTIVES: dict[type[graph.GraphOp], Callable[..., Values]] = {
-    graph.AllReduceOp: _all_reduce,
-    graph.AllGatherOp: _all_gather,
-    graph.AllSliceOp: _all_slice,
-    graph.ReduceScatterOp: _reduce_scatter,
-    graph.AllToAllOp: _all_to_all,
-    graph.BroadcastOp: _broadcast,
-}
 
 
 def _collective(op: graph.CollectiveOp, mesh: Mesh, inputs: Values) -> Values:
     """Every rank's result of a collective, from every rank's operand."""
     outputs: Values = list(inputs)
     for group in mesh.groups(op.attrs()["axes"]):
-        results = COLLECTIVES[type(op)](op, [inputs[r] for r in group])
+        results = on_group(op)(op, [inputs[r] for r in group])
         for rank, result in zip(group, results, strict=True):
             outputs[rank] = result.clone()  # ranks never share storage
     return outputs

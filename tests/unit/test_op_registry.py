@@ -29,6 +29,7 @@ from tessera.ops import (
     register,
     registered,
 )
+from tessera.ops.collective import CollectiveReference, on_group
 
 # Ops of the dialect that compute nothing, so have no op definition, and why.
 STRUCTURAL = {graph.MeshOp: "a module-level symbol naming the device mesh; it has no value"}
@@ -89,6 +90,14 @@ def test_fusion_matches_tile_code(op_type: type[graph.GraphOp]) -> None:
     assert isinstance(definition.tile, expected), f"{op_type.name}: {definition.tile}"
     communicates = definition.fusion in (Fusion.COLLECTIVE, Fusion.CONSTRAINT)
     assert not communicates or isinstance(definition.sharding, LayoutTransition)
+
+
+@pytest.mark.parametrize("op_type", graph.COLLECTIVE_OPS, ids=lambda t: t.name)
+def test_collectives_have_group_semantics(op_type: type[graph.GraphOp]) -> None:
+    """A collective's reference is the identity on the global value and has per-rank
+    group semantics (what the virtual mesh computes)."""
+    reference = op_def(op_type).reference
+    assert isinstance(reference, CollectiveReference) and callable(on_group(op_type))
 
 
 def test_elementwise_ops_have_tile_code_and_reference() -> None:
