@@ -1,8 +1,10 @@
 """The ``graph`` dialect: tensor-level ops with value semantics.
 
-Each op class is the op's entry in Tessera's op table: its operands, its properties
-and its ``shape_rule`` (from :mod:`tessera.ir.shape_rules`), which the verifier and the
-tracer share. Every op prints in one legible custom form::
+Each op class defines the op as IR: its operands, its properties and its ``shape_rule``
+(from :mod:`tessera.ir.shape_rules`), which the verifier and the tracer share. What the
+compiler knows beyond that (sharding rule, linearity, VJP, torch reference, tile code,
+fusion class) is its op definition in :mod:`tessera.ops`. Every op prints in one
+legible custom form::
 
     %y = graph.matmul %x, %w : tensor<16x64xf32>, tensor<64x256xf32> -> tensor<16x256xf32>
     %s = graph.sum %y {axes = [1], keepdims = false} : tensor<16x256xf32> -> tensor<16xf32>
