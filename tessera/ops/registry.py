@@ -9,9 +9,11 @@ dialect definition (syntax, verification and shape rule stay on the IRDL class i
 - ``partial``: which operands may stay partial through it (:data:`PartialRule`), or
   :data:`NOT_LINEAR`;
 - ``vjp``: its reverse-mode rule (see :data:`VjpRule`);
-- ``reference``: its semantics on CPU torch tensors, ``fn(op, *tensors)``;
+- ``reference``: its semantics on CPU torch tensors, ``fn(op, *tensors)``
+  (:func:`on_operands` makes one of a plain torch function; a collective's also has
+  per-rank group semantics, ``tessera.ops.collective.CollectiveReference``);
 - ``tile``: how a kernel computes it (:class:`Pointwise`, :class:`IndexMap`,
-  :class:`RowReduction`, :class:`Kernel`);
+  :class:`RowReduction`, or a dedicated :class:`Kernel` class), or why none does;
 - ``fusion``: its class for kernel grouping (:class:`Fusion`).
 
 A field that does not apply to an op is a :class:`NotApplicable` with the reason, never
