@@ -30,7 +30,7 @@ uses (its tp shard), n = dp and t = tp, bytes received under ring algorithms:
 
 With tp nothing else is all-reduced: every other layer norm's weight and bias gradients
 are computed from the all-reduced activation gradient, as in Megatron-LM
-(``tessera/ir/reduction_points.py``).
+(``tessera/analysis/reduction_points.py``).
 
 It checks each sharded step against the same step on one device (the updated
 parameters, max abs difference). CPU only; runs in seconds.

@@ -36,7 +36,6 @@ from tessera.backends.execution import (
 from tessera.backends.layout import assemble, piece
 from tessera.backends.reference import check_index_inputs, run_function
 from tessera.dist.collectives import MESH_SYMBOL, shard
-from tessera.dist.mesh import Mesh
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dist.tensor import DistTensor
 from tessera.driver import KERNEL_BACKENDS, STAGES, CompileConfig, pipeline_string, run_stage
@@ -47,6 +46,7 @@ from tessera.frontend.tracer import Tensor, Trace, current_trace, is_tracing, tr
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.graph import DONATED
+from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_sharding, op_shardings
 from tessera.passes.plan_memory import peak_bytes
 from tessera.schedule import ScheduleOptions

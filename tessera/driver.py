@@ -29,8 +29,8 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from tessera.dist.mesh import Mesh
 from tessera.errors import TesseraError
+from tessera.ir.mesh import Mesh
 from tessera.passes import get_all_passes
 from tessera.schedule import ScheduleOptions
 

@@ -23,11 +23,11 @@ from typing import Any
 
 from xdsl.rewriter import InsertPoint
 
-from tessera.autodiff.builder import GradBuilder
-from tessera.dist.mesh import Mesh
 from tessera.errors import TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, current_trace, user_location
+from tessera.ir.grad_builder import GradBuilder
+from tessera.ir.mesh import Mesh
 from tessera.passes.autodiff import backprop
 from tessera.pipeline.step import PipelinedTrainingStep
 from tessera.training import TrainingStep, TrainState, active_params, forward_only_loss

@@ -56,12 +56,12 @@ from tessera.backends.distributed import LocalResult
 from tessera.backends.layout import block
 from tessera.compiled import JitFunction, Lowered, MemoryStats, ModelStateMemory, broadcast_prefix
 from tessera.dist.collectives import shard
-from tessera.dist.mesh import Mesh
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, user_location
+from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
 
 ZERO_STAGES = (0, 1, 2, 3)

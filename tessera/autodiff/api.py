@@ -21,12 +21,12 @@ from typing import Any
 from xdsl.ir import Operation
 from xdsl.rewriter import InsertPoint
 
-from tessera.autodiff.builder import GradBuilder
 from tessera.compiled import JitFunction, _is_array
 from tessera.errors import TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, current_trace
 from tessera.ir import graph
+from tessera.ir.grad_builder import GradBuilder
 from tessera.passes.autodiff import backprop
 
 

@@ -2,7 +2,7 @@
 
 :func:`run_rank` executes a ``func.func`` carrying ``graph.partitioned`` for the calling
 rank only. Compute ops run through the reference semantics
-(:data:`tessera.backends.reference.IMPLS`); collectives go through ``torch.distributed``
+(each op's ``tessera.ops.op_def(op).reference``); collectives go through ``torch.distributed``
 over one process group per mesh-axis subgroup (``mesh.groups(axes)``), created once, in
 the same order on every rank, and cached (:class:`Runtime`). Collectives are issued with
 ``async_op=True``; their work handles are joined right before the result's first use.
@@ -48,10 +48,10 @@ from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.layout import assemble
 from tessera.backends.schedule_runner import KernelContext, KernelRunner, reference_kernel
 from tessera.backends.virtual import _check_mesh, _check_value, _function
-from tessera.dist.mesh import Mesh
 from tessera.errors import DistributedError, ExecutionError, TesseraError
 from tessera.ir import graph, schedule
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
 from tessera.perf import timeline as perf_timeline
 from tessera.perf.timeline import Mark

@@ -19,7 +19,7 @@ from xdsl.dialects.builtin import ModuleOp
 
 from tessera.backends import distributed, schedule_runner
 from tessera.backends.schedule_runner import KernelRunner
-from tessera.dist.mesh import Mesh
+from tessera.ir.mesh import Mesh
 
 
 class Execution(ABC):

@@ -42,8 +42,8 @@ from typing import Any
 
 import torch
 
-from tessera.backends.layout import reduce_pieces
 from tessera.errors import ExecutionError
+from tessera.ops.collective import reduce_pieces
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 

@@ -14,34 +14,10 @@ from math import prod
 
 import torch
 
-from tessera.dist.mesh import Mesh
 from tessera.errors import ShardingError
+from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-def reduce_pieces(values: Sequence[torch.Tensor], kind: str) -> torch.Tensor:
-    """The ``kind`` reduction (sum, mean, max, min) of same-shaped tensors, in their
-    dtype; sum and mean of f16/bf16 accumulate in f32 and round once."""
-    stacked = torch.stack(list(values))
-    dtype = stacked.dtype
-    if kind in ("sum", "mean"):
-        accumulate = torch.float32 if dtype in _LOW_PRECISION else dtype
-        total = stacked.to(accumulate).sum(0)
-        if kind == "mean":
-            exact = total.is_floating_point() or total.is_complex()
-            total = (
-                total / len(values)
-                if exact
-                else torch.div(total, len(values), rounding_mode="floor")
-            )
-        return total.to(dtype)
-    if kind == "max":
-        return stacked.amax(0)
-    if kind == "min":
-        return stacked.amin(0)
-    raise ShardingError(f"reduction kind must be one of sum, mean, max, min, found {kind!r}")
+from tessera.ops.collective import reduce_pieces
 
 
 def block(rank: int, sharding: Sharding, mesh: Mesh, shape: Sequence[int]) -> tuple[slice, ...]:

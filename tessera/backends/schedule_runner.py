@@ -25,11 +25,11 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
 from tessera.backends import hierarchical
-from tessera.backends.reference import IMPLS
-from tessera.backends.virtual import COLLECTIVES as GROUP_COLLECTIVES
-from tessera.dist.mesh import Mesh
 from tessera.errors import ExecutionError
 from tessera.ir import graph, schedule
+from tessera.ir.mesh import Mesh
+from tessera.ops import lookup
+from tessera.ops.collective import on_group
 from tessera.perf import timeline as perf_timeline
 from tessera.perf.trace import COMPUTE
 
@@ -66,10 +66,10 @@ def reference_kernel(
             index, size = context.position(attrs["axes"])
             env[op.result] = env[op.input].chunk(size, attrs["dim"])[index]
             continue
-        impl = IMPLS.get(type(op))  # type: ignore[arg-type]
-        if impl is None:
+        found = lookup(op)
+        if found is None:
             raise ExecutionError(f"{kernel.sym_name.data}: no reference semantics for {op.name}")
-        result = impl(op, *(env[v] for v in op.operands))
+        result = found.reference(op, *(env[v] for v in op.operands))
         env.update(zip(op.results, result if isinstance(result, tuple) else (result,), strict=True))
     raise ExecutionError(f"{kernel.sym_name.data}: kernel body has no schedule.yield")
 
@@ -104,7 +104,7 @@ def _start(
         if op.algorithm_name == "hierarchical":  # within domains, then across (phase by phase)
             results = hierarchical.run_group(op.collective_name, attrs, xs, op.domain_size)  # type: ignore[arg-type]
         else:  # ring, tree, nvls: how the bytes move, not what arrives
-            results = GROUP_COLLECTIVES[graph_op](op, xs)
+            results = on_group(graph_op)(op, xs)
         for rank, result in zip(group, results, strict=True):
             outputs[rank] = result.clone()
     return outputs

@@ -3,77 +3,35 @@
 :func:`run_partitioned` runs a ``func.func`` carrying ``graph.partitioned`` (all types
 are per-rank local types) for all ranks of a mesh in lockstep, op by op in program
 order. Compute ops run per rank through the reference semantics
-(:data:`tessera.backends.reference.IMPLS`); collectives are computed exactly in memory
+(each op's ``tessera.ops.op_def(op).reference``); collectives are computed exactly in memory
 over each rank group ``mesh.groups(axes)``, a member's group position being its index
 in the group. This is the oracle the real backends are tested against.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
-from tessera.backends.layout import reduce_pieces
-from tessera.backends.reference import IMPLS
-from tessera.dist.mesh import Mesh
 from tessera.errors import ExecutionError, TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.mesh import Mesh
+from tessera.ops import lookup
+from tessera.ops.collective import on_group
 
 Values = list[torch.Tensor]  # one tensor per member of a rank group, in group order
-
-
-def _all_reduce(op: graph.AllReduceOp, xs: Values) -> Values:
-    return [reduce_pieces(xs, op.attrs()["kind"])] * len(xs)
-
-
-def _all_gather(op: graph.AllGatherOp, xs: Values) -> Values:
-    return [torch.cat(xs, op.attrs()["dim"])] * len(xs)
-
-
-def _all_slice(op: graph.AllSliceOp, xs: Values) -> Values:
-    return [x.chunk(len(xs), op.attrs()["dim"])[p] for p, x in enumerate(xs)]
-
-
-def _reduce_scatter(op: graph.ReduceScatterOp, xs: Values) -> Values:
-    attrs = op.attrs()
-    return list(reduce_pieces(xs, attrs["kind"]).chunk(len(xs), attrs["dim"]))
-
-
-def _all_to_all(op: graph.AllToAllOp, xs: Values) -> Values:
-    attrs = op.attrs()
-    chunks = [x.chunk(len(xs), attrs["split_dim"]) for x in xs]  # chunks[sender][receiver]
-    return [torch.cat([c[p] for c in chunks], attrs["concat_dim"]) for p in range(len(xs))]
-
-
-def _broadcast(op: graph.BroadcastOp, xs: Values) -> Values:
-    src = op.attrs()["src"]
-    if not 0 <= src < len(xs):
-        raise ExecutionError(
-            f"{op.name}: source index {src} is outside the group of {len(xs)} ranks"
-        )
-    return [xs[src]] * len(xs)
-
-
-COLLECTIVES: dict[type[graph.GraphOp], Callable[..., Values]] = {
-    graph.AllReduceOp: _all_reduce,
-    graph.AllGatherOp: _all_gather,
-    graph.AllSliceOp: _all_slice,
-    graph.ReduceScatterOp: _reduce_scatter,
-    graph.AllToAllOp: _all_to_all,
-    graph.BroadcastOp: _broadcast,
-}
 
 
 def _collective(op: graph.CollectiveOp, mesh: Mesh, inputs: Values) -> Values:
     """Every rank's result of a collective, from every rank's operand."""
     outputs: Values = list(inputs)
     for group in mesh.groups(op.attrs()["axes"]):
-        results = COLLECTIVES[type(op)](op, [inputs[r] for r in group])
+        results = on_group(op)(op, [inputs[r] for r in group])
         for rank, result in zip(group, results, strict=True):
             outputs[rank] = result.clone()  # ranks never share storage
     return outputs
@@ -132,12 +90,12 @@ def _run_op(op: Operation, mesh: Mesh, inputs: list[Values]) -> list[Values]:
     """Results of ``op`` as ``[result][rank]`` from operands as ``[operand][rank]``."""
     if isinstance(op, graph.CollectiveOp):
         return [_collective(op, mesh, inputs[0])]
-    impl = IMPLS.get(type(op))
-    if impl is None:
+    found = lookup(op)
+    if found is None:
         raise ExecutionError(f"the virtual mesh cannot run {op.name}")
     per_rank = []
     for rank in range(mesh.size):
-        result = impl(op, *(values[rank] for values in inputs))
+        result = found.reference(op, *(values[rank] for values in inputs))
         per_rank.append(result if isinstance(result, tuple) else (result,))
     return [list(results) for results in zip(*per_rank, strict=True)]
 

@@ -49,7 +49,7 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, f32
 from xdsl.ir import Operation, SSAValue
 
 from tessera.codegen.builder import TileBuilder, Value, shape
-from tessera.codegen.evaluate import ELEMENTWISE, Evaluator, Space, dims_of, unflatten
+from tessera.codegen.evaluate import Evaluator, Space, dims_of
 from tessera.codegen.kernels import (
     DEFAULT,
     BlockConfig,
@@ -61,6 +61,7 @@ from tessera.codegen.kernels import (
 )
 from tessera.errors import IRError
 from tessera.ir import graph, schedule, tile
+from tessera.ops import Fusion, fusion_of
 
 MAX_SCORE_OPS = 16  # elementwise ops between q kᵀ and the softmax
 MAX_HEAD_DIM = 256  # q/k and v head dims one program holds in registers
@@ -123,7 +124,7 @@ def _trace_scores(value: SSAValue, depth: int) -> tuple[graph.MatmulOp, list[Ope
     owner = value.owner
     if isinstance(owner, graph.MatmulOp):
         return owner, []
-    if depth == 0 or not isinstance(owner, graph.GraphOp) or type(owner) not in ELEMENTWISE:
+    if depth == 0 or not isinstance(owner, Operation) or fusion_of(owner) is not Fusion.ELEMENTWISE:
         return None
     for position in _chain_operands(owner):
         found = _trace_scores(owner.operands[position], depth - 1)
@@ -357,7 +358,7 @@ def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     dot_element = element[att.q] if element[att.q] == element[att.k] else f32
 
     pid_m = b.program_id(0)
-    batch_index = unflatten(b, b.program_id(1), batch) if batch else []
+    batch_index = b.unflatten(b.program_id(1), batch) if batch else []
     rows = b.add(b.mul(pid_m, b.index(bm)), b.expand_dims(b.arange(bm), 1))  # [bm, 1]
     row_mask = None if tq % bm == 0 else b.cmp("lt", rows, b.index(tq))
     d_cols = b.expand_dims(b.arange(bd), 0)  # [1, bd]

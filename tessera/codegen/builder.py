@@ -15,7 +15,6 @@ from xdsl.builder import Builder
 from xdsl.dialects import arith, scf
 from xdsl.dialects import math as mathd
 from xdsl.dialects.builtin import (
-    AnyFloat,
     DenseIntOrFPElementsAttr,
     FloatAttr,
     IntegerAttr,
@@ -27,17 +26,13 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.rewriter import InsertPoint
 
 from tessera.ir import tile
-from tessera.ir.tile import block_shape, block_type, element_type
+from tessera.ir.tile import block_shape, block_type, element_type, is_float, strides
 
 Value = SSAValue
 
 i1 = IntegerType(1)
 
 IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
-
-
-def is_float(value: Value) -> bool:
-    return isinstance(element_type(value.type), AnyFloat)
 
 
 def shape(value: Value) -> tuple[int, ...]:
@@ -97,6 +92,38 @@ class TileBuilder:
 
     def expand_dims(self, value: Value, axis: int) -> Value:
         return self.insert(tile.ExpandDimsOp(value, axis))
+
+    # --- indices -------------------------------------------------------------------------
+
+    def unflatten(self, flat: Value, dims: Sequence[int]) -> list[Value | None]:
+        """The multi-index of the flat offset ``flat`` in row-major ``dims`` (None for
+        size-1 dims)."""
+        out: list[Value | None] = []
+        total = math.prod(dims)
+        for size, stride in zip(dims, strides(dims), strict=True):
+            if size == 1:
+                out.append(None)
+                continue
+            component = flat if stride == 1 else self.div(flat, self.index(stride))
+            if stride * size < total:
+                component = self.rem(component, self.index(size))
+            out.append(component)
+        return out
+
+    def affine(self, component: Value | None, scale: int, shift: int) -> Value | None:
+        """``component * scale + shift`` for an index component (None stands for 0)."""
+        if component is None:
+            return self.index(shift) if shift else None
+        out = component if scale == 1 else self.mul(component, self.index(scale))
+        return out if shift == 0 else self.add(out, self.index(shift))
+
+    def clamp(self, component: Value, size: int) -> Value:
+        """An index component clamped into ``[0, size)``."""
+        return self.minimum(self.maximum(component, self.index(0)), self.index(size - 1))
+
+    def masked(self, x: Value, mask: Value | None, kind: str) -> Value:
+        """``x`` with the lanes outside ``mask`` set to the ``kind`` reduction's identity."""
+        return x if mask is None else self.select(mask, x, self.constant(IDENTITY[kind], f32))
 
     def _common(self, *values: Value) -> list[Value]:
         common = broadcast_shape(*(shape(v) for v in values))
@@ -221,4 +248,4 @@ class TileBuilder:
         self.insert(tile.ReturnOp())
 
 
-__all__ = ["IDENTITY", "TileBuilder", "broadcast_shape", "f32", "i1", "i32", "is_float", "shape"]
+__all__ = ["IDENTITY", "TileBuilder", "broadcast_shape", "f32", "i1", "i32", "shape"]

@@ -3,10 +3,11 @@
 - *pointwise* (elementwise ops and layout ops): a 1-D grid over the flat output, one
   ``block`` of elements per program; each output element's index is recovered from its
   flat offset and every value is evaluated there (``codegen.evaluate``).
-- *row reduction* (sum, mean, max, min, softmax, log_softmax, layer_norm, rms_norm,
-  cross_entropy, with elementwise prologue and epilogue): a program takes ``rows`` rows
-  and a whole reduced row as one block (``rows x next_pow2(R)``); masked lanes hold the
-  reduction's identity.
+- *row reduction* (the ops whose tile code is a :class:`~tessera.ops.RowReduction`: sum,
+  mean, max, min, softmax, log_softmax, layer_norm, rms_norm, cross_entropy, with
+  elementwise prologue and epilogue): a program takes ``rows`` rows and a whole reduced
+  row as one block (``rows x next_pow2(R)``); the op's tile code reduces it, masked
+  lanes holding the reduction's identity.
 - *matmul* (batched, with elementwise epilogue): ``block_m x block_n`` output tiles with a
   K loop of ``tile.dot`` into an f32 accumulator, programs grouped along M for L2 reuse;
   the epilogue is evaluated on the accumulator tile and stored once.
@@ -28,7 +29,6 @@ from xdsl.dialects.builtin import (
     ArrayAttr,
     DenseArrayBase,
     IntegerAttr,
-    IntegerType,
     StringAttr,
     TensorType,
     f32,
@@ -37,16 +37,14 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import SSAValue
 
-from tessera.codegen.builder import IDENTITY, TileBuilder, Value, shape
-from tessera.codegen.evaluate import Evaluator, Index, Space, dims_of, strides, unflatten
+from tessera.codegen.builder import TileBuilder, Value, shape
+from tessera.codegen.evaluate import Evaluator, Index, Space, dims_of
 from tessera.errors import IRError
 from tessera.ir import graph, schedule, tile
 from tessera.ir.dense import is_splat
+from tessera.ir.tile import strides
+from tessera.ops import Fusion, Kernel, RowReduction, lookup, op_def
 
-REDUCTIONS = (
-    graph.SumOp, graph.MeanOp, graph.MaxOp, graph.MinOp, graph.SoftmaxOp, graph.LogSoftmaxOp,
-    graph.LayerNormOp, graph.RmsNormOp, graph.CrossEntropyOp,
-)  # fmt: skip
 MAX_ROW_BLOCK = 65536  # elements of one reduced row held in one block
 
 
@@ -72,17 +70,28 @@ def next_pow2(n: int) -> int:
 
 
 def kernel_class(kernel: schedule.KernelOp) -> str:
-    """``attention``, ``matmul``, ``reduction`` or ``pointwise``."""
+    """``attention``, a dedicated kernel's name (an op whose tile code is a
+    :class:`~tessera.ops.Kernel`: ``matmul``), ``reduction`` or ``pointwise``."""
     from tessera.codegen.attention import match_attention
 
-    ops = list(kernel.body.block.ops)
     if match_attention(kernel) is not None:
         return "attention"
-    if any(isinstance(op, graph.MatmulOp) for op in ops):
-        return "matmul"
-    if any(isinstance(op, REDUCTIONS) for op in ops):
+    tiles = [found.tile for op in kernel.body.block.ops if (found := lookup(op)) is not None]
+    dedicated = next((t.name for t in tiles if isinstance(t, Kernel)), None)
+    if dedicated is not None:
+        return dedicated
+    if any(isinstance(t, RowReduction) for t in tiles):
         return "reduction"
     return "pointwise"
+
+
+def row_reduction(kernel: schedule.KernelOp) -> graph.GraphOp:
+    """The op of a row-reduction kernel that its row kernel reduces."""
+    return next(
+        o  # type: ignore[misc]
+        for o in kernel.body.block.ops
+        if (found := lookup(o)) is not None and isinstance(found.tile, RowReduction)
+    )
 
 
 def pointer_constants(kernel: schedule.KernelOp) -> list[graph.ConstantOp]:
@@ -217,7 +226,7 @@ def lower_pointwise(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     offsets = b.add(b.mul(pid, b.index(block)), b.arange(block))
     mask = None if numel % block == 0 else b.cmp("lt", offsets, b.index(numel))
     space = Space(
-        tuple(space_dims), tuple(unflatten(b, offsets, space_dims)), (block,), [mask], offsets
+        tuple(space_dims), tuple(b.unflatten(offsets, space_dims)), (block,), [mask], offsets
     )
     ev = frame.evaluator(space)
     if split is not None:
@@ -270,7 +279,7 @@ def reduced_axes(op: graph.GraphOp) -> tuple[int, ...]:
     """The axes of its (first) operand that a reduction op reduces."""
     rank = len(dims_of(op.operands[0]))
     attrs = op.attrs()
-    if isinstance(op, graph.CrossEntropyOp):
+    if op_def(op).fusion is Fusion.LOSS:
         return (rank - 1,)
     if "axis" in attrs:
         return (attrs["axis"] % rank,)
@@ -280,7 +289,7 @@ def reduced_axes(op: graph.GraphOp) -> tuple[int, ...]:
 def lower_reduction(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> tile.KernelOp:
     frame = new_frame(kernel)
     b = frame.b
-    op = next(o for o in kernel.body.block.ops if isinstance(o, REDUCTIONS))
+    op = row_reduction(kernel)
     if isinstance(op, graph.CrossEntropyOp) and op.attrs()["reduction"] != "none":
         raise IRError(f"@{kernel.kernel_name}: cross_entropy with reduction must be split first")
     full = dims_of(op.operands[0])
@@ -305,9 +314,9 @@ def lower_reduction(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     r = b.expand_dims(b.arange(block_r), 0)
     r_mask = None if width == block_r else b.cmp("lt", r, b.index(width))
     index: list[Value | None] = [None] * len(full)
-    for d, c in zip(kept, unflatten(b, row, [full[d] for d in kept]), strict=True):
+    for d, c in zip(kept, b.unflatten(row, [full[d] for d in kept]), strict=True):
         index[d] = c
-    for d, c in zip(axes, unflatten(b, r, [full[d] for d in axes]), strict=True):
+    for d, c in zip(axes, b.unflatten(r, [full[d] for d in axes]), strict=True):
         index[d] = c
     trailing = list(axes) == list(range(len(full) - len(axes), len(full)))
     linear = b.add(b.mul(row, b.index(width)), r) if trailing else None
@@ -315,7 +324,9 @@ def lower_reduction(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     ev = frame.evaluator(space)
     x = ev.at(op.operands[0], space.index)
     x = b.broadcast(x, (block_rows, block_r)) if shape(x) != (block_rows, block_r) else x
-    ev.bound[op.results[0]] = _reduce_op(ev, op, x, r_mask, width)
+    reduce = op_def(op).tile
+    assert isinstance(reduce, RowReduction)
+    ev.bound[op.results[0]] = reduce.fn(ev, op, x, r_mask, width)
     keep_dims = tuple(1 if d in axes else s for d, s in enumerate(full))
     squeezed = tuple(full[d] for d in kept)
     for ptr, value in zip(frame.outputs, yielded(kernel), strict=True):
@@ -328,60 +339,6 @@ def lower_reduction(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
             at = ev.full_index(value)
         ev.store(ptr, value, ev.at(value, at), at)
     return frame.finish([cdiv(rows, block_rows), 1, 1], config)
-
-
-def _masked(b: TileBuilder, x: Value, mask: Value | None, kind: str) -> Value:
-    return x if mask is None else b.select(mask, x, b.constant(IDENTITY[kind], f32))
-
-
-def _reduce_op(ev: Evaluator, op: graph.GraphOp, x: Value, mask: Value | None, width: int) -> Value:
-    """The reduction op's result at the space's index (a row value or a full block)."""
-    b = ev.b
-    is_int = isinstance(op.results[0].type.element_type, IntegerType)  # type: ignore[attr-defined]
-    if isinstance(op, graph.SumOp | graph.MeanOp | graph.MaxOp | graph.MinOp):
-        kind = {graph.SumOp: "sum", graph.MeanOp: "sum", graph.MaxOp: "max", graph.MinOp: "min"}[
-            type(op)
-        ]
-        if is_int:
-            if kind != "sum" and mask is not None:
-                raise IRError(f"{op.name} of integers over a ragged row is not supported")
-            return b.reduce(
-                x if mask is None else b.select(mask, x, b.constant(0, x.type.element_type)),
-                kind,
-                1,
-            )  # type: ignore[attr-defined]
-        total = b.reduce(_masked(b, x, mask, kind), kind, 1)
-        if kind != "sum":  # tl.max / tl.min skip NaN; torch's max and min propagate it
-            nans = b.reduce(b.select(b.cmp("ne", x, x), b.constant(1.0), b.constant(0.0)), "sum", 1)
-            total = b.select(b.cmp("gt", nans, b.constant(0.0)), b.constant(math.nan), total)
-        return b.div(total, b.constant(float(width))) if isinstance(op, graph.MeanOp) else total
-    if isinstance(op, graph.SoftmaxOp | graph.LogSoftmaxOp | graph.CrossEntropyOp):
-        top = b.reduce(_masked(b, x, mask, "max"), "max", 1)
-        shifted = b.sub(x, top)
-        total = b.reduce(_masked(b, b.exp(shifted), mask, "sum"), "sum", 1)
-        if isinstance(op, graph.SoftmaxOp):
-            return b.div(b.exp(shifted), total)
-        if isinstance(op, graph.LogSoftmaxOp):
-            return b.sub(shifted, b.log(total))
-        labels = op.operands[1]
-        label = b.convert(ev.at(labels, ev.space.index[:-1]), i32)
-        r = ev.space.index[-1]
-        assert r is not None
-        hit = b.cmp("eq", r, label)
-        picked = b.reduce(b.select(hit, x, b.constant(0.0)), "sum", 1)
-        return b.sub(b.add(top, b.log(total)), picked)
-    eps = b.constant(op.attrs()["eps"])
-    if isinstance(op, graph.LayerNormOp):
-        mean = b.div(b.reduce(_masked(b, x, mask, "sum"), "sum", 1), b.constant(float(width)))
-        centred = b.sub(x, mean)
-        square = _masked(b, b.mul(centred, centred), mask, "sum")
-        var = b.div(b.reduce(square, "sum", 1), b.constant(float(width)))
-        return b.mul(centred, b.rsqrt(b.add(var, eps)))
-    if isinstance(op, graph.RmsNormOp):
-        square = _masked(b, b.mul(x, x), mask, "sum")
-        mean_square = b.div(b.reduce(square, "sum", 1), b.constant(float(width)))
-        return b.mul(x, b.rsqrt(b.add(mean_square, eps)))
-    raise IRError(f"no row-reduction lowering for {op.name}")
 
 
 # --- matmul --------------------------------------------------------------------------------------
@@ -406,7 +363,7 @@ def lower_matmul(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> ti
     cols = b.add(b.mul(pid_n, b.index(bn)), b.expand_dims(b.arange(bn), 0))  # [1, bn]
     row_mask = None if m % bm == 0 else b.cmp("lt", rows, b.index(m))
     col_mask = None if n % bn == 0 else b.cmp("lt", cols, b.index(n))
-    batch_index = unflatten(b, b.program_id(1), batch) if batch else []
+    batch_index = b.unflatten(b.program_id(1), batch) if batch else []
     space = Space(out_dims, (*batch_index, rows, cols), (bm, bn), [row_mask, col_mask])
     ev = frame.evaluator(space)
 

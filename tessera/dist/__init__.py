@@ -8,7 +8,7 @@ from tessera.dist.collectives import (
     reduce_scatter,
     shard,
 )
-from tessera.dist.mesh import Mesh, mesh
+from tessera.ir.mesh import Mesh, mesh
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dist.tensor import DistTensor, tensor
 

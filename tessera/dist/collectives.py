@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tessera.dist.mesh import Mesh
+from tessera.ir.mesh import Mesh
 from tessera.dist.shard_spec import ShardSpec
 from tessera.errors import ShardingError, TraceError
 from tessera.frontend.tracer import Tensor, current_trace, user_location

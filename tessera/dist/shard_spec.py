@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tessera.dist.mesh import Mesh
+from tessera.ir.mesh import Mesh
 from tessera.errors import ShardingError
 from tessera.ir.sharding import Sharding
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tessera.dist.mesh import Mesh
+from tessera.ir.mesh import Mesh
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError

@@ -1,8 +1,10 @@
 """The ``graph`` dialect: tensor-level ops with value semantics.
 
-Each op class is the op's entry in Tessera's op table: its operands, its properties
-and its ``shape_rule`` (from :mod:`tessera.ir.shape_rules`), which the verifier and the
-tracer share. Every op prints in one legible custom form::
+Each op class defines the op as IR: its operands, its properties and its ``shape_rule``
+(from :mod:`tessera.ir.shape_rules`), which the verifier and the tracer share. What the
+compiler knows beyond that (sharding rule, linearity, VJP, torch reference, tile code,
+fusion class) is its op definition in :mod:`tessera.ops`. Every op prints in one
+legible custom form::
 
     %y = graph.matmul %x, %w : tensor<16x64xf32>, tensor<64x256xf32> -> tensor<16x256xf32>
     %s = graph.sum %y {axes = [1], keepdims = false} : tensor<16x256xf32> -> tensor<16xf32>
@@ -220,6 +222,7 @@ SqrtOp = _unary("sqrt", shape_rules.float_unary, "square root")
 RsqrtOp = _unary("rsqrt", shape_rules.float_unary, "1 / sqrt(x)")
 SiluOp = _unary("silu", shape_rules.float_unary, "x * sigmoid(x)")
 SigmoidOp = _unary("sigmoid", shape_rules.float_unary, "1 / (1 + e^-x)")
+ErfOp = _unary("erf", shape_rules.float_unary, "the error function")
 
 AddOp = _binary("add", shape_rules.binary, "lhs + rhs (numpy broadcasting)")
 SubOp = _binary("sub", shape_rules.binary, "lhs - rhs (numpy broadcasting)")
@@ -689,7 +692,7 @@ COLLECTIVE_OPS: tuple[type[GraphOp], ...] = (
 
 
 GRAPH_OPS: tuple[type[GraphOp], ...] = (
-    NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, GeluOp,
+    NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, ErfOp, GeluOp,
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
     CastOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, SoftmaxOp, LogSoftmaxOp, LayerNormOp,
     RmsNormOp, CrossEntropyOp, ReshapeOp, BroadcastToOp, TransposeOp, SliceOp, ConcatOp,

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
-from tessera.dist.mesh import Mesh
 from tessera.errors import ShardingError
 from tessera.ir import graph
+from tessera.ir.mesh import Mesh
 
 
 def module_mesh(module: ModuleOp) -> tuple[str, Mesh] | None:

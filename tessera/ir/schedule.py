@@ -28,7 +28,7 @@ its result is waited for) and *placement* (streams, buffers, microbatches, stage
   the graph op's shape rule and local (per-rank) semantics. Every handle is waited for
   exactly once; the wait of a ``send`` produces nothing. ``stream`` defaults to ``comm``.
   ``algorithm`` (optional, set by ``choose-collective-algorithms``) names how the
-  collective runs: one of :data:`ALGORITHMS`; with
+  collective runs: one of :data:`ALGORITHMS` (priced by ``tessera.perf.collective_cost``); with
   ``hierarchical`` (all_reduce, all_gather, reduce_scatter), ``domain`` is how many
   consecutive group members share an inner domain (it divides the group size, and
   ``2 <= domain < group size``). Like ``stream``, they are not in ``StartOp.attrs()``.
@@ -115,10 +115,8 @@ from tessera.ir import pipeline_actions as actions
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.attr_values import parse_properties, print_properties, to_python
 
-# how a collective runs (``algorithm`` of a start): the cost model prices each
-ALGORITHMS = ("ring", "tree", "hierarchical", "nvls")
-
 STREAMS = ("compute", "comm")
+ALGORITHMS = ("ring", "tree", "hierarchical", "nvls")  # how a collective may run
 
 # collective -> the graph op whose shape rule and properties it shares (None: send/recv)
 COLLECTIVES: dict[str, type[graph.CollectiveOp] | None] = {

@@ -49,6 +49,7 @@ from xdsl.dialects.builtin import (
     IntegerType,
     StringAttr,
     TensorType,
+    f32,
     i32,
     i64,
 )
@@ -123,6 +124,25 @@ def block_shape(t: Attribute) -> tuple[int, ...]:
 def block_type(element: Attribute, shape: Sequence[int]) -> Attribute:
     """The block type of ``shape`` (the scalar type itself when ``shape`` is empty)."""
     return TensorType(element, list(shape)) if shape else element
+
+
+def is_float(value: SSAValue) -> bool:
+    """Whether a tile value (scalar or block) has a float element type."""
+    return isinstance(element_type(value.type), AnyFloat)
+
+
+def compute_element(element: Attribute) -> Attribute:
+    """Kernels compute floats in f32 and keep integers and booleans as they are."""
+    return f32 if isinstance(element, AnyFloat) else element
+
+
+def strides(dims: Sequence[int]) -> list[int]:
+    """Row-major (contiguous) strides in elements."""
+    out, running = [], 1
+    for size in reversed(dims):
+        out.append(running)
+        running *= size
+    return out[::-1]
 
 
 def _is_power_of_two(n: int) -> bool:

@@ -250,6 +250,10 @@ def sigmoid(x: Operand) -> Tensor:
     return _unary(graph.SigmoidOp, x, floating=True)
 
 
+def erf(x: Operand) -> Tensor:
+    return _unary(graph.ErfOp, x, floating=True)
+
+
 def gelu(x: Operand, approximate: str | bool = "none") -> Tensor:
     """GELU; ``approximate="tanh"`` (or True) for the tanh form, as in torch."""
     mode = {True: "tanh", False: "none"}.get(approximate, approximate)  # type: ignore[call-overload]
@@ -590,6 +594,7 @@ __all__ = [
     "divide",
     "embedding",
     "equal",
+    "erf",
     "exp",
     "full",
     "gather",

@@ -4,8 +4,7 @@ For ``func.func @f`` whose first result is a scalar float (the loss), the pass a
 ``@f_grad`` (or rewrites ``@f`` in place with ``in-place=true``) returning ``@f``'s results
 followed by the gradient of the loss with respect to each argument listed in ``wrt``
 (default: every float argument). The backward program is appended after the forward one:
-ops are visited in reverse, each op's rule in :data:`tessera.autodiff.rules.VJP_RULES`
-maps its results' cotangents to its operands', and cotangents of a value used several
+ops are visited in reverse, each op's VJP rule (``tessera.ops.op_def(op).vjp``) maps its results' cotangents to its operands', and cotangents of a value used several
 times are summed. Arguments the loss does not depend on get zeros.
 """
 
@@ -22,10 +21,10 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
 from xdsl.utils.exceptions import PassFailedException
 
-from tessera.autodiff.builder import GradBuilder, aval
-from tessera.autodiff.rules import VJP_RULES
 from tessera.errors import TesseraError
-from tessera.ir import graph
+from tessera.ir.abstract import aval
+from tessera.ir.grad_builder import GradBuilder
+from tessera.ops import lookup
 
 
 def differentiate(function: func.FuncOp, wrt: Sequence[int] | None = None) -> None:
@@ -82,12 +81,12 @@ def backprop(
         result_cts = [cotangents.get(r) for r in op.results]
         if all(c is None for c in result_cts):
             continue
-        rule = VJP_RULES.get(type(op))  # type: ignore[arg-type]
-        if rule is None or not isinstance(op, graph.GraphOp):
+        found = lookup(op)
+        if found is None:
             raise TesseraError(
                 f"{where + ': ' if where else ''}{op.name} is not differentiable yet"
             )
-        operand_cts = rule(b, op, result_cts)
+        operand_cts = found.vjp(b, op, result_cts)
         for operand, ct in zip(op.operands, operand_cts, strict=True):
             if ct is None:
                 continue

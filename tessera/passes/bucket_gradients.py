@@ -37,11 +37,11 @@ from xdsl.ir import Block, Operation
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 
-from tessera.dist.mesh import Mesh
 from tessera.errors import TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.graph_emitter import GraphEmitter
+from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import module_mesh
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default

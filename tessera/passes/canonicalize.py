@@ -28,10 +28,10 @@ from xdsl.pattern_rewriter import (
 )
 from xdsl.transforms.dead_code_elimination import region_dce
 
-from tessera.backends.reference import IMPLS
 from tessera.dtypes import DType
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
+from tessera.ops import op_def
 
 
 def _replace(rewriter: PatternRewriter, op: Operation, new_op: Operation) -> None:
@@ -83,9 +83,9 @@ class FoldConstants(RewritePattern):
         avals = [AbstractTensor.from_xdsl(v.type) for v in (*op.operands, *op.results)]
         if any(a.size > self.max_elements for a in avals):
             return
-        operands = [IMPLS[graph.ConstantOp](v.owner) for v in op.operands]
+        operands = [op_def(v.owner).reference(v.owner) for v in op.operands]
         try:
-            results = IMPLS[type(op)](op, *operands)
+            results = op_def(op).reference(op, *operands)
         except Exception:  # e.g. an index out of range: an error for run time to report
             return
         results = results if isinstance(results, tuple) else (results,)

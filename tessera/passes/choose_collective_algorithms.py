@@ -39,10 +39,10 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.passes import ModulePass
 
-from tessera.dist.mesh import Mesh
 from tessera.errors import TesseraError
 from tessera.ir import schedule
 from tessera.ir.abstract import AbstractTensor, aval
+from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import module_mesh
 from tessera.perf.collective_cost import ALGORITHMS, algorithms_for
 from tessera.perf.topology import Topology, load_topology

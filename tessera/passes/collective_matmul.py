@@ -70,26 +70,16 @@ from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 
-from tessera.dist.mesh import Mesh
+from tessera.codegen.kernels import reduced_axes
 from tessera.errors import TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
+from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import module_mesh
+from tessera.ops import Fusion, fusion_of
 
 CANDIDATE_CHUNKS = (2, 4, 8)
 
-ELEMENTWISE: tuple[type[graph.GraphOp], ...] = (
-    graph.NegOp, graph.AbsOp, graph.ReluOp, graph.ExpOp, graph.LogOp, graph.TanhOp, graph.SqrtOp,
-    graph.RsqrtOp, graph.SiluOp, graph.SigmoidOp, graph.GeluOp, graph.AddOp, graph.SubOp,
-    graph.MulOp, graph.DivOp, graph.PowOp, graph.MaximumOp, graph.MinimumOp, graph.CompareOp,
-    graph.SelectOp, graph.CastOp,
-)  # fmt: skip
-NORMS: tuple[type[graph.GraphOp], ...] = (graph.LayerNormOp, graph.RmsNormOp)
-SOFTMAXES: tuple[type[graph.GraphOp], ...] = (graph.SoftmaxOp, graph.LogSoftmaxOp)
-# collectives that communicate (a chunk's consumers come one pipeline step later)
-COMMUNICATING: tuple[type[graph.GraphOp], ...] = (
-    graph.AllReduceOp, graph.AllGatherOp, graph.ReduceScatterOp, graph.BroadcastOp,
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -332,6 +322,11 @@ class _Ops(list[Operation]):
         return self(graph.ReshapeOp, [self(graph.ConcatOp, parts, axis=dim + 1)], shape=shape)
 
 
+def _communicates(op: Operation) -> bool:
+    """A collective that communicates: a chunk's consumers come one pipeline step later."""
+    return fusion_of(op) is Fusion.COLLECTIVE
+
+
 # --- propagation -----------------------------------------------------------------------------
 
 _Plan = tuple[_Layout, dict[int, "_Layout | None"]]
@@ -343,7 +338,8 @@ def _plan(op: Operation, layouts: dict[int, _Layout]) -> _Plan | None:
     result = aval(op.results[0]) if len(op.results) == 1 else None
     if result is None or not isinstance(op, graph.GraphOp):
         return None
-    if isinstance(op, ELEMENTWISE):
+    fusion = fusion_of(op)
+    if fusion is Fusion.ELEMENTWISE:
         rank = result.rank
         found = {replace(lay, dim=lay.dim + rank - aval(op.operands[i]).rank) for i, lay in layouts.items()}
         if len(found) != 1:
@@ -373,10 +369,8 @@ def _plan(op: Operation, layouts: dict[int, _Layout]) -> _Plan | None:
             return None
         kept = dim if attrs["keepdims"] else dim - sum(a < dim for a in axes)
         return replace(lay, dim=kept), {}
-    if isinstance(op, NORMS):
-        return (lay, {}) if dim not in attrs["axes"] else None
-    if isinstance(op, SOFTMAXES):
-        return (lay, {}) if dim != attrs["axis"] else None
+    if fusion is Fusion.NORMALIZATION:  # row-wise along the other dims
+        return (lay, {}) if dim not in reduced_axes(op) else None
     if isinstance(op, graph.MatmulOp):
         result_dim = _result_dim(op, dim)
         return (replace(lay, dim=result_dim), {1: None}) if result_dim is not None else None
@@ -421,7 +415,7 @@ def decompose(block: Block, mesh: Mesh, chunks: int) -> None:
             continue
         out, others = planned
         sources = [chunked[v].member for v in op.operands if v in chunked]
-        if isinstance(op, COMMUNICATING) and sources:  # right after its operand's chunks
+        if _communicates(op) and sources:  # right after its operand's chunks
             run, order = sources[0].run, (position[sources[0].op], i + 1)
         else:
             if open_run is None:
@@ -429,7 +423,7 @@ def decompose(block: Block, mesh: Mesh, chunks: int) -> None:
                 runs.append(open_run)
             run, order = open_run, (i, 0)
         stage = max(
-            (s.stage + isinstance(s.op, COMMUNICATING) for s in sources if s.run is run), default=0
+            (s.stage + _communicates(s.op) for s in sources if s.run is run), default=0
         )
         member = _Member(op, run, stage, order)
         operands: list[list[SSAValue]] = []

@@ -28,15 +28,15 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
-from tessera.dist.mesh import Mesh
+from tessera.analysis.op_sharding import after_collective, decide
+from tessera.analysis.reduction_points import ReductionPoints
 from tessera.ir import graph
 from tessera.ir.abstract import aval
+from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
-from tessera.ir.op_sharding import after_collective, decide
-from tessera.ir.reduction_points import ReductionPoints
 from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard
 from tessera.ir.sharding import Sharding, arg_sharding, set_op_shardings
-from tessera.ir.sharding_rules import RULES
+from tessera.ops import has_sharding_rule
 
 _STEP_OPS: dict[str, type[graph.GraphOp]] = {
     "all_reduce": graph.AllReduceOp,
@@ -78,7 +78,7 @@ class _Inserter:
             elif isinstance(op, graph.ConstantOp):
                 replicated = [Sharding.replicated(aval(r).rank) for r in op.results]
                 self._record(op, replicated)
-            elif isinstance(op, graph.GraphOp) and type(op) in RULES:
+            elif has_sharding_rule(op):
                 layout = decide(op, [self.of(v) for v in op.operands], self.mesh, self.points)
                 for index, (value, needed) in enumerate(
                     zip(op.operands, layout.operands, strict=True)

@@ -3,7 +3,8 @@
 Runs after ``shard-partition`` (or on a function without collectives). Three steps:
 
 1. *Group* (greedy, in program order). Every graph op but a collective or a constant
-   joins a group; a group becomes one ``schedule.kernel``.
+   joins a group; a group becomes one ``schedule.kernel``. What an op may join is its
+   fusion class (``tessera.ops.op_def(op).fusion``):
 
    - First, each ``softmax(score(q kᵀ)) v`` (``codegen.attention.find_attention``: the
      optional transpose of k, the two matmuls, the elementwise score ops such as a scale,
@@ -56,25 +57,21 @@ from xdsl.utils.exceptions import PassFailedException
 from tessera.codegen.attention import find_attention
 from tessera.codegen.kernels import reduced_axes
 from tessera.ir import graph, schedule
+from tessera.ops import Fusion, fusion_of
 
-ELEMENTWISE: tuple[type[graph.GraphOp], ...] = (
-    graph.NegOp, graph.AbsOp, graph.ReluOp, graph.ExpOp, graph.LogOp, graph.TanhOp, graph.SqrtOp,
-    graph.RsqrtOp, graph.SiluOp, graph.SigmoidOp, graph.GeluOp, graph.AddOp, graph.SubOp,
-    graph.MulOp, graph.DivOp, graph.PowOp, graph.MaximumOp, graph.MinimumOp, graph.CompareOp,
-    graph.SelectOp, graph.CastOp,
-)  # fmt: skip
-REDUCTIONS: tuple[type[graph.GraphOp], ...] = (
-    graph.SumOp, graph.MeanOp, graph.MaxOp, graph.MinOp, graph.SoftmaxOp, graph.LogSoftmaxOp,
-    graph.LayerNormOp, graph.RmsNormOp, graph.CrossEntropyOp,
-)  # fmt: skip
-# collectives that communicate (all_slice is a local slice: a layout op)
-ASYNC_COLLECTIVES: dict[type[graph.CollectiveOp], str] = {
-    graph.AllReduceOp: "all_reduce",
-    graph.AllGatherOp: "all_gather",
-    graph.ReduceScatterOp: "reduce_scatter",
-    graph.AllToAllOp: "all_to_all",
-    graph.BroadcastOp: "broadcast",
-}
+
+def _is(op: Operation | None, fusion: Fusion) -> bool:
+    return isinstance(op, Operation) and fusion_of(op) is fusion
+
+
+def _communicates(op: Operation | None) -> bool:
+    """A collective that communicates (all_slice is a local slice: a layout op)."""
+    return _is(op, Fusion.COLLECTIVE)
+
+
+def _reduces_rows(op: Operation) -> bool:
+    fusion = fusion_of(op)
+    return fusion is not None and fusion.reduces_rows
 
 
 @dataclass(frozen=True)
@@ -139,7 +136,7 @@ class _Group:
         if self.kind == "attention":
             return next(o for o in self.ops if isinstance(o, graph.SoftmaxOp))
         if self.kind in ("matmul", "reduction"):
-            return next(o for o in self.ops if isinstance(o, (graph.MatmulOp, *REDUCTIONS)))
+            return next(o for o in self.ops if _is(o, Fusion.MATMUL) or _reduces_rows(o))
         return self.ops[0]
 
 
@@ -177,7 +174,7 @@ def _fits(op: Operation, group: _Group) -> bool:
         squeezed = tuple(s for d, s in enumerate(full) if d not in axes)
         return result in (full, kept, squeezed)
     shapes = [_dims(r) for o in group.ops for r in o.results]
-    if isinstance(op, REDUCTIONS):  # the group becomes the reduction's prologue
+    if _reduces_rows(op):  # the group becomes the reduction's prologue
         return _broadcasts(shapes, _dims(op.operands[0]))
     return _broadcasts([*shapes, result])
 
@@ -199,18 +196,18 @@ class _Lowering:
             self.groups.append(group)
             self.group_of.update((o, group) for o in ops)
         for op in self.ops:
-            if isinstance(op, (graph.ConstantOp, *ASYNC_COLLECTIVES)) or op in self.group_of:
+            if _is(op, Fusion.CONSTANT) or _communicates(op) or op in self.group_of:
                 continue
             self._group(op)
         for op in self.ops:  # constants with users outside kernels are kernels alone
-            if isinstance(op, graph.ConstantOp) and any(
+            if _is(op, Fusion.CONSTANT) and any(
                 self._outside_kernels(u.operation) for u in op.results[0].uses
             ):
                 self._new_group("elementwise", op)
         _Emitter(self).run()
 
     def _outside_kernels(self, user: Operation) -> bool:
-        return isinstance(user, (func.ReturnOp, *ASYNC_COLLECTIVES))
+        return isinstance(user, func.ReturnOp) or _communicates(user)
 
     def _new_group(self, kind: str, op: Operation) -> None:
         group = _Group(kind, [op])
@@ -218,11 +215,11 @@ class _Lowering:
         self.group_of[op] = group
 
     def _group(self, op: Operation) -> None:
-        if isinstance(op, ELEMENTWISE):
+        if _is(op, Fusion.ELEMENTWISE):
             kind, accepts = "elementwise", ("elementwise", "matmul", "reduction")
-        elif isinstance(op, REDUCTIONS):
+        elif _reduces_rows(op):
             kind, accepts = "reduction", ("elementwise",)
-        elif isinstance(op, graph.MatmulOp):
+        elif _is(op, Fusion.MATMUL):
             kind, accepts = "matmul", ()
         else:
             kind, accepts = "layout", ()
@@ -258,7 +255,7 @@ class _Lowering:
     def _producer_group(self, value: SSAValue) -> _Group | None:
         """The group a value comes from, looking through collectives."""
         owner = value.owner
-        while isinstance(owner, tuple(ASYNC_COLLECTIVES)):
+        while _communicates(owner):  # type: ignore[arg-type]
             owner = owner.operands[0].owner
         return self.group_of.get(owner) if isinstance(owner, Operation) else None
 
@@ -293,7 +290,7 @@ class _Emitter:
         self.ret = lowering.block.last_op
         assert isinstance(self.ret, func.ReturnOp)
         self.env: dict[SSAValue, SSAValue] = {a: a for a in lowering.block.args}
-        self.collectives = [o for o in lowering.ops if isinstance(o, tuple(ASYNC_COLLECTIVES))]
+        self.collectives = [o for o in lowering.ops if _communicates(o)]
         self.handles: dict[Operation, SSAValue] = {}  # collective -> its start's handle
         self.kernel_count = 0
 
@@ -355,7 +352,7 @@ class _Emitter:
         properties = {n: collective.properties[n] for n in collective._property_names()}
         result = collective.results[0].type
         assert isinstance(result, TensorType)
-        op = schedule.StartOp.get(ASYNC_COLLECTIVES[type(collective)], value, result, **properties)
+        op = schedule.StartOp.get(_short(collective), value, result, **properties)
         handle = self.insert(op).results[0]
         self.handles[collective] = handle
         wait = self.insert(schedule.WaitOp.create(operands=[handle], result_types=[result]))
@@ -377,7 +374,7 @@ class _Emitter:
             for v in op.operands:
                 if v.owner in members or v in inputs:
                     continue
-                if isinstance(v.owner, graph.ConstantOp):
+                if _is(v.owner, Fusion.CONSTANT):  # type: ignore[arg-type]
                     if v.owner not in constants:
                         constants.append(v.owner)
                 else:

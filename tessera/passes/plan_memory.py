@@ -29,10 +29,10 @@ from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp, i64
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 
-from tessera.codegen.evaluate import ELEMENTWISE
 from tessera.ir import schedule
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.graph import DONATED
+from tessera.ops import Fusion, fusion_of
 
 PEAK_BYTES = "schedule.peak_bytes"
 
@@ -65,7 +65,7 @@ def _reads_elementwise(kernel: schedule.KernelOp, index: int) -> bool:
     """Whether the kernel reads its input ``index`` only elementwise, at the shape it has."""
     arg = kernel.body.block.args[index]
     return all(
-        type(use.operation) in ELEMENTWISE
+        fusion_of(use.operation) is Fusion.ELEMENTWISE
         and all(r.type == arg.type for r in use.operation.results)
         for use in arg.uses
     )

@@ -28,14 +28,15 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
-from tessera.dist.mesh import Mesh
 from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.attr_values import to_attr
 from tessera.ir.graph_emitter import GraphEmitter
+from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.sharding import Sharding, arg_sharding, op_shardings
+from tessera.ops import Fusion, fusion_of
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,7 @@ class _Partitioner:
         self.function.function_type = FunctionType.from_lists(arg_types, result_types)
 
     def _localize(self, op: Operation, shardings: Sequence[Sharding]) -> None:
-        if isinstance(
-            op, (graph.SoftmaxOp, graph.LogSoftmaxOp, graph.LayerNormOp, graph.RmsNormOp)
-        ):
+        if fusion_of(op) is Fusion.NORMALIZATION:  # statistics over a split axis
             split = self._split_axes(op, shardings[0])
             if split:
                 self._expand_normalization(op, shardings[0], split)

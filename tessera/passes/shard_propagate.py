@@ -26,14 +26,15 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
-from tessera.dist.mesh import Mesh
+from tessera.analysis.op_sharding import Assignment, after_collective, choose, results
+from tessera.analysis.reduction_points import ReductionPoints
 from tessera.ir import graph
 from tessera.ir.abstract import aval
+from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
-from tessera.ir.op_sharding import Assignment, after_collective, choose, results
-from tessera.ir.reduction_points import ReductionPoints
 from tessera.ir.sharding import Sharding, arg_sharding, set_arg_sharding, set_op_shardings
-from tessera.ir.sharding_rules import RULES, FactorKind, sharding_rule
+from tessera.ir.sharding_rules import FactorKind
+from tessera.ops import has_sharding_rule, sharding_rule
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class _Propagation:
             if source is None:
                 return False
             return self._set(op.result, after_collective(op, source))
-        if type(op) not in RULES or not op.operands:
+        if not has_sharding_rule(op) or not op.operands:
             return False
         known = [self.shardings.get(v) for v in op.operands]
         if all(k is None for k in known):
@@ -110,7 +111,7 @@ class _Propagation:
         if isinstance(op, graph.ShardOp):
             wanted = op.sharding.sharding
             return self._set(op.input, Sharding(wanted.dims))
-        if type(op) not in RULES:
+        if not has_sharding_rule(op):
             return False
         produced = [self.shardings.get(r) for r in op.results]
         if all(p is None for p in produced):

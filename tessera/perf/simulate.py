@@ -35,10 +35,10 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
-from tessera.dist.mesh import Mesh
 from tessera.errors import TesseraError
 from tessera.ir import schedule
 from tessera.ir.abstract import AbstractTensor, aval
+from tessera.ir.mesh import Mesh
 from tessera.perf.collective_cost import CollectiveCost, algorithms_for, collective_time
 from tessera.perf.compute_cost import kernel_bytes, kernel_flops, kernel_time
 from tessera.perf.topology import Topology, dgx_h100, load_topology, single_gpu

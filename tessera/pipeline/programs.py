@@ -31,14 +31,14 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.rewriter import InsertPoint
 
-from tessera.autodiff.builder import GradBuilder
 from tessera.compiled import Lowered, Signature
 from tessera.dist.collectives import MESH_SYMBOL, shard
-from tessera.dist.mesh import Mesh
 from tessera.driver import CompileConfig
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, tracing
 from tessera.ir.abstract import AbstractTensor, aval
+from tessera.ir.grad_builder import GradBuilder
+from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr
 from tessera.passes.autodiff import backprop
 from tessera.pipeline.split import StagePlan, is_free

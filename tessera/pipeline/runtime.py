@@ -24,9 +24,9 @@ import torch.distributed as tdist
 
 from tessera.backends import distributed
 from tessera.backends.execution import Execution
-from tessera.dist.mesh import Mesh
 from tessera.errors import DistributedError, ExecutionError
 from tessera.ir import pipeline_actions as A
+from tessera.ir.mesh import Mesh
 from tessera.pipeline.programs import Program, StagePrograms
 
 Values = list[list[torch.Tensor]]  # per member, the tensors of one message or output list

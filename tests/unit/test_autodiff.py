@@ -44,6 +44,7 @@ UNARY = {
     "rsqrt": (op.rsqrt, torch.rsqrt, True),
     "sigmoid": (op.sigmoid, torch.sigmoid, False),
     "silu": (op.silu, F.silu, False),
+    "erf": (op.erf, torch.erf, False),
     "gelu": (op.gelu, F.gelu, False),
     "gelu_tanh": (
         lambda x: op.gelu(x, approximate="tanh"),

@@ -23,14 +23,14 @@ from xdsl.dialects.builtin import ModuleOp, UnitAttr
 from xdsl.ir import Block, Region
 from xdsl.rewriter import InsertPoint
 
-from tessera.autodiff.builder import GradBuilder
-from tessera.autodiff.rules import VJP_RULES
-from tessera.backends.reference import IMPLS, run_function
+from tessera.backends.reference import run_function
 from tessera.dtypes import DType
 from tessera.errors import TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding import Sharding, ShardingAttr
+from tessera.ops import op_def
 
 TOL = {torch.float64: 1e-9, torch.float32: 1e-5}
 
@@ -63,7 +63,7 @@ def build_vjp(
     if partitioned:
         function.attributes[graph.PARTITIONED] = UnitAttr()
     module = ModuleOp([function])
-    grads = VJP_RULES[op_type](GradBuilder(InsertPoint.at_end(block)), op, cts)
+    grads = op_def(op_type).vjp(GradBuilder(InsertPoint.at_end(block)), op, cts)
     assert len(grads) == len(operands)
     returned = [g for g in grads if g is not None]
     block.add_op(func.ReturnOp(*returned))
@@ -87,7 +87,7 @@ def check_vjp(
     operands = [t.to(dtype) if t.is_floating_point() else t for t in operands]
     module, op, has_grad = build_vjp(op_type, operands, attrs, with_ct)
     if torch_fn is None:
-        impl = IMPLS[op_type]
+        impl = op_def(op_type).reference
         torch_fn = lambda *xs: impl(op, *xs)  # noqa: E731
     inputs = [t.clone().requires_grad_(t.is_floating_point()) for t in operands]
     outs = torch_fn(*inputs)
@@ -286,7 +286,7 @@ def test_against_finite_differences(op_type: type[graph.GraphOp], attrs: dict[st
     """Central differences of the op's reference forward in float64."""
     x = randn(3, 5)
     module, op, _ = build_vjp(op_type, [x], attrs)
-    forward = lambda v: IMPLS[op_type](op, v)  # noqa: E731
+    forward = lambda v: op_def(op_type).reference(op, v)  # noqa: E731
     ct = randn(*forward(x).shape)
     (grad,) = run_function(module, "vjp", [x, ct])
     step = 1e-6

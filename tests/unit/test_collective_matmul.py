@@ -18,11 +18,11 @@ import tessera as ts
 from tessera import dist, op, optim
 from tessera.backends.schedule_runner import run_virtual
 from tessera.backends.virtual import run_partitioned
-from tessera.dist.mesh import Mesh
 from tessera.errors import TesseraError
 from tessera.graph import backward, training_step
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
+from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import module_mesh
 from tessera.passes import get_all_passes
 from tessera.passes.collective_matmul import CollectiveMatmulPass, choose_chunks, simulated_time

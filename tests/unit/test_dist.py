@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from tessera import dist
 from tessera.dist import DistTensor, Mesh, ShardSpec
-from tessera.dist.mesh import MeshError
 from tessera.errors import ShardingError
+from tessera.ir.mesh import MeshError
 from tessera.ir.sharding import Sharding
 
 # --- Mesh ---------------------------------------------------------------------------------

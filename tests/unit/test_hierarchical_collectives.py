@@ -19,11 +19,11 @@ from xdsl.utils.exceptions import VerifyException
 import tessera as ts
 from tessera import dist, op, schedule
 from tessera.backends import hierarchical
-from tessera.backends.layout import reduce_pieces
 from tessera.backends.schedule_runner import run_virtual
 from tessera.errors import ExecutionError, TesseraError
 from tessera.ir import graph
 from tessera.ir import schedule as schedule_ir
+from tessera.ops.collective import reduce_pieces
 from tessera.passes.choose_collective_algorithms import ChooseCollectiveAlgorithmsPass
 from tessera.perf import Link, Topology, algorithms_for, collective_time, dgx_h100
 from tessera.perf.simulate import simulate

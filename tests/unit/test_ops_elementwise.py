@@ -45,6 +45,7 @@ FLOAT_UNARY = {
     "rsqrt": (torch.rsqrt, "positive"),
     "sigmoid": (torch.sigmoid, "normal"),
     "silu": (F.silu, "normal"),
+    "erf": (torch.erf, "normal"),
 }
 
 

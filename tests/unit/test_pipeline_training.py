@@ -21,12 +21,12 @@ from test_distributed import SCRIPTS, tessera_run
 
 from tessera import dist, graph, op, optim, schedule
 from tessera.backends.execution import VirtualMesh
-from tessera.dist.mesh import Mesh
 from tessera.dtypes import as_dtype
 from tessera.errors import ExecutionError, ShardingError, TesseraError, TraceError
 from tessera.frontend.tracer import Tensor, Trace, tracing
 from tessera.ir import pipeline_actions as A
 from tessera.ir.abstract import AbstractTensor, aval
+from tessera.ir.mesh import Mesh
 from tessera.ir.pipeline_schedules import pipeline_schedule
 from tessera.perf.topology import dgx_h100
 from tessera.pipeline.runtime import PipelineExecutor, Placement

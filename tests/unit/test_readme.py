@@ -107,7 +107,7 @@ COMMANDS: dict[str, tuple[Run, ...] | str] = {
     "bash scripts/demo.sh": _demo(),
     # Recursive: CI runs it (.ci/run). Here: it parses, and the tools it calls are installed.
     "bash scripts/test.sh": (
-        Run("bash -n scripts/test.sh && test -x .venv/bin/ruff && test -x .venv/bin/lit", last_line=None),
+        Run("bash -n scripts/test.sh && test -x .venv/bin/ruff && test -x .venv/bin/lint-imports && test -x .venv/bin/lit", last_line=None),
     ),
     # --steps 50 -> 2; the one README training through the generated (interpreted) kernels
     ".venv/bin/python examples/train_gpt.py --steps 50": (

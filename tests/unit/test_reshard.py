@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.dist.mesh import Mesh
 from tessera.errors import ShardingError
+from tessera.ir.mesh import Mesh
 from tessera.ir.reshard import ALPHA_BYTES, ReshardStep, apply_step, plan_reshard, reshard_cost
 from tessera.ir.sharding import Sharding
 

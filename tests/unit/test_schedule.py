@@ -17,7 +17,8 @@ from xdsl.parser import Parser
 import tessera as ts
 from tessera import dist, op
 from tessera.ir import graph, schedule
-from tessera.passes.lower_graph_to_schedule import ASYNC_COLLECTIVES, LowerGraphToSchedulePass
+from tessera.ops import Fusion, fusion_of
+from tessera.passes.lower_graph_to_schedule import LowerGraphToSchedulePass
 
 MESH = dist.Mesh(axes=["dp", "tp"], shape=(2, 4))
 ROWS_DP = dist.ShardSpec(partition=(0,), mesh_axes=("dp",))
@@ -75,9 +76,9 @@ def test_every_op_in_one_kernel_and_every_collective_in_one_pair(name: str) -> N
     module = _partitioned(name)
     function = next(o for o in module.ops if isinstance(o, FuncOp))
     before = [o for o in function.body.block.ops if isinstance(o, graph.GraphOp)]
-    collectives = [o for o in before if isinstance(o, tuple(ASYNC_COLLECTIVES))]
+    collectives = [o for o in before if fusion_of(o) is Fusion.COLLECTIVE]
     computed = Counter(
-        _key(o) for o in before if not isinstance(o, (graph.ConstantOp, *ASYNC_COLLECTIVES))
+        _key(o) for o in before if fusion_of(o) not in (Fusion.CONSTANT, Fusion.COLLECTIVE)
     )
     constants = {_key(o) for o in before if isinstance(o, graph.ConstantOp)}
 
@@ -96,7 +97,7 @@ def test_every_op_in_one_kernel_and_every_collective_in_one_pair(name: str) -> N
 
     starts = [o for o in top if isinstance(o, schedule.StartOp)]
     waits = [o for o in top if isinstance(o, schedule.WaitOp)]
-    assert Counter(ASYNC_COLLECTIVES[type(c)] for c in collectives) == Counter(
+    assert Counter(c.name.removeprefix("graph.") for c in collectives) == Counter(
         s.collective_name for s in starts
     )
     assert len(waits) == len(starts)

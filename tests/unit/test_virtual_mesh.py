@@ -18,9 +18,9 @@ from xdsl.parser import Parser
 from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.layout import assemble, scatter
 from tessera.backends.virtual import run_partitioned
-from tessera.dist.mesh import Mesh
 from tessera.errors import ExecutionError, ShardingError
 from tessera.ir.graph import Graph
+from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
 
 

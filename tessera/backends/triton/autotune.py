@@ -59,9 +59,9 @@ def _element_bytes(value: Any) -> int:
 
 
 def _reduced_width(kernel: schedule.KernelOp) -> int:
-    from tessera.codegen.kernels import REDUCTIONS, reduced_axes
+    from tessera.codegen.kernels import reduced_axes, row_reduction
 
-    op = next(o for o in kernel.body.block.ops if isinstance(o, REDUCTIONS))
+    op = row_reduction(kernel)
     full = AbstractTensor.from_xdsl(op.operands[0].type).shape
     return math.prod(full[d] for d in reduced_axes(op))
 

@@ -27,13 +27,13 @@ if not torch.cuda.is_available():  # Triton's interpreter must be chosen before 
 
 from xdsl.dialects.builtin import ModuleOp
 
-from tessera.backends.reference import IMPLS
 from tessera.backends.schedule_runner import KernelContext, reference_kernel
 from tessera.backends.triton.emit import emit_kernel
 from tessera.codegen.kernels import pointer_constants, position_axes
 from tessera.errors import ExecutionError
 from tessera.ir import graph, schedule, tile
 from tessera.ir.abstract import AbstractTensor
+from tessera.ops import op_def
 
 
 def cache_dir() -> Path:
@@ -191,8 +191,8 @@ class TritonKernels:
         key = (kernel.kernel_name, str(device))
         if key not in self.constants:
             self.constants[key] = [
-                IMPLS[type(c)](c).contiguous().to(device) for c in pointer_constants(kernel)
-            ]  # type: ignore[index]
+                op_def(c).reference(c).contiguous().to(device) for c in pointer_constants(kernel)
+            ]
         return self.constants[key]
 
     def prepare(

@@ -24,7 +24,7 @@ from itertools import count
 from xdsl.ir import Block, Operation, SSAValue
 
 from tessera.ir.abstract import aval
-from tessera.ir.sharding_rules import PARTIAL_PASSTHROUGH, RULES
+from tessera.ops import has_sharding_rule, lookup
 
 # Values visited from one partial value before giving up and deferring (the behaviour
 # without the analysis); the backward of a layer reaches its sinks in a few dozen.
@@ -102,13 +102,19 @@ class ReductionPoints:
 def needed_whole(value: SSAValue) -> bool:
     """Whether a consumer of ``value`` is a graph op not linear in any operand."""
     return any(
-        type(use.operation) in RULES and type(use.operation) not in PARTIAL_PASSTHROUGH
+        has_sharding_rule(use.operation) and _partial(use.operation) is None
         for use in value.uses
     )
 
 
+def _partial(op: Operation) -> str | tuple[int, ...] | None:
+    """Which operands ``op`` is linear in ("all" or indices); None when none."""
+    found = lookup(op)
+    return found.partial if found is not None and found.linear else None  # type: ignore[return-value]
+
+
 def _linear_in(op: Operation, index: int) -> bool:
-    policy = PARTIAL_PASSTHROUGH.get(type(op))  # type: ignore[arg-type]
+    policy = _partial(op)
     return policy is not None and (policy == "all" or index in policy)
 
 
@@ -117,6 +123,6 @@ def _carries(op: Operation, index: int, cone: set[SSAValue]) -> bool:
     if not _linear_in(op, index):
         return False
     others = [v for i, v in enumerate(op.operands) if i != index]
-    if PARTIAL_PASSTHROUGH[type(op)] == "all":  # type: ignore[index]
+    if _partial(op) == "all":
         return all(v in cone for v in others)
     return not any(v in cone for v in others)

@@ -16,12 +16,8 @@ from xdsl.ir import SSAValue
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from tessera.ir import graph
-from tessera.ir.abstract import AbstractTensor
+from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.dense import dense_from_numpy
-
-
-def aval(value: SSAValue) -> AbstractTensor:
-    return AbstractTensor.from_xdsl(value.type)
 
 
 class GradBuilder:
@@ -50,6 +46,18 @@ class GradBuilder:
 
     def zeros_like(self, value: SSAValue) -> SSAValue:
         return self.broadcast_to(self.constant(0.0, value), aval(value).shape)
+
+    def zeros(self, like: SSAValue, shape: Sequence[int]) -> SSAValue:
+        """Zeros of ``like``'s dtype and the given shape."""
+        return self.broadcast_to(self.constant(0.0, like), tuple(shape))
+
+    def iota(self, like: SSAValue, n: int, shape: Sequence[int]) -> SSAValue:
+        """``arange(n)`` reshaped to ``shape``, with ``like``'s (integer) dtype."""
+        target = aval(like).with_shape(tuple(shape))
+        attr = dense_from_numpy(np.arange(n).reshape(tuple(shape)), target.to_xdsl())
+        op = graph.ConstantOp.create(result_types=[target.to_xdsl()], properties={"value": attr})
+        Rewriter.insert_op(op, self.point)
+        return op.results[0]
 
     # --- arithmetic ------------------------------------------------------------------------
 

@@ -22,19 +22,13 @@ from math import prod
 
 from xdsl.ir import Operation
 
+from tessera.analysis.reduction_points import ReductionPoints
 from tessera.ir import graph
 from tessera.ir.abstract import aval
-from tessera.ir.reduction_points import ReductionPoints
 from tessera.ir.reshard import reshard_cost
 from tessera.ir.sharding import MeshLike, Sharding
-from tessera.ir.sharding_rules import (
-    LINEAR_KINDS,
-    PARTIAL_PASSTHROUGH,
-    FactorKind,
-    ShardingRule,
-    factor_product,
-    sharding_rule,
-)
+from tessera.ir.sharding_rules import LINEAR_KINDS, FactorKind, ShardingRule, factor_product
+from tessera.ops import LayoutTransition, op_def, sharding_rule
 
 # One multiply-add priced as this many bytes of communication: an H100 does about 495e12
 # dense bf16 multiply-adds per second (989 TFLOP/s) and an NVLink 4 port moves about
@@ -175,7 +169,8 @@ def _passthrough(
     points: ReductionPoints,
 ) -> dict[int, tuple[tuple[str, str], ...]]:
     """Partial (sum/mean) axes each operand may keep because the op is linear in it."""
-    policy = PARTIAL_PASSTHROUGH.get(type(op))
+    definition = op_def(op)
+    policy = definition.partial
     partials = [
         tuple((a, k) for a, k in s.partial if k in LINEAR_KINDS)
         if s and value not in points
@@ -183,13 +178,13 @@ def _passthrough(
         for s, value in zip(known, op.operands, strict=True)
     ]
     split = {a for axes in assignment.values() for a in axes}
-    if policy is None or any(a in split for p in partials for a, _ in p):
+    if not definition.linear or any(a in split for p in partials for a, _ in p):
         return {}
     if policy == "all":
         if partials and partials[0] and all(p == partials[0] for p in partials):
             return dict.fromkeys(range(len(partials)), partials[0])
         return {}
-    carriers = [i for i in policy if i < len(partials) and partials[i]]
+    carriers = [i for i in policy if i < len(partials) and partials[i]]  # type: ignore[union-attr]
     if len(carriers) == 1 and all(
         not partials[i] for i in range(len(partials)) if i != carriers[0]
     ):
@@ -225,18 +220,7 @@ def results(
 
 
 def after_collective(op: Operation, source: Sharding) -> Sharding:
-    """The layout a collective leaves, given its operand's layout."""
-    attrs = op.attrs()  # type: ignore[attr-defined]
-    axes = set(attrs["axes"])
-    dims = [list(d) for d in source.dims]
-    partial = [(a, k) for a, k in source.partial if a not in axes]
-    if isinstance(op, graph.AllGatherOp):
-        dims[attrs["dim"]] = [a for a in dims[attrs["dim"]] if a not in axes]
-    elif isinstance(op, (graph.AllSliceOp, graph.ReduceScatterOp)):
-        dims[attrs["dim"]] += [a for a in attrs["axes"] if a not in dims[attrs["dim"]]]
-    elif isinstance(op, graph.AllToAllOp):
-        dims[attrs["concat_dim"]] = [a for a in dims[attrs["concat_dim"]] if a not in axes]
-        dims[attrs["split_dim"]] += list(attrs["axes"])
-    elif isinstance(op, graph.BroadcastOp):
-        partial = list(source.partial)
-    return Sharding(tuple(tuple(d) for d in dims), tuple(partial))
+    """The layout a collective (or a sharding constraint) leaves, given its operand's."""
+    transition = op_def(op).sharding
+    assert isinstance(transition, LayoutTransition), f"{op.name} is not a layout transition"
+    return transition.fn(op, source)

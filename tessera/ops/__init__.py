@@ -1,0 +1,57 @@
+"""Op definitions: everything the compiler knows about each graph op, in one place.
+
+Each family module declares, together, its ops' sharding rule, linearity, VJP, torch
+reference, tile code and fusion class (:func:`tessera.ops.registry.register`); importing
+this package registers every op. Passes, codegen, backends and autodiff look ops up with
+:func:`op_def` instead of keeping their own per-op tables.
+"""
+
+from __future__ import annotations
+
+from tessera.ops import (  # noqa: F401  (registers the ops)
+    collective,
+    constant,
+    contraction,
+    elementwise,
+    indexing,
+    layout,
+    normalization,
+    reduction,
+)
+from tessera.ops.registry import (
+    NOT_LINEAR,
+    Fusion,
+    IndexMap,
+    Kernel,
+    LayoutTransition,
+    NotApplicable,
+    OpDef,
+    Pointwise,
+    RowReduction,
+    fusion_of,
+    has_sharding_rule,
+    lookup,
+    op_def,
+    register,
+    registered,
+    sharding_rule,
+)
+
+__all__ = [
+    "NOT_LINEAR",
+    "Fusion",
+    "IndexMap",
+    "Kernel",
+    "LayoutTransition",
+    "NotApplicable",
+    "OpDef",
+    "Pointwise",
+    "RowReduction",
+    "fusion_of",
+    "has_sharding_rule",
+    "lookup",
+    "op_def",
+    "register",
+    "registered",
+    "sharding_rule",
+]

@@ -1,0 +1,229 @@
+"""Collectives over mesh axes and the sharding constraint ``graph.shard``.
+
+Before shard-partition, types are global and a collective is a layout transition: the
+global value is unchanged (its reference and VJP are the identity), only how it lies over
+the mesh changes (its :class:`LayoutTransition`). A constraint states the layout its
+value must have. In a partitioned (per-rank) program a collective's semantics are its
+:class:`CollectiveReference`'s ``group``: every member's result from every member's
+operand (the virtual mesh and the schedule runner compute collectives with it). Communicating collectives become ``schedule.start`` / ``schedule.wait``
+pairs; ``all_slice`` communicates nothing (each rank keeps its slice), so kernels
+evaluate it like a layout op, at this rank's offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from xdsl.dialects.func import FuncOp
+from xdsl.ir import SSAValue
+
+from tessera.errors import ExecutionError, ShardingError, TesseraError
+from tessera.ir import graph
+from tessera.ir.abstract import aval
+from tessera.ir.grad_builder import GradBuilder
+from tessera.ir.sharding import Sharding
+from tessera.ops.registry import (
+    Cotangents,
+    Fusion,
+    IndexMap,
+    LayoutTransition,
+    NotApplicable,
+    Tile,
+    op_def,
+    register,
+)
+
+if TYPE_CHECKING:
+    from tessera.codegen.evaluate import Evaluator, Index
+
+Dims = list[list[str]]
+Values = list[torch.Tensor]  # one tensor per member of a rank group, in group order
+GroupFn = Callable[[Any, Values], Values]
+
+NO_PARTIAL_PASSTHROUGH = NotApplicable(
+    "a layout transition: insert-collectives reshards its operand to the layout it states"
+)
+ASYNC = NotApplicable("communicates: lowered to a schedule.start / schedule.wait pair")
+
+
+def _identity_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    """In the global view a collective or a sharding constraint leaves the value as is,
+    so the cotangent passes through unchanged (the sharding passes add the collectives
+    the backward program needs when it is partitioned)."""
+    function = op.parent_op()
+    while function is not None and not isinstance(function, FuncOp):
+        function = function.parent_op()
+    if function is not None and graph.PARTITIONED in function.attributes:
+        raise TesseraError(
+            f"{op.name} in a partitioned (per-rank) function is not differentiable; "
+            "differentiate the program before shard-partition"
+        )
+    ct = cts[0]
+    if ct is None or not aval(op.operands[0]).dtype.is_float:
+        return [None]
+    return [ct]
+
+
+def _identity_reference(op: graph.GraphOp, x: torch.Tensor) -> torch.Tensor:
+    """In the global view a sharding constraint leaves the value as is."""
+    return x
+
+
+@dataclass(frozen=True)
+class CollectiveReference:
+    """A collective's torch semantics: the identity on the global value (calling it, as
+    every op's reference is called) and ``group(op, xs)``, every group member's result
+    from every member's operand (``op`` is the graph op or a ``schedule.start``)."""
+
+    group: GroupFn
+
+    def __call__(self, op: graph.GraphOp, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def on_group(op: Any) -> GroupFn:
+    """The per-rank group semantics of a collective op (or op class)."""
+    reference = op_def(op).reference
+    assert isinstance(reference, CollectiveReference), f"{op.name} is not a collective"
+    return reference.group
+
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def reduce_pieces(values: Sequence[torch.Tensor], kind: str) -> torch.Tensor:
+    """The ``kind`` reduction (sum, mean, max, min) of same-shaped tensors, in their
+    dtype; sum and mean of f16/bf16 accumulate in f32 and round once."""
+    stacked = torch.stack(list(values))
+    dtype = stacked.dtype
+    if kind in ("sum", "mean"):
+        accumulate = torch.float32 if dtype in _LOW_PRECISION else dtype
+        total = stacked.to(accumulate).sum(0)
+        if kind == "mean":
+            exact = total.is_floating_point() or total.is_complex()
+            total = (
+                total / len(values)
+                if exact
+                else torch.div(total, len(values), rounding_mode="floor")
+            )
+        return total.to(dtype)
+    if kind == "max":
+        return stacked.amax(0)
+    if kind == "min":
+        return stacked.amin(0)
+    raise ShardingError(f"reduction kind must be one of sum, mean, max, min, found {kind!r}")
+
+
+def _all_reduce_group(op: Any, xs: Values) -> Values:
+    return [reduce_pieces(xs, op.attrs()["kind"])] * len(xs)
+
+
+def _all_gather_group(op: Any, xs: Values) -> Values:
+    return [torch.cat(xs, op.attrs()["dim"])] * len(xs)
+
+
+def _all_slice_group(op: Any, xs: Values) -> Values:
+    return [x.chunk(len(xs), op.attrs()["dim"])[p] for p, x in enumerate(xs)]
+
+
+def _reduce_scatter_group(op: Any, xs: Values) -> Values:
+    attrs = op.attrs()
+    return list(reduce_pieces(xs, attrs["kind"]).chunk(len(xs), attrs["dim"]))
+
+
+def _all_to_all_group(op: Any, xs: Values) -> Values:
+    attrs = op.attrs()
+    chunks = [x.chunk(len(xs), attrs["split_dim"]) for x in xs]  # chunks[sender][receiver]
+    return [torch.cat([c[p] for c in chunks], attrs["concat_dim"]) for p in range(len(xs))]
+
+
+def _broadcast_group(op: Any, xs: Values) -> Values:
+    src = op.attrs()["src"]
+    if not 0 <= src < len(xs):
+        raise ExecutionError(
+            f"{op.name}: source index {src} is outside the group of {len(xs)} ranks"
+        )
+    return [xs[src]] * len(xs)
+
+
+def _transition(edit: Callable[[graph.CollectiveOp, Dims], None]) -> LayoutTransition:
+    """The layout a collective leaves: partial axes among its ``axes`` are resolved, then
+    ``edit`` moves the splits of the dims."""
+
+    def after(op: graph.CollectiveOp, source: Sharding) -> Sharding:
+        axes = set(op.attrs()["axes"])
+        dims = [list(d) for d in source.dims]
+        partial = [(a, k) for a, k in source.partial if a not in axes]
+        if isinstance(op, graph.BroadcastOp):  # every rank takes one rank's terms
+            partial = list(source.partial)
+        edit(op, dims)
+        return Sharding(tuple(tuple(d) for d in dims), tuple(partial))
+
+    return LayoutTransition(after)
+
+
+def _keep_dims(op: graph.CollectiveOp, dims: Dims) -> None:
+    """all_reduce and broadcast leave every dim's split as it is."""
+
+
+def _gather_dim(op: graph.CollectiveOp, dims: Dims) -> None:
+    attrs = op.attrs()
+    dims[attrs["dim"]] = [a for a in dims[attrs["dim"]] if a not in attrs["axes"]]
+
+
+def _split_dim(op: graph.CollectiveOp, dims: Dims) -> None:
+    attrs = op.attrs()
+    dims[attrs["dim"]] += [a for a in attrs["axes"] if a not in dims[attrs["dim"]]]
+
+
+def _move_split(op: graph.CollectiveOp, dims: Dims) -> None:
+    attrs = op.attrs()
+    dims[attrs["concat_dim"]] = [a for a in dims[attrs["concat_dim"]] if a not in attrs["axes"]]
+    dims[attrs["split_dim"]] += list(attrs["axes"])
+
+
+def _all_slice_tile(
+    ev: Evaluator, op: graph.AllSliceOp, value: SSAValue, index: Index
+) -> SSAValue:
+    """This rank's slice: the index shifted by the rank's offset along ``dim``."""
+    attrs = op.attrs()
+    dim, chunk = attrs["dim"], aval(value).shape[attrs["dim"]]
+    start = ev.b.mul(ev.positions[tuple(attrs["axes"])], ev.b.index(chunk))
+    inner = list(index)
+    inner[dim] = start if inner[dim] is None else ev.b.add(inner[dim], start)
+    return ev.at(op.input, tuple(inner))
+
+
+def _register(
+    op_type: type[graph.CollectiveOp], edit: Callable[..., None], group: GroupFn, tile: Tile
+) -> None:
+    register(
+        op_type,
+        sharding=_transition(edit),
+        partial=NO_PARTIAL_PASSTHROUGH,
+        vjp=_identity_vjp,
+        reference=CollectiveReference(group),
+        tile=tile,
+        fusion=Fusion.LAYOUT if isinstance(tile, IndexMap) else Fusion.COLLECTIVE,
+    )
+
+
+_register(graph.AllReduceOp, _keep_dims, _all_reduce_group, ASYNC)
+_register(graph.BroadcastOp, _keep_dims, _broadcast_group, ASYNC)
+_register(graph.AllGatherOp, _gather_dim, _all_gather_group, ASYNC)
+_register(graph.ReduceScatterOp, _split_dim, _reduce_scatter_group, ASYNC)
+_register(graph.AllToAllOp, _move_split, _all_to_all_group, ASYNC)
+_register(graph.AllSliceOp, _split_dim, _all_slice_group, IndexMap(_all_slice_tile))
+
+register(
+    graph.ShardOp,
+    sharding=LayoutTransition(lambda op, source: op.sharding.sharding),
+    partial=NO_PARTIAL_PASSTHROUGH,
+    vjp=_identity_vjp,
+    reference=_identity_reference,
+    tile=NotApplicable("a constraint: insert-collectives replaces it before kernels exist"),
+    fusion=Fusion.CONSTRAINT,
+)

@@ -1,0 +1,524 @@
+"""Elementwise ops: unary math, gelu, binary arithmetic, compare, select and cast.
+
+Every op here is sharded elementwise (result dims are parallel factors; operands
+broadcast into them) and fuses as an elementwise op; its tile code gets its operands
+already evaluated at the index, in their compute types (floats in f32, as Triton
+kernels compute). Binary ops broadcast like numpy, so each operand's cotangent is
+summed back to the operand's shape (``unbroadcast``); comparisons and integer results
+carry no gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from xdsl.dialects import math as mathd
+from xdsl.dialects.builtin import AnyFloat, IntegerType, f32, i32
+from xdsl.ir import SSAValue
+
+from tessera.ir import graph
+from tessera.ir.abstract import AbstractTensor, aval
+from tessera.ir.dense import first_value, is_splat
+from tessera.ir.grad_builder import GradBuilder
+from tessera.ir.sharding_rules import elementwise
+from tessera.ir.tile import element_type, is_float
+from tessera.ops.registry import (
+    NOT_LINEAR,
+    Cotangents,
+    Fusion,
+    NotApplicable,
+    PartialRule,
+    Pointwise,
+    Reference,
+    VjpRule,
+    on_operands,
+    register,
+)
+
+if TYPE_CHECKING:
+    from tessera.codegen.builder import TileBuilder
+
+Value = SSAValue
+Operands = Sequence[Value]
+
+
+def _register(
+    op_type: type[graph.GraphOp],
+    *,
+    vjp: VjpRule,
+    reference: Reference,
+    tile: Pointwise,
+    partial: PartialRule | NotApplicable = NOT_LINEAR,
+) -> None:
+    """Registers an elementwise op: elementwise sharding and fusion."""
+    register(
+        op_type,
+        sharding=elementwise,
+        partial=partial,
+        vjp=vjp,
+        reference=reference,
+        tile=tile,
+        fusion=Fusion.ELEMENTWISE,
+    )
+
+
+def _shape(value: SSAValue) -> tuple[int, ...]:
+    return aval(value).shape
+
+
+def _float(value: SSAValue) -> bool:
+    return aval(value).dtype.is_float
+
+
+def _local(b: GradBuilder, ct: SSAValue | None, derivative: SSAValue) -> Cotangents:
+    """``ct * d(result)/d(input)`` for a unary op with local derivative ``derivative``."""
+    return [b.mul(ct, derivative)]  # type: ignore[arg-type]
+
+
+def _zero(b: TileBuilder, like: Value) -> Value:
+    return b.constant(0, element_type(like.type))
+
+
+def _sigmoid(b: TileBuilder, x: Value) -> Value:
+    one = b.constant(1.0)
+    return b.div(one, b.add(one, b.exp(b.neg(x))))
+
+
+# --- unary math ---------------------------------------------------------------------------
+
+
+def _neg_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    return [b.neg(cts[0])] if cts[0] is not None else [None]
+
+
+_register(
+    graph.NegOp,
+    partial=(0,),
+    vjp=_neg_vjp,
+    reference=on_operands(torch.neg),
+    tile=Pointwise(lambda b, op, a: b.neg(a[0])),
+)
+
+
+def _abs_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    x = op.operands[0]
+    zero = b.constant(0.0, x)
+    sign = b.op(
+        graph.SelectOp,
+        b.op(graph.CompareOp, x, zero, predicate="lt"),
+        b.constant(-1.0, x),
+        b.constant(1.0, x),
+    )
+    sign = b.op(graph.SelectOp, b.op(graph.CompareOp, x, zero, predicate="eq"), zero, sign)
+    return _local(b, cts[0], sign)
+
+
+def _abs_tile(b: TileBuilder, op: graph.GraphOp, a: Operands) -> Value:
+    if is_float(a[0]):
+        return b.math(mathd.AbsFOp, a[0])
+    return b.select(b.cmp("lt", a[0], _zero(b, a[0])), b.neg(a[0]), a[0])
+
+
+_register(graph.AbsOp, vjp=_abs_vjp, reference=on_operands(torch.abs), tile=Pointwise(_abs_tile))
+
+
+def _relu_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    x = op.operands[0]
+    positive = b.op(graph.CompareOp, x, b.constant(0.0, x), predicate="gt")
+    return [b.op(graph.SelectOp, positive, cts[0], b.constant(0.0, x))]  # type: ignore[arg-type]
+
+
+_register(
+    graph.ReluOp,
+    vjp=_relu_vjp,
+    reference=on_operands(lambda x: torch.clamp_min(x, 0)),
+    tile=Pointwise(lambda b, op, a: b.maximum(a[0], _zero(b, a[0]))),
+)
+
+
+def _exp_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    return _local(b, cts[0], op.results[0])
+
+
+_register(
+    graph.ExpOp,
+    vjp=_exp_vjp,
+    reference=on_operands(torch.exp),
+    tile=Pointwise(lambda b, op, a: b.exp(a[0])),
+)
+
+
+def _log_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    return [b.div(cts[0], op.operands[0])]  # type: ignore[arg-type]
+
+
+_register(
+    graph.LogOp,
+    vjp=_log_vjp,
+    reference=on_operands(torch.log),
+    tile=Pointwise(lambda b, op, a: b.log(a[0])),
+)
+
+
+def _tanh_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    y = op.results[0]
+    return _local(b, cts[0], b.sub(b.constant(1.0, y), b.mul(y, y)))
+
+
+_register(
+    graph.TanhOp,
+    vjp=_tanh_vjp,
+    reference=on_operands(torch.tanh),
+    tile=Pointwise(lambda b, op, a: b.math(mathd.TanhOp, a[0])),
+)
+
+
+def _sqrt_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    return [b.div(cts[0], b.scale(op.results[0], 2.0))]  # type: ignore[arg-type]
+
+
+_register(
+    graph.SqrtOp,
+    vjp=_sqrt_vjp,
+    reference=on_operands(torch.sqrt),
+    tile=Pointwise(lambda b, op, a: b.math(mathd.SqrtOp, a[0])),
+)
+
+
+def _rsqrt_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    x, y = op.operands[0], op.results[0]  # d/dx x^-1/2 = -1/2 y / x
+    return _local(b, cts[0], b.scale(b.div(y, x), -0.5))
+
+
+_register(
+    graph.RsqrtOp,
+    vjp=_rsqrt_vjp,
+    reference=on_operands(torch.rsqrt),
+    tile=Pointwise(lambda b, op, a: b.rsqrt(a[0])),
+)
+
+
+def _sigmoid_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    y = op.results[0]
+    return _local(b, cts[0], b.mul(y, b.sub(b.constant(1.0, y), y)))
+
+
+_register(
+    graph.SigmoidOp,
+    vjp=_sigmoid_vjp,
+    reference=on_operands(torch.sigmoid),
+    tile=Pointwise(lambda b, op, a: _sigmoid(b, a[0])),
+)
+
+
+def _silu_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    x = op.operands[0]
+    s = b.op(graph.SigmoidOp, x)  # d/dx x s(x) = s (1 + x (1 - s))
+    one = b.constant(1.0, x)
+    return _local(b, cts[0], b.mul(s, b.add(one, b.mul(x, b.sub(one, s)))))
+
+
+_register(
+    graph.SiluOp,
+    vjp=_silu_vjp,
+    reference=on_operands(F.silu),
+    tile=Pointwise(lambda b, op, a: b.mul(a[0], _sigmoid(b, a[0]))),
+)
+
+
+def _erf_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    x = op.operands[0]  # d/dx erf(x) = 2 / sqrt(pi) e^(-x^2)
+    return _local(b, cts[0], b.scale(b.op(graph.ExpOp, b.neg(b.mul(x, x))), 2 / math.sqrt(math.pi)))
+
+
+_register(
+    graph.ErfOp,
+    vjp=_erf_vjp,
+    reference=on_operands(torch.erf),
+    tile=Pointwise(lambda b, op, a: b.math(mathd.ErfOp, a[0])),
+)
+
+
+def _gelu_vjp(b: GradBuilder, op: graph.GeluOp, cts: Cotangents) -> Cotangents:
+    x = op.operands[0]
+    one, half = b.constant(1.0, x), b.constant(0.5, x)
+    if op.attrs()["approximate"] == "tanh":
+        c, k = math.sqrt(2 / math.pi), 0.044715
+        x2 = b.mul(x, x)
+        inner = b.mul(b.constant(c, x), b.add(x, b.mul(b.constant(k, x), b.mul(x2, x))))
+        t = b.op(graph.TanhOp, inner)
+        d_inner = b.mul(b.constant(c, x), b.add(one, b.mul(b.constant(3 * k, x), x2)))
+        local = b.add(
+            b.mul(half, b.add(one, t)),
+            b.mul(b.mul(half, x), b.mul(b.sub(one, b.mul(t, t)), d_inner)),
+        )
+    else:  # Φ(x) + x φ(x), with Φ = gelu(x) / x (and Φ(0) = 1/2)
+        phi = b.scale(b.op(graph.ExpOp, b.scale(b.mul(x, x), -0.5)), 1 / math.sqrt(2 * math.pi))
+        at_zero = b.op(graph.CompareOp, x, b.constant(0.0, x), predicate="eq")
+        safe_x = b.op(graph.SelectOp, at_zero, one, x)
+        cdf = b.op(graph.SelectOp, at_zero, half, b.div(op.results[0], safe_x))
+        local = b.add(cdf, b.mul(x, phi))
+    return _local(b, cts[0], local)
+
+
+def _gelu_reference(op: graph.GeluOp, x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate=op.attrs()["approximate"])
+
+
+def _gelu_tile(b: TileBuilder, op: graph.GeluOp, a: Operands) -> Value:
+    x = a[0]
+    half = b.mul(b.constant(0.5), x)
+    if op.approximate.data == "tanh":
+        inner = b.mul(
+            b.constant(math.sqrt(2 / math.pi)),
+            b.add(x, b.mul(b.constant(0.044715), b.mul(x, b.mul(x, x)))),
+        )
+        return b.mul(half, b.add(b.constant(1.0), b.math(mathd.TanhOp, inner)))
+    return b.mul(
+        half, b.add(b.constant(1.0), b.math(mathd.ErfOp, b.mul(x, b.constant(1 / math.sqrt(2)))))
+    )
+
+
+_register(graph.GeluOp, vjp=_gelu_vjp, reference=_gelu_reference, tile=Pointwise(_gelu_tile))
+
+
+# --- binary arithmetic ----------------------------------------------------------------------
+
+
+def _binary(
+    b: GradBuilder, op: graph.GraphOp, lhs_ct: SSAValue | None, rhs_ct: SSAValue | None
+) -> Cotangents:
+    lhs, rhs = op.operands
+    return [
+        b.unbroadcast(lhs_ct, _shape(lhs)) if lhs_ct is not None and _float(lhs) else None,
+        b.unbroadcast(rhs_ct, _shape(rhs)) if rhs_ct is not None and _float(rhs) else None,
+    ]
+
+
+def _operands_tile(method: str) -> Pointwise:
+    """Tile code calling the builder's ``method`` on the operands."""
+    return Pointwise(lambda b, op, a: getattr(b, method)(*a))
+
+
+def _add_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    return _binary(b, op, cts[0], cts[0])
+
+
+_register(
+    graph.AddOp,
+    partial="all",
+    vjp=_add_vjp,
+    reference=on_operands(torch.add),
+    tile=_operands_tile("add"),
+)
+
+
+def _sub_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    ct = cts[0]
+    return _binary(b, op, ct, b.neg(ct) if ct is not None else None)
+
+
+_register(
+    graph.SubOp,
+    partial="all",
+    vjp=_sub_vjp,
+    reference=on_operands(torch.sub),
+    tile=_operands_tile("sub"),
+)
+
+
+def _mul_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    lhs, rhs = op.operands
+    ct = cts[0]
+    assert ct is not None
+    return _binary(b, op, b.mul(ct, rhs), b.mul(ct, lhs))
+
+
+_register(
+    graph.MulOp,
+    partial=(0, 1),
+    vjp=_mul_vjp,
+    reference=on_operands(torch.mul),
+    tile=_operands_tile("mul"),
+)
+
+
+def _div_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    rhs = op.operands[1]
+    ct = cts[0]
+    assert ct is not None
+    lhs_ct = b.div(ct, rhs)
+    return _binary(b, op, lhs_ct, b.neg(b.mul(lhs_ct, op.results[0])))
+
+
+def _div_tile(b: TileBuilder, op: graph.DivOp, a: Operands) -> Value:
+    """``x / c`` for a constant ``c`` is ``x * (1/c)``: a multiply per element instead of a
+    correctly rounded division (within 1 ulp; exact when ``c`` is a power of two)."""
+    divisor = op.rhs.owner
+    if isinstance(divisor, graph.ConstantOp) and is_splat(divisor.value):
+        value = float(first_value(divisor.value))
+        if value != 0 and math.isfinite(value) and math.isfinite(1 / value):
+            return b.mul(a[0], b.constant(1 / value))
+    return b.div(a[0], a[1])
+
+
+_register(
+    graph.DivOp,
+    partial=(0,),
+    vjp=_div_vjp,
+    reference=on_operands(torch.div),
+    tile=Pointwise(_div_tile),
+)
+
+
+def _pow_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    x, y = op.operands
+    out, ct = op.results[0], cts[0]
+    assert ct is not None
+    # d/dx = y x^(y-1) = y out / x (x != 0); d/dy = out log x (x > 0, else 0)
+    zero = b.constant(0.0, x)
+    x_is_zero = b.op(graph.CompareOp, x, zero, predicate="eq")
+    safe_x = b.op(graph.SelectOp, x_is_zero, b.constant(1.0, x), x)
+    dx = b.op(
+        graph.SelectOp,
+        x_is_zero,
+        b.mul(y, b.op(graph.PowOp, x, b.sub(y, b.constant(1.0, y)))),
+        b.div(b.mul(y, out), safe_x),
+    )
+    positive = b.op(graph.CompareOp, x, zero, predicate="gt")
+    dy = b.op(graph.SelectOp, positive, b.mul(out, b.op(graph.LogOp, safe_x)), zero)
+    return _binary(b, op, b.mul(ct, dx), b.mul(ct, dy))
+
+
+def _pow_tile(b: TileBuilder, op: graph.GraphOp, a: Operands) -> Value:
+    """torch.pow for floats: |x|^y with the sign of x for odd integer y, nan for other y < 0 bases."""
+    x, y = a
+    magnitude = b.exp(b.mul(y, b.log(b.math(mathd.AbsFOp, x))))
+    y_int = b.convert(b.convert(y, i32), f32)
+    integral = b.cmp("eq", y_int, y)
+    odd = b.cmp("ne", b.rem(b.convert(y, i32), b.constant(2, i32)), b.constant(0, i32))
+    negative = b.cmp("lt", x, b.constant(0.0))
+    signed = b.select(odd, b.neg(magnitude), magnitude)
+    result = b.select(negative, b.select(integral, signed, b.constant(float("nan"))), magnitude)
+    return b.select(b.cmp("eq", y, b.constant(0.0)), b.constant(1.0), result)
+
+
+_register(graph.PowOp, vjp=_pow_vjp, reference=on_operands(torch.pow), tile=Pointwise(_pow_tile))
+
+
+def _pick_vjp(predicate: str) -> VjpRule:
+    """The VJP of maximum (``gt``) or minimum (``lt``): the cotangent goes to the operand
+    that wins, split evenly on ties (as torch does)."""
+
+    def rule(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+        lhs, rhs = op.operands
+        ct = cts[0]
+        assert ct is not None
+        zero = b.constant(0.0, ct)
+        lhs_wins = b.op(graph.CompareOp, lhs, rhs, predicate=predicate)
+        tie = b.op(graph.CompareOp, lhs, rhs, predicate="eq")
+        half = b.scale(ct, 0.5)
+        lhs_ct = b.op(graph.SelectOp, tie, half, b.op(graph.SelectOp, lhs_wins, ct, zero))
+        rhs_ct = b.op(graph.SelectOp, tie, half, b.op(graph.SelectOp, lhs_wins, zero, ct))
+        return _binary(b, op, lhs_ct, rhs_ct)
+
+    return rule
+
+
+_register(
+    graph.MaximumOp,
+    vjp=_pick_vjp("gt"),
+    reference=on_operands(torch.maximum),
+    tile=_operands_tile("maximum"),
+)
+_register(
+    graph.MinimumOp,
+    vjp=_pick_vjp("lt"),
+    reference=on_operands(torch.minimum),
+    tile=_operands_tile("minimum"),
+)
+
+
+# --- compare, select, cast --------------------------------------------------------------------
+
+
+_COMPARE = {
+    "eq": torch.eq,
+    "ne": torch.ne,
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
+}
+
+
+def _compare_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    return [None, None]
+
+
+def _compare_reference(op: graph.CompareOp, lhs: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    return _COMPARE[op.attrs()["predicate"]](lhs, rhs)
+
+
+def _compare_tile(b: TileBuilder, op: graph.CompareOp, a: Operands) -> Value:
+    x, y = a
+    if is_float(x) != is_float(y):  # mixed (a weak scalar): compare in f32
+        x, y = b.convert(x, f32), b.convert(y, f32)
+    return b.cmp(op.predicate.data, x, y)
+
+
+_register(
+    graph.CompareOp, vjp=_compare_vjp, reference=_compare_reference, tile=Pointwise(_compare_tile)
+)
+
+
+def _select_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    cond, on_true, on_false = op.operands
+    ct = cts[0]
+    assert ct is not None
+    zero = b.constant(0.0, ct)
+    true_ct = b.op(graph.SelectOp, cond, ct, zero)
+    false_ct = b.op(graph.SelectOp, cond, zero, ct)
+    return [
+        None,
+        b.unbroadcast(true_ct, _shape(on_true)) if _float(on_true) else None,
+        b.unbroadcast(false_ct, _shape(on_false)) if _float(on_false) else None,
+    ]
+
+
+_register(
+    graph.SelectOp,
+    vjp=_select_vjp,
+    reference=on_operands(torch.where),
+    tile=_operands_tile("select"),
+)
+
+
+def _cast_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    x = op.operands[0]
+    if not _float(x) or cts[0] is None:
+        return [None]
+    return [b.cast(cts[0], x)]
+
+
+def _cast_reference(op: graph.CastOp, x: torch.Tensor) -> torch.Tensor:
+    return x.to(AbstractTensor.from_xdsl(op.result.type).dtype.to_torch())
+
+
+def _cast_tile(b: TileBuilder, op: graph.CastOp, a: Operands) -> Value:
+    target = op.result.type.element_type  # type: ignore[attr-defined]
+    x = a[0]
+    if target == IntegerType(1):
+        return b.cmp("ne", x, _zero(b, x))
+    if isinstance(target, AnyFloat):
+        if target != f32:  # round to the narrower format, then compute in f32 again
+            return b.convert(b.convert(b.convert(x, f32), target), f32)
+        return b.convert(x, f32)
+    return b.convert(x, target)
+
+
+_register(graph.CastOp, vjp=_cast_vjp, reference=_cast_reference, tile=Pointwise(_cast_tile))

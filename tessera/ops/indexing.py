@@ -1,0 +1,111 @@
+"""``graph.gather``: ``take(input, indices, axis)`` (an embedding lookup gathers axis 0).
+
+Negative indices count from the end (as the reference wraps them); indices out of
+``[-size, size)`` are an error (checked by the reference, and before a generated kernel
+runs, see ``backends.reference.check_index_inputs``). The VJP is a scatter-add through a
+one-hot matrix built by comparing the indices with an iota constant. The tile code loads
+the index and reads the operand there, so gather fuses like a layout op.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import TYPE_CHECKING, Any
+
+import torch
+from xdsl.dialects.builtin import i32
+from xdsl.ir import SSAValue
+
+from tessera.errors import ExecutionError
+from tessera.ir import graph
+from tessera.ir.abstract import AbstractTensor, aval
+from tessera.ir.grad_builder import GradBuilder
+from tessera.ir.sharding_rules import FactorKind, RuleBuilder, ShardingRule
+from tessera.ops.registry import Cotangents, Fusion, IndexMap, register
+
+if TYPE_CHECKING:
+    from tessera.codegen.evaluate import Evaluator, Index
+
+
+def _gather_sharding(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
+    """``take(x, idx, axis)``: x's axis must be whole; idx dims and x's other dims pass."""
+    x, idx = operands
+    axis = attrs["axis"]
+    b = RuleBuilder()
+    before = tuple(b.new(s) for s in x.shape[:axis])
+    gathered = b.new(x.shape[axis], FactorKind.REPLICATED)
+    index_dims = tuple(b.new(s) for s in idx.shape)
+    after = tuple(b.new(s) for s in x.shape[axis + 1 :])
+    return b.rule([(*before, gathered, *after), index_dims], [(*before, *index_dims, *after)])
+
+
+def _wrap_indices(b: GradBuilder, indices: SSAValue, size: int) -> SSAValue:
+    """Negative indices mapped into ``[0, size)`` (as the reference's gather does)."""
+    negative = b.op(graph.CompareOp, indices, b.constant(0.0, indices), predicate="lt")
+    return b.op(graph.SelectOp, negative, b.add(indices, b.constant(size, indices)), indices)
+
+
+def _gather_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    """Scatter-add of the cotangent into the gathered rows, as a matmul with a one-hot
+    matrix: ``grad[a, n, c] = sum_k (indices[k] == n) * ct[a, k, c]``."""
+    x, indices, ct = op.operands[0], op.operands[1], cts[0]
+    if ct is None or not aval(x).dtype.is_float:
+        return [None, None]
+    axis = op.attrs()["axis"]
+    shape = aval(x).shape
+    size = shape[axis]
+    before, after = prod(shape[:axis]), prod(shape[axis + 1 :])
+    count = prod(aval(indices).shape)
+    if count == 0:
+        return [b.zeros(x, shape), None]
+    flat = b.reshape(_wrap_indices(b, indices, size), (1, count))
+    one_hot_t = b.op(  # [size, count]: row n marks the picks of index n
+        graph.CastOp,
+        b.op(graph.CompareOp, b.iota(indices, size, (size, 1)), flat, predicate="eq"),
+        dtype=aval(x).dtype,
+    )
+    rows = b.reshape(ct, (before, count, after))
+    return [b.reshape(b.op(graph.MatmulOp, one_hot_t, rows), shape), None]
+
+
+def check_indices(op: graph.GatherOp, shape: list[int], indices: torch.Tensor) -> None:
+    """Raises ExecutionError unless every index is in range for ``op``'s axis of ``shape``."""
+    axis = op.attrs()["axis"]
+    size = shape[axis]
+    if indices.numel() and (int(indices.min()) < -size or int(indices.max()) >= size):
+        raise ExecutionError(
+            f"graph.gather: indices must be in [-{size}, {size}) for axis {axis} of a tensor "
+            f"of shape {shape}, found values in [{int(indices.min())}, {int(indices.max())}]"
+        )
+
+
+def _gather_reference(op: graph.GatherOp, x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    axis = op.attrs()["axis"]
+    size = x.shape[axis]
+    check_indices(op, list(x.shape), indices)
+    picked = x.index_select(axis, indices.reshape(-1).long() % size)
+    return picked.reshape(aval(op.result).shape)
+
+
+def _gather_tile(ev: Evaluator, op: graph.GatherOp, value: SSAValue, index: Index) -> SSAValue:
+    b = ev.b
+    axis = op.attrs()["axis"]
+    rank = aval(op.indices).rank
+    size = aval(op.input).shape[axis]
+    chosen = b.convert(ev.at(op.indices, index[axis : axis + rank]), i32)
+    chosen = b.select(b.cmp("lt", chosen, b.index(0)), b.add(chosen, b.index(size)), chosen)
+    inner = (*index[:axis], None if size == 1 else b.clamp(chosen, size), *index[axis + rank :])
+    return ev.at(op.input, inner)
+
+
+register(
+    graph.GatherOp,
+    sharding=_gather_sharding,
+    partial=(0,),
+    vjp=_gather_vjp,
+    reference=_gather_reference,
+    tile=IndexMap(_gather_tile),
+    fusion=Fusion.LAYOUT,
+)

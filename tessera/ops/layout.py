@@ -1,0 +1,416 @@
+"""Layout ops: ``reshape``, ``broadcast_to``, ``transpose``, ``slice``, ``concat``, ``split``.
+
+They move data without arithmetic, so each is linear in its operands and its tile code
+maps the index it is asked for to its operand's index (transpose permutes it, slice
+scales and shifts it, reshape goes through the flat offset, concat selects among its
+operands). The graph dialect has no scatter or pad op, so the VJP of a slice scatters the
+cotangent into zeros with concats of zero blocks (and, for strides > 1, an interleave of
+the cotangent with zeros by concat and reshape).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import gcd
+from typing import TYPE_CHECKING, Any
+
+import torch
+from xdsl.ir import SSAValue
+
+from tessera.ir import graph
+from tessera.ir.abstract import AbstractTensor, aval
+from tessera.ir.grad_builder import GradBuilder
+from tessera.ir.sharding_rules import (
+    FactorKind,
+    Rule,
+    RuleBuilder,
+    ShardingRule,
+    elementwise,
+)
+from tessera.ops.registry import (
+    Cotangents,
+    Fusion,
+    IndexMap,
+    PartialRule,
+    Reference,
+    VjpRule,
+    register,
+)
+
+if TYPE_CHECKING:
+    from tessera.codegen.evaluate import Evaluator, Index
+
+
+def _register(
+    op_type: type[graph.GraphOp],
+    *,
+    sharding: Rule,
+    vjp: VjpRule,
+    reference: Reference,
+    tile: IndexMap,
+    partial: PartialRule = (0,),
+) -> None:
+    """Registers a layout op: linear in its operand(s), a layout kernel of its own."""
+    register(
+        op_type,
+        sharding=sharding,
+        partial=partial,
+        vjp=vjp,
+        reference=reference,
+        tile=tile,
+        fusion=Fusion.LAYOUT,
+    )
+
+
+def _shape(value: SSAValue) -> tuple[int, ...]:
+    return aval(value).shape
+
+
+def _float(value: SSAValue) -> bool:
+    return aval(value).dtype.is_float
+
+
+# --- reshape ---------------------------------------------------------------------------------
+
+
+def _reshape_sharding(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
+    """Dims are grouped into runs of equal product; within a run only the major dims of
+    both sides share a factor, sized by their gcd (a split of s is the same contiguous
+    block on both sides exactly when s divides it); the other dims must stay whole."""
+    src, dst = operands[0].shape, results[0].shape
+    b = RuleBuilder()
+    src_dims: list[int | None] = []
+    dst_dims: list[int | None] = []
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        # skip size-1 dims: they carry no data to split
+        if i < len(src) and src[i] == 1:
+            src_dims.append(None)
+            i += 1
+            continue
+        if j < len(dst) and dst[j] == 1:
+            dst_dims.append(None)
+            j += 1
+            continue
+        run_i, run_j = [i], [j]
+        a, c = src[i], dst[j]
+        i, j = i + 1, j + 1
+        while a != c:
+            if a < c:
+                a *= src[i]
+                run_i.append(i)
+                i += 1
+            else:
+                c *= dst[j]
+                run_j.append(j)
+                j += 1
+        shared = b.new(gcd(src[run_i[0]], dst[run_j[0]]))
+        src_dims.append(shared)
+        src_dims.extend(b.new(src[d], FactorKind.REPLICATED) for d in run_i[1:])
+        dst_dims.append(shared)
+        dst_dims.extend(b.new(dst[d], FactorKind.REPLICATED) for d in run_j[1:])
+    return b.rule([tuple(src_dims)], [tuple(dst_dims)])
+
+
+def _reshape_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    x, ct = op.operands[0], cts[0]
+    if ct is None or not _float(x):
+        return [None]
+    return [b.reshape(ct, _shape(x))]
+
+
+def _reshape_tile(ev: Evaluator, op: graph.ReshapeOp, value: SSAValue, index: Index) -> SSAValue:
+    flat = ev.offsets(_shape(value), index)
+    return ev.at(op.input, tuple(ev.b.unflatten(flat, _shape(op.input))))
+
+
+_register(
+    graph.ReshapeOp,
+    sharding=_reshape_sharding,
+    vjp=_reshape_vjp,
+    reference=lambda op, x: x.reshape(aval(op.result).shape),
+    tile=IndexMap(_reshape_tile),
+)
+
+
+# --- broadcast_to ----------------------------------------------------------------------------
+
+
+def _broadcast_to_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    x, ct = op.operands[0], cts[0]
+    if ct is None or not _float(x):
+        return [None]
+    return [b.unbroadcast(ct, _shape(x))]
+
+
+def _broadcast_to_tile(
+    ev: Evaluator, op: graph.BroadcastToOp, value: SSAValue, index: Index
+) -> SSAValue:
+    return ev.at_broadcast(op.input, _shape(value), index)
+
+
+_register(
+    graph.BroadcastToOp,
+    sharding=elementwise,
+    vjp=_broadcast_to_vjp,
+    reference=lambda op, x: torch.broadcast_to(x, aval(op.result).shape),
+    tile=IndexMap(_broadcast_to_tile),
+)
+
+
+# --- transpose -------------------------------------------------------------------------------
+
+
+def _transpose_sharding(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
+    (x,) = operands
+    b = RuleBuilder()
+    dims = tuple(b.new(s) for s in x.shape)
+    return b.rule([dims], [tuple(dims[p] for p in attrs["perm"])])
+
+
+def _transpose_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    x, ct = op.operands[0], cts[0]
+    if ct is None or not _float(x):
+        return [None]
+    perm = op.attrs()["perm"]
+    inverse = [perm.index(d) for d in range(len(perm))]
+    if inverse == list(range(len(perm))):
+        return [ct]
+    return [b.op(graph.TransposeOp, ct, perm=inverse)]
+
+
+def _transpose_tile(
+    ev: Evaluator, op: graph.TransposeOp, value: SSAValue, index: Index
+) -> SSAValue:
+    perm = op.attrs()["perm"]
+    inner: list[SSAValue | None] = [None] * len(perm)
+    for i, p in enumerate(perm):
+        inner[p] = index[i]
+    return ev.at(op.input, tuple(inner))
+
+
+_register(
+    graph.TransposeOp,
+    sharding=_transpose_sharding,
+    vjp=_transpose_vjp,
+    reference=lambda op, x: x.permute(op.attrs()["perm"]),
+    tile=IndexMap(_transpose_tile),
+)
+
+
+# --- slice -----------------------------------------------------------------------------------
+
+
+def _slice_sharding(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
+    """Untouched dims are parallel; dims that are cut must be whole."""
+    (x,) = operands
+    b = RuleBuilder()
+    dims = []
+    for d, size in enumerate(x.shape):
+        whole = (attrs["starts"][d], attrs["limits"][d], attrs["strides"][d]) == (0, size, 1)
+        dims.append(b.new(size, FactorKind.PARALLEL if whole else FactorKind.REPLICATED))
+    in_dims = tuple(dims)
+    out_dims = tuple(
+        f if b.factors[f].kind == FactorKind.PARALLEL else b.new(results[0].shape[d])
+        for d, f in enumerate(in_dims)
+    )
+    return b.rule([in_dims], [out_dims])
+
+
+def _with_dim(shape: Sequence[int], dim: int, size: int) -> tuple[int, ...]:
+    return (*shape[:dim], size, *shape[dim + 1 :])
+
+
+def _concat(b: GradBuilder, pieces: Sequence[SSAValue], axis: int) -> SSAValue:
+    """Concat that skips empty pieces (and the op itself for a single piece)."""
+    kept = [p for p in pieces if _shape(p)[axis] > 0] or [pieces[0]]
+    if len(kept) == 1:
+        return kept[0]
+    return b.op(graph.ConcatOp, *kept, axis=axis)
+
+
+def _scatter_dim(
+    b: GradBuilder, ct: SSAValue, dim: int, size: int, start: int, limit: int, stride: int
+) -> SSAValue:
+    """The VJP of ``x[start:limit:stride]`` along one dimension of size ``size``: ``ct``
+    placed at positions ``start, start + stride, ...`` of zeros."""
+    shape = _shape(ct)
+    count = shape[dim]
+    if count == 0:
+        return b.zeros(ct, _with_dim(shape, dim, size))
+    if stride > 1:  # interleave: [.., count, 1, ..] ++ zeros [.., count, stride - 1, ..]
+        split = (*shape[:dim], count, 1, *shape[dim + 1 :])
+        gaps = b.zeros(ct, _with_dim(split, dim + 1, stride - 1))
+        woven = b.op(graph.ConcatOp, b.reshape(ct, split), gaps, axis=dim + 1)
+        woven = b.reshape(woven, _with_dim(shape, dim, count * stride))
+        span = (count - 1) * stride + 1  # up to and including the last picked position
+        if span < count * stride:
+            full = _shape(woven)
+            woven = b.op(
+                graph.SliceOp,
+                woven,
+                starts=[0] * len(full),
+                limits=list(_with_dim(full, dim, span)),
+                strides=[1] * len(full),
+            )
+        ct, count = woven, span
+    before = b.zeros(ct, _with_dim(shape, dim, start))
+    after = b.zeros(ct, _with_dim(shape, dim, size - start - count))
+    return _concat(b, [before, ct, after], dim)
+
+
+def _slice_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    x, ct = op.operands[0], cts[0]
+    if ct is None or not _float(x):
+        return [None]
+    a = op.attrs()
+    grad = ct
+    for dim, (size, start, limit, stride) in enumerate(
+        zip(_shape(x), a["starts"], a["limits"], a["strides"], strict=True)
+    ):
+        if (start, limit, stride) == (0, size, 1):
+            continue
+        grad = _scatter_dim(b, grad, dim, size, start, limit, stride)
+    return [grad]
+
+
+def _slice_reference(op: graph.SliceOp, x: torch.Tensor) -> torch.Tensor:
+    a = op.attrs()
+    return x[
+        tuple(slice(*bounds) for bounds in zip(a["starts"], a["limits"], a["strides"], strict=True))
+    ]
+
+
+def _slice_tile(ev: Evaluator, op: graph.SliceOp, value: SSAValue, index: Index) -> SSAValue:
+    attrs = op.attrs()
+    inner = tuple(
+        ev.b.affine(c, step, start)
+        for c, start, step in zip(index, attrs["starts"], attrs["strides"], strict=True)
+    )
+    return ev.at(op.input, inner)
+
+
+_register(
+    graph.SliceOp,
+    sharding=_slice_sharding,
+    vjp=_slice_vjp,
+    reference=_slice_reference,
+    tile=IndexMap(_slice_tile),
+)
+
+
+# --- concat ----------------------------------------------------------------------------------
+
+
+def _concat_sharding(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
+    """All operands share every factor; the concatenation axis must be whole."""
+    b = RuleBuilder()
+    out = results[0].shape
+    dims = tuple(
+        b.new(s, FactorKind.REPLICATED if d == attrs["axis"] else FactorKind.PARALLEL)
+        for d, s in enumerate(out)
+    )
+    return b.rule([dims] * len(operands), [dims])
+
+
+def _concat_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    ct = cts[0]
+    inputs = list(op.operands)
+    if ct is None or not _float(inputs[0]):
+        return [None] * len(inputs)
+    axis = op.attrs()["axis"]
+    if len(inputs) == 1:
+        return [ct]
+    sizes = [_shape(x)[axis] for x in inputs]
+    return list(b.ops(graph.SplitOp, ct, axis=axis, sizes=sizes))
+
+
+def _concat_tile(ev: Evaluator, op: graph.ConcatOp, value: SSAValue, index: Index) -> SSAValue:
+    b = ev.b
+    axis = op.attrs()["axis"]
+    result: SSAValue | None = None
+    start = 0
+    pieces = []
+    for operand in op.inputs:
+        size = _shape(operand)[axis]
+        inner = list(index)
+        here = inner[axis] if inner[axis] is not None else b.index(0)
+        inner[axis] = None if size == 1 else b.clamp(b.sub(here, b.index(start)), size)
+        pieces.append((start, ev.at(operand, tuple(inner))))
+        start += size
+    here = index[axis] if index[axis] is not None else b.index(0)
+    for begin, piece in pieces:  # later pieces win from their start on
+        result = (
+            piece if result is None else b.select(b.cmp("ge", here, b.index(begin)), piece, result)
+        )
+    assert result is not None
+    return result
+
+
+_register(
+    graph.ConcatOp,
+    sharding=_concat_sharding,
+    partial="all",
+    vjp=_concat_vjp,
+    reference=lambda op, *xs: torch.cat(xs, dim=op.attrs()["axis"]),
+    tile=IndexMap(_concat_tile),
+)
+
+
+# --- split -----------------------------------------------------------------------------------
+
+
+def _split_sharding(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
+    """Pieces keep every dim but the split axis, which must be whole."""
+    (x,) = operands
+    b = RuleBuilder()
+    dims = tuple(
+        b.new(s, FactorKind.REPLICATED if d == attrs["axis"] else FactorKind.PARALLEL)
+        for d, s in enumerate(x.shape)
+    )
+    return b.rule([dims], [dims] * len(results))
+
+
+def _split_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    x = op.operands[0]
+    if all(ct is None for ct in cts) or not _float(x):
+        return [None]
+    axis = op.attrs()["axis"]
+    pieces = [
+        ct if ct is not None else b.zeros(x, _shape(r))
+        for ct, r in zip(cts, op.results, strict=True)
+    ]
+    return [_concat(b, pieces, axis)]
+
+
+def _split_reference(op: graph.SplitOp, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    axis = op.attrs()["axis"]
+    sizes = [aval(r).shape[axis] for r in op.results]
+    return tuple(torch.split(x, sizes, dim=axis))
+
+
+def _split_tile(ev: Evaluator, op: graph.SplitOp, value: SSAValue, index: Index) -> SSAValue:
+    axis = op.attrs()["axis"]
+    start = sum(_shape(r)[axis] for r in op.outputs[: list(op.outputs).index(value)])
+    inner = list(index)
+    inner[axis] = ev.b.affine(inner[axis], 1, start)
+    return ev.at(op.input, tuple(inner))
+
+
+_register(
+    graph.SplitOp,
+    sharding=_split_sharding,
+    vjp=_split_vjp,
+    reference=_split_reference,
+    tile=IndexMap(_split_tile),
+)

@@ -1,0 +1,311 @@
+"""Row-wise ops: ``softmax``, ``log_softmax``, ``layer_norm``, ``rms_norm``, ``cross_entropy``.
+
+Each reduces over an axis (or axes) internally: splitting it over a mesh needs per-row
+statistics (a ``STATISTIC`` factor), and the row kernel (``codegen.kernels``) computes it
+with a whole row in one block. Low-precision (f16/bf16) references compute in f32, then
+round, as torch's CPU kernels do. Rules compute in the op's dtype; cross-entropy's label
+pick goes through a one-hot matrix built by comparing the labels with an iota constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from math import prod
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from xdsl.dialects.builtin import i32
+from xdsl.ir import SSAValue
+
+from tessera.errors import ExecutionError
+from tessera.ir import graph
+from tessera.ir.abstract import AbstractTensor, aval
+from tessera.ir.grad_builder import GradBuilder
+from tessera.ir.sharding_rules import (
+    FactorKind,
+    Rule,
+    RuleBuilder,
+    ShardingRule,
+    statistic_along_axes,
+    statistic_along_axis,
+)
+from tessera.ops.registry import (
+    NOT_LINEAR,
+    Cotangents,
+    Fusion,
+    Reference,
+    RowReduction,
+    VjpRule,
+    register,
+)
+
+if TYPE_CHECKING:
+    from tessera.codegen.builder import TileBuilder
+    from tessera.codegen.evaluate import Evaluator
+
+
+Row = Callable[..., SSAValue]  # RowReduction.fn: (ev, op, x, mask, width) -> value
+
+
+def _in_f32(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Applies ``fn`` in f32 for f16/bf16 inputs and rounds back."""
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return fn(x.float()).to(x.dtype)
+    return fn(x)
+
+
+def _shifted_sum(
+    b: TileBuilder, x: SSAValue, mask: SSAValue | None
+) -> tuple[SSAValue, SSAValue, SSAValue]:
+    """A row's max, ``x - max`` and ``sum(exp(x - max))`` (the stable softmax parts)."""
+    top = b.reduce(b.masked(x, mask, "max"), "max", 1)
+    shifted = b.sub(x, top)
+    total = b.reduce(b.masked(b.exp(shifted), mask, "sum"), "sum", 1)
+    return top, shifted, total
+
+
+def _register_row(
+    op_type: type[graph.GraphOp], *, sharding: Rule, vjp: VjpRule, reference: Reference, row: Row
+) -> None:
+    """Registers a row-wise op whose result keeps its operand's shape (not linear in it)."""
+    register(
+        op_type,
+        sharding=sharding,
+        partial=NOT_LINEAR,
+        vjp=vjp,
+        reference=reference,
+        tile=RowReduction(row),
+        fusion=Fusion.NORMALIZATION,
+    )
+
+
+# --- softmax and log_softmax ------------------------------------------------------------------
+
+
+def _softmax_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    """``y * (g - sum(g * y))`` along the axis."""
+    ct, y = cts[0], op.results[0]
+    if ct is None:
+        return [None]
+    dot = b.sum(b.mul(ct, y), [op.attrs()["axis"]], keepdims=True)
+    return [b.mul(y, b.sub(ct, dot))]
+
+
+def _softmax_row(
+    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+) -> SSAValue:
+    _, shifted, total = _shifted_sum(ev.b, x, mask)
+    return ev.b.div(ev.b.exp(shifted), total)
+
+
+_register_row(
+    graph.SoftmaxOp,
+    sharding=statistic_along_axis,
+    vjp=_softmax_vjp,
+    reference=lambda op, x: _in_f32(lambda v: torch.softmax(v, dim=op.attrs()["axis"]), x),
+    row=_softmax_row,
+)
+
+
+def _log_softmax_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    """``g - exp(y) * sum(g)`` along the axis."""
+    ct, y = cts[0], op.results[0]
+    if ct is None:
+        return [None]
+    total = b.sum(ct, [op.attrs()["axis"]], keepdims=True)
+    return [b.sub(ct, b.mul(b.op(graph.ExpOp, y), total))]
+
+
+def _log_softmax_row(
+    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+) -> SSAValue:
+    _, shifted, total = _shifted_sum(ev.b, x, mask)
+    return ev.b.sub(shifted, ev.b.log(total))
+
+
+_register_row(
+    graph.LogSoftmaxOp,
+    sharding=statistic_along_axis,
+    vjp=_log_softmax_vjp,
+    reference=lambda op, x: _in_f32(lambda v: torch.log_softmax(v, dim=op.attrs()["axis"]), x),
+    row=_log_softmax_row,
+)
+
+
+# --- layer_norm and rms_norm --------------------------------------------------------------------
+
+
+def _mean_keep(b: GradBuilder, value: SSAValue, axes: Sequence[int]) -> SSAValue:
+    return b.op(graph.MeanOp, value, axes=list(axes), keepdims=True)
+
+
+def _layer_norm_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    """With ``r = rsqrt(var + eps)`` and ``y`` the result:
+    ``r * (g - mean(g) - y * mean(g * y))`` over the axes."""
+    x, y, ct = op.operands[0], op.results[0], cts[0]
+    if ct is None:
+        return [None]
+    axes, eps = op.attrs()["axes"], op.attrs()["eps"]
+    centered = b.sub(x, _mean_keep(b, x, axes))
+    var = _mean_keep(b, b.mul(centered, centered), axes)
+    r = b.op(graph.RsqrtOp, b.add(var, b.constant(eps, x)))
+    inner = b.sub(b.sub(ct, _mean_keep(b, ct, axes)), b.mul(y, _mean_keep(b, b.mul(ct, y), axes)))
+    return [b.mul(r, inner)]
+
+
+def _layer_norm_reference(op: graph.LayerNormOp, x: torch.Tensor) -> torch.Tensor:
+    axes, eps = op.attrs()["axes"], op.attrs()["eps"]
+
+    def normalize(v: torch.Tensor) -> torch.Tensor:
+        mean = v.mean(dim=axes, keepdim=True)
+        var = (v - mean).square().mean(dim=axes, keepdim=True)
+        return (v - mean) * torch.rsqrt(var + eps)
+
+    return _in_f32(normalize, x)
+
+
+def _layer_norm_row(
+    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+) -> SSAValue:
+    b = ev.b
+    eps = b.constant(op.attrs()["eps"])
+    mean = b.div(b.reduce(b.masked(x, mask, "sum"), "sum", 1), b.constant(float(width)))
+    centred = b.sub(x, mean)
+    square = b.masked(b.mul(centred, centred), mask, "sum")
+    var = b.div(b.reduce(square, "sum", 1), b.constant(float(width)))
+    return b.mul(centred, b.rsqrt(b.add(var, eps)))
+
+
+_register_row(
+    graph.LayerNormOp,
+    sharding=statistic_along_axes,
+    vjp=_layer_norm_vjp,
+    reference=_layer_norm_reference,
+    row=_layer_norm_row,
+)
+
+
+def _rms_norm_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    """With ``r = rsqrt(mean(x^2) + eps)`` and ``y`` the result:
+    ``r * (g - y * mean(g * y))`` over the axes."""
+    x, y, ct = op.operands[0], op.results[0], cts[0]
+    if ct is None:
+        return [None]
+    axes, eps = op.attrs()["axes"], op.attrs()["eps"]
+    r = b.op(graph.RsqrtOp, b.add(_mean_keep(b, b.mul(x, x), axes), b.constant(eps, x)))
+    return [b.mul(r, b.sub(ct, b.mul(y, _mean_keep(b, b.mul(ct, y), axes))))]
+
+
+def _rms_norm_reference(op: graph.RmsNormOp, x: torch.Tensor) -> torch.Tensor:
+    axes, eps = op.attrs()["axes"], op.attrs()["eps"]
+    return _in_f32(lambda v: v * torch.rsqrt(v.square().mean(dim=axes, keepdim=True) + eps), x)
+
+
+def _rms_norm_row(
+    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+) -> SSAValue:
+    b = ev.b
+    eps = b.constant(op.attrs()["eps"])
+    square = b.masked(b.mul(x, x), mask, "sum")
+    mean_square = b.div(b.reduce(square, "sum", 1), b.constant(float(width)))
+    return b.mul(x, b.rsqrt(b.add(mean_square, eps)))
+
+
+_register_row(
+    graph.RmsNormOp,
+    sharding=statistic_along_axes,
+    vjp=_rms_norm_vjp,
+    reference=_rms_norm_reference,
+    row=_rms_norm_row,
+)
+
+
+# --- cross_entropy ------------------------------------------------------------------------------
+
+
+def _cross_entropy_sharding(
+    operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
+) -> ShardingRule:
+    """Batch dims are parallel (a partial mean / sum for those reductions); classes whole."""
+    logits, _ = operands
+    b = RuleBuilder()
+    reduction = attrs["reduction"]
+    batch_kind = FactorKind.PARALLEL if reduction == "none" else FactorKind.REDUCTION
+    batch = tuple(b.new(s, batch_kind) for s in logits.shape[:-1])
+    classes = b.new(logits.shape[-1], FactorKind.REPLICATED)
+    out = batch if reduction == "none" else ()
+    return b.rule([(*batch, classes), batch], [out], "mean" if reduction == "mean" else "sum")
+
+
+def _cross_entropy_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    """``(softmax(logits) - one_hot(labels)) * g``; the labels get no gradient."""
+    logits, labels, ct = op.operands[0], op.operands[1], cts[0]
+    if ct is None:
+        return [None, None]
+    shape = aval(logits).shape
+    classes = shape[-1]
+    reduction = op.attrs()["reduction"]
+    probs = b.op(graph.SoftmaxOp, logits, axis=len(shape) - 1)
+    iota = b.iota(labels, classes, (1,) * (len(shape) - 1) + (classes,))
+    picked = b.reshape(labels, (*shape[:-1], 1))
+    one_hot = b.op(
+        graph.CastOp,
+        b.op(graph.CompareOp, picked, iota, predicate="eq"),
+        dtype=aval(logits).dtype,
+    )
+    if reduction == "none":
+        scale = b.reshape(ct, (*shape[:-1], 1))
+    elif reduction == "mean":
+        scale = b.div(ct, b.constant(max(prod(shape[:-1]), 1), ct))
+    else:
+        scale = ct
+    return [b.mul(b.sub(probs, one_hot), scale), None]
+
+
+def check_labels(op: graph.CrossEntropyOp, shape: list[int], labels: torch.Tensor) -> None:
+    """Raises ExecutionError unless every label is a class index of logits of ``shape``."""
+    classes = shape[-1]
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= classes):
+        raise ExecutionError(
+            f"graph.cross_entropy: labels must be in [0, {classes}) for logits of shape "
+            f"{shape}, found values in [{int(labels.min())}, {int(labels.max())}]"
+        )
+
+
+def _cross_entropy_reference(
+    op: graph.CrossEntropyOp, logits: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    classes = logits.shape[-1]
+    check_labels(op, list(logits.shape), labels)
+    loss = F.cross_entropy(
+        logits.reshape(-1, classes).float(),
+        labels.reshape(-1).long(),
+        reduction=op.attrs()["reduction"],
+    )
+    return loss.reshape(aval(op.result).shape).to(logits.dtype)
+
+
+def _cross_entropy_row(
+    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+) -> SSAValue:
+    """``max + log(sum(exp(x - max))) - x[label]`` per row."""
+    b = ev.b
+    top, _, total = _shifted_sum(b, x, mask)
+    label = b.convert(ev.at(op.operands[1], ev.space.index[:-1]), i32)
+    r = ev.space.index[-1]
+    assert r is not None
+    hit = b.cmp("eq", r, label)
+    picked = b.reduce(b.select(hit, x, b.constant(0.0)), "sum", 1)
+    return b.sub(b.add(top, b.log(total)), picked)
+
+
+register(
+    graph.CrossEntropyOp,
+    sharding=_cross_entropy_sharding,
+    partial=NOT_LINEAR,
+    vjp=_cross_entropy_vjp,
+    reference=_cross_entropy_reference,
+    tile=RowReduction(_cross_entropy_row),
+    fusion=Fusion.LOSS,
+)
