@@ -97,12 +97,12 @@ show(compare_where, zeros(4, 8), zeros(4, 8))
 
 
 # concat of three tensors, chunk into equal pieces (one split op with two results) and
-# split into given sizes.
+# split at given indices (numpy's meaning: [1] cuts rows 0 | 1-2).
 @ts.jit
 def concat_chunk(a, b):
     c = op.concat([a, b, a], axis=0)
     left, right = op.chunk(c, 2, axis=-1)
-    head, tail = op.split(b, [1, 2], axis=0)
+    head, tail = op.split(b, [1], axis=0)
     return left, right, head, tail
 
 
