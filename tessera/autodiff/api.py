@@ -41,6 +41,8 @@ class GradFunction(JitFunction):
         has_aux: bool = False,
         **options: Any,
     ):
+        if isinstance(fn, JitFunction) and fn.mesh is not None and "mesh" not in options:
+            options["mesh"] = fn.mesh  # ts.grad(ts.jit(f, mesh=...)) runs on f's mesh
         super().__init__(fn, **options)
         self.argnums = argnums
         self.with_value = with_value

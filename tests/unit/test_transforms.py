@@ -235,3 +235,27 @@ def test_jit_of_grad_trains() -> None:
         losses.append(float(loss))
     assert step.trace_count == 1
     assert losses[-1] < losses[0] and all(math.isfinite(v) for v in losses)
+
+
+def test_sharded_grad_of_jit_and_has_aux() -> None:
+    """ts.grad of a jitted function with a mesh runs on that mesh (its shardings become
+    constraints); has_aux passes a sharded value through."""
+    params, x, y = problem(seed=110, batch=32)
+    mesh = dist.mesh({"dp": 2, "tp": 2})
+    batch = dist.ShardSpec(partition=(0,), mesh_axes=("dp",))
+    cols = dist.ShardSpec(partition=(1,), mesh_axes=("tp",))
+    rows = dist.ShardSpec(partition=(0,), mesh_axes=("tp",))
+
+    def loss_and_out(params, x, y):
+        out = op.tanh(x @ params["w1"]) @ params["w2"]
+        return op.mean((out - y) * (out - y)), out
+
+    jitted = ts.jit(loss_and_out, mesh=mesh, in_shardings=({"w1": cols, "w2": rows}, batch, batch))
+    grads, out = ts.grad(jitted, has_aux=True)(params, x, y)
+    _, want = torch_value_and_grads(params, x, y)
+    for key in want:
+        close(grads[key], want[key])
+    close(out, torch.tanh(x.double() @ params["w1"].double()) @ params["w2"].double())
+    lowered = ts.grad(jitted, has_aux=True).lower(params, x, y)
+    assert lowered.mesh == mesh
+    assert "tp" in {axis for c in lowered.collectives() for axis in c.mesh_axes}
