@@ -540,8 +540,10 @@ class CollectiveOp(UnaryGraphOp):
             function = function.parent_op()
         if function is None or PARTITIONED not in function.attributes:
             return None
-        module = function.parent_op()
-        meshes = [o for o in module.walk() if isinstance(o, MeshOp)] if module else []
+        module = function.parent_op()  # meshes are symbols at the module's top level:
+        # look there only, not through every function (this runs for every collective)
+        top_level = module.regions[0].block.ops if module and module.regions else ()
+        meshes = [o for o in top_level if isinstance(o, MeshOp)]
         if len(meshes) != 1:
             raise VerifyException(
                 f"{self.name}: a partitioned function needs exactly one graph.mesh"

@@ -308,16 +308,29 @@ class KernelOp(IRDLOperation):
                     )
         _check_yield(self, what)
         function = self.parent_op()
-        if isinstance(function, FuncOp):
-            same = [
-                o
-                for o in function.walk()
-                if isinstance(o, KernelOp) and o.kernel_name == self.kernel_name
-            ]
-            if len(same) > 1:
+        if isinstance(function, FuncOp) and self._first_kernel_of_block():
+            # kernel names are unique in a function: checked once per function, by its
+            # first kernel (a walk per kernel made verification quadratic)
+            counts: dict[str, int] = {}
+            for o in function.walk():
+                if isinstance(o, KernelOp):
+                    counts[o.kernel_name] = counts.get(o.kernel_name, 0) + 1
+            repeated = sorted(name for name, count in counts.items() if count > 1)
+            if repeated:
                 raise VerifyException(
-                    f"{what}: expected a unique kernel name, found {len(same)} kernels named so"
+                    f"schedule.kernel @{repeated[0]}: expected a unique kernel name, found "
+                    f"{counts[repeated[0]]} kernels named so"
                 )
+
+    def _first_kernel_of_block(self) -> bool:
+        """Whether no kernel precedes this one in its block (the walk back stops at the
+        previous kernel, so all kernels' walks together visit each op once)."""
+        op = self.prev_op
+        while op is not None:
+            if isinstance(op, KernelOp):
+                return False
+            op = op.prev_op
+        return True
 
     def print(self, printer: Printer) -> None:
         block = self.body.block
