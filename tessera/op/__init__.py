@@ -9,35 +9,9 @@
   kernel of their own.
 """
 
-from tessera.op.composites import (
-    arange,
-    einsum,
-    expand_dims,
-    logsumexp,
-    one_hot,
-    squeeze,
-    stack,
-    std,
-    take_along_axis,
-    tril,
-    triu,
-    var,
-)
+from tessera.op.composites import *  # noqa: F403
+from tessera.op.composites import __all__ as _composites
 from tessera.op.primitives import *  # noqa: F403
 from tessera.op.primitives import __all__ as _primitives
 
-__all__ = [
-    *_primitives,
-    "arange",
-    "einsum",
-    "expand_dims",
-    "logsumexp",
-    "one_hot",
-    "squeeze",
-    "stack",
-    "std",
-    "take_along_axis",
-    "tril",
-    "triu",
-    "var",
-]
+__all__ = [*_primitives, *_composites]
