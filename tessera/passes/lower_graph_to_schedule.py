@@ -260,14 +260,18 @@ class _Lowering:
         return self.group_of.get(owner) if isinstance(owner, Operation) else None
 
     def _depends(self, group: _Group, on: _Group) -> bool:
-        """Whether ``group`` uses a value of ``on``, directly or through other groups."""
+        """Whether ``group`` uses a value of ``on``, directly or through other groups.
+
+        A chain of uses from ``on`` only reaches ops after ``on``'s first op (program
+        order), so the search skips groups that end before it: it stays local."""
+        earliest = min(self.index[o] for o in on.ops)
         seen: set[int] = set()
         stack = [group]
         while stack:
             current = stack.pop()
             if current is on:
                 return True
-            if id(current) in seen:
+            if id(current) in seen or max(self.index[o] for o in current.ops) < earliest:
                 continue
             seen.add(id(current))
             stack.extend(p for p in self.group_inputs(current) if p is not None)
@@ -291,6 +295,9 @@ class _Emitter:
         assert isinstance(self.ret, func.ReturnOp)
         self.env: dict[SSAValue, SSAValue] = {a: a for a in lowering.block.args}
         self.collectives = [o for o in lowering.ops if _communicates(o)]
+        self.waiting: dict[SSAValue, list[graph.CollectiveOp]] = {}  # operand -> collectives
+        for collective in self.collectives:
+            self.waiting.setdefault(collective.operands[0], []).append(collective)
         self.handles: dict[Operation, SSAValue] = {}  # collective -> its start's handle
         self.kernel_count = 0
 
@@ -299,7 +306,7 @@ class _Emitter:
         return op
 
     def run(self) -> None:
-        self.start_ready()
+        self.start_ready(list(self.lowering.block.args))
         for group in self._order():
             self.emit_kernel(group)
         for collective in self.collectives:  # every handle is waited for
@@ -317,17 +324,20 @@ class _Emitter:
             for g in lowering.groups
         }
         by_id = {id(g): g for g in lowering.groups}
+        successors: dict[int, list[int]] = {key: [] for key in preds}
+        for key, p in preds.items():
+            for predecessor in p:
+                successors[predecessor].append(key)
         ready = [(first[k], k) for k, p in preds.items() if not p]
         heapq.heapify(ready)
         order: list[_Group] = []
         while ready:
             _, key = heapq.heappop(ready)
             order.append(by_id[key])
-            for other, p in preds.items():
-                if key in p:
-                    p.discard(key)
-                    if not p:
-                        heapq.heappush(ready, (first[other], other))
+            for other in successors[key]:
+                preds[other].discard(key)
+                if not preds[other]:
+                    heapq.heappush(ready, (first[other], other))
         if len(order) != len(lowering.groups):
             raise PassFailedException(
                 "lower-graph-to-schedule: kernel groups depend on each other in a cycle"
@@ -342,7 +352,6 @@ class _Emitter:
             collective = old.owner
             assert isinstance(collective, graph.CollectiveOp), f"{old} is used before it is made"
             self.start(collective)
-            self.start_ready()
         return self.env[old]
 
     def start(self, collective: graph.CollectiveOp) -> None:
@@ -357,11 +366,14 @@ class _Emitter:
         self.handles[collective] = handle
         wait = self.insert(schedule.WaitOp.create(operands=[handle], result_types=[result]))
         self.env[collective.results[0]] = wait.results[0]
+        self.start_ready([collective.results[0]])
 
-    def start_ready(self) -> None:
-        """Starts every collective whose operand is available."""
-        for collective in self.collectives:
-            if collective not in self.handles and collective.operands[0] in self.env:
+    def start_ready(self, made: Sequence[SSAValue]) -> None:
+        """Starts, in program order, every collective whose operand is one of ``made``
+        (values just made available), then those their results make ready."""
+        ready = {c for v in made for c in self.waiting.pop(v, [])}
+        for collective in sorted(ready, key=self.lowering.index.__getitem__):
+            if collective not in self.handles:
                 self.start(collective)
 
     # --- kernels ---------------------------------------------------------------------------
@@ -407,4 +419,4 @@ class _Emitter:
         for old, new in zip(outputs, kernel.results, strict=True):
             new.name_hint = old.name_hint
             self.env[old] = new
-        self.start_ready()
+        self.start_ready(outputs)

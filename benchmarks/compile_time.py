@@ -1,0 +1,179 @@
+"""Compile time of a GPT-like training step (or its forward), stage by stage, at model depth.
+
+The step is ``benchmarks/comm_volume.py``'s: pre-LN transformer layers (attention and
+MLP, Megatron tensor parallelism), a mean-square loss, ``graph.backward`` and AdamW, on a
+dp × tp = 2 × 2 virtual mesh. For each layer count the script traces the step, then
+times each compile stage (``tessera.driver.STAGES``) in order on a copy of the previous
+stage and, with ``--stages ... triton``, the emission of every kernel's Triton source.
+It prints seconds and op counts per stage, the schedule's kernels, the distinct Triton
+kernels and kernels per layer. Nothing runs. ``--forward`` compiles the forward alone.
+
+    python benchmarks/compile_time.py                          # every stage, 1-32 layers
+    python benchmarks/compile_time.py --layers 2 4 --stages graph sharded
+    python benchmarks/compile_time.py --torch-compile          # adds torch.compile's first call
+
+Every stage's time should grow linearly with the layer count (issue 17).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import comm_volume
+
+import tessera as ts
+from tessera import dist
+from tessera.driver import STAGES
+
+STEPS = [*STAGES[1:], "triton"]
+LAYER_PARAMS = ("wq", "wk", "wv", "wo", "w1", "w2", "ln1_w", "ln1_b", "ln2_w", "ln2_b")
+
+
+def _program(layers: int, heads: int, forward: bool) -> Any:
+    """The jitted forward (batch over dp, Megatron layouts over tp) or the training step."""
+    mesh = dist.mesh({"dp": 2, "tp": 2})
+    if not forward:
+        return comm_volume.training_step(mesh, 0, layers, heads, True)
+    batch_spec, layout = comm_volume.layouts(mesh, True)
+
+    def model(p: dict[str, Any], x: Any) -> Any:
+        for i in range(layers):
+            x = comm_volume.transformer_layer(x, {n: p[f"{n}{i}"] for n in layout}, heads)
+        return x
+
+    specs = {f"{n}{i}": spec for i in range(layers) for n, spec in layout.items()}
+    return ts.jit(model, mesh=mesh, in_shardings=(specs, batch_spec), kernels="reference")
+
+
+def torch_layer(x: torch.Tensor, p: dict[str, torch.Tensor], heads: int) -> torch.Tensor:
+    """``comm_volume.transformer_layer`` in torch (the torch.compile baseline)."""
+    batch, seq, dim = x.shape
+    f = torch.nn.functional
+
+    def split_heads(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(batch, seq, heads, dim // heads).transpose(1, 2)
+
+    h = f.layer_norm(x, (dim,), p["ln1_w"], p["ln1_b"])
+    q, k, v = (split_heads(h @ p[name]) for name in ("wq", "wk", "wv"))
+    attention = f.scaled_dot_product_attention(q, k, v, is_causal=True)
+    x = x + attention.transpose(1, 2).reshape(batch, seq, dim) @ p["wo"]
+    h = f.layer_norm(x, (dim,), p["ln2_w"], p["ln2_b"])
+    return x + f.gelu(h @ p["w1"], approximate="tanh") @ p["w2"]
+
+
+def measure(
+    layers: int, steps: list[str], dims: tuple[int, int, int, int], forward: bool
+) -> dict[str, float]:
+    """Seconds and op counts of each compile stage for one layer count."""
+    batch, seq, dim, heads = dims
+    shapes = comm_volume.layer_params(dim, layers, materialize=False)
+    params = {k: torch.empty(v.shape) for k, v in shapes.items()}
+    program = _program(layers, heads, forward)
+    x = torch.empty(batch, seq, dim)
+    began = time.perf_counter()
+    lowered = program.lower(params, x) if forward else program.lower(program.init(params), x)
+    row: dict[str, float] = {"trace s": time.perf_counter() - began}
+    last = steps[-1] if steps[-1] != "triton" else "tile"
+    for stage in STAGES[1 : STAGES.index(last) + 1]:
+        began = time.perf_counter()
+        module = lowered.module_at(stage)
+        if stage in steps:
+            row[f"{stage} s"] = time.perf_counter() - began
+            row[f"{stage} ops"] = sum(1 for _ in module.walk())
+    if "triton" in steps:
+        began = time.perf_counter()
+        sources = lowered.triton_source()
+        row["triton s"] = time.perf_counter() - began
+        row["distinct kernels"] = len(set(sources.values()))
+    if "schedule" in steps:
+        kernels = sum(
+            1 for o in lowered.module_at("schedule").walk() if o.name == "schedule.kernel"
+        )
+        row["kernels"] = kernels
+        row["kernels/layer"] = kernels / layers
+    row["total s"] = sum(v for k, v in row.items() if k.endswith(" s"))
+    return row
+
+
+def torch_compile_seconds(layers: int, dims: tuple[int, int, int, int]) -> float | None:
+    """torch.compile's first call of the same model's forward, backward and AdamW step on
+    one device (None where torch.compile does not work on this machine)."""
+    batch, seq, dim, heads = dims
+    try:
+        params = {
+            k: v.clone().requires_grad_(True)
+            for k, v in comm_volume.layer_params(dim, layers, materialize=True).items()
+        }
+        optimizer = torch.optim.AdamW(params.values(), lr=1e-3)
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            for i in range(layers):
+                x = torch_layer(x, {n: params[f"{n}{i}"] for n in LAYER_PARAMS}, heads)
+            loss = x.square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            return loss
+
+        compiled = torch.compile(step)
+        began = time.perf_counter()
+        compiled(torch.randn(batch, seq, dim))
+        return time.perf_counter() - began
+    except Exception as error:  # any failure means "not available here"
+        print(f"torch.compile unavailable: {type(error).__name__}: {error}", file=sys.stderr)
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--stages", nargs="+", default=STEPS)
+    parser.add_argument("--repeat", type=int, default=1, help="median of this many runs")
+    parser.add_argument("--forward", action="store_true", help="the forward alone")
+    parser.add_argument("--torch-compile", action="store_true")
+    parser.add_argument(
+        "--dims", type=int, nargs=4, default=[4, 64, 256, 4], metavar=("B", "T", "C", "HEADS")
+    )
+    args = parser.parse_args()
+    unknown = [s for s in args.stages if s not in STEPS]
+    if unknown:
+        parser.error(f"unknown stages {unknown}; stages: {', '.join(STEPS)}")
+    steps = sorted(args.stages, key=STEPS.index)
+    dims = tuple(args.dims)
+    rows = []
+    for layers in args.layers:
+        runs = [measure(layers, steps, dims, args.forward) for _ in range(args.repeat)]
+        row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        if args.torch_compile:
+            seconds = torch_compile_seconds(layers, dims)
+            if seconds is not None:
+                row["torch.compile s"] = seconds
+        rows.append((layers, row))
+    columns = list(dict.fromkeys(c for _, row in rows for c in row))
+    what = "forward" if args.forward else "training step"
+    print(f"GPT-like {what}, dp × tp = 2 × 2, (B, T, C, heads) = {dims}, median of {args.repeat}")
+    print("| layers | " + " | ".join(columns) + " |")
+    print("|---:|" + "---:|" * len(columns))
+    for layers, row in rows:
+        cells = []
+        for c in columns:
+            value = row.get(c)
+            if value is None:
+                cells.append("–")
+            elif c.endswith(" s") or c == "kernels/layer":
+                cells.append(f"{value:.2f}" if c.endswith(" s") else f"{value:.1f}")
+            else:
+                cells.append(f"{int(value)}")
+        print(f"| {layers} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
