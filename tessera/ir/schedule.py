@@ -76,6 +76,7 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     ModuleOp,
     StringAttr,
+    SymbolRefAttr,
     TensorType,
 )
 from xdsl.dialects.func import FuncOp
@@ -260,6 +261,10 @@ def mesh_axis_sizes(op: IRDLOperation) -> dict[str, int]:
 # --- kernels ----------------------------------------------------------------------------
 
 
+TILE_KERNEL = "schedule.tile_kernel"
+"""Attribute of a ``schedule.kernel`` implemented by another kernel's ``tile.kernel``."""
+
+
 @irdl_op_definition
 class KernelOp(IRDLOperation):
     """A named fused group of graph ops: one generated kernel."""
@@ -289,8 +294,21 @@ class KernelOp(IRDLOperation):
     def kernel_name(self) -> str:
         return self.sym_name.data
 
+    @property
+    def tile_kernel_name(self) -> str:
+        """The ``tile.kernel`` that implements this kernel: its own name, or the name in
+        its ``schedule.tile_kernel`` attribute when ``lower-schedule-to-tile`` found a
+        structurally identical kernel lowered already."""
+        shared = self.attributes.get(TILE_KERNEL)
+        return shared.root_reference.data if isinstance(shared, SymbolRefAttr) else self.kernel_name
+
     def verify_(self) -> None:
         what = f"schedule.kernel @{self.kernel_name}"
+        shared = self.attributes.get(TILE_KERNEL)
+        if shared is not None and not isinstance(shared, SymbolRefAttr):
+            raise VerifyException(
+                f"{what}: {TILE_KERNEL} must be a symbol reference, found {shared}"
+            )
         _check_stream(self)
         block = self.body.block
         want = [v.type for v in self.inputs]

@@ -1,22 +1,28 @@
-"""``lower-schedule-to-tile``: a ``tile.kernel`` for every ``schedule.kernel``.
+"""``lower-schedule-to-tile``: a ``tile.kernel`` for every distinct ``schedule.kernel``.
 
 Each scheduled kernel is lowered by its class (``codegen.kernels``): pointwise,
-row reduction, matmul with epilogue, or flash attention. The tile kernels are appended
-to the module under the schedule kernels' names; the schedule keeps its graph bodies,
-which remain the reference the generated kernels are tested against. Block sizes are
-the options (the runtime autotunes them on a GPU); dead index arithmetic is removed.
+row reduction, matmul with epilogue, or flash attention. Structurally identical kernels
+(:func:`tessera.analysis.kernel_identity.structural_key`: same ops, wiring, shapes,
+dtypes and attributes, wherever they are in the program, e.g. the same matmul in every
+layer) are lowered once: the first one's tile kernel is appended to the module under its
+name, and every other one gets a ``schedule.tile_kernel = @first`` attribute naming it.
+The schedule keeps its graph bodies, which remain the reference the generated kernels
+are tested against. Block sizes are the options (the runtime autotunes them on a GPU);
+dead index arithmetic is removed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.passes import ModulePass
 from xdsl.transforms.dead_code_elimination import region_dce
 from xdsl.utils.exceptions import PassFailedException
 
+from tessera.analysis.kernel_identity import structural_key
 from tessera.codegen.kernels import BlockConfig, lower_kernel
 from tessera.errors import TesseraError
 from tessera.ir import schedule, tile
@@ -24,7 +30,8 @@ from tessera.ir import schedule, tile
 
 @dataclass(frozen=True)
 class LowerScheduleToTilePass(ModulePass):
-    """Lowers every schedule.kernel to a tile.kernel (pointwise, reduction, matmul, attention)."""
+    """Lowers every distinct schedule.kernel to a tile.kernel (pointwise, reduction,
+    matmul, attention); identical kernels share one."""
 
     name = "lower-schedule-to-tile"
     block: int = BlockConfig.block
@@ -43,19 +50,30 @@ class LowerScheduleToTilePass(ModulePass):
             block_k=self.block_k,
             num_warps=self.num_warps,
         )
-        existing = {k.kernel_name for k in op.walk() if isinstance(k, tile.KernelOp)}
-        kernels = [
-            k
-            for k in op.walk()
-            if isinstance(k, schedule.KernelOp) and k.kernel_name not in existing
-        ]
-        for kernel in kernels:
-            try:
-                lowered = lower_kernel(kernel, config)
-            except TesseraError as error:
-                message = str(error)
-                if not message.startswith(f"@{kernel.kernel_name}"):
-                    message = f"@{kernel.kernel_name}: {message}"
-                raise PassFailedException(f"lower-schedule-to-tile: {message}") from None
-            region_dce(lowered.body)
-            op.body.block.add_op(lowered)
+        existing = {k.kernel_name for k in op.ops if isinstance(k, tile.KernelOp)}
+        lowered_as: dict[Hashable, str] = {}  # structural key -> its tile kernel's name
+        for function in list(op.ops):
+            for kernel in function.walk():
+                if not isinstance(kernel, schedule.KernelOp):
+                    continue
+                if kernel.tile_kernel_name in existing:  # lowered by an earlier run
+                    continue
+                key = structural_key(kernel)
+                if key in lowered_as:
+                    shared = SymbolRefAttr(lowered_as[key])
+                    kernel.attributes[schedule.TILE_KERNEL] = shared
+                    continue
+                lowered_as[key] = kernel.kernel_name
+                op.body.block.add_op(_lower(kernel, config))
+
+
+def _lower(kernel: schedule.KernelOp, config: BlockConfig) -> tile.KernelOp:
+    try:
+        lowered = lower_kernel(kernel, config)
+    except TesseraError as error:
+        message = str(error)
+        if not message.startswith(f"@{kernel.kernel_name}"):
+            message = f"@{kernel.kernel_name}: {message}"
+        raise PassFailedException(f"lower-schedule-to-tile: {message}") from None
+    region_dce(lowered.body)
+    return lowered

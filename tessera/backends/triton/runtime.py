@@ -188,7 +188,7 @@ class TritonKernels:
         return self.compiled[name]
 
     def _constants(self, kernel: schedule.KernelOp, device: torch.device) -> list[torch.Tensor]:
-        key = (kernel.kernel_name, str(device))
+        key = (kernel.tile_kernel_name, str(device))
         if key not in self.constants:
             self.constants[key] = [
                 op_def(c).reference(c).contiguous().to(device) for c in pointer_constants(kernel)
@@ -201,10 +201,11 @@ class TritonKernels:
         """The compiled kernel to launch, its arguments and the (new) output tensors; on
         CUDA with autotuning, the first call of a kernel tunes it on these arguments."""
         device = inputs[0].device if inputs else _device_without_inputs()
-        if kernel.kernel_name not in self.signatures:  # reading types is slow: once per kernel
+        name = kernel.tile_kernel_name  # identical kernels share their tile kernel
+        if name not in self.signatures:  # reading types is slow: once per kernel
             results = [(tuple(r.type.get_shape()), _torch_dtype(r.type)) for r in kernel.results]  # type: ignore[attr-defined]
-            self.signatures[kernel.kernel_name] = (results, position_axes(kernel))
-        results, groups = self.signatures[kernel.kernel_name]
+            self.signatures[name] = (results, position_axes(kernel))
+        results, groups = self.signatures[name]
         outputs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in results]
         positions = [context.position(axes)[0] for axes in groups]
         args = [
@@ -214,18 +215,18 @@ class TritonKernels:
             *positions,
         ]
         if device.type == "cuda" and self.autotune:
-            key = (kernel.kernel_name, str(device))
+            key = (name, str(device))
             if key not in self.tuned:
                 from tessera.backends.triton import autotune
 
                 self.tuned[key] = autotune.tune(kernel, args)
             return self.tuned[key].compiled, args, outputs
-        return self.kernel(kernel.kernel_name), args, outputs
+        return self.kernel(name), args, outputs
 
     def __call__(
         self, kernel: schedule.KernelOp, inputs: Sequence[torch.Tensor], context: KernelContext
     ) -> list[torch.Tensor]:
-        name = kernel.kernel_name
+        name = kernel.tile_kernel_name
         if name not in self.views:
             self.views[name] = _is_torch_view(kernel)
         if self.views[name]:  # no launch: a view of the (contiguous) input
@@ -250,4 +251,8 @@ def _device_without_inputs() -> torch.device:
     """Where a kernel without inputs (a constant) runs: the GPU when Triton compiles for
     one (not interpreted), else the CPU."""
     interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    return torch.device("cuda") if torch.cuda.is_available() and not interpreted else torch.device("cpu")
+    return (
+        torch.device("cuda")
+        if torch.cuda.is_available() and not interpreted
+        else torch.device("cpu")
+    )
