@@ -44,20 +44,26 @@ class DType(enum.Enum):
         return {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i64": 8, "i1": 1}[self.value]
 
     def to_xdsl(self) -> Attribute:
-        return {
-            DType.f32: Float32Type(),
-            DType.f16: Float16Type(),
-            DType.bf16: BFloat16Type(),
-            DType.i32: IntegerType(32),
-            DType.i64: IntegerType(64),
-            DType.i1: IntegerType(1),
-        }[self]
+        if not _XDSL_TYPES:  # built once: attributes are immutable, building one is slow
+            _XDSL_TYPES.update(
+                {
+                    DType.f32: Float32Type(),
+                    DType.f16: Float16Type(),
+                    DType.bf16: BFloat16Type(),
+                    DType.i32: IntegerType(32),
+                    DType.i64: IntegerType(64),
+                    DType.i1: IntegerType(1),
+                }
+            )
+        return _XDSL_TYPES[self]
 
     def to_torch(self) -> torch.dtype:
         import torch  # torch is only needed to run programs, not to read or rewrite IR
 
         return getattr(torch, _TORCH_NAMES[self])
 
+
+_XDSL_TYPES: dict[DType, Attribute] = {}
 
 _TORCH_NAMES = {
     DType.f32: "float32", DType.f16: "float16", DType.bf16: "bfloat16",

@@ -7,6 +7,7 @@ place that decides what an op produces.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 
 from xdsl.dialects.builtin import TensorType
@@ -42,10 +43,16 @@ class AbstractTensor:
         return AbstractTensor(self.shape, dtype)
 
     def to_xdsl(self) -> TensorType:
-        return TensorType(self.dtype.to_xdsl(), self.shape)
+        return _tensor_type(self.shape, self.dtype)
 
     @staticmethod
     def from_xdsl(attr: Attribute) -> AbstractTensor:
+        if isinstance(attr, TensorType):
+            return _abstract(attr)
+        raise TesseraError(f"expected a ranked tensor type, found {attr}")
+
+    @staticmethod
+    def _from_tensor_type(attr: Attribute) -> AbstractTensor:
         if not isinstance(attr, TensorType):
             raise TesseraError(f"expected a ranked tensor type, found {attr}")
         shape = tuple(attr.get_shape())
@@ -56,6 +63,17 @@ class AbstractTensor:
     def __str__(self) -> str:
         dims = "".join(f"{d}x" for d in self.shape)
         return f"tensor<{dims}{self.dtype.value}>"
+
+
+@lru_cache(maxsize=65536)
+def _tensor_type(shape: tuple[int, ...], dtype: DType) -> TensorType:
+    """The xDSL type (cached: attributes are immutable and slow to build and verify)."""
+    return TensorType(dtype.to_xdsl(), shape)
+
+
+@lru_cache(maxsize=65536)
+def _abstract(attr: TensorType) -> AbstractTensor:
+    return AbstractTensor._from_tensor_type(attr)
 
 
 def aval(value: SSAValue) -> AbstractTensor:

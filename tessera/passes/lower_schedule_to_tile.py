@@ -8,7 +8,9 @@ layer) are lowered once: the first one's tile kernel is appended to the module u
 name, and every other one gets a ``schedule.tile_kernel = @first`` attribute naming it.
 The schedule keeps its graph bodies, which remain the reference the generated kernels
 are tested against. Block sizes are the options (the runtime autotunes them on a GPU);
-dead index arithmetic is removed.
+dead index arithmetic is removed. A kernel that only reshapes or slices a contiguous
+block (``perf.compute_cost.runs_as_view``) gets no tile kernel: the runtime makes it a
+torch view of its input.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tessera.analysis.kernel_identity import structural_key
 from tessera.codegen.kernels import BlockConfig, lower_kernel
 from tessera.errors import TesseraError
 from tessera.ir import schedule, tile
+from tessera.perf.compute_cost import runs_as_view
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,8 @@ class LowerScheduleToTilePass(ModulePass):
             for kernel in function.walk():
                 if not isinstance(kernel, schedule.KernelOp):
                     continue
-                if kernel.tile_kernel_name in existing:  # lowered by an earlier run
-                    continue
+                if kernel.tile_kernel_name in existing or runs_as_view(kernel):
+                    continue  # lowered by an earlier run, or a torch view (no code)
                 key = structural_key(kernel)
                 if key in lowered_as:
                     shared = SymbolRefAttr(lowered_as[key])

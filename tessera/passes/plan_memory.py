@@ -21,6 +21,8 @@ results; values inside a kernel are registers or tiles and take no arena space.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -74,40 +76,34 @@ def _reads_elementwise(kernel: schedule.KernelOp, index: int) -> bool:
 def _plan(function: func.FuncOp, alignment: int) -> None:
     block = function.body.block
     ops = list(block.ops)
+    position = {op: i for i, op in enumerate(ops)}
     end = len(ops)
     born: dict[SSAValue, int] = {a: -1 for a in block.args}
     for index, op in enumerate(ops):
         if isinstance(op, (schedule.KernelOp, schedule.WaitOp)):
             born.update((r, index) for r in op.results)
     donated = {block.args[i] for i in donated_args(function)}
+    arguments = set(block.args)
     # arguments are caller-owned and live throughout, unless donated
-    last = {v: end if v in block.args and v not in donated else i for v, i in born.items()}
+    last = {v: end if v in arguments and v not in donated else i for v, i in born.items()}
     for index, op in enumerate(ops):
         for operand in op.operands:
             if operand in last:
                 last[operand] = end if isinstance(op, func.ReturnOp) else max(last[operand], index)
         if isinstance(op, schedule.StartOp) and op.input is not None and op.input in last:
             (wait,) = [u.operation for u in op.handle.uses]
-            last[op.input] = max(last[op.input], ops.index(wait))
-    live: list[tuple[int, int, int]] = []  # (offset, size, last use)
+            last[op.input] = max(last[op.input], position[wait])
+    arena = _Arena()
     offsets: dict[SSAValue, int] = {}
     in_place = _in_place(ops, donated, last, alignment)
-    peak = 0
     for value in sorted(born, key=lambda v: born[v]):
-        live = [b for b in live if b[2] >= born[value]]
+        arena.free_dead(born[value])
         size = _bytes(value, alignment)
         if value in in_place:
-            offset = offsets[in_place[value]]
-            live = [b for b in live if b[0] != offset]
+            offset = arena.take_over(offsets[in_place[value]], size, last[value])
         else:
-            offset = 0
-            for start, length, _ in sorted(live):
-                if offset + size <= start:
-                    break
-                offset = max(offset, start + length)
-        live.append((offset, size, last[value]))
+            offset = arena.allocate(size, last[value])
         offsets[value] = offset
-        peak = max(peak, offset + size)
     for op in ops:
         if isinstance(op, (schedule.KernelOp, schedule.WaitOp)) and op.results:
             op.attributes["schedule.offsets"] = DenseArrayBase.from_list(
@@ -116,7 +112,64 @@ def _plan(function: func.FuncOp, alignment: int) -> None:
     function.attributes["schedule.arg_offsets"] = DenseArrayBase.from_list(
         i64, [offsets[a] for a in block.args]
     )
-    function.attributes[PEAK_BYTES] = IntegerAttr(peak, i64)
+    function.attributes[PEAK_BYTES] = IntegerAttr(arena.peak, i64)
+
+
+class _Arena:
+    """First-fit placement over the free gaps between live buffers (kept sorted and
+    merged), with buffers freed in order of last use: each placement looks at the gaps,
+    not at every live buffer, so planning stays linear in the program's length."""
+
+    def __init__(self) -> None:
+        self.gaps: list[list[int]] = [[0, _UNBOUNDED]]  # [start, end) free, by start
+        self.live: dict[int, tuple[int, int]] = {}  # offset -> (size, buffer number)
+        self.dying: list[tuple[int, int, int, int]] = []  # (last use, number, offset, size)
+        self.placed = 0  # buffers placed so far: numbers them
+        self.peak = 0
+
+    def allocate(self, size: int, last: int) -> int:
+        for gap in self.gaps:
+            if gap[1] - gap[0] >= size:
+                offset = gap[0]
+                gap[0] += size
+                if gap[0] == gap[1]:
+                    self.gaps.remove(gap)
+                self._occupy(offset, size, last)
+                return offset
+        raise AssertionError("the last gap is unbounded")
+
+    def take_over(self, offset: int, size: int, last: int) -> int:
+        """A buffer of the same size in place of the live one at ``offset``."""
+        assert self.live[offset][0] == size
+        self._occupy(offset, size, last)
+        return offset
+
+    def _occupy(self, offset: int, size: int, last: int) -> None:
+        self.placed += 1
+        self.live[offset] = (size, self.placed)
+        heapq.heappush(self.dying, (last, self.placed, offset, size))
+        self.peak = max(self.peak, offset + size)
+
+    def free_dead(self, now: int) -> None:
+        """Frees the buffers whose last use is before ``now``."""
+        while self.dying and self.dying[0][0] < now:
+            _, number, offset, size = heapq.heappop(self.dying)
+            if self.live.get(offset) == (size, number):  # not taken over since
+                del self.live[offset]
+                self._free(offset, size)
+
+    def _free(self, offset: int, size: int) -> None:
+        index = bisect.bisect_left(self.gaps, [offset, offset])
+        gap = [offset, offset + size]
+        if index < len(self.gaps) and self.gaps[index][0] == gap[1]:  # merge the next
+            gap[1] = self.gaps.pop(index)[1]
+        if index > 0 and self.gaps[index - 1][1] == gap[0]:  # merge into the previous
+            self.gaps[index - 1][1] = gap[1]
+        else:
+            self.gaps.insert(index, gap)
+
+
+_UNBOUNDED = 1 << 62
 
 
 def _in_place(

@@ -38,9 +38,7 @@ def kernel_flops(kernel: schedule.KernelOp) -> float:
     """The matmul FLOPs of a kernel's body (half for a causal attention kernel)."""
     from tessera.codegen.attention import match_attention
 
-    flops = sum(
-        matmul_flops(op) for op in kernel.body.block.ops if isinstance(op, graph.MatmulOp)
-    )
+    flops = sum(matmul_flops(op) for op in kernel.body.block.ops if isinstance(op, graph.MatmulOp))
     attention = match_attention(kernel)
     return flops / 2 if attention is not None and attention.causal else flops
 
@@ -67,6 +65,16 @@ def compute_time(device: Device, flops: float, nbytes: float, dtype: str) -> flo
 def _contiguous_block(shape: tuple[int, ...], axis: int) -> bool:
     """Whether pieces along ``axis`` of a row-major ``shape`` are contiguous blocks."""
     return all(d == 1 for d in shape[:axis])
+
+
+def runs_as_view(kernel: schedule.KernelOp) -> bool:
+    """Whether the kernel is reshapes and contiguous slices only, which the runtime
+    computes as a torch view of its contiguous input: no code, no launch, no copy (so
+    ``lower-schedule-to-tile`` gives it no tile kernel)."""
+    body = kernel.body.block.ops
+    return is_view(kernel) and all(
+        isinstance(o, (graph.ReshapeOp, graph.SliceOp, schedule.YieldOp)) for o in body
+    )
 
 
 def is_view(kernel: schedule.KernelOp) -> bool:

@@ -88,6 +88,29 @@ def test_a_reshape_kernel_runs_as_a_view_without_a_launch(triton: None) -> None:
     torch.testing.assert_close(lowered(x, w).double(), want, rtol=1e-5, atol=1e-5)
 
 
+def _stack(x, weights):
+    for w1, b1, w2 in weights:
+        x = layer(x, w1, b1, w2)
+    return x
+
+
+def test_identical_layers_share_one_tile_kernel_each(triton: None) -> None:
+    """Four identical layers compile to one layer's tile kernels (each schedule kernel
+    names the shared one), and running them through the shared kernels is right."""
+    x, *first = inputs(2)
+    weights = [first] + [list(inputs(3 + i)[1:]) for i in range(3)]
+    lowered = ts.jit(_stack).lower(x, weights)
+    kernels = [k for k in lowered.module_at("tile").walk() if k.name == "schedule.kernel"]
+    tiles = {k.kernel_name for k in lowered.module_at("tile").walk() if k.name == "tile.kernel"}
+    assert len(kernels) == 12 and len(tiles) == 3
+    assert {k.tile_kernel_name for k in kernels} == tiles
+    assert set(lowered.triton_source()) == tiles
+    want = x.double()
+    for w in weights:
+        want = reference(want, *w)
+    close(lowered(x, weights), want)
+
+
 def test_reference_kernels_on_request() -> None:
     f = ts.jit(layer, kernels="reference")
     assert f.lower(*inputs()).kernels == "reference"

@@ -31,9 +31,10 @@ from tessera.backends.schedule_runner import KernelContext, reference_kernel
 from tessera.backends.triton.emit import emit_kernel
 from tessera.codegen.kernels import pointer_constants, position_axes
 from tessera.errors import ExecutionError
-from tessera.ir import graph, schedule, tile
+from tessera.ir import schedule, tile
 from tessera.ir.abstract import AbstractTensor
 from tessera.ops import op_def
+from tessera.perf.compute_cost import runs_as_view
 
 
 def cache_dir() -> Path:
@@ -170,6 +171,13 @@ class TritonKernels:
         from tessera.backends.triton import autotune as tuning
 
         self.tiles = {op.kernel_name: op for op in module.walk() if isinstance(op, tile.KernelOp)}
+        # schedule kernel -> its tile kernel (identical kernels share one); the kernels
+        # run may come from the schedule stage's module, which does not name them
+        self.tile_names = {
+            op.kernel_name: op.tile_kernel_name
+            for op in module.walk()
+            if isinstance(op, schedule.KernelOp)
+        }
         self.compiled: dict[str, CompiledKernel] = {}
         self.constants: dict[tuple[str, str], list[torch.Tensor]] = {}
         self.signatures: dict[
@@ -187,8 +195,12 @@ class TritonKernels:
             self.compiled[name] = CompiledKernel.from_tile(self.tiles[name])
         return self.compiled[name]
 
+    def tile_name(self, kernel: schedule.KernelOp) -> str:
+        """The tile kernel implementing ``kernel`` (identical kernels share one)."""
+        return self.tile_names.get(kernel.kernel_name, kernel.tile_kernel_name)
+
     def _constants(self, kernel: schedule.KernelOp, device: torch.device) -> list[torch.Tensor]:
-        key = (kernel.tile_kernel_name, str(device))
+        key = (self.tile_name(kernel), str(device))
         if key not in self.constants:
             self.constants[key] = [
                 op_def(c).reference(c).contiguous().to(device) for c in pointer_constants(kernel)
@@ -201,7 +213,7 @@ class TritonKernels:
         """The compiled kernel to launch, its arguments and the (new) output tensors; on
         CUDA with autotuning, the first call of a kernel tunes it on these arguments."""
         device = inputs[0].device if inputs else _device_without_inputs()
-        name = kernel.tile_kernel_name  # identical kernels share their tile kernel
+        name = self.tile_name(kernel)
         if name not in self.signatures:  # reading types is slow: once per kernel
             results = [(tuple(r.type.get_shape()), _torch_dtype(r.type)) for r in kernel.results]  # type: ignore[attr-defined]
             self.signatures[name] = (results, position_axes(kernel))
@@ -226,25 +238,14 @@ class TritonKernels:
     def __call__(
         self, kernel: schedule.KernelOp, inputs: Sequence[torch.Tensor], context: KernelContext
     ) -> list[torch.Tensor]:
-        name = kernel.tile_kernel_name
+        name = self.tile_name(kernel)
         if name not in self.views:
-            self.views[name] = _is_torch_view(kernel)
+            self.views[name] = runs_as_view(kernel)
         if self.views[name]:  # no launch: a view of the (contiguous) input
             return reference_kernel(kernel, [x.contiguous() for x in inputs], context)
         compiled, args, outputs = self.prepare(kernel, inputs, context)
         compiled.launch(args)
         return outputs
-
-
-def _is_torch_view(kernel: schedule.KernelOp) -> bool:
-    """Whether the kernel is reshapes and contiguous slices only, which torch computes as a
-    view of its contiguous input: nothing to launch or copy."""
-    from tessera.perf.compute_cost import is_view
-
-    body = kernel.body.block.ops
-    return is_view(kernel) and all(
-        isinstance(o, (graph.ReshapeOp, graph.SliceOp, schedule.YieldOp)) for o in body
-    )
 
 
 def _device_without_inputs() -> torch.device:

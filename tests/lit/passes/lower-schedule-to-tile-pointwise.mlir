@@ -227,7 +227,8 @@ func.func @slice(%x: tensor<7x33xf32>) -> tensor<3x30xf32> {
 // -----
 
 // reshape goes through the flat offset: the output [3, 4, 5] at flat offset f reads the
-// input [6, 10] at (f / 10, f % 10).
+// input [6, 10] at (f / 10, f % 10). (A reshape alone is a torch view with no tile
+// kernel, see the end of this file; here an exp consumes it.)
 // CHECK-LABEL: tile.kernel @reshape_k0
 // CHECK-SAME:    grid [1, 1, 1]
 // CHECK:         %[[MASK:.*]] = tile.cmp "lt" %[[OFF:.*]], %{{.*}} : tensor<64xi32> -> tensor<64xi1>
@@ -238,7 +239,8 @@ func.func @slice(%x: tensor<7x33xf32>) -> tensor<3x30xf32> {
 // CHECK:         %[[ROWS:.*]] = arith.muli %[[ROW]], %{{.*}} : tensor<64xi32>
 // CHECK-NEXT:    %[[IN:.*]] = arith.addi %[[ROWS]], %[[COL]] : tensor<64xi32>
 // CHECK-NEXT:    %[[X:.*]] = tile.load %in0[%[[IN]]] mask %[[MASK]]
-// CHECK-NEXT:    tile.store %out0[%[[OFF]]], %[[X]] mask %[[MASK]]
+// CHECK-NEXT:    %[[E:.*]] = math.exp %[[X]]
+// CHECK-NEXT:    tile.store %out0[%[[OFF]]], %[[E]] mask %[[MASK]]
 
 // TRITON-LABEL: # --- kernel @reshape_k0
 // TRITON:           tl.store(out0 + {{v_[0-9]+}}, {{v_[0-9]+}}, mask={{v_[0-9]+}})
@@ -246,7 +248,8 @@ func.func @slice(%x: tensor<7x33xf32>) -> tensor<3x30xf32> {
 func.func @reshape(%x: tensor<6x10xf32>) -> tensor<3x4x5xf32> {
   %0 = schedule.kernel @reshape_k0(%a = %x) : (tensor<6x10xf32>) -> tensor<3x4x5xf32> {
     %1 = graph.reshape %a : tensor<6x10xf32> -> tensor<3x4x5xf32>
-    schedule.yield %1 : tensor<3x4x5xf32>
+    %2 = graph.exp %1 : tensor<3x4x5xf32> -> tensor<3x4x5xf32>
+    schedule.yield %2 : tensor<3x4x5xf32>
   }
   func.return %0 : tensor<3x4x5xf32>
 }
