@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from xdsl.dialects.builtin import StringAttr
 
 import tessera as ts
 import tessera.dist as dist
@@ -45,7 +46,8 @@ CASES = {
 
 
 @pytest.fixture(autouse=True)
-def _fresh_cache():
+def _fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     autotune.clear_cache()
     yield
     autotune.clear_cache()
@@ -135,6 +137,35 @@ def test_choice_is_cached_per_source_and_device():
     assert len(calls) == 2 * n
     _, other = _kernel(_softmax, torch.randn(50, 1000).bfloat16())  # other types: own entry
     assert autotune.cached(other, "GPU A") is None
+
+
+def test_choice_persists_on_disk_for_later_processes(tmp_path):
+    """A choice is written under the cache directory; after the in-memory cache is gone
+    (a new process), the same kernel, even under another name, reads it instead of tuning.
+    A file that holds no valid configuration is ignored and tuned again."""
+    fn, args = CASES["reduction"]
+    _, kernel = _kernel(fn, *args)
+    calls = []
+
+    def measure(compiled):
+        calls.append(compiled)
+        return float(compiled.num_warps)
+
+    first = autotune.choose(kernel, "GPU A", measure)
+    (stored,) = (tmp_path / "autotune").glob("*.json")
+    n = len(calls)
+    autotune.clear_cache()
+    renamed = kernel.clone()
+    renamed.properties["sym_name"] = StringAttr("another_name")
+    again = autotune.choose(renamed, "GPU A", measure)
+    assert len(calls) == n and again.config == first.config
+    assert again.compiled.num_warps == first.compiled.num_warps
+    for corrupt in ('{"config": {"block": -1}}', "not json", '{"config": {"block": "1e9"}}'):
+        stored.write_text(corrupt)
+        autotune.clear_cache()
+        assert autotune.choose(kernel, "GPU A", measure).config == first.config
+        assert len(calls) > n
+        n = len(calls)
 
 
 def test_no_candidate_compiles():

@@ -155,3 +155,21 @@ def test_numpy_in_numpy_out(triton: None) -> None:
     assert isinstance(got, np.ndarray)
     want = torch.softmax(torch.arange(12.0).reshape(4, 3).double() * 3, dim=0)
     close(torch.from_numpy(got), want)
+
+
+def test_a_cached_kernel_file_changed_on_disk_is_rewritten_not_imported(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The import runs the cached file: code appended to it after it was written must not
+    run; the file is rewritten from the source."""
+    from tessera.backends.triton import runtime
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(runtime, "_MODULES", {})
+    source = "import triton\n\n@triton.jit\ndef k(x):\n    pass\n"
+    runtime.load_source("k", source)
+    (path,) = tmp_path.glob("k_*.py")
+    path.write_text(source + "raise SystemExit('tampered')\n")
+    monkeypatch.setattr(runtime, "_MODULES", {})  # a new process
+    assert runtime.load_source("k", source) is not None
+    assert path.read_text() == source

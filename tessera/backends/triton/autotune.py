@@ -4,9 +4,12 @@ The first time a schedule kernel runs on a CUDA device, :func:`tune` lowers it w
 configuration of its class's small space (:func:`config_space`), compiles each distinct
 source, times it with ``triton.testing.do_bench`` on the call's own arguments and keeps
 the fastest. Configurations that fail to compile or launch (too much shared memory, too
-many registers) are skipped. The choice is cached in memory per (source of the kernel
-lowered with the default configuration, argument types, device name), so a kernel of the
-same shapes is tuned once per process. Under Triton's interpreter (CPU tensors) nothing
+many registers) are skipped. The choice is cached per (source of the kernel lowered with
+the default configuration, its function renamed, argument types, device name): in memory,
+and on disk as ``<cache dir>/autotune/<sha256>.json`` (the chosen block configuration),
+so a kernel of the same shapes is tuned once per machine, whatever its name, and every
+rank of a job and every later process reads the choice instead of tuning again. A file
+that does not hold a valid configuration is ignored (and overwritten by the next tuning). Under Triton's interpreter (CPU tensors) nothing
 is tuned: the runtime runs the tile kernel lowered with the default
 :class:`~tessera.codegen.kernels.BlockConfig`.
 
@@ -15,16 +18,20 @@ Set ``TESSERA_AUTOTUNE=0`` to run the default configuration on the GPU as well.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from xdsl.transforms.dead_code_elimination import region_dce
 
-from tessera.backends.triton.runtime import CompiledKernel
+from tessera.backends.triton.runtime import CompiledKernel, cache_dir
 from tessera.codegen.kernels import DEFAULT, BlockConfig, kernel_class, lower_kernel, next_pow2
 from tessera.errors import TesseraError
 from tessera.ir import graph, schedule, tile
@@ -131,10 +138,13 @@ def _signature(kernel: tile.KernelOp) -> str:
 
 
 def tuning_key(kernel: schedule.KernelOp, device_name: str) -> tuple[str, str, str]:
-    """The cache key: default-config source, argument types (the source does not hold the
-    pointers' element types) and device."""
+    """The cache key: default-config source with the function renamed (identical kernels
+    of two programs share it), argument types (the source does not hold the pointers'
+    element types) and device."""
     default = lower(kernel)
-    return CompiledKernel.from_tile(default).source, _signature(default), device_name
+    source = CompiledKernel.from_tile(default).source
+    source = source.replace(f"def {default.kernel_name}(", "def kernel(", 1)
+    return source, _signature(default), device_name
 
 
 def candidates(
@@ -177,6 +187,45 @@ def enabled() -> bool:
 
 def cached(kernel: schedule.KernelOp, device_name: str) -> Tuning | None:
     return _CHOICES.get(tuning_key(kernel, device_name))
+
+
+def _choice_path(key: tuple[str, str, str]) -> Path:
+    digest = hashlib.sha256("\0".join(key).encode()).hexdigest()
+    return cache_dir() / "autotune" / f"{digest}.json"
+
+
+def _load_choice(kernel: schedule.KernelOp, key: tuple[str, str, str]) -> Tuning | None:
+    """The tuning stored on disk for ``key``, when the file holds a valid configuration."""
+    path = _choice_path(key)
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        fields = stored["config"]
+        names = {f.name for f in dataclasses.fields(BlockConfig)}
+        if set(fields) != names or not all(
+            type(v) is int and 1 <= v <= 1 << 20 for v in fields.values()
+        ):
+            return None
+        config = BlockConfig(**fields)
+        compiled = CompiledKernel.from_tile(lower(kernel, config))
+    except (OSError, ValueError, KeyError, TypeError, TesseraError):
+        return None
+    return Tuning(kernel.kernel_name, config, compiled, seconds=0.0)
+
+
+def _store_choice(key: tuple[str, str, str], tuning: Tuning) -> None:
+    path = _choice_path(key)
+    record = {
+        "config": dataclasses.asdict(tuning.config),
+        "device": key[2],
+        "timings_ms": [[dataclasses.asdict(c), ms] for c, ms in tuning.timings],
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(record), encoding="utf-8")
+        temporary.replace(path)
+    except OSError:  # a read-only cache only costs tuning again
+        pass
 
 
 def clear_cache() -> None:
@@ -227,6 +276,10 @@ def choose(
     key = tuning_key(kernel, device_name)
     if key in _CHOICES:
         return _CHOICES[key]
+    stored = _load_choice(kernel, key)
+    if stored is not None:
+        _CHOICES[key] = stored
+        return stored
     start = time.perf_counter()
     timings: list[tuple[BlockConfig, float]] = []
     failed: list[tuple[BlockConfig, str]] = []
@@ -248,4 +301,5 @@ def choose(
         kernel.kernel_name, best[1], best[2], timings, failed, time.perf_counter() - start
     )
     _CHOICES[key] = tuning
+    _store_choice(key, tuning)
     return tuning

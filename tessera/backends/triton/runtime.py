@@ -2,7 +2,8 @@
 
 Source is written once per content hash under the cache directory
 (``TESSERA_CACHE_DIR``, default ``~/.cache/tessera/triton``) and imported from there,
-because ``triton.jit`` reads a kernel's source from its file. CUDA tensors run the
+because ``triton.jit`` reads a kernel's source from its file; a cached file is compared
+with the source before it is imported, and rewritten when it differs. CUDA tensors run the
 compiled kernel; CPU tensors run it in Triton's interpreter (the same source, numpy
 semantics), which is how every kernel is checked on machines without a GPU. On a GPU
 each kernel's block sizes are autotuned at its first call (:mod:`.autotune`); the
@@ -51,7 +52,7 @@ def load_source(name: str, source: str) -> Any:
         directory = cache_dir()
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{name}_{digest}.py"
-        if not path.exists():
+        if not _holds(path, source):  # missing, or not what its name promises: rewrite
             temporary = path.with_suffix(f".{os.getpid()}.tmp")
             temporary.write_text(source, encoding="utf-8")
             temporary.replace(path)
@@ -61,6 +62,15 @@ def load_source(name: str, source: str) -> Any:
         spec.loader.exec_module(module)
         _MODULES[digest] = module
     return getattr(_MODULES[digest], name)
+
+
+def _holds(path: Path, source: str) -> bool:
+    """Whether the cached file holds exactly ``source`` (the import runs the file, so a
+    file changed after it was written must never be imported)."""
+    try:
+        return path.read_bytes() == source.encode()
+    except OSError:
+        return False
 
 
 @dataclass
