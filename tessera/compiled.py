@@ -23,7 +23,7 @@ from xdsl.dialects.builtin import ModuleOp, UnitAttr
 from xdsl.ir import Attribute, BlockArgument, SSAValue
 
 from tessera import op as _op_library  # noqa: F401 (gives traced tensors their operators)
-from tessera import schedule
+from tessera import program_cache, schedule
 from tessera.backends import distributed, schedule_runner
 from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.execution import (
@@ -49,6 +49,7 @@ from tessera.ir.graph import DONATED
 from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_sharding, op_shardings
 from tessera.passes.plan_memory import peak_bytes
+from tessera.program_cache import ProgramCache
 from tessera.schedule import ScheduleOptions
 
 INDEXED_OPS = (graph.GatherOp, graph.CrossEntropyOp)  # inputs range-checked before a kernel
@@ -118,6 +119,8 @@ class Lowered:
         self.out_tree = out_tree
         self.config = config
         self._stages: dict[str, ModuleOp] = {"traced": module}
+        # compiled stages on disk, shared by every process tracing the same program
+        self._program_cache = ProgramCache(module, config) if program_cache.enabled() else None
         self._runner: schedule_runner.KernelRunner | None = None
         self._layout_cache: tuple[list[Sharding], list[Sharding]] | None = None
         self.last_run: distributed.RunRecord | None = None  # set by multi-process calls
@@ -189,8 +192,13 @@ class Lowered:
         if stage not in STAGES:
             raise TesseraError(f"unknown or not yet available stage {stage!r}; available: {STAGES}")
         if stage not in self._stages:
-            previous = self.module_at(STAGES[STAGES.index(stage) - 1])
-            self._stages[stage] = run_stage(stage, previous, self.config)
+            stored = self._program_cache.load(stage) if self._program_cache else None
+            if stored is None:
+                previous = self.module_at(STAGES[STAGES.index(stage) - 1])
+                stored = run_stage(stage, previous, self.config)
+                if self._program_cache:
+                    self._program_cache.store(stage, stored)
+            self._stages[stage] = stored
         return self._stages[stage]
 
     def memory(self) -> MemoryStats:

@@ -6,6 +6,7 @@ of tracing, sharding and communication run their kernels with the reference exec
 than torch, and those tests check program semantics, not code generation. Generated
 kernels are tested against the reference in ``test_codegen_*.py``, and end to end
 (examples, virtual mesh and processes) where a test asks for ``kernels="triton"``.
+The on-disk program cache is off (``TESSERA_PROGRAM_CACHE=0``) except in its own tests.
 Hypothesis examples have no deadline: the first example of a new shape traces a
 program, which is slower than the cached runs that follow. Under CI (``CI`` set) the
 examples are derandomized, so a run is reproducible; local runs explore new examples.
@@ -22,6 +23,9 @@ from hypothesis import settings
 if not torch.cuda.is_available():  # on a GPU, Triton compiles (test_gpu.py)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TESSERA_KERNELS", "reference")
+# compiled programs are not read from disk in tests (a test that patches a pass must see
+# its patch); tests/unit/test_program_cache.py turns the cache on where it tests it
+os.environ.setdefault("TESSERA_PROGRAM_CACHE", "0")
 
 settings.register_profile("tessera", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)

@@ -168,7 +168,7 @@ def test_a_cached_kernel_file_changed_on_disk_is_rewritten_not_imported(
     monkeypatch.setattr(runtime, "_MODULES", {})
     source = "import triton\n\n@triton.jit\ndef k(x):\n    pass\n"
     runtime.load_source("k", source)
-    (path,) = tmp_path.glob("k_*.py")
+    (path,) = (tmp_path / "triton").glob("k_*.py")
     path.write_text(source + "raise SystemExit('tampered')\n")
     monkeypatch.setattr(runtime, "_MODULES", {})  # a new process
     assert runtime.load_source("k", source) is not None

@@ -6,7 +6,7 @@ source, times it with ``triton.testing.do_bench`` on the call's own arguments an
 the fastest. Configurations that fail to compile or launch (too much shared memory, too
 many registers) are skipped. The choice is cached per (source of the kernel lowered with
 the default configuration, its function renamed, argument types, device name): in memory,
-and on disk as ``<cache dir>/autotune/<sha256>.json`` (the chosen block configuration),
+and on disk as ``autotune/<sha256>.json`` under the cache root (the chosen block configuration),
 so a kernel of the same shapes is tuned once per machine, whatever its name, and every
 rank of a job and every later process reads the choice instead of tuning again. A file
 that does not hold a valid configuration is ignored (and overwritten by the next tuning). Under Triton's interpreter (CPU tensors) nothing
@@ -31,7 +31,8 @@ from typing import Any
 
 from xdsl.transforms.dead_code_elimination import region_dce
 
-from tessera.backends.triton.runtime import CompiledKernel, cache_dir
+from tessera.backends.triton.runtime import CompiledKernel
+from tessera.cache_location import cache_directory
 from tessera.codegen.kernels import DEFAULT, BlockConfig, kernel_class, lower_kernel, next_pow2
 from tessera.errors import TesseraError
 from tessera.ir import graph, schedule, tile
@@ -191,7 +192,7 @@ def cached(kernel: schedule.KernelOp, device_name: str) -> Tuning | None:
 
 def _choice_path(key: tuple[str, str, str]) -> Path:
     digest = hashlib.sha256("\0".join(key).encode()).hexdigest()
-    return cache_dir() / "autotune" / f"{digest}.json"
+    return cache_directory("autotune") / f"{digest}.json"
 
 
 def _load_choice(kernel: schedule.KernelOp, key: tuple[str, str, str]) -> Tuning | None:
@@ -220,7 +221,6 @@ def _store_choice(key: tuple[str, str, str], tuning: Tuning) -> None:
         "timings_ms": [[dataclasses.asdict(c), ms] for c, ms in tuning.timings],
     }
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
         temporary.write_text(json.dumps(record), encoding="utf-8")
         temporary.replace(path)

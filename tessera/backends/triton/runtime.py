@@ -1,7 +1,7 @@
 """Compiles tile kernels' Triton source and runs them as a schedule ``KernelRunner``.
 
 Source is written once per content hash under the cache directory
-(``TESSERA_CACHE_DIR``, default ``~/.cache/tessera/triton``) and imported from there,
+(``triton/`` under ``TESSERA_CACHE_DIR``, default ``~/.cache/tessera``) and imported from there,
 because ``triton.jit`` reads a kernel's source from its file; a cached file is compared
 with the source before it is imported, and rewritten when it differs. CUDA tensors run the
 compiled kernel; CPU tensors run it in Triton's interpreter (the same source, numpy
@@ -30,6 +30,7 @@ from xdsl.dialects.builtin import ModuleOp
 
 from tessera.backends.schedule_runner import KernelContext, reference_kernel
 from tessera.backends.triton.emit import emit_kernel
+from tessera.cache_location import cache_directory
 from tessera.codegen.kernels import pointer_constants, position_axes
 from tessera.errors import ExecutionError
 from tessera.ir import schedule, tile
@@ -39,7 +40,8 @@ from tessera.perf.compute_cost import runs_as_view
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("TESSERA_CACHE_DIR", Path.home() / ".cache" / "tessera" / "triton"))
+    """Where kernel sources are written: ``triton/`` under the cache root."""
+    return cache_directory("triton")
 
 
 _MODULES: dict[str, Any] = {}
@@ -50,7 +52,6 @@ def load_source(name: str, source: str) -> Any:
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
     if digest not in _MODULES:
         directory = cache_dir()
-        directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{name}_{digest}.py"
         if not _holds(path, source):  # missing, or not what its name promises: rewrite
             temporary = path.with_suffix(f".{os.getpid()}.tmp")

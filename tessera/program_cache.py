@@ -1,0 +1,111 @@
+"""The on-disk cache of compiled programs: each stage's module, keyed by content.
+
+A program's key is the SHA-256 of Tessera's own source code, the compile configuration
+(mesh, kernels and every pass with its options, as ``pipeline_string`` spells them)
+and the traced module (:func:`tessera.ir.serialize.dumps`). A stage's module is stored
+as ``programs/<key>/<stage>.bin`` under the cache root, in the serialized form, behind a
+header holding the SHA-256 of the data; a file whose data does not match its hash (or
+does not load) is ignored, removed and compiled again. So every rank of a job and every
+later process that traces the same program reads its stages instead of compiling them:
+a change to the program, the configuration or Tessera itself changes the key.
+
+``TESSERA_PROGRAM_CACHE=0`` turns the cache off (compiling is then always done).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+from xdsl.dialects.builtin import ModuleOp
+
+from tessera.cache_location import cache_directory
+from tessera.driver import STAGES, CompileConfig, pipeline_string
+from tessera.ir import serialize
+
+_MAGIC = b"tessera-program\n"
+
+
+def enabled() -> bool:
+    return os.environ.get("TESSERA_PROGRAM_CACHE", "1") not in ("0", "false", "False", "")
+
+
+@functools.cache
+def code_version() -> str:
+    """The SHA-256 of Tessera's Python sources (any change to the compiler is a new key)."""
+    root = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+class ProgramCache:
+    """The stored stages of one traced program under one configuration."""
+
+    def __init__(self, traced: ModuleOp, config: CompileConfig):
+        self.traced = traced
+        self.config = config
+        self._key: str | None = None
+
+    @property
+    def key(self) -> str:
+        if self._key is None:
+            digest = hashlib.sha256()
+            for part in (
+                code_version(),
+                pipeline_string(self.config, STAGES[1:]),
+                repr(self.config.mesh),
+                self.config.kernels,
+            ):
+                digest.update(part.encode())
+                digest.update(b"\0")
+            digest.update(serialize.dumps(self.traced))
+            self._key = digest.hexdigest()
+        return self._key
+
+    def _path(self, stage: str) -> Path:
+        return cache_directory("programs") / self.key[:2] / self.key / f"{stage}.bin"
+
+    def load(self, stage: str) -> ModuleOp | None:
+        """The stored module of ``stage``, or None (not stored, or not intact)."""
+        path = self._path(stage)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        header = len(_MAGIC) + 32
+        payload = data[header:]
+        if data[: len(_MAGIC)] != _MAGIC or data[len(_MAGIC) : header] != _sha(payload):
+            path.unlink(missing_ok=True)
+            return None
+        try:
+            return serialize.loads(payload)
+        except serialize.SerializeError:
+            path.unlink(missing_ok=True)
+            return None
+
+    def store(self, stage: str, module: ModuleOp) -> None:
+        """Writes ``stage``'s module (atomically; a failure only costs compiling again)."""
+        try:
+            payload = serialize.dumps(module)
+        except serialize.SerializeError:
+            return
+        path = self._path(stage)
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            temporary = path.with_suffix(f".{os.getpid()}.tmp")
+            temporary.write_bytes(_MAGIC + _sha(payload) + payload)
+            temporary.replace(path)
+        except OSError:
+            pass
+
+
+def _sha(payload: bytes) -> bytes:
+    return hashlib.sha256(payload).digest()
+
+
+__all__ = ["ProgramCache", "code_version", "enabled"]
