@@ -11,15 +11,24 @@ kernels and kernels per layer. Nothing runs. ``--forward`` compiles the forward 
     python benchmarks/compile_time.py                          # every stage, 1-32 layers
     python benchmarks/compile_time.py --layers 2 4 --stages graph sharded
     python benchmarks/compile_time.py --torch-compile          # adds torch.compile's first call
+    python benchmarks/compile_time.py --second-process         # cold and warm program cache
 
-Every stage's time should grow linearly with the layer count (issue 17).
+Every stage's time should grow linearly with the layer count (issue 17). With
+``--second-process`` each layer count is compiled by two fresh processes sharing an
+empty program cache (``tessera.program_cache``): the first compiles and stores every
+stage, the second traces the same program and reads the stages a call needs (layouts,
+schedule, tile kernels) and emits the Triton source; both totals are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -78,7 +87,7 @@ def measure(
     params = {k: torch.empty(v.shape) for k, v in shapes.items()}
     program = _program(layers, heads, forward)
     x = torch.empty(batch, seq, dim)
-    began = time.perf_counter()
+    began = start = time.perf_counter()
     lowered = program.lower(params, x) if forward else program.lower(program.init(params), x)
     row: dict[str, float] = {"trace s": time.perf_counter() - began}
     last = steps[-1] if steps[-1] != "triton" else "tile"
@@ -99,7 +108,7 @@ def measure(
         )
         row["kernels"] = kernels
         row["kernels/layer"] = kernels / layers
-    row["total s"] = sum(v for k, v in row.items() if k.endswith(" s"))
+    row["total s"] = time.perf_counter() - start  # every stage, shown or not
     return row
 
 
@@ -132,6 +141,25 @@ def torch_compile_seconds(layers: int, dims: tuple[int, int, int, int]) -> float
         return None
 
 
+RUN_NEEDS = ["partitioned", "schedule", "tile", "triton"]  # what a call reads
+
+
+def second_process(layers: int, args: argparse.Namespace) -> dict[str, float]:
+    """Seconds until two fresh processes sharing one program cache have what a call
+    needs (layouts, schedule, tile kernels, Triton source): the first compiles and
+    stores, the second traces and reads."""
+    row = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TESSERA_CACHE_DIR": cache, "TESSERA_PROGRAM_CACHE": "1"}
+        for which in ("first process s", "second process s"):
+            command = [sys.executable, __file__, "--layers", str(layers), "--json"]
+            command += ["--stages", *RUN_NEEDS, "--dims", *map(str, args.dims)]
+            command += ["--forward"] if args.forward else []
+            done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+            row[which] = json.loads(done.stdout.splitlines()[-1])["total s"]
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
@@ -139,6 +167,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="median of this many runs")
     parser.add_argument("--forward", action="store_true", help="the forward alone")
     parser.add_argument("--torch-compile", action="store_true")
+    parser.add_argument("--second-process", action="store_true", help="cold and warm cache")
+    parser.add_argument("--json", action="store_true", help="one JSON row per layer count")
     parser.add_argument(
         "--dims", type=int, nargs=4, default=[4, 64, 256, 4], metavar=("B", "T", "C", "HEADS")
     )
@@ -147,16 +177,25 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown stages {unknown}; stages: {', '.join(STEPS)}")
     steps = sorted(args.stages, key=STEPS.index)
+    if not args.json:  # measure compiling, not reading a warm cache
+        os.environ["TESSERA_PROGRAM_CACHE"] = "0"
     dims = tuple(args.dims)
     rows = []
     for layers in args.layers:
         runs = [measure(layers, steps, dims, args.forward) for _ in range(args.repeat)]
         row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        if args.json:
+            print(json.dumps(row))
+            continue
+        if args.second_process:
+            row |= second_process(layers, args)
         if args.torch_compile:
             seconds = torch_compile_seconds(layers, dims)
             if seconds is not None:
                 row["torch.compile s"] = seconds
         rows.append((layers, row))
+    if args.json:
+        return
     columns = list(dict.fromkeys(c for _, row in rows for c in row))
     what = "forward" if args.forward else "training step"
     print(f"GPT-like {what}, dp × tp = 2 × 2, (B, T, C, heads) = {dims}, median of {args.repeat}")

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
+from typing import Any
 
 import torch
 import torch.distributed as tdist
@@ -194,26 +195,28 @@ class Runtime:
         return self._domains[key]
 
     def prepare(self, module: ModuleOp, mesh: Mesh) -> None:
-        """Creates the groups ``module`` needs, in a deterministic order: those of every
-        collective's axes, then the domain subgroups of hierarchical starts."""
-        needed = sorted(
-            {
-                tuple(op.attrs()["axes"])
-                for op in module.walk()
-                if isinstance(op, (graph.CollectiveOp, schedule.StartOp))
-            }
-        )
-        for axes in needed:
+        """Creates the groups ``module`` needs (every rank runs ``module``)."""
+        self.create_groups(mesh, needed_groups(module))
+
+    def prepare_shared(self, modules: Sequence[ModuleOp], mesh: Mesh) -> None:
+        """Creates the groups that ``modules`` (this rank's programs) or any other rank's
+        programs need: each rank says what it needs (one small all-gather over the
+        world), so no rank has to compile the programs it does not run."""
+        mine = set().union(*(needed_groups(m) for m in modules))
+        everyone: list[Any] = [None] * self.world_size
+        try:
+            tdist.all_gather_object(everyone, sorted(mine, key=lambda n: (n[0], n[1] or 0)))
+        except Exception as error:
+            raise failure(self, "agreeing on the process groups", error) from None
+        self.create_groups(mesh, {tuple(need) for needs in everyone for need in needs})
+
+    def create_groups(self, mesh: Mesh, needed: set[tuple[Any, ...]]) -> None:
+        """Creates ``needed`` groups (``(axes, None)``: a group over axes; ``(axes,
+        domain)``: its domain subgroups) in a deterministic order: every group over axes,
+        then the domain subgroups (``new_group`` is collective over the whole world)."""
+        for axes, _ in sorted(n for n in needed if n[1] is None):
             self.group(mesh, axes)
-        for axes, domain in sorted(
-            {
-                (tuple(op.attrs()["axes"]), op.domain_size)
-                for op in module.walk()
-                if isinstance(op, schedule.StartOp)
-                and op.algorithm_name == "hierarchical"
-                and op.domain_size is not None
-            }
-        ):
+        for axes, domain in sorted(n for n in needed if n[1] is not None):
             self.domains(mesh, axes, domain)
 
     def all_gather_world(
@@ -302,6 +305,23 @@ def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     line = text.splitlines()[0] if text else type(error).__name__
     return line.split(". This is typically")[0]  # gloo's advice to check the remote logs
+
+
+def needed_groups(module: ModuleOp) -> set[tuple[Any, ...]]:
+    """The process groups ``module`` uses: ``(axes, None)`` for every collective's axes,
+    ``(axes, domain)`` for the domain subgroups of hierarchical starts."""
+    needed: set[tuple[Any, ...]] = set()
+    for op in module.walk():
+        if isinstance(op, (graph.CollectiveOp, schedule.StartOp)):
+            axes = tuple(op.attrs()["axes"])
+            needed.add((axes, None))
+            if (
+                isinstance(op, schedule.StartOp)
+                and op.algorithm_name == "hierarchical"
+                and op.domain_size is not None
+            ):
+                needed.add((axes, op.domain_size))
+    return needed
 
 
 def failure(rt: Runtime, what: str, error: BaseException) -> DistributedError:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 
 from tessera.errors import ShardingError
@@ -119,6 +120,24 @@ def reshard_cost(
     src: Sharding, dst: Sharding, shape: Sequence[int], itemsize: int, mesh: MeshLike
 ) -> float:
     """Bytes received per device by :func:`plan_reshard` (plus a tiny per-collective term)."""
+    if src == dst:
+        return 0.0
+    axes = {a for s in (src, dst) for d in s.dims for a in d} | set(src.partial_axes)
+    sizes = tuple(sorted((a, mesh.axis_size(a)) for a in axes))
+    return _reshard_cost(src, dst, tuple(shape), itemsize, sizes)
+
+
+@lru_cache(maxsize=65536)
+def _reshard_cost(
+    src: Sharding,
+    dst: Sharding,
+    shape: tuple[int, ...],
+    itemsize: int,
+    sizes: tuple[tuple[str, int], ...],
+) -> float:
+    """:func:`reshard_cost` on the sizes of the axes involved (cached: identical layers
+    ask the same questions)."""
+    mesh = _AxisSizes(dict(sizes))
     cost = 0.0
     sharding = src
     for step in plan_reshard(src, dst):
@@ -128,6 +147,20 @@ def reshard_cost(
             cost += _RING_FACTORS[step.kind](n) * local + ALPHA_BYTES
         sharding = apply_step(sharding, step)
     return cost
+
+
+@dataclass(frozen=True)
+class _AxisSizes:
+    """The sizes of some mesh axes (what a cost reads of a mesh)."""
+
+    sizes: dict[str, int]
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(self.sizes)
+
+    def axis_size(self, axis: str) -> int:
+        return self.sizes[axis]
 
 
 def apply_step(sharding: Sharding, step: ReshardStep) -> Sharding:

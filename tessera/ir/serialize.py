@@ -37,13 +37,19 @@ class _Encoder:
     def __init__(self) -> None:
         self.numbers: dict[SSAValue, int] = {}
         self.attributes: dict[Attribute, int] = {}
+        self.by_id: dict[int, int] = {}
         self.table: list[Attribute] = []
 
     def attribute(self, attr: Attribute) -> int:
-        index = self.attributes.get(attr)
+        # by identity first (hashing an attribute hashes all its parameters); the module
+        # keeps every attribute alive while it is stored, so ids are not reused
+        index = self.by_id.get(id(attr))
         if index is None:
-            index = self.attributes[attr] = len(self.table)
-            self.table.append(attr)
+            index = self.attributes.get(attr)
+            if index is None:
+                index = self.attributes[attr] = len(self.table)
+                self.table.append(attr)
+            self.by_id[id(attr)] = index
         return index
 
     def define(self, value: SSAValue) -> str | None:

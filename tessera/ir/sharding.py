@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 from typing import Protocol
 
@@ -126,12 +127,7 @@ class ShardingAttr(ParametrizedAttribute):
 
     @staticmethod
     def get(mesh: str, sharding: Sharding) -> ShardingAttr:
-        return ShardingAttr(
-            SymbolRefAttr(mesh),
-            ArrayAttr([ArrayAttr([StringAttr(a) for a in dim]) for dim in sharding.dims]),
-            ArrayAttr([StringAttr(a) for a, _ in sharding.partial]),
-            ArrayAttr([StringAttr(k) for _, k in sharding.partial]),
-        )
+        return _sharding_attr(mesh, sharding)
 
     @property
     def mesh_name(self) -> str:
@@ -139,6 +135,9 @@ class ShardingAttr(ParametrizedAttribute):
 
     @property
     def sharding(self) -> Sharding:
+        return _sharding_of(self)
+
+    def _sharding(self) -> Sharding:
         return Sharding(
             tuple(tuple(a.data for a in dim) for dim in self.dims),
             tuple(
@@ -195,6 +194,22 @@ class ShardingAttr(ParametrizedAttribute):
 # --- where shardings live in the IR ----------------------------------------------------------
 
 SHARDING_KEY = "graph.sharding"
+
+
+@lru_cache(maxsize=65536)
+def _sharding_attr(mesh: str, sharding: Sharding) -> ShardingAttr:
+    """The attribute (cached: attributes are immutable and slow to build and verify)."""
+    return ShardingAttr(
+        SymbolRefAttr(mesh),
+        ArrayAttr([ArrayAttr([StringAttr(a) for a in dim]) for dim in sharding.dims]),
+        ArrayAttr([StringAttr(a) for a, _ in sharding.partial]),
+        ArrayAttr([StringAttr(k) for _, k in sharding.partial]),
+    )
+
+
+@lru_cache(maxsize=65536)
+def _sharding_of(attr: ShardingAttr) -> Sharding:
+    return attr._sharding()
 
 
 def op_shardings(op: Operation) -> list[Sharding] | None:

@@ -295,17 +295,23 @@ class PipelineStep:
         return type(state)(params, opt_state, state.step)
 
     def _prepare_groups(self, compiled: CompiledPipeline, rt: distributed.Runtime) -> None:
-        """Creates the process groups of every stage and update program on every rank, in
-        the same order everywhere (``new_group`` is collective over the whole world),
-        before ranks start running different programs."""
+        """Creates the process groups of every stage and update program, in the same
+        order on every rank (``new_group`` is collective over the whole world), before
+        ranks start running different programs. Each rank compiles only its own
+        programs (the stages its action list computes, and its update) and the ranks
+        exchange which groups they need."""
+        pipeline_rank = self.placement.pipeline_rank(rt.rank)
+        mine = {a.stage for a in compiled.lists[pipeline_rank] if a.kind in A.COMPUTE_KINDS}
         programs = [
             p.lowered
             for s in compiled.stages
+            if s.index in mine
             for p in (s.forward, s.backward, s.backward_input, s.backward_weight)
             if p is not None
         ]
-        for lowered in [*programs, *compiled.updates]:
-            rt.prepare(lowered.module_at("schedule"), self.mesh)
+        modules = [lowered.module_at("schedule") for lowered in programs]
+        modules.append(compiled.updates[pipeline_rank].module_at("schedule"))
+        rt.prepare_shared(modules, self.mesh)
 
     def _sum_shared_grads(
         self, compiled: CompiledPipeline, states: list[RankState], processes: bool

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -222,7 +223,13 @@ def test_pipelined_gpt_over_processes_equals_the_virtual_mesh(
     digest = torch.cat([params[k].flatten() for k in sorted(params)]).double()
     assert "losses: " + " ".join(x.hex() for x in losses) in result.stdout
     assert f"params: {float(digest.sum()).hex()} {float(digest.abs().sum()).hex()}" in result.stdout
+    mesh = dist.Mesh(axes=["pp", "dp", "tp"], shape=(pp, dp, tp))
     for rank in range(processes):
         assert f"rank {rank} OK" in result.stdout
+        # a process compiles its own stage's programs and update only
+        line = next(x for x in result.stdout.splitlines() if x.startswith(f"rank {rank} scheduled:"))
+        stages = {int(m) for m in re.findall(r"_s(\d+)_", line)}
+        assert stages == {mesh.coords(rank)["pp"]}, line
+        assert line.count("_update") == 1, line
     expected_losses, _ = unpipelined(dp, tp)
     np.testing.assert_allclose(losses, expected_losses, rtol=LOSS_RTOL)

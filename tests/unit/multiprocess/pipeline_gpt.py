@@ -4,7 +4,8 @@ Usage: ``tessera run -n N pipeline_gpt.py PP DP TP MICROBATCHES KIND VIRTUAL STE
 Rank 0 prints every step's loss as a float hex string (``losses: ...``) and a digest of
 the parameters after the last step (gathered from the pipeline ranks that own them), for
 the test to compare with the same pipeline on the virtual mesh and with the unpipelined
-step.
+step. Every rank prints the functions it compiled down to the schedule stage (only its
+own stage's programs and update).
 """
 
 from __future__ import annotations
@@ -22,7 +23,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pipeline_case import losses_and_params
 
 
+def _record_scheduled() -> list[str]:
+    """The functions this process compiles to the schedule stage (every stage program a
+    process compiles that far is one it runs)."""
+    from xdsl.dialects import func
+
+    from tessera import compiled
+
+    scheduled: list[str] = []
+    compile_stage = compiled.run_stage
+
+    def run_stage(stage, previous, config):  # type: ignore[no-untyped-def]
+        if stage == "schedule":
+            scheduled.extend(f.sym_name.data for f in previous.ops if isinstance(f, func.FuncOp))
+        return compile_stage(stage, previous, config)
+
+    compiled.run_stage = run_stage
+    return scheduled
+
+
 def main() -> None:
+    scheduled = _record_scheduled()
     pp, dp, tp, m = (int(a) for a in sys.argv[1:5])
     kind, virtual, steps = sys.argv[5], int(sys.argv[6]), int(sys.argv[7])
     losses, params = losses_and_params(pp, dp, tp, m, kind, virtual, steps)  # params gathered
@@ -31,6 +52,7 @@ def main() -> None:
         print("losses:", " ".join(float(x).hex() for x in losses))
         digest = torch.cat([params[k].flatten() for k in sorted(params)]).double()
         print("params:", float(digest.sum()).hex(), float(digest.abs().sum()).hex())
+    print(f"rank {rank} scheduled: {' '.join(sorted(set(scheduled)))}")
     print(f"rank {rank} OK (pid {os.getpid()})")
 
 
