@@ -701,6 +701,34 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     SplitOp, GatherOp,
 )  # fmt: skip
 
+def _verify_once_per_signature(cls: type[GraphOp]) -> None:
+    """Makes ``cls.verify_`` (xDSL's checks of types and properties, then the shape rule)
+    run once per distinct signature: both read only the operand and result types and
+    the properties, and the ops of identical layers share signatures, so a module of
+    many layers costs as many checks as one layer."""
+    verify = cls.verify_
+    verified: set[tuple[Any, ...]] = set()
+
+    def verify_(self: GraphOp) -> None:
+        key = (
+            tuple(v.type for v in self.operands),
+            tuple(r.type for r in self.results),
+            tuple(self.properties.items()),
+        )
+        if key in verified:
+            return
+        verify(self)
+        if len(verified) > 1 << 16:
+            verified.clear()
+        verified.add(key)
+
+    cls.verify_ = verify_  # type: ignore[method-assign]
+
+
+for _op in GRAPH_OPS:  # not collectives (their group size reads the module's mesh)
+    if _op is not ConstantOp:  # its value is not in the signature
+        _verify_once_per_signature(_op)
+
 Graph = Dialect("graph", [*GRAPH_OPS, *COLLECTIVE_OPS, ShardOp, MeshOp], [ShardingAttr])
 
 
