@@ -257,6 +257,8 @@ class Lowered:
 
     def layouts(self) -> tuple[list[Sharding], list[Sharding]]:
         """The per-rank layouts of the program's arguments and results (computed once)."""
+        if self._layout_cache is None and self._program_cache:
+            self._layout_cache = self._program_cache.load_layouts()
         if self._layout_cache is None:
             module = self.module_at("partitioned")
             function = next(
@@ -269,6 +271,8 @@ class Lowered:
             ]
             results = [_value_sharding(function, v) for v in function.body.block.last_op.operands]
             self._layout_cache = (args, results)
+            if self._program_cache:
+                self._program_cache.store_layouts(self._layout_cache)
         return self._layout_cache
 
     def _execute(

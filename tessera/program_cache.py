@@ -3,7 +3,8 @@
 A program's key is the SHA-256 of Tessera's own source code, the compile configuration
 (mesh, kernels and every pass with its options, as ``pipeline_string`` spells them)
 and the traced module (:func:`tessera.ir.serialize.dumps`). A stage's module is stored
-as ``programs/<key>/<stage>.bin`` under the cache root, in the serialized form, behind a
+as ``programs/<key>/<stage>.bin`` under the cache root (and the per-rank layouts of the
+arguments and results, which a call reads, as ``layouts.bin``), in the serialized form, behind a
 header holding the SHA-256 of the data; a file whose data does not match its hash (or
 does not load) is ignored, removed and compiled again. So every rank of a job and every
 later process that traces the same program reads its stages instead of compiling them:
@@ -14,16 +15,20 @@ a change to the program, the configuration or Tessera itself changes the key.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.cache_location import cache_directory
 from tessera.driver import STAGES, CompileConfig, pipeline_string
 from tessera.ir import serialize
+from tessera.ir.sharding import Sharding
 
 _MAGIC = b"tessera-program\n"
 
@@ -72,7 +77,38 @@ class ProgramCache:
 
     def load(self, stage: str) -> ModuleOp | None:
         """The stored module of ``stage``, or None (not stored, or not intact)."""
-        path = self._path(stage)
+        payload = self._read(stage)
+        if payload is None:
+            return None
+        try:
+            return serialize.loads(payload)
+        except serialize.SerializeError:
+            self._path(stage).unlink(missing_ok=True)
+            return None
+
+    def store(self, stage: str, module: ModuleOp) -> None:
+        """Writes ``stage``'s module (atomically; a failure only costs compiling again)."""
+        with contextlib.suppress(serialize.SerializeError):  # not storable: compile again
+            self._write(stage, serialize.dumps(module))
+
+    def load_layouts(self) -> tuple[list[Sharding], list[Sharding]] | None:
+        """The stored per-rank layouts of the arguments and results, or None."""
+        payload = self._read("layouts")
+        if payload is None:
+            return None
+        try:
+            args, results = json.loads(payload)
+            return [_sharding(s) for s in args], [_sharding(s) for s in results]
+        except (ValueError, TypeError):
+            self._path("layouts").unlink(missing_ok=True)
+            return None
+
+    def store_layouts(self, layouts: tuple[list[Sharding], list[Sharding]]) -> None:
+        plain = [[[list(s.dims), list(s.partial)] for s in side] for side in layouts]
+        self._write("layouts", json.dumps(plain).encode())
+
+    def _read(self, name: str) -> bytes | None:
+        path = self._path(name)
         try:
             data = path.read_bytes()
         except OSError:
@@ -82,19 +118,10 @@ class ProgramCache:
         if data[: len(_MAGIC)] != _MAGIC or data[len(_MAGIC) : header] != _sha(payload):
             path.unlink(missing_ok=True)
             return None
-        try:
-            return serialize.loads(payload)
-        except serialize.SerializeError:
-            path.unlink(missing_ok=True)
-            return None
+        return payload
 
-    def store(self, stage: str, module: ModuleOp) -> None:
-        """Writes ``stage``'s module (atomically; a failure only costs compiling again)."""
-        try:
-            payload = serialize.dumps(module)
-        except serialize.SerializeError:
-            return
-        path = self._path(stage)
+    def _write(self, name: str, payload: bytes) -> None:
+        path = self._path(name)
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             temporary = path.with_suffix(f".{os.getpid()}.tmp")
@@ -102,6 +129,14 @@ class ProgramCache:
             temporary.replace(path)
         except OSError:
             pass
+
+
+def _sharding(plain: Any) -> Sharding:
+    dims, partial = plain
+    return Sharding(
+        tuple(tuple(str(a) for a in d) for d in dims),
+        tuple((str(a), str(k)) for a, k in partial),
+    )
 
 
 def _sha(payload: bytes) -> bytes:

@@ -67,14 +67,17 @@ def _compile_all(lowered):
 def test_a_second_trace_reads_every_stage(cache, monkeypatch):
     first = _compile_all(_jit().lower(*_inputs()))
     assert len(list((cache / "programs").rglob("*.bin"))) == len(STAGES) - 1
+    _jit()(*_inputs())  # a call also stores the per-rank layouts
+    assert len(list((cache / "programs").rglob("layouts.bin"))) == 1
 
     def no_compiling(*args, **kwargs):
         raise AssertionError("a cached stage was compiled again")
 
     monkeypatch.setattr(compiled, "run_stage", no_compiling)
     lowered = _jit().lower(*_inputs())
-    assert _compile_all(lowered) == first
     got = lowered(*_inputs(1))
+    assert "partitioned" not in lowered._stages  # the layouts were read, not derived
+    assert _compile_all(lowered) == first
     torch.testing.assert_close(got.double(), _reference(*_inputs(1)), rtol=1e-5, atol=1e-5)
 
 
