@@ -7,16 +7,22 @@
   mean, max, min, softmax, log_softmax, layer_norm, rms_norm, cross_entropy, with
   elementwise prologue and epilogue): a program takes ``rows`` rows and a whole reduced
   row as one block (``rows x next_pow2(R)``); the op's tile code reduces it, masked
-  lanes holding the reduction's identity.
+  lanes holding the reduction's identity. A kernel may hold several reductions over the
+  same rows; they are computed in body order (one may use another's result).
 - *matmul* (batched, with elementwise epilogue): ``block_m x block_n`` output tiles with a
   K loop of ``tile.dot`` into an f32 accumulator, programs grouped along M for L2 reuse;
-  the epilogue is evaluated on the accumulator tile and stored once.
+  the epilogue is evaluated on the accumulator tile and stored once. An operand that is
+  a kernel input is loaded directly; one the body computes (a prologue: layout ops read
+  in place, such as a transposed weight or split heads, or elementwise ops) is evaluated
+  per ``block_m x block_k`` or ``block_k x block_n`` tile, lanes past its edges being 0.
 - *attention* (``codegen.attention``): flash attention for softmax(Q Kᵀ) V.
 
-The tile kernel's arguments are the schedule kernel's inputs, then its outputs (all as
-pointers to contiguous tensors), then pointers to the body's non-splat constants (the
-runtime materialises them, see :func:`pointer_constants`), then one ``i32`` per
-``all_slice`` axis group: this rank's index in the group (``positions`` attribute).
+Every kernel computes all its outputs before it stores the first (an output may take the
+place of an input it reads, see ``plan-memory``). The tile kernel's arguments are the
+schedule kernel's inputs, then its outputs (all as pointers to contiguous tensors), then
+pointers to the body's non-splat constants (the runtime materialises them, see
+:func:`pointer_constants`), then one ``i32`` per ``all_slice`` axis group: this rank's
+index in the group (``positions`` attribute).
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ def _register(
     tile: IndexMap,
     partial: PartialRule = (0,),
 ) -> None:
-    """Registers a layout op: linear in its operand(s), a layout kernel of its own."""
+    """Registers a layout op: linear in its operand(s), an index map (read in place by the
+    kernels that use it, or a layout kernel of its own)."""
     register(
         op_type,
         sharding=sharding,

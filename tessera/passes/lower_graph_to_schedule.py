@@ -1,29 +1,55 @@
 """``lower-graph-to-schedule``: group a partitioned graph function into kernels and async collectives.
 
-Runs after ``shard-partition`` (or on a function without collectives). Three steps:
+Runs after ``shard-partition`` (or on a function without collectives). First two
+rewrites: a ``cross_entropy`` with a reduction becomes per-row losses and their mean or
+sum, and a sum over the batch dims of a batched matmul used only there (a weight
+gradient, ``sum_b xᵀ_b dy_b``) becomes one matmul with the batch folded into K (the
+operands re-viewed as ``[M, batch·K]`` and ``[batch·K, N]`` by layout ops). Then:
 
 1. *Group* (greedy, in program order). Every graph op but a collective or a constant
-   joins a group; a group becomes one ``schedule.kernel``. What an op may join is its
-   fusion class (``tessera.ops.op_def(op).fusion``):
+   belongs to a group; a group becomes one ``schedule.kernel``. What an op may join is its
+   fusion class (``tessera.ops.op_def(op).fusion``). Each group has one iteration space
+   (the broadcast of an elementwise group's results, a matmul's result, or the operand of
+   a reduction group's reductions), and the kernel computes every value over it:
 
    - First, each ``softmax(score(q kᵀ)) v`` (``codegen.attention.find_attention``: the
      optional transpose of k, the two matmuls, the elementwise score ops such as a scale,
      a mask select or an additive bias, the softmax and an optional cast, every
      intermediate used once) becomes an ``attention`` group: one flash-attention kernel.
      It takes no other op.
-
-   - An elementwise op joins the group of an operand's producer when that group is
-     elementwise, matmul or reduction, and every user of that operand is already in
-     the group (so no value escapes half-computed and no other op is starved): the
-     epilogue of a matmul (bias, activation, residual add), of a row reduction, or a
-     chain of elementwise ops. Otherwise it starts an elementwise group.
+   - An elementwise op joins the group of the first operand it may: an elementwise group
+     (the chain; the space may grow by broadcasting), a matmul's (epilogue: bias,
+     activation, residual add) or a row reduction's (prologue or epilogue). Otherwise it
+     starts an elementwise group.
    - A row reduction (sum, mean, max, min, softmax, log_softmax, layer_norm, rms_norm,
-     cross_entropy) joins its operand's group when that group is purely elementwise
-     (its prologue), under the same condition; it then takes epilogues as above.
-   - A matmul always starts a group (no prologue fusion).
-   - Layout ops (reshape, transpose, broadcast_to, slice, concat, split, gather,
-     all_slice) are a group of their own and take no epilogue.
-   - A join never closes a cycle between groups (through other groups or collectives).
+     cross_entropy) joins its operand's group when that group is elementwise (its
+     prologue) or reduces the same rows (several reductions in one row kernel, such as a
+     layer norm's backward); it then takes epilogues as above.
+   - *Multi-output*: a value may have users outside its group; it is then an output of
+     the kernel, which the users wait for. Only a value computed over the whole space may
+     be one (a row reduction's kept or squeezed row values too), so a group whose values
+     are used elsewhere does not grow its space, and a reduction takes an elementwise
+     group as its prologue only if those values fit its space.
+   - *Merging*: after an elementwise op or a reduction is placed, the groups of its other
+     operands merge into its group when they may: an elementwise group into any group
+     whose space it spans (two moment chains of an optimizer update, a residual computed
+     apart), or two reduction groups over the same rows. No prologue reaches a matmul this
+     way (its operands stay kernel inputs). A new reduction also merges with a recent
+     reduction group over the same rows that reads a common value, directly or through
+     the kernels making their inputs (a layer norm's bias and weight gradients).
+   - A matmul always starts a group.
+   - *Layout ops read in place*: a layout op with one operand (reshape, transpose,
+     broadcast_to, slice, all_slice) belongs to no group; every kernel that uses it
+     clones it (with the layout ops it reads), and the kernel evaluates it as index
+     arithmetic: a transposed or head-split matmul operand is loaded with strides (the
+     matmul's prologue), a reshaped input of an elementwise op or a reduction is read
+     through its flat offset. One with a user that does not read through it (a return, a
+     collective, an attention kernel) is also a kernel of its own. Other layout ops
+     (concat, split, gather) are a group of their own, which reads its operands through
+     layout ops too, and take no epilogue.
+   - No join or merge closes a cycle between groups (through other groups, collectives
+     or layout ops): the dependence search only visits groups that end after the first
+     op of the group it looks for, so it stays local.
    - Constants join no group: each kernel that uses one gets its own copy; a constant
      used outside kernels (returned, or sent to a collective) becomes a kernel alone.
 
@@ -32,11 +58,12 @@ Runs after ``shard-partition`` (or on a function without collectives). Three ste
 3. *Order*. Kernels are emitted in dependence order, earliest first op first; a
    collective's start, and its wait right after it, as soon as its operand is made. The
    schedule is serial (no communication overlaps computation); ``overlap-comm`` then
-   moves the waits down to their first use.
+   moves the waits down to their first use. In a kernel's body, the cloned constants
+   come first, then the layout ops it reads through, then its ops in program order.
 
 Kernels are named ``@<function>_k<N>_<op>``: N counts kernels in emission order, and op
-is ``attention`` for an attention group, else the group's matmul or reduction, else its
-first op (without ``graph.``).
+is ``attention`` for an attention group, else the group's matmul or first reduction,
+else its first op (without ``graph.``).
 """
 
 from __future__ import annotations
@@ -159,6 +186,9 @@ def _kernel_kind(group: _Group) -> str:
     return "attention" if group.kind == "attention" else _short(group.anchor())
 
 
+SIBLING_WINDOW = 8  # recent reduction groups over the same rows a new one may merge with
+
+
 def _absorbable(op: Operation) -> bool:
     """A layout op that consumers read through (one operand and one result: reshape,
     transpose, broadcast_to, slice, all_slice): cloned into each kernel that uses it."""
@@ -232,6 +262,7 @@ class _Lowering:
         self.group_of: dict[Operation, _Group] = {}
         self.groups: list[_Group] = []
         self.deferred: dict[Operation, None] = {}  # absorbable layout ops, in program order
+        self.reductions: dict[tuple[tuple[int, ...], ...], list[_Group]] = {}  # by space
 
     # --- 1. grouping -------------------------------------------------------------------
 
@@ -304,27 +335,33 @@ class _Lowering:
         self._absorb(target, op)
 
     def _merge_siblings(self, group: _Group) -> None:
-        """Merges into a reduction group the other reduction groups over the same rows
-        that read one of its inputs, or a value of the same kernel (the bias and weight
-        gradients of a layer norm)."""
-        values: dict[SSAValue, None] = {}
+        """Merges into a reduction group the recent reduction groups over the same rows
+        that read a common value, directly or through the kernels making their inputs
+        (the bias and weight gradients of a layer norm)."""
+        key = (group.space, group.axes)
+        recent = self.reductions.setdefault(key, [])
+        sources = self._sources(group)
+        for other in recent[-SIBLING_WINDOW:]:
+            if (
+                other.ops
+                and other is not group
+                and other.kind == "reduction"
+                and not sources.isdisjoint(self._sources(other))
+                and self._may_merge(group, other)
+            ):
+                self._merge(group, other)
+                sources |= self._sources(group)
+        recent[:] = [g for g in recent if g.ops and g is not group] + [group]
+
+    def _sources(self, group: _Group) -> set[SSAValue]:
+        """The values a group reads, and those the groups making them read."""
+        out: set[SSAValue] = set()
         for value, _ in self._inputs(group):
+            out.add(value)
             producer = self.group_of.get(value.owner)  # type: ignore[arg-type]
-            if producer is None or producer.kind in ("layout", "attention"):
-                values[value] = None
-            else:
-                values.update((r, None) for o in producer.ops for r in o.results)
-        for value in values:
-            for use in value.uses:
-                other = self.group_of.get(use.operation)
-                if (
-                    other is not None
-                    and other is not group
-                    and other.kind == "reduction"
-                    and (other.space, other.axes) == (group.space, group.axes)
-                    and self._may_merge(group, other)
-                ):
-                    self._merge(group, other)
+            if producer is not None and producer is not group:
+                out.update(v for v, _ in self._inputs(producer))
+        return out
 
     def _join(self, group: _Group, op: Operation) -> None:
         kind = _kind(op)

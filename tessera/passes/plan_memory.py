@@ -11,9 +11,10 @@ results; values inside a kernel are registers or tiles and take no arena space.
 2. *Placement*: in order of definition, first fit: the lowest offset (aligned to
    ``alignment`` bytes) whose span overlaps no live buffer's, so dead buffers' space is
    reused. A kernel result takes the place of a donated argument that the kernel reads
-   last, when both have the same size and the kernel reads it only elementwise (each
-   element is read at the index the result is written at): an in-place update, as an
-   optimizer step's parameters and moments are.
+   last, when both have the same type and the kernel reads it only elementwise (each
+   element is read at the index the result is written at, by the program that writes it,
+   before it stores anything): an in-place update, as an optimizer step's parameters and
+   moments are.
 3. *Annotation*: ``schedule.offsets`` (one byte offset per result) on each kernel and wait,
    ``schedule.arg_offsets`` and ``schedule.peak_bytes`` (the arena's high-water mark,
    the per-rank peak) on the function.
@@ -91,7 +92,7 @@ def _plan(function: func.FuncOp, alignment: int) -> None:
             last[op.input] = max(last[op.input], ops.index(wait))
     live: list[tuple[int, int, int]] = []  # (offset, size, last use)
     offsets: dict[SSAValue, int] = {}
-    in_place = _in_place(ops, donated, last, alignment)
+    in_place = _in_place(ops, donated, last)
     peak = 0
     for value in sorted(born, key=lambda v: born[v]):
         live = [b for b in live if b[2] >= born[value]]
@@ -120,7 +121,7 @@ def _plan(function: func.FuncOp, alignment: int) -> None:
 
 
 def _in_place(
-    ops: list[Operation], donated: set[SSAValue], last: dict[SSAValue, int], alignment: int
+    ops: list[Operation], donated: set[SSAValue], last: dict[SSAValue, int]
 ) -> dict[SSAValue, SSAValue]:
     """Kernel results that take the place of a donated argument (see the module doc)."""
     taken: set[SSAValue] = set()
@@ -134,7 +135,7 @@ def _in_place(
                     source in donated
                     and source not in taken
                     and last[source] == index
-                    and _bytes(source, alignment) == _bytes(result, alignment)
+                    and source.type == result.type
                     and _reads_elementwise(op, position)
                 ):
                     aliases[result] = source
