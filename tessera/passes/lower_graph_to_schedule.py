@@ -186,7 +186,8 @@ def _kernel_kind(group: _Group) -> str:
     return "attention" if group.kind == "attention" else _short(group.anchor())
 
 
-SIBLING_WINDOW = 8  # recent reduction groups over the same rows a new one may merge with
+SIBLING_WINDOW = 8  # recent reduction groups over the same rows a new one may merge with,
+SIBLING_DISTANCE = 64  # beginning at most this many ops before it (keeps the search local)
 
 
 def _absorbable(op: Operation) -> bool:
@@ -345,6 +346,7 @@ class _Lowering:
             if (
                 other.ops
                 and other is not group
+                and group.last - other.first <= SIBLING_DISTANCE
                 and other.kind == "reduction"
                 and not sources.isdisjoint(self._sources(other))
                 and self._may_merge(group, other)

@@ -641,10 +641,11 @@ def test_layout_ops_read_through_by_consumers() -> None:
     x, y = randn((6, 10), 1), randn((5, 3, 4), 2)
     z, col = randn((7, 9), 3), randn((7, 1), 4)
 
-    def f(a: Any, b: Any, c: Any, d: Any) -> tuple[Any, Any]:
+    def f(a: Any, b: Any, c: Any, d: Any) -> tuple[Any, Any, Any]:
         moved = op.transpose(op.reshape(op.exp(a), (3, 4, 5)), (2, 0, 1)) + b
         picked = op.slice(c, (1, 2), (7, 9), (2, 3)) * op.broadcast_to(d[1:7:2], (3, 3))
-        return op.negative(moved), op.sum(op.transpose(picked, (1, 0)), axis=-1)
+        split = op.reshape(op.transpose(b, (1, 0, 2)), (3, 5, 2, 2)) * 2.0  # per-dim runs
+        return op.negative(moved), op.sum(op.transpose(picked, (1, 0)), axis=-1), split
 
     compiled = compile_fn(f, x, y, z, col)
     bodies = kernel_bodies(compiled)
@@ -652,9 +653,11 @@ def test_layout_ops_read_through_by_consumers() -> None:
     a, b, c, d = f64(x, y, z, col)
     moved = torch.exp(a).reshape(3, 4, 5).permute(2, 0, 1) + b
     picked = c[1:7:2, 2:9:3] * d[1:7:2].expand(3, 3)
-    first, second = compiled.run([x, y, z, col])[0]
+    first, second, third = compiled.run([x, y, z, col])[0]
     assert_close(first, -moved, F32_POINTWISE, "elementwise through layout ops")
     assert_close(second, picked.T.sum(-1), F32_ACCUMULATE, "sum through layout ops")
+    split = b.permute(1, 0, 2).reshape(3, 5, 2, 2) * 2.0
+    assert_close(third, split, F32_POINTWISE, "a reshape splitting one dim")
 
 
 LAYOUT_NAMES = {"graph.reshape", "graph.transpose", "graph.slice", "graph.broadcast_to"}
