@@ -92,7 +92,7 @@ def _plan(function: func.FuncOp, alignment: int) -> None:
             last[op.input] = max(last[op.input], ops.index(wait))
     live: list[tuple[int, int, int]] = []  # (offset, size, last use)
     offsets: dict[SSAValue, int] = {}
-    in_place = _in_place(ops, donated, last)
+    in_place = _in_place(ops, donated, last, alignment)
     peak = 0
     for value in sorted(born, key=lambda v: born[v]):
         live = [b for b in live if b[2] >= born[value]]
@@ -121,7 +121,7 @@ def _plan(function: func.FuncOp, alignment: int) -> None:
 
 
 def _in_place(
-    ops: list[Operation], donated: set[SSAValue], last: dict[SSAValue, int]
+    ops: list[Operation], donated: set[SSAValue], last: dict[SSAValue, int], alignment: int
 ) -> dict[SSAValue, SSAValue]:
     """Kernel results that take the place of a donated argument (see the module doc)."""
     taken: set[SSAValue] = set()
@@ -135,6 +135,7 @@ def _in_place(
                     source in donated
                     and source not in taken
                     and last[source] == index
+                    and _bytes(source, alignment) == _bytes(result, alignment)
                     and source.type == result.type
                     and _reads_elementwise(op, position)
                 ):
