@@ -7,16 +7,22 @@
   mean, max, min, softmax, log_softmax, layer_norm, rms_norm, cross_entropy, with
   elementwise prologue and epilogue): a program takes ``rows`` rows and a whole reduced
   row as one block (``rows x next_pow2(R)``); the op's tile code reduces it, masked
-  lanes holding the reduction's identity.
+  lanes holding the reduction's identity. A kernel may hold several reductions over the
+  same rows; they are computed in body order (one may use another's result).
 - *matmul* (batched, with elementwise epilogue): ``block_m x block_n`` output tiles with a
   K loop of ``tile.dot`` into an f32 accumulator, programs grouped along M for L2 reuse;
-  the epilogue is evaluated on the accumulator tile and stored once.
+  the epilogue is evaluated on the accumulator tile and stored once. An operand that is
+  a kernel input is loaded directly; one the body computes (a prologue: layout ops read
+  in place, such as a transposed weight or split heads, or elementwise ops) is evaluated
+  per ``block_m x block_k`` or ``block_k x block_n`` tile, lanes past its edges being 0.
 - *attention* (``codegen.attention``): flash attention for softmax(Q Kᵀ) V.
 
-The tile kernel's arguments are the schedule kernel's inputs, then its outputs (all as
-pointers to contiguous tensors), then pointers to the body's non-splat constants (the
-runtime materialises them, see :func:`pointer_constants`), then one ``i32`` per
-``all_slice`` axis group: this rank's index in the group (``positions`` attribute).
+Every kernel computes all its outputs before it stores the first (an output may take the
+place of an input it reads, see ``plan-memory``). The tile kernel's arguments are the
+schedule kernel's inputs, then its outputs (all as pointers to contiguous tensors), then
+pointers to the body's non-splat constants (the runtime materialises them, see
+:func:`pointer_constants`), then one ``i32`` per ``all_slice`` axis group: this rank's
+index in the group (``positions`` attribute).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from tessera.codegen.evaluate import Evaluator, Index, Space, dims_of
 from tessera.errors import IRError
 from tessera.ir import graph, schedule, tile
 from tessera.ir.dense import is_splat
-from tessera.ir.tile import strides
+from tessera.ir.tile import element_type, strides
 from tessera.ops import Fusion, Kernel, RowReduction, lookup, op_def
 
 MAX_ROW_BLOCK = 65536  # elements of one reduced row held in one block
@@ -85,13 +91,19 @@ def kernel_class(kernel: schedule.KernelOp) -> str:
     return "pointwise"
 
 
-def row_reduction(kernel: schedule.KernelOp) -> graph.GraphOp:
-    """The op of a row-reduction kernel that its row kernel reduces."""
-    return next(
+def row_reductions(kernel: schedule.KernelOp) -> list[graph.GraphOp]:
+    """The ops of a row-reduction kernel that its row kernel reduces (all over the same
+    rows), in body order."""
+    return [
         o  # type: ignore[misc]
         for o in kernel.body.block.ops
         if (found := lookup(o)) is not None and isinstance(found.tile, RowReduction)
-    )
+    ]
+
+
+def row_reduction(kernel: schedule.KernelOp) -> graph.GraphOp:
+    """The first op of a row-reduction kernel that its row kernel reduces."""
+    return row_reductions(kernel)[0]
 
 
 def pointer_constants(kernel: schedule.KernelOp) -> list[graph.ConstantOp]:
@@ -232,8 +244,9 @@ def lower_pointwise(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     if split is not None:
         _store_split(ev, split, frame.outputs, outputs)
     else:
-        for ptr, value in zip(frame.outputs, outputs, strict=True):
-            ev.store(ptr, value, ev.at(value, ev.full_index(value)))
+        computed = [ev.at(value, ev.full_index(value)) for value in outputs]
+        for ptr, value, out in zip(frame.outputs, outputs, computed, strict=True):
+            ev.store(ptr, value, out)
     return frame.finish([cdiv(numel, block), 1, 1], config)
 
 
@@ -289,11 +302,17 @@ def reduced_axes(op: graph.GraphOp) -> tuple[int, ...]:
 def lower_reduction(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> tile.KernelOp:
     frame = new_frame(kernel)
     b = frame.b
-    op = row_reduction(kernel)
-    if isinstance(op, graph.CrossEntropyOp) and op.attrs()["reduction"] != "none":
-        raise IRError(f"@{kernel.kernel_name}: cross_entropy with reduction must be split first")
+    ops = row_reductions(kernel)
+    op = ops[0]
     full = dims_of(op.operands[0])
     axes = reduced_axes(op)
+    for other in ops:
+        if isinstance(other, graph.CrossEntropyOp) and other.attrs()["reduction"] != "none":
+            raise IRError(
+                f"@{kernel.kernel_name}: cross_entropy with reduction must be split first"
+            )
+        if (dims_of(other.operands[0]), reduced_axes(other)) != (full, axes):
+            raise IRError(f"@{kernel.kernel_name}: its reductions do not reduce the same rows")
     kept = [d for d in range(len(full)) if d not in axes]
     rows = math.prod(full[d] for d in kept)
     width = math.prod(full[d] for d in axes)
@@ -322,13 +341,15 @@ def lower_reduction(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     linear = b.add(b.mul(row, b.index(width)), r) if trailing else None
     space = Space(full, tuple(index), (block_rows, block_r), [row_mask, r_mask], linear)
     ev = frame.evaluator(space)
-    x = ev.at(op.operands[0], space.index)
-    x = b.broadcast(x, (block_rows, block_r)) if shape(x) != (block_rows, block_r) else x
-    reduce = op_def(op).tile
-    assert isinstance(reduce, RowReduction)
-    ev.bound[op.results[0]] = reduce.fn(ev, op, x, r_mask, width)
+    for op in ops:  # in body order: a reduction may use an earlier one's result
+        x = ev.at(op.operands[0], space.index)
+        x = b.broadcast(x, (block_rows, block_r)) if shape(x) != (block_rows, block_r) else x
+        reduce = op_def(op).tile
+        assert isinstance(reduce, RowReduction)
+        ev.bound[op.results[0]] = reduce.fn(ev, op, x, r_mask, width)
     keep_dims = tuple(1 if d in axes else s for d, s in enumerate(full))
     squeezed = tuple(full[d] for d in kept)
+    stores = []
     for ptr, value in zip(frame.outputs, yielded(kernel), strict=True):
         dims = dims_of(value)
         if dims == keep_dims and dims != full:
@@ -337,7 +358,9 @@ def lower_reduction(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
             at = tuple(index[d] for d in kept)
         else:
             at = ev.full_index(value)
-        ev.store(ptr, value, ev.at(value, at), at)
+        stores.append((ptr, value, ev.at(value, at), at))
+    for ptr, value, out, at in stores:  # every load before the first store
+        ev.store(ptr, value, out, at)
     return frame.finish([cdiv(rows, block_rows), 1, 1], config)
 
 
@@ -349,10 +372,6 @@ def lower_matmul(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> ti
     b = frame.b
     op = next(o for o in kernel.body.block.ops if isinstance(o, graph.MatmulOp))
     lhs, rhs = op.operands
-    if lhs not in frame.pointers or rhs not in frame.pointers:
-        raise IRError(
-            f"@{kernel.kernel_name}: matmul operands must be kernel inputs (no prologue fusion)"
-        )
     out_dims = dims_of(op.result)
     batch, (m, n), k = out_dims[:-2], out_dims[-2:], dims_of(lhs)[-1]
     bm, bn = max(16, min(config.block_m, next_pow2(m))), max(16, min(config.block_n, next_pow2(n)))
@@ -370,26 +389,61 @@ def lower_matmul(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> ti
     def base(operand: SSAValue) -> Value:  # the offset of this program's batch in ``operand``
         return batch_offset(b, dims_of(operand), batch_index) or b.index(0)
 
-    lhs_rows = b.add(base(lhs), b.mul(rows, b.index(k)))  # [bm, 1]
-    rhs_cols = b.add(base(rhs), cols)  # [1, bn]
+    lhs_rows = b.add(base(lhs), b.mul(rows, b.index(k))) if lhs in frame.pointers else None
+    rhs_cols = b.add(base(rhs), cols) if rhs in frame.pointers else None
     zero = b.constant(0.0, f32, (bm, bn))
     loop, body, k0, (acc,) = b.for_loop(b.index(0), b.index(k), b.index(bk), [zero])
     kk = body.add(body.arange(bk), k0)
     k_mask = None if k % bk == 0 else body.cmp("lt", kk, body.index(k))
     a_cols = body.expand_dims(kk, 0)  # [1, bk]
     b_rows = body.expand_dims(kk, 1)  # [bk, 1]
-    a_mask = body.and_(row_mask, None if k_mask is None else body.expand_dims(k_mask, 0))
-    b_mask = body.and_(None if k_mask is None else body.expand_dims(k_mask, 1), col_mask)
-    a = body.load(frame.pointers[lhs], body.add(lhs_rows, a_cols), a_mask)
-    b_tile = body.load(
-        frame.pointers[rhs], body.add(body.mul(b_rows, body.index(n)), rhs_cols), b_mask
-    )
+    a_k_mask = None if k_mask is None else body.expand_dims(k_mask, 0)
+    a_mask = body.and_(row_mask, a_k_mask) if lhs_rows is not None else None
+    b_k_mask = None if k_mask is None else body.expand_dims(k_mask, 1)
+    b_mask = body.and_(b_k_mask, col_mask) if rhs_cols is not None else None
+    if lhs_rows is not None:
+        a = body.load(frame.pointers[lhs], body.add(lhs_rows, a_cols), a_mask)
+    else:
+        a = _prologue(frame, body, lhs, batch_index, (rows, a_cols), [row_mask, a_k_mask])
+    if rhs_cols is not None:
+        offsets = body.add(body.mul(b_rows, body.index(n)), rhs_cols)
+        b_tile = body.load(frame.pointers[rhs], offsets, b_mask)
+    else:
+        b_tile = _prologue(frame, body, rhs, batch_index, (b_rows, cols), [b_k_mask, col_mask])
     body.yield_([body.dot(a, b_tile, acc)])
     ev.bound[op.result] = loop.results[0]
-    for ptr, value in zip(frame.outputs, yielded(kernel), strict=True):
-        ev.store(ptr, value, ev.at(value, ev.full_index(value)))
+    outputs = yielded(kernel)
+    computed = [ev.at(value, ev.full_index(value)) for value in outputs]
+    for ptr, value, out in zip(frame.outputs, outputs, computed, strict=True):
+        ev.store(ptr, value, out)
     grid = [cdiv(m, bm) * cdiv(n, bn), max(1, math.prod(batch)), 1]
     return frame.finish(grid, replace(config, num_stages=max(config.num_stages, 1)))
+
+
+def _prologue(
+    frame: Frame,
+    body: TileBuilder,
+    operand: SSAValue,
+    batch_index: Sequence[Value | None],
+    tile_index: tuple[Value, Value],
+    masks: list[Value | None],
+) -> Value:
+    """A matmul operand's tile that the kernel computes from its inputs (layout ops read
+    in place: a transposed or reshaped input is loaded with the index arithmetic)."""
+    dims = dims_of(operand)
+    batch = dims[:-2]
+    offset = len(batch_index) - len(batch)
+    index = tuple(None if size == 1 else batch_index[offset + d] for d, size in enumerate(batch))
+    block = (shape(tile_index[0])[0], shape(tile_index[1])[1])
+    space = Space(dims, (*index, *tile_index), block, masks)
+    ev = Evaluator(body, space, dict(frame.pointers), dict(frame.positions))
+    value = body.broadcast(ev.at(operand, space.index), block)
+    mask = space.mask_for(body, block)
+    if mask is not None:  # lanes past the operand's edge are 0 (a splat is not)
+        zero = body.constant(0.0, element_type(value.type), block)
+        value = body.select(mask, value, zero)
+    assert isinstance(operand.type, TensorType)
+    return body.convert(value, operand.type.element_type)
 
 
 def _grouped(

@@ -50,7 +50,8 @@ def _register(
     tile: IndexMap,
     partial: PartialRule = (0,),
 ) -> None:
-    """Registers a layout op: linear in its operand(s), a layout kernel of its own."""
+    """Registers a layout op: linear in its operand(s), an index map (read in place by the
+    kernels that use it, or a layout kernel of its own)."""
     register(
         op_type,
         sharding=sharding,
@@ -121,9 +122,44 @@ def _reshape_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangen
     return [b.reshape(ct, _shape(x))]
 
 
+def _reshape_runs(
+    src: tuple[int, ...], dst: tuple[int, ...]
+) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The shortest runs of dims, ``(src[i0:i1], dst[j0:j1])``, of equal element counts
+    that a row-major reshape maps onto each other (one run when none is shorter)."""
+    runs = []
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        i0, j0, a, c = i, j, 1, 1
+        if i < len(src):
+            a, i = src[i], i + 1
+        if j < len(dst):
+            c, j = dst[j], j + 1
+        while a != c:
+            if a < c:
+                a, i = a * src[i], i + 1
+            else:
+                c, j = c * dst[j], j + 1
+        runs.append(((i0, i), (j0, j)))
+    return runs
+
+
 def _reshape_tile(ev: Evaluator, op: graph.ReshapeOp, value: SSAValue, index: Index) -> SSAValue:
-    flat = ev.offsets(_shape(value), index)
-    return ev.at(op.input, tuple(ev.b.unflatten(flat, _shape(op.input))))
+    """Each run of dims (see :func:`_reshape_runs`) goes through its own flat offset: a
+    dim the reshape keeps passes its index through, split or merged dims divide."""
+    src, dst = _shape(op.input), _shape(value)
+    runs = _reshape_runs(src, dst) if 0 not in src else []
+    if len(runs) <= 1:
+        flat = ev.offsets(dst, index)
+        return ev.at(op.input, tuple(ev.b.unflatten(flat, src)))
+    inner: list[SSAValue | None] = []
+    for (i0, i1), (j0, j1) in runs:
+        if i1 - i0 == 1 and j1 - j0 == 1:
+            inner.append(index[j0])
+        else:
+            flat = ev.offsets(dst[j0:j1], index[j0:j1])
+            inner.extend(ev.b.unflatten(flat, src[i0:i1]))
+    return ev.at(op.input, tuple(inner))
 
 
 _register(

@@ -48,8 +48,8 @@ class Fusion(enum.Enum):
     REDUCTION = "reduction"  # a row reduction that drops (or keeps as 1) the reduced axes
     NORMALIZATION = "normalization"  # a row reduction whose result keeps the operand's shape
     LOSS = "loss"  # a row reduction to one loss per row (cross-entropy)
-    MATMUL = "matmul"  # starts a matmul kernel (no prologue), takes epilogues
-    LAYOUT = "layout"  # maps indices (a kernel of its own, no epilogue)
+    MATMUL = "matmul"  # starts a matmul kernel (reads layout ops in place), takes epilogues
+    LAYOUT = "layout"  # maps indices (read in place by its users, else a kernel of its own)
     CONSTANT = "constant"  # joins no kernel: each kernel using it gets a copy
     COLLECTIVE = "collective"  # communicates: a schedule.start / schedule.wait pair
     CONSTRAINT = "constraint"  # a sharding constraint: gone after insert-collectives

@@ -1,29 +1,55 @@
 """``lower-graph-to-schedule``: group a partitioned graph function into kernels and async collectives.
 
-Runs after ``shard-partition`` (or on a function without collectives). Three steps:
+Runs after ``shard-partition`` (or on a function without collectives). First two
+rewrites: a ``cross_entropy`` with a reduction becomes per-row losses and their mean or
+sum, and a sum over the batch dims of a batched matmul used only there (a weight
+gradient, ``sum_b xᵀ_b dy_b``) becomes one matmul with the batch folded into K (the
+operands re-viewed as ``[M, batch·K]`` and ``[batch·K, N]`` by layout ops). Then:
 
 1. *Group* (greedy, in program order). Every graph op but a collective or a constant
-   joins a group; a group becomes one ``schedule.kernel``. What an op may join is its
-   fusion class (``tessera.ops.op_def(op).fusion``):
+   belongs to a group; a group becomes one ``schedule.kernel``. What an op may join is its
+   fusion class (``tessera.ops.op_def(op).fusion``). Each group has one iteration space
+   (the broadcast of an elementwise group's results, a matmul's result, or the operand of
+   a reduction group's reductions), and the kernel computes every value over it:
 
    - First, each ``softmax(score(q kᵀ)) v`` (``codegen.attention.find_attention``: the
      optional transpose of k, the two matmuls, the elementwise score ops such as a scale,
      a mask select or an additive bias, the softmax and an optional cast, every
      intermediate used once) becomes an ``attention`` group: one flash-attention kernel.
      It takes no other op.
-
-   - An elementwise op joins the group of an operand's producer when that group is
-     elementwise, matmul or reduction, and every user of that operand is already in
-     the group (so no value escapes half-computed and no other op is starved): the
-     epilogue of a matmul (bias, activation, residual add), of a row reduction, or a
-     chain of elementwise ops. Otherwise it starts an elementwise group.
+   - An elementwise op joins the group of the first operand it may: an elementwise group
+     (the chain; the space may grow by broadcasting), a matmul's (epilogue: bias,
+     activation, residual add) or a row reduction's (prologue or epilogue). Otherwise it
+     starts an elementwise group.
    - A row reduction (sum, mean, max, min, softmax, log_softmax, layer_norm, rms_norm,
-     cross_entropy) joins its operand's group when that group is purely elementwise
-     (its prologue), under the same condition; it then takes epilogues as above.
-   - A matmul always starts a group (no prologue fusion).
-   - Layout ops (reshape, transpose, broadcast_to, slice, concat, split, gather,
-     all_slice) are a group of their own and take no epilogue.
-   - A join never closes a cycle between groups (through other groups or collectives).
+     cross_entropy) joins its operand's group when that group is elementwise (its
+     prologue) or reduces the same rows (several reductions in one row kernel, such as a
+     layer norm's backward); it then takes epilogues as above.
+   - *Multi-output*: a value may have users outside its group; it is then an output of
+     the kernel, which the users wait for. Only a value computed over the whole space may
+     be one (a row reduction's kept or squeezed row values too), so a group whose values
+     are used elsewhere does not grow its space, and a reduction takes an elementwise
+     group as its prologue only if those values fit its space.
+   - *Merging*: after an elementwise op or a reduction is placed, the groups of its other
+     operands merge into its group when they may: an elementwise group into any group
+     whose space it spans (two moment chains of an optimizer update, a residual computed
+     apart), or two reduction groups over the same rows. No prologue reaches a matmul this
+     way (its operands stay kernel inputs). A new reduction also merges with a recent
+     reduction group over the same rows that reads a common value, directly or through
+     the kernels making their inputs (a layer norm's bias and weight gradients).
+   - A matmul always starts a group.
+   - *Layout ops read in place*: a layout op with one operand (reshape, transpose,
+     broadcast_to, slice, all_slice) belongs to no group; every kernel that uses it
+     clones it (with the layout ops it reads), and the kernel evaluates it as index
+     arithmetic: a transposed or head-split matmul operand is loaded with strides (the
+     matmul's prologue), a reshaped input of an elementwise op or a reduction is read
+     through its flat offset. One with a user that does not read through it (a return, a
+     collective, an attention kernel) is also a kernel of its own. Other layout ops
+     (concat, split, gather) are a group of their own, which reads its operands through
+     layout ops too, and take no epilogue.
+   - No join or merge closes a cycle between groups (through other groups, collectives
+     or layout ops): the dependence search only visits groups that end after the first
+     op of the group it looks for, so it stays local.
    - Constants join no group: each kernel that uses one gets its own copy; a constant
      used outside kernels (returned, or sent to a collective) becomes a kernel alone.
 
@@ -32,11 +58,12 @@ Runs after ``shard-partition`` (or on a function without collectives). Three ste
 3. *Order*. Kernels are emitted in dependence order, earliest first op first; a
    collective's start, and its wait right after it, as soon as its operand is made. The
    schedule is serial (no communication overlaps computation); ``overlap-comm`` then
-   moves the waits down to their first use.
+   moves the waits down to their first use. In a kernel's body, the cloned constants
+   come first, then the layout ops it reads through, then its ops in program order.
 
 Kernels are named ``@<function>_k<N>_<op>``: N counts kernels in emission order, and op
-is ``attention`` for an attention group, else the group's matmul or reduction, else its
-first op (without ``graph.``).
+is ``attention`` for an attention group, else the group's matmul or first reduction,
+else its first op (without ``graph.``).
 """
 
 from __future__ import annotations
@@ -45,6 +72,7 @@ import heapq
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from math import prod
 
 from xdsl.context import Context
 from xdsl.dialects import func
@@ -93,6 +121,7 @@ class LowerGraphToSchedulePass(ModulePass):
                         f"types; run shard-partition first"
                     )
                 _split_cross_entropy(function)
+                _fold_batch_sums(function)
                 _Lowering(function).run()
 
 
@@ -106,6 +135,38 @@ def _split_cross_entropy(function: func.FuncOp) -> None:
             kind = graph.MeanOp if op.attrs()["reduction"] == "mean" else graph.SumOp
             total = graph.build(kind, [per_row.results[0]], axes=list(range(rank)), keepdims=False)
             Rewriter.replace_op(op, [per_row, total])
+
+
+def _fold_batch_sums(function: func.FuncOp) -> None:
+    """A sum over the batch dims of a batched matmul used only there (a weight gradient:
+    ``sum_b xᵀ_b dy_b``) becomes one matmul with the batch folded into K,
+    ``A' B'`` with ``A' = [M, batch·K]`` and ``B' = [batch·K, N]``: layout ops, which
+    the matmul reads in place."""
+    for op in list(function.body.block.ops):
+        if not isinstance(op, graph.SumOp) or op.attrs()["keepdims"]:
+            continue
+        source = op.operands[0].owner
+        if not isinstance(source, graph.MatmulOp) or source.result.uses.get_length() != 1:
+            continue
+        out = _dims(source.result)
+        rank = len(out)
+        lhs, rhs = source.operands
+        batch_axes = sorted(a % rank for a in op.attrs()["axes"])
+        if rank < 3 or batch_axes != list(range(rank - 2)):
+            continue
+        if not _dims(lhs)[:-2] == _dims(rhs)[:-2] == out[:-2]:
+            continue
+        batch, (m, k), n = prod(out[:-2]), _dims(lhs)[-2:], out[-1]
+        perm = [rank - 2, *range(rank - 2), rank - 1]
+        if isinstance(lhs.owner, graph.TransposeOp):  # compose with lhs's transpose
+            inner = lhs.owner.attrs()["perm"]
+            lhs, perm = lhs.owner.operands[0], [inner[p] for p in perm]
+        moved = graph.build(graph.TransposeOp, [lhs], perm=perm)
+        a = graph.build(graph.ReshapeOp, [moved.results[0]], shape=(m, batch * k))
+        b = graph.build(graph.ReshapeOp, [rhs], shape=(batch * k, n))
+        product = graph.build(graph.MatmulOp, [a.results[0], b.results[0]])
+        Rewriter.replace_op(op, [moved, a, b, product])
+        Rewriter.erase_op(source)
 
 
 def _has_graph_ops(function: func.FuncOp) -> bool:
@@ -125,19 +186,54 @@ def _kernel_kind(group: _Group) -> str:
     return "attention" if group.kind == "attention" else _short(group.anchor())
 
 
+SIBLING_WINDOW = 8  # recent reduction groups over the same rows a new one may merge with,
+SIBLING_DISTANCE = 64  # beginning at most this many ops before it (keeps the search local)
+
+
+def _absorbable(op: Operation) -> bool:
+    """A layout op that consumers read through (one operand and one result: reshape,
+    transpose, broadcast_to, slice, all_slice): cloned into each kernel that uses it."""
+    return _is(op, Fusion.LAYOUT) and len(op.operands) == 1 and len(op.results) == 1
+
+
+def _kind(op: Operation) -> str:
+    if _is(op, Fusion.ELEMENTWISE):
+        return "elementwise"
+    if _reduces_rows(op):
+        return "reduction"
+    if _is(op, Fusion.MATMUL):
+        return "matmul"
+    return "layout"
+
+
 @dataclass(eq=False)
 class _Group:
-    """Ops that become one kernel; ``kind`` says what may still join it."""
+    """Ops that become one kernel; ``kind`` says what may still join it.
+
+    ``space`` is the iteration space every value of the kernel is computed over: the
+    broadcast of an elementwise group's results, a matmul's result, or the operand of a
+    reduction group's reductions (which all reduce ``axes``)."""
 
     kind: str  # "elementwise", "matmul", "reduction", "layout" or "attention"
-    ops: list[Operation] = field(default_factory=list)
+    ops: list[Operation]
+    first: int  # the program index of the earliest op, and of the latest
+    last: int
+    space: tuple[int, ...] = ()
+    axes: tuple[int, ...] = ()
+    anchor_op: Operation | None = None  # the matmul, the first reduction, or the softmax
+    absorbed: dict[Operation, None] = field(default_factory=dict)  # layout ops read through
 
     def anchor(self) -> Operation:
-        if self.kind == "attention":
-            return next(o for o in self.ops if isinstance(o, graph.SoftmaxOp))
-        if self.kind in ("matmul", "reduction"):
-            return next(o for o in self.ops if _is(o, Fusion.MATMUL) or _reduces_rows(o))
-        return self.ops[0]
+        return self.anchor_op if self.anchor_op is not None else self.ops[0]
+
+    def escapes(self, dims: tuple[int, ...]) -> bool:
+        """Whether a value of shape ``dims`` may be an output: computed over the whole
+        space (a reduction's kept or squeezed row values too), stored once per element."""
+        if self.kind != "reduction":
+            return dims == self.space
+        kept = tuple(1 if d in self.axes else s for d, s in enumerate(self.space))
+        squeezed = tuple(s for d, s in enumerate(self.space) if d not in self.axes)
+        return dims in (self.space, kept, squeezed)
 
 
 def _dims(value: SSAValue) -> tuple[int, ...]:
@@ -145,38 +241,17 @@ def _dims(value: SSAValue) -> tuple[int, ...]:
     return tuple(value.type.get_shape())
 
 
-def _broadcasts(shapes: Sequence[tuple[int, ...]], into: tuple[int, ...] | None = None) -> bool:
-    """Whether ``shapes`` broadcast together (numpy rules), into ``into`` when given."""
-    rank = max([len(s) for s in shapes] + [len(into) if into else 0])
-    for i in range(1, rank + 1):
-        sizes = {s[-i] for s in shapes if len(s) >= i and s[-i] != 1}
-        if into is not None:
-            if i > len(into) and sizes:
-                return False
-            if sizes - {into[-i] if i <= len(into) else 1}:
-                return False
-        elif len(sizes) > 1:
-            return False
-    return True
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The numpy broadcast of two shapes, or None when they do not broadcast."""
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + a, (1,) * (rank - len(b)) + b
+    if any(x != y and 1 not in (x, y) for x, y in zip(a, b, strict=True)):
+        return None
+    return tuple(max(x, y) for x, y in zip(a, b, strict=True))
 
 
-def _fits(op: Operation, group: _Group) -> bool:
-    """Whether ``op`` joining ``group`` keeps one iteration space for the kernel (the
-    generated code evaluates every value of a kernel at an index of that space)."""
-    result = _dims(op.results[0])
-    if group.kind == "matmul":
-        return result == _dims(group.anchor().results[0])
-    if group.kind == "reduction":
-        anchor = group.anchor()
-        full = _dims(anchor.operands[0])
-        axes = reduced_axes(anchor)
-        kept = tuple(1 if d in axes else s for d, s in enumerate(full))
-        squeezed = tuple(s for d, s in enumerate(full) if d not in axes)
-        return result in (full, kept, squeezed)
-    shapes = [_dims(r) for o in group.ops for r in o.results]
-    if _reduces_rows(op):  # the group becomes the reduction's prologue
-        return _broadcasts(shapes, _dims(op.operands[0]))
-    return _broadcasts([*shapes, result])
+def _reduction_space(op: Operation) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return _dims(op.operands[0]), reduced_axes(op)  # type: ignore[arg-type]
 
 
 class _Lowering:
@@ -187,18 +262,26 @@ class _Lowering:
         self.index = {o: i for i, o in enumerate(self.ops)}
         self.group_of: dict[Operation, _Group] = {}
         self.groups: list[_Group] = []
+        self.deferred: dict[Operation, None] = {}  # absorbable layout ops, in program order
+        self.reductions: dict[tuple[tuple[int, ...], ...], list[_Group]] = {}  # by space
 
     # --- 1. grouping -------------------------------------------------------------------
 
     def run(self) -> None:
         for ops in find_attention(self.ops):  # softmax(q kᵀ) v: one flash-attention kernel
-            group = _Group("attention", list(ops))
-            self.groups.append(group)
-            self.group_of.update((o, group) for o in ops)
+            group = self._new_group("attention", ops[0])
+            for op in ops[1:]:
+                self._add(group, op)
+            group.anchor_op = next(o for o in ops if isinstance(o, graph.SoftmaxOp))
         for op in self.ops:
             if _is(op, Fusion.CONSTANT) or _communicates(op) or op in self.group_of:
                 continue
-            self._group(op)
+            if _absorbable(op):
+                self.deferred[op] = None
+            else:
+                self._group(op)
+        self._materialize()
+        self.groups = [g for g in self.groups if g.ops]
         for op in self.ops:  # constants with users outside kernels are kernels alone
             if _is(op, Fusion.CONSTANT) and any(
                 self._outside_kernels(u.operation) for u in op.results[0].uses
@@ -209,54 +292,220 @@ class _Lowering:
     def _outside_kernels(self, user: Operation) -> bool:
         return isinstance(user, func.ReturnOp) or _communicates(user)
 
-    def _new_group(self, kind: str, op: Operation) -> None:
-        group = _Group(kind, [op])
+    def _new_group(self, kind: str, op: Operation) -> _Group:
+        index = self.index[op]
+        group = _Group(kind, [op], index, index)
+        if kind == "elementwise":
+            group.space = _dims(op.results[0])
+        elif kind == "matmul":
+            group.space, group.anchor_op = _dims(op.results[0]), op
+        elif kind == "reduction":
+            (group.space, group.axes), group.anchor_op = _reduction_space(op), op
         self.groups.append(group)
         self.group_of[op] = group
+        return group
+
+    def _add(self, group: _Group, op: Operation) -> None:
+        group.ops.append(op)
+        self.group_of[op] = group
+        index = self.index[op]
+        group.first, group.last = min(group.first, index), max(group.last, index)
 
     def _group(self, op: Operation) -> None:
-        if _is(op, Fusion.ELEMENTWISE):
-            kind, accepts = "elementwise", ("elementwise", "matmul", "reduction")
-        elif _reduces_rows(op):
-            kind, accepts = "reduction", ("elementwise",)
-        elif _is(op, Fusion.MATMUL):
-            kind, accepts = "matmul", ()
-        else:
-            kind, accepts = "layout", ()
-        for operand in op.operands:
-            group = self.group_of.get(operand.owner)  # type: ignore[arg-type]
-            if (
-                group is not None
-                and group.kind in accepts
-                and _fits(op, group)
-                and self._may_join(op, operand, group)
-            ):
-                group.ops.append(op)
-                self.group_of[op] = group
-                if group.kind == "elementwise":
-                    group.kind = kind
-                return
-        self._new_group(kind, op)
+        """Puts ``op`` into the first operand's group it may join (else a new group), then
+        merges the other operands' groups it may merge with, then absorbs the layout ops
+        it reads through."""
+        kind = _kind(op)
+        target = None
+        if kind in ("elementwise", "reduction"):
+            for operand in op.operands:
+                group = self.group_of.get(operand.owner)  # type: ignore[arg-type]
+                if group is not None and self._may_join(op, group):
+                    target = group
+                    self._join(group, op)
+                    break
+        if target is None:
+            target = self._new_group(kind, op)
+        if kind in ("elementwise", "reduction"):
+            for operand in op.operands:
+                other = self.group_of.get(operand.owner)  # type: ignore[arg-type]
+                if other is not None and other is not target and self._may_merge(target, other):
+                    self._merge(target, other)
+        if kind == "reduction" and target.kind == "reduction":
+            self._merge_siblings(target)
+        self._absorb(target, op)
 
-    def _may_join(self, op: Operation, operand: SSAValue, group: _Group) -> bool:
-        """``operand`` (made in ``group``) is used only there and by ``op``, and no other
-        operand of ``op`` depends on ``group`` (a join would make a cycle)."""
-        if any(
-            u.operation is not op and self.group_of.get(u.operation) is not group
-            for u in operand.uses
-        ):
-            return False
-        for other in op.operands:
-            producer = self._producer_group(other)
-            if producer is not None and producer is not group and self._depends(producer, group):
+    def _merge_siblings(self, group: _Group) -> None:
+        """Merges into a reduction group the recent reduction groups over the same rows
+        that read a common value, directly or through the kernels making their inputs
+        (the bias and weight gradients of a layer norm)."""
+        key = (group.space, group.axes)
+        recent = self.reductions.setdefault(key, [])
+        sources = self._sources(group)
+        for other in recent[-SIBLING_WINDOW:]:
+            if (
+                other.ops
+                and other is not group
+                and group.last - other.first <= SIBLING_DISTANCE
+                and other.kind == "reduction"
+                and not sources.isdisjoint(self._sources(other))
+                and self._may_merge(group, other)
+            ):
+                self._merge(group, other)
+                sources |= self._sources(group)
+        recent[:] = [g for g in recent if g.ops and g is not group] + [group]
+
+    def _sources(self, group: _Group) -> set[SSAValue]:
+        """The values a group reads, and those the groups making them read."""
+        out: set[SSAValue] = set()
+        for value, _ in self._inputs(group):
+            out.add(value)
+            producer = self.group_of.get(value.owner)  # type: ignore[arg-type]
+            if producer is not None and producer is not group:
+                out.update(v for v, _ in self._inputs(producer))
+        return out
+
+    def _join(self, group: _Group, op: Operation) -> None:
+        kind = _kind(op)
+        if group.kind == "elementwise" and kind == "elementwise":
+            space = _broadcast(group.space, _dims(op.results[0]))
+            assert space is not None
+            group.space = space
+        elif group.kind == "elementwise":  # a reduction: the group is its prologue
+            group.kind, group.anchor_op = "reduction", op
+            group.space, group.axes = _reduction_space(op)
+        self._add(group, op)
+
+    def _may_join(self, op: Operation, group: _Group) -> bool:
+        """Whether ``op`` may join ``group`` (which makes one of its operands): the kinds
+        fit, the kernel keeps one iteration space, every value with users outside the
+        kernel is computed over all of it, and no cycle between groups appears."""
+        kind = _kind(op)
+        result = _dims(op.results[0])
+        if group.kind == "elementwise" and kind == "elementwise":
+            space = _broadcast(group.space, result)
+            if space != result:  # the op's result must span the (grown) space
                 return False
+            if space != group.space and self._escaping(group, {op}):
+                return False
+        elif group.kind == "elementwise" and kind == "reduction":
+            full, axes = _reduction_space(op)
+            if _broadcast(group.space, full) != full:
+                return False
+            prologue = _Group("reduction", [], 0, 0, full, axes)
+            if not prologue.escapes(group.space) and self._escaping(group, {op}):
+                return False
+        elif group.kind == "matmul":
+            if kind != "elementwise" or result != group.space:
+                return False
+        elif group.kind == "reduction":
+            if kind == "elementwise" and not group.escapes(result):
+                return False
+            if kind == "reduction" and _reduction_space(op) != (group.space, group.axes):
+                return False
+        else:
+            return False
+        for operand in op.operands:
+            if self.group_of.get(operand.owner) is group:  # type: ignore[arg-type]
+                continue
+            producer = self._producer_group(operand)
+            if producer is group or (producer is not None and self._depends(producer, group)):
+                return False  # through a collective, a layout op or other groups: a cycle
         return True
 
+    def _escaping(self, group: _Group, joining: set[Operation]) -> bool:
+        """Whether a value of ``group`` has a user outside it and outside ``joining``."""
+        return any(
+            not r.uses
+            or any(
+                self.group_of.get(u.operation) is not group and u.operation not in joining
+                for u in r.uses
+            )
+            for o in group.ops
+            for r in o.results
+        )
+
+    def _may_merge(self, a: _Group, b: _Group) -> bool:
+        """Whether groups ``a`` and ``b`` (one uses a value of the other) may become one
+        kernel: one elementwise and any, or two reductions over the same space."""
+        if a.kind == "elementwise" and b.kind == "elementwise":
+            space = _broadcast(a.space, b.space)
+            if space is None or any(
+                g.space != space and self._escaping(g, set(a.ops) | set(b.ops)) for g in (a, b)
+            ):
+                return False
+        elif "elementwise" in (a.kind, b.kind):
+            other, main = (a, b) if a.kind == "elementwise" else (b, a)
+            if main.kind == "matmul" and other.space != main.space:
+                return False
+            if main.kind == "reduction" and (
+                not main.escapes(other.space) or _broadcast(other.space, main.space) != main.space
+            ):
+                return False
+            if main.kind not in ("matmul", "reduction"):
+                return False
+        elif not (a.kind == b.kind == "reduction" and (a.space, a.axes) == (b.space, b.axes)):
+            return False
+        for g, h in ((a, b), (b, a)):
+            for value, direct in self._inputs(g):
+                producer = self._producer_group(value)
+                if producer is h:
+                    if not direct or self.group_of.get(value.owner) is not h:  # type: ignore[arg-type]
+                        return False  # through a collective or a layout op
+                    if g.kind == "matmul" and value in g.anchor().operands:
+                        return False  # no prologue fusion into a matmul
+                elif producer is not None and producer is not g and self._depends(producer, h):
+                    return False
+        return True
+
+    def _merge(self, group: _Group, other: _Group) -> None:
+        """Moves ``other``'s ops into ``group``."""
+        if group.kind == "elementwise" and other.kind == "elementwise":
+            space = _broadcast(group.space, other.space)
+            assert space is not None
+            group.space = space
+        elif group.kind == "elementwise" or (
+            group.kind == other.kind == "reduction"
+            and self.index[other.anchor()] < self.index[group.anchor()]
+        ):
+            group.kind, group.space, group.axes = other.kind, other.space, other.axes
+            group.anchor_op = other.anchor_op
+        for op in other.ops:
+            self._add(group, op)
+        group.absorbed.update(other.absorbed)
+        other.ops = []  # dropped from ``groups`` after grouping
+
+    def _absorb(self, group: _Group, op: Operation) -> None:
+        """Clones the chains of absorbable layout ops ``op`` reads into ``group``."""
+        if group.kind == "attention":
+            return
+        for operand in op.operands:
+            owner = operand.owner
+            while owner in self.deferred and owner not in self.group_of:
+                if owner in group.absorbed:
+                    break
+                group.absorbed[owner] = None  # type: ignore[index]
+                owner = owner.operands[0].owner  # type: ignore[union-attr]
+
+    def _materialize(self) -> None:
+        """An absorbable layout op that some user does not read through (a return, a
+        collective, an attention kernel) becomes a kernel of its own."""
+        for op in reversed(self.deferred):
+            if any(not self._reads_through(u.operation, op) for u in op.results[0].uses):
+                self._absorb(self._new_group("layout", op), op)
+
+    def _reads_through(self, user: Operation, layout: Operation) -> bool:
+        if user in self.deferred and user not in self.group_of:
+            return True  # absorbed wherever it is used, with ``layout``
+        group = self.group_of.get(user)
+        return group is not None and layout in group.absorbed
+
     def _producer_group(self, value: SSAValue) -> _Group | None:
-        """The group a value comes from, looking through collectives."""
+        """The group a value comes from, looking through collectives and layout ops that
+        are read through."""
         owner = value.owner
-        while _communicates(owner):  # type: ignore[arg-type]
-            owner = owner.operands[0].owner
+        while _communicates(owner) or (owner in self.deferred and owner not in self.group_of):  # type: ignore[arg-type]
+            owner = owner.operands[0].owner  # type: ignore[union-attr]
         return self.group_of.get(owner) if isinstance(owner, Operation) else None
 
     def _depends(self, group: _Group, on: _Group) -> bool:
@@ -264,26 +513,33 @@ class _Lowering:
 
         A chain of uses from ``on`` only reaches ops after ``on``'s first op (program
         order), so the search skips groups that end before it: it stays local."""
-        earliest = min(self.index[o] for o in on.ops)
         seen: set[int] = set()
         stack = [group]
         while stack:
             current = stack.pop()
             if current is on:
                 return True
-            if id(current) in seen or max(self.index[o] for o in current.ops) < earliest:
+            if id(current) in seen or current.last < on.first:
                 continue
             seen.add(id(current))
             stack.extend(p for p in self.group_inputs(current) if p is not None)
         return False
 
+    def _inputs(self, group: _Group) -> list[tuple[SSAValue, bool]]:
+        """The values ``group`` reads from outside, each with whether an op of the group
+        uses it directly (not through an absorbed layout op)."""
+        out: list[tuple[SSAValue, bool]] = []
+        for op in group.ops:
+            for value in op.operands:
+                direct = True
+                while value.owner in group.absorbed:
+                    value, direct = value.owner.operands[0], False  # type: ignore[union-attr]
+                if self.group_of.get(value.owner) is not group:  # type: ignore[arg-type]
+                    out.append((value, direct))
+        return out
+
     def group_inputs(self, group: _Group) -> list[_Group | None]:
-        return [
-            self._producer_group(v)
-            for o in group.ops
-            for v in o.operands
-            if self.group_of.get(v.owner) is not group  # type: ignore[arg-type]
-        ]
+        return [self._producer_group(v) for v, _ in self._inputs(group)]
 
 
 class _Emitter:
@@ -318,7 +574,7 @@ class _Emitter:
     def _order(self) -> list[_Group]:
         """Groups in dependence order; among ready ones, the earliest first op first."""
         lowering = self.lowering
-        first = {id(g): min(lowering.index[o] for o in g.ops) for g in lowering.groups}
+        first = {id(g): g.first for g in lowering.groups}
         preds = {
             id(g): {id(p) for p in lowering.group_inputs(g) if p is not None and p is not g}
             for g in lowering.groups
@@ -379,21 +635,20 @@ class _Emitter:
     # --- kernels ---------------------------------------------------------------------------
 
     def emit_kernel(self, group: _Group) -> None:
-        members = set(group.ops)
-        inputs: list[SSAValue] = []
-        constants: list[Operation] = []
-        for op in group.ops:
-            for v in op.operands:
-                if v.owner in members or v in inputs:
-                    continue
-                if _is(v.owner, Fusion.CONSTANT):  # type: ignore[arg-type]
-                    if v.owner not in constants:
-                        constants.append(v.owner)
-                else:
-                    inputs.append(v)
+        index = self.lowering.index
+        group.ops = ops = sorted(group.ops, key=index.__getitem__)
+        members = set(ops)
+        found: dict[SSAValue, None] = {}
+        constants: dict[Operation, None] = {}
+        for v, _ in self.lowering._inputs(group):
+            if _is(v.owner, Fusion.CONSTANT):  # type: ignore[arg-type]
+                constants[v.owner] = None  # type: ignore[index]
+            else:
+                found[v] = None
+        inputs = list(found)
         outputs = [
             r
-            for op in group.ops
+            for op in ops
             for r in op.results
             if not r.uses or any(u.operation not in members for u in r.uses)
         ]
@@ -404,7 +659,8 @@ class _Emitter:
         for old, arg in zip(inputs, block.args, strict=True):
             arg.name_hint = old.name_hint
             mapping[old] = arg
-        for op in [*sorted(constants, key=self.lowering.index.__getitem__), *group.ops]:
+        absorbed = sorted(group.absorbed, key=index.__getitem__)
+        for op in [*sorted(constants, key=index.__getitem__), *absorbed, *ops]:
             block.add_op(op.clone(value_mapper=mapping))
         block.add_op(schedule.YieldOp.create(operands=[mapping[r] for r in outputs]))
         name = re.sub(

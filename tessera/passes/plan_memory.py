@@ -11,9 +11,10 @@ results; values inside a kernel are registers or tiles and take no arena space.
 2. *Placement*: in order of definition, first fit: the lowest offset (aligned to
    ``alignment`` bytes) whose span overlaps no live buffer's, so dead buffers' space is
    reused. A kernel result takes the place of a donated argument that the kernel reads
-   last, when both have the same size and the kernel reads it only elementwise (each
-   element is read at the index the result is written at): an in-place update, as an
-   optimizer step's parameters and moments are.
+   last, when both have the same type and the kernel reads it only elementwise (each
+   element is read at the index the result is written at, by the program that writes it,
+   before it stores anything): an in-place update, as an optimizer step's parameters and
+   moments are.
 3. *Annotation*: ``schedule.offsets`` (one byte offset per result) on each kernel and wait,
    ``schedule.arg_offsets`` and ``schedule.peak_bytes`` (the arena's high-water mark,
    the per-rank peak) on the function.
@@ -188,6 +189,7 @@ def _in_place(
                     and source not in taken
                     and last[source] == index
                     and _bytes(source, alignment) == _bytes(result, alignment)
+                    and source.type == result.type
                     and _reads_elementwise(op, position)
                 ):
                     aliases[result] = source

@@ -601,6 +601,149 @@ def test_matmul_epilogue(dtype: torch.dtype) -> None:
     assert_close(out, torch.relu(pd @ qd) * sd - 1.0, tolerance(dtype, True), "batched epilogue")
 
 
+# --- fused kernels (lower-graph-to-schedule's grouping) -----------------------------------
+
+
+def kernel_bodies(compiled: Compiled) -> list[list[str]]:
+    """Each schedule kernel's body as its ops' names (constants and the yield left out)."""
+    return [
+        [o.name for o in k.body.block.ops if o.name not in ("graph.constant", "schedule.yield")]
+        for k in compiled.module.walk()
+        if isinstance(k, schedule.KernelOp)
+    ]
+
+
+def test_multi_output_optimizer_update() -> None:
+    """An AdamW-like update is one kernel: the two moment chains merge where the update
+    reads both, and the new moments, returned and used by the update, are outputs too."""
+    rng = random.Random(11)
+    shape = random_shape(rng, 2)
+    p, g, m, v = (randn(shape, seed) for seed in range(4))
+    v = v.abs()
+
+    def update(p: Any, g: Any, m: Any, v: Any, sqrt: Any = op.sqrt) -> tuple[Any, Any, Any]:
+        m_new = m * 0.9 + g * 0.1
+        v_new = v * 0.999 + g * g * 0.001
+        step = m_new / (sqrt(v_new / 0.5) + 1e-8)
+        return p - 1e-2 * step - 1e-4 * p, m_new, v_new
+
+    compiled = compile_fn(update, p, g, m, v)
+    assert compiled.classes() == ["pointwise"]
+    outs = compiled.run([p, g, m, v])[0]
+    refs = update(*f64(p, g, m, v), sqrt=torch.sqrt)
+    for out, ref, what in zip(outs, refs, ("p", "m", "v"), strict=True):
+        assert_close(out, ref, F32_POINTWISE, what)
+
+
+def test_layout_ops_read_through_by_consumers() -> None:
+    """Reshape, transpose, slice and broadcast_to feeding elementwise ops and a row
+    reduction are evaluated in the consumers' kernels: no kernel of their own."""
+    x, y = randn((6, 10), 1), randn((5, 3, 4), 2)
+    z, col = randn((7, 9), 3), randn((7, 1), 4)
+
+    def f(a: Any, b: Any, c: Any, d: Any) -> tuple[Any, Any, Any]:
+        moved = op.transpose(op.reshape(op.exp(a), (3, 4, 5)), (2, 0, 1)) + b
+        picked = op.slice(c, (1, 2), (7, 9), (2, 3)) * op.broadcast_to(d[1:7:2], (3, 3))
+        split = op.reshape(op.transpose(b, (1, 0, 2)), (3, 5, 2, 2)) * 2.0  # per-dim runs
+        return op.negative(moved), op.sum(op.transpose(picked, (1, 0)), axis=-1), split
+
+    compiled = compile_fn(f, x, y, z, col)
+    bodies = kernel_bodies(compiled)
+    assert all(any(n not in LAYOUT_NAMES for n in body) for body in bodies), bodies
+    a, b, c, d = f64(x, y, z, col)
+    moved = torch.exp(a).reshape(3, 4, 5).permute(2, 0, 1) + b
+    picked = c[1:7:2, 2:9:3] * d[1:7:2].expand(3, 3)
+    first, second, third = compiled.run([x, y, z, col])[0]
+    assert_close(first, -moved, F32_POINTWISE, "elementwise through layout ops")
+    assert_close(second, picked.T.sum(-1), F32_ACCUMULATE, "sum through layout ops")
+    split = b.permute(1, 0, 2).reshape(3, 5, 2, 2) * 2.0
+    assert_close(third, split, F32_POINTWISE, "a reshape splitting one dim")
+
+
+LAYOUT_NAMES = {"graph.reshape", "graph.transpose", "graph.slice", "graph.broadcast_to"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_matmul_prologue(dtype: torch.dtype) -> None:
+    """Matmul operands read in place through layout ops: a transposed weight, and the
+    attention scores of heads split from projections (reshape + transpose, then the key
+    transposed); M, N, K are not block multiples. One kernel per matmul."""
+    x, wq, wk = randn((2, 9, 20), 1, dtype), randn((24, 20), 2, dtype), randn((20, 24), 3, dtype)
+
+    def f(a: Any, q_w: Any, k_w: Any) -> Any:
+        q = op.transpose(op.reshape(a @ op.transpose(q_w), (2, 9, 3, 8)), (0, 2, 1, 3))
+        k = op.transpose(op.reshape(a @ k_w, (2, 9, 3, 8)), (0, 2, 1, 3))
+        return q @ op.transpose(k, (0, 1, 3, 2))
+
+    compiled = compile_fn(f, x, wq, wk)
+    assert compiled.classes() == ["matmul"] * 3
+    (out,) = compiled.run([x, wq, wk])[0]
+    a, q_w, k_w = f64(x, wq, wk)
+    q = (a @ q_w.T).reshape(2, 9, 3, 8).transpose(1, 2)
+    k = (a @ k_w).reshape(2, 9, 3, 8).transpose(1, 2)
+    assert_close(out, q @ k.transpose(-1, -2), tolerance(dtype, True), "scores")
+
+
+def test_matmul_elementwise_prologue_in_a_kernel() -> None:
+    """The matmul kernel computes an operand's elementwise prologue per tile (the grouping
+    makes only layout prologues; the kernel takes any), lanes past K being 0."""
+    module = _parse("""
+func.func @f(%x: tensor<20x13xf32>, %w: tensor<13x9xf32>) -> tensor<20x9xf32> {
+  %0 = schedule.kernel @k(%a = %x, %b = %w) : (tensor<20x13xf32>, tensor<13x9xf32>) -> tensor<20x9xf32> {
+    %c = graph.constant dense<1.5> : tensor<f32>
+    %1 = graph.exp %a : tensor<20x13xf32>
+    %2 = graph.add %b, %c : tensor<13x9xf32>, tensor<f32> -> tensor<13x9xf32>
+    %3 = graph.matmul %1, %2 : tensor<20x13xf32>, tensor<13x9xf32> -> tensor<20x9xf32>
+    schedule.yield %3 : tensor<20x9xf32>
+  }
+  func.return %0 : tensor<20x9xf32>
+}""")
+    lower_module(module, SMALL)
+    x, w = randn((20, 13), 1), randn((13, 9), 2)
+    (out,) = Compiled("f", module).run([x, w])[0]
+    xd, wd = f64(x, w)
+    assert_close(out, torch.exp(xd) @ (wd + 1.5), F32_ACCUMULATE, "prologue")
+
+
+def test_batch_summed_matmul_is_one_matmul() -> None:
+    """A weight gradient, sum over the batch of xᵀ dy, is one matmul kernel with the batch
+    folded into K."""
+    x, dy = randn((3, 11, 20), 1), randn((3, 11, 18), 2)
+    compiled = compile_fn(lambda a, g: op.sum(op.transpose(a, (0, 2, 1)) @ g, axis=0), x, dy)
+    assert compiled.classes() == ["matmul"]
+    (out,) = compiled.run([x, dy])[0]
+    a, g = f64(x, dy)
+    assert_close(out, (a.transpose(1, 2) @ g).sum(0), F32_ACCUMULATE, "batch-summed matmul")
+
+
+def test_reductions_over_the_same_rows_in_one_kernel() -> None:
+    """A layer norm's backward (statistics recomputed, the means of the gradient terms)
+    is one row kernel holding four reductions; the bias and weight gradients, sums over
+    the other axis of the same input, are one more kernel with two reductions."""
+    rng = random.Random(13)
+    rows, width = rng.randint(5, 20), rng.randint(5, 40)
+    x, dy, w = randn((rows, width), 1), randn((rows, width), 2), randn((width,), 3)
+
+    def backward(a: Any, g: Any, gamma: Any, t: Any = op) -> tuple[Any, Any, Any]:
+        def mean(v: Any) -> Any:
+            return t.mean(v, -1, keepdims=True)
+
+        centred = a - mean(a)
+        inv = t.rsqrt(mean(centred * centred) + 1e-5)
+        normed = centred * inv
+        scaled = g * gamma
+        dx = (scaled - mean(scaled) - normed * mean(scaled * normed)) * inv
+        return dx, t.sum(g * normed, 0), t.sum(g, 0)
+
+    compiled = compile_fn(backward, x, dy, w)
+    bodies = kernel_bodies(compiled)
+    assert sorted(sum(n in ("graph.mean", "graph.sum") for n in b) for b in bodies) == [2, 4]
+    outs = compiled.run([x, dy, w])[0]
+    refs = backward(*f64(x, dy, w), t=torch)
+    for out, ref, what in zip(outs, refs, ("dx", "dw", "db"), strict=True):
+        assert_close(out, ref, F32_ACCUMULATE, what)
+
+
 # --- coverage -------------------------------------------------------------------------------
 
 
@@ -669,14 +812,14 @@ func.func @f(%x: tensor<6x11xf32>, %l: tensor<6xi64>) -> tensor<f32> {
   }
   func.return %0 : tensor<f32>
 }""",
-        "matmul operands must be kernel inputs": """
-func.func @f(%x: tensor<16x16xf32>, %w: tensor<16x16xf32>) -> tensor<16x16xf32> {
-  %0 = schedule.kernel @k(%a = %x, %b = %w) : (tensor<16x16xf32>, tensor<16x16xf32>) -> tensor<16x16xf32> {
-    %1 = graph.neg %a : tensor<16x16xf32>
-    %2 = graph.matmul %1, %b : tensor<16x16xf32>, tensor<16x16xf32> -> tensor<16x16xf32>
-    schedule.yield %2 : tensor<16x16xf32>
+        "its reductions do not reduce the same rows": """
+func.func @f(%x: tensor<4x6xf32>) -> (tensor<4xf32>, tensor<6xf32>) {
+  %0, %1 = schedule.kernel @k(%a = %x) : (tensor<4x6xf32>) -> (tensor<4xf32>, tensor<6xf32>) {
+    %2 = graph.sum %a {axes = [1], keepdims = false} : tensor<4x6xf32> -> tensor<4xf32>
+    %3 = graph.sum %a {axes = [0], keepdims = false} : tensor<4x6xf32> -> tensor<6xf32>
+    schedule.yield %2, %3 : tensor<4xf32>, tensor<6xf32>
   }
-  func.return %0 : tensor<16x16xf32>
+  func.return %0, %1 : tensor<4xf32>, tensor<6xf32>
 }""",
         "do not share one iteration space": """
 func.func @f(%x: tensor<4x3xf32>, %y: tensor<5xf32>) -> (tensor<4x3xf32>, tensor<5xf32>) {

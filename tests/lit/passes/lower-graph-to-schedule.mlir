@@ -108,19 +108,13 @@ func.func @elementwise_chain(%x: tensor<4x8xf32>, %y: tensor<4x8xf32>) -> tensor
 
 // -----
 
-// A value with two consumers is not fused into either: three kernels.
+// A value with two consumers: both join its kernel, which has two outputs.
 // CHECK-LABEL: func.func @two_consumers
-// CHECK-NEXT:    %[[E:.*]] = schedule.kernel @two_consumers_k0_exp(%{{.*}} = %x)
-// CHECK-NEXT:      graph.exp
-// CHECK-NEXT:      schedule.yield
-// CHECK-NEXT:    }
-// CHECK-NEXT:    %[[A:.*]] = schedule.kernel @two_consumers_k1_neg(%{{.*}} = %[[E]])
-// CHECK-NEXT:      graph.neg
-// CHECK-NEXT:      schedule.yield
-// CHECK-NEXT:    }
-// CHECK-NEXT:    %[[B:.*]] = schedule.kernel @two_consumers_k2_abs(%{{.*}} = %[[E]])
-// CHECK-NEXT:      graph.abs
-// CHECK-NEXT:      schedule.yield
+// CHECK-NEXT:    %[[A:.*]], %[[B:.*]] = schedule.kernel @two_consumers_k0_exp(%[[X:.*]] = %x) : (tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+// CHECK-NEXT:      %[[E:.*]] = graph.exp %[[X]]
+// CHECK-NEXT:      %[[N:.*]] = graph.neg %[[E]]
+// CHECK-NEXT:      %[[S:.*]] = graph.abs %[[E]]
+// CHECK-NEXT:      schedule.yield %[[N]], %[[S]]
 // CHECK-NEXT:    }
 // CHECK-NEXT:    func.return %[[A]], %[[B]]
 func.func @two_consumers(%x: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
@@ -133,14 +127,15 @@ func.func @two_consumers(%x: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf3
 // -----
 
 // Serial: the start follows the producing kernel and its wait comes right after it
-// (overlap-comm moves the wait down to the add).
+// (overlap-comm moves the wait down to the add). The add reads %z transposed.
 // CHECK-LABEL: func.func @wait_after_start
 // CHECK-NEXT:    %[[Y:.*]] = schedule.kernel @wait_after_start_k0_matmul
 // CHECK:         %[[H:.*]] = schedule.start all_reduce %[[Y]] {axes = [tp], kind = sum}
 // CHECK-NEXT:    %[[R:.*]] = schedule.wait %[[H]]
 // CHECK-NEXT:    %[[Z:.*]] = schedule.kernel @wait_after_start_k1_matmul(%{{.*}} = %u, %{{.*}} = %v)
-// CHECK:         %[[T:.*]] = schedule.kernel @wait_after_start_k2_transpose(%{{.*}} = %[[Z]])
-// CHECK:         %[[O:.*]] = schedule.kernel @wait_after_start_k3_add(%{{.*}} = %[[R]], %{{.*}} = %[[T]])
+// CHECK:         %[[O:.*]] = schedule.kernel @wait_after_start_k2_add(%[[RA:.*]] = %[[R]], %[[ZA:.*]] = %[[Z]])
+// CHECK-NEXT:      %[[T:.*]] = graph.transpose %[[ZA]] {perm = [1, 0]}
+// CHECK-NEXT:      graph.add %[[RA]], %[[T]]
 // CHECK:         func.return %[[O]]
 graph.mesh @mesh axes = [tp = 4]
 func.func @wait_after_start(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>, %u: tensor<32x8xf32>, %v: tensor<8x8xf32>) -> tensor<8x32xf32> attributes {graph.partitioned} {
@@ -154,19 +149,17 @@ func.func @wait_after_start(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>, %u: ten
 
 // -----
 
-// Layout ops are kernels of their own and take no epilogue.
+// Layout ops with one operand are read through by their consumers (cloned into the
+// consumer's kernel, which evaluates them as index arithmetic): no layout kernel.
 // CHECK-LABEL: func.func @reshape_transpose
 // CHECK-NEXT:    %[[E:.*]] = schedule.kernel @reshape_transpose_k0_exp
-// CHECK:         %[[R:.*]] = schedule.kernel @reshape_transpose_k1_reshape(%{{.*}} = %[[E]])
-// CHECK-NEXT:      graph.reshape
+// CHECK:         %[[N:.*]] = schedule.kernel @reshape_transpose_k1_neg(%[[EA:.*]] = %[[E]]) : (tensor<8x16xf32>) -> tensor<4x8x4xf32> {
+// CHECK-NEXT:      %[[R:.*]] = graph.reshape %[[EA]]
+// CHECK-NEXT:      %[[T:.*]] = graph.transpose %[[R]] {perm = [1, 0, 2]}
+// CHECK-NEXT:      graph.neg %[[T]]
 // CHECK-NEXT:      schedule.yield
 // CHECK-NEXT:    }
-// CHECK-NEXT:    %[[T:.*]] = schedule.kernel @reshape_transpose_k2_transpose(%{{.*}} = %[[R]])
-// CHECK-NEXT:      graph.transpose
-// CHECK-NEXT:      schedule.yield
-// CHECK-NEXT:    }
-// CHECK-NEXT:    %[[N:.*]] = schedule.kernel @reshape_transpose_k3_neg(%{{.*}} = %[[T]])
-// CHECK:         func.return %[[N]]
+// CHECK-NEXT:    func.return %[[N]]
 func.func @reshape_transpose(%x: tensor<8x16xf32>) -> tensor<4x8x4xf32> {
   %e = graph.exp %x : tensor<8x16xf32>
   %r = graph.reshape %e : tensor<8x16xf32> -> tensor<8x4x4xf32>
@@ -223,21 +216,21 @@ func.func @no_collectives(%x: tensor<8x64xf32>, %w: tensor<64x64xf32>) -> tensor
 // -----
 
 // shard-partition's expansion of a softmax over a split axis: each statistic is a kernel
-// and an all-reduce; exp(x - m) feeds both the sum and the division, so it is a kernel
-// output and the sum does not take it as a prologue.
+// and an all-reduce; exp(x - m) feeds both the sum and the division: the sum takes it as
+// its prologue and it is also an output of that kernel, which the division reads.
 // CHECK-LABEL: func.func @split_softmax
 // CHECK-NEXT:    %[[M:.*]] = schedule.kernel @split_softmax_k0_max
 // CHECK:         %[[H1:.*]] = schedule.start all_reduce %[[M]] {axes = [tp], kind = max}
 // CHECK-NEXT:    %[[GM:.*]] = schedule.wait %[[H1]]
-// CHECK-NEXT:    %[[E:.*]] = schedule.kernel @split_softmax_k1_sub(%{{.*}} = %x, %{{.*}} = %[[GM]])
+// CHECK-NEXT:    %[[E:.*]], %[[S:.*]] = schedule.kernel @split_softmax_k1_sum(%{{.*}} = %x, %{{.*}} = %[[GM]])
 // CHECK-NEXT:      graph.sub
-// CHECK-NEXT:      graph.exp
-// CHECK-NEXT:      schedule.yield
+// CHECK-NEXT:      %[[EXP:.*]] = graph.exp
+// CHECK-NEXT:      %[[SUM:.*]] = graph.sum %[[EXP]]
+// CHECK-NEXT:      schedule.yield %[[EXP]], %[[SUM]]
 // CHECK-NEXT:    }
-// CHECK-NEXT:    %[[S:.*]] = schedule.kernel @split_softmax_k2_sum(%{{.*}} = %[[E]])
-// CHECK:         %[[H2:.*]] = schedule.start all_reduce %[[S]] {axes = [tp], kind = sum}
+// CHECK-NEXT:    %[[H2:.*]] = schedule.start all_reduce %[[S]] {axes = [tp], kind = sum}
 // CHECK-NEXT:    %[[GS:.*]] = schedule.wait %[[H2]]
-// CHECK-NEXT:    %[[O:.*]] = schedule.kernel @split_softmax_k3_div(%{{.*}} = %[[E]], %{{.*}} = %[[GS]])
+// CHECK-NEXT:    %[[O:.*]] = schedule.kernel @split_softmax_k2_div(%{{.*}} = %[[E]], %{{.*}} = %[[GS]])
 graph.mesh @mesh axes = [tp = 4]
 func.func @split_softmax(%x: tensor<8x4xf32>) -> tensor<8x4xf32> attributes {graph.partitioned} {
   %0 = graph.max %x {axes = [1], keepdims = true} : tensor<8x4xf32> -> tensor<8x1xf32>
@@ -283,4 +276,200 @@ func.func @chained_collectives(%a: tensor<3x12xf32>) -> (tensor<3x12xf32>, tenso
   %3 = graph.tanh %1 : tensor<12x12xf32>
   %4 = graph.matmul %a, %3 : tensor<3x12xf32>, tensor<12x12xf32> -> tensor<3x12xf32>
   func.return %2, %4 : tensor<3x12xf32>, tensor<3x12xf32>
+}
+
+// -----
+
+// Multi-output fusion: two independent chains (the moments) merge where one op reads
+// both, and m and v, used by the update and returned, are outputs of the same kernel.
+// CHECK-LABEL: func.func @adam_moments
+// CHECK-NEXT:    %[[MN:.*]], %[[VN:.*]], %[[PN:.*]] = schedule.kernel @adam_moments_k0_mul(%{{.*}} = %m, %{{.*}} = %g, %{{.*}} = %v, %{{.*}} = %c, %{{.*}} = %p)
+// CHECK-SAME:      -> (tensor<16x8xf32>, tensor<16x8xf32>, tensor<16x8xf32>) {
+// CHECK:           %[[M:.*]] = graph.add
+// CHECK:           %[[V:.*]] = graph.add
+// CHECK:           graph.sqrt
+// CHECK:           %[[P:.*]] = graph.sub
+// CHECK-NEXT:      schedule.yield %[[M]], %[[V]], %[[P]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    func.return %[[PN]], %[[MN]], %[[VN]]
+func.func @adam_moments(%p: tensor<16x8xf32>, %g: tensor<16x8xf32>, %m: tensor<16x8xf32>, %v: tensor<16x8xf32>, %c: tensor<f32>) -> (tensor<16x8xf32>, tensor<16x8xf32>, tensor<16x8xf32>) {
+  %b1 = graph.constant dense<0.9> : tensor<f32>
+  %nb1 = graph.constant dense<0.1> : tensor<f32>
+  %m1 = graph.mul %m, %b1 : tensor<16x8xf32>, tensor<f32> -> tensor<16x8xf32>
+  %g1 = graph.mul %g, %nb1 : tensor<16x8xf32>, tensor<f32> -> tensor<16x8xf32>
+  %mn = graph.add %m1, %g1 : tensor<16x8xf32>
+  %g2 = graph.mul %g, %g : tensor<16x8xf32>
+  %vn = graph.add %v, %g2 : tensor<16x8xf32>
+  %s = graph.sqrt %vn : tensor<16x8xf32>
+  %u = graph.div %mn, %s : tensor<16x8xf32>
+  %sc = graph.mul %u, %c : tensor<16x8xf32>, tensor<f32> -> tensor<16x8xf32>
+  %pn = graph.sub %p, %sc : tensor<16x8xf32>
+  func.return %pn, %mn, %vn : tensor<16x8xf32>, tensor<16x8xf32>, tensor<16x8xf32>
+}
+
+// -----
+
+// An output is computed over the whole iteration space: a scalar used by two kernels
+// of a larger space stays a kernel of its own (it would be stored once per element).
+// CHECK-LABEL: func.func @scalar_used_twice
+// CHECK-NEXT:    %[[S:.*]] = schedule.kernel @scalar_used_twice_k0_exp(%{{.*}} = %t) : (tensor<f32>) -> tensor<f32> {
+// CHECK:         schedule.kernel @scalar_used_twice_k1_mul(%{{.*}} = %x, %{{.*}} = %[[S]])
+// CHECK:         schedule.kernel @scalar_used_twice_k2_mul(%{{.*}} = %y, %{{.*}} = %[[S]])
+func.func @scalar_used_twice(%t: tensor<f32>, %x: tensor<4x8xf32>, %y: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  %s = graph.exp %t : tensor<f32>
+  %a = graph.mul %x, %s : tensor<4x8xf32>, tensor<f32> -> tensor<4x8xf32>
+  %b = graph.mul %y, %s : tensor<4x8xf32>, tensor<f32> -> tensor<4x8xf32>
+  func.return %a, %b : tensor<4x8xf32>, tensor<4x8xf32>
+}
+
+// -----
+
+// Matmul prologues: the transposed weight and the head split (reshape, transpose) of a
+// matmul's result are read in place by the matmuls. %q is also returned, so it is a
+// kernel too, which reads the same layout ops.
+// CHECK-LABEL: func.func @matmul_prologue
+// CHECK-NEXT:    %[[Y:.*]] = schedule.kernel @matmul_prologue_k0_matmul(%[[X:.*]] = %x, %[[W:.*]] = %w)
+// CHECK-NEXT:      %[[WT:.*]] = graph.transpose %[[W]] {perm = [1, 0]}
+// CHECK-NEXT:      graph.matmul %[[X]], %[[WT]]
+// CHECK-NEXT:      schedule.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[Q:.*]] = schedule.kernel @matmul_prologue_k1_transpose(%{{.*}} = %[[Y]])
+// CHECK-NEXT:      graph.reshape
+// CHECK-NEXT:      graph.transpose
+// CHECK-NEXT:      schedule.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[S:.*]] = schedule.kernel @matmul_prologue_k2_matmul(%[[YA:.*]] = %[[Y]], %[[K:.*]] = %k)
+// CHECK-NEXT:      %[[R:.*]] = graph.reshape %[[YA]]
+// CHECK-NEXT:      %[[QA:.*]] = graph.transpose %[[R]] {perm = [0, 2, 1, 3]}
+// CHECK-NEXT:      %[[KT:.*]] = graph.transpose %[[K]] {perm = [0, 2, 3, 1]}
+// CHECK-NEXT:      graph.matmul %[[QA]], %[[KT]]
+// CHECK-NEXT:      schedule.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    func.return %[[Y]], %[[Q]], %[[S]]
+func.func @matmul_prologue(%x: tensor<2x8x16xf32>, %w: tensor<32x16xf32>, %k: tensor<2x8x4x8xf32>) -> (tensor<2x8x32xf32>, tensor<2x4x8x8xf32>, tensor<2x4x8x8xf32>) {
+  %wt = graph.transpose %w {perm = [1, 0]} : tensor<32x16xf32> -> tensor<16x32xf32>
+  %y = graph.matmul %x, %wt : tensor<2x8x16xf32>, tensor<16x32xf32> -> tensor<2x8x32xf32>
+  %r = graph.reshape %y : tensor<2x8x32xf32> -> tensor<2x8x4x8xf32>
+  %q = graph.transpose %r {perm = [0, 2, 1, 3]} : tensor<2x8x4x8xf32> -> tensor<2x4x8x8xf32>
+  %kt = graph.transpose %k {perm = [0, 2, 3, 1]} : tensor<2x8x4x8xf32> -> tensor<2x4x8x8xf32>
+  %s = graph.matmul %q, %kt : tensor<2x4x8x8xf32>, tensor<2x4x8x8xf32> -> tensor<2x4x8x8xf32>
+  func.return %y, %q, %s : tensor<2x8x32xf32>, tensor<2x4x8x8xf32>, tensor<2x4x8x8xf32>
+}
+
+// -----
+
+// A weight gradient, the batch sum of a batched matmul, is one matmul with the batch
+// folded into K: x moved to [16, 2, 8] (composed with its transpose) and viewed as
+// [16, 16], dy viewed as [16, 32].
+// CHECK-LABEL: func.func @batch_summed_matmul
+// CHECK-NEXT:    %[[S:.*]] = schedule.kernel @batch_summed_matmul_k0_matmul(%[[X:.*]] = %x, %[[DY:.*]] = %dy) : (tensor<2x8x16xf32>, tensor<2x8x32xf32>) -> tensor<16x32xf32> {
+// CHECK-NEXT:      %[[T:.*]] = graph.transpose %[[X]] {perm = [2, 0, 1]} : tensor<2x8x16xf32> -> tensor<16x2x8xf32>
+// CHECK-NEXT:      %[[A:.*]] = graph.reshape %[[T]] : tensor<16x2x8xf32> -> tensor<16x16xf32>
+// CHECK-NEXT:      %[[B:.*]] = graph.reshape %[[DY]] : tensor<2x8x32xf32> -> tensor<16x32xf32>
+// CHECK-NEXT:      %[[M:.*]] = graph.matmul %[[A]], %[[B]] : tensor<16x16xf32>, tensor<16x32xf32> -> tensor<16x32xf32>
+// CHECK-NEXT:      schedule.yield %[[M]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    func.return %[[S]]
+func.func @batch_summed_matmul(%x: tensor<2x8x16xf32>, %dy: tensor<2x8x32xf32>) -> tensor<16x32xf32> {
+  %xt = graph.transpose %x {perm = [0, 2, 1]} : tensor<2x8x16xf32> -> tensor<2x16x8xf32>
+  %p = graph.matmul %xt, %dy : tensor<2x16x8xf32>, tensor<2x8x32xf32> -> tensor<2x16x32xf32>
+  %s = graph.sum %p {axes = [0], keepdims = false} : tensor<2x16x32xf32> -> tensor<16x32xf32>
+  func.return %s : tensor<16x32xf32>
+}
+
+// -----
+
+// Several reductions over the same rows are one kernel (a layer norm's backward: the
+// statistics, then the means of the gradient terms), with their prologues and epilogues.
+// CHECK-LABEL: func.func @norm_backward
+// CHECK-NEXT:    %[[DX:.*]] = schedule.kernel @norm_backward_k0_mean(%{{.*}} = %x, %{{.*}} = %dy, %{{.*}} = %w) : (tensor<8x16xf32>, tensor<8x16xf32>, tensor<16xf32>) -> tensor<8x16xf32> {
+// CHECK-NEXT:      graph.mean
+// CHECK-NEXT:      graph.sub
+// CHECK-NEXT:      graph.mul
+// CHECK-NEXT:      graph.mean
+// CHECK-NEXT:      graph.rsqrt
+// CHECK-NEXT:      graph.mul
+// CHECK-NEXT:      graph.mul
+// CHECK-NEXT:      graph.mul
+// CHECK-NEXT:      graph.mean
+// CHECK-NEXT:      graph.mean
+// CHECK-NEXT:      graph.mul
+// CHECK-NEXT:      graph.sub
+// CHECK-NEXT:      graph.sub
+// CHECK-NEXT:      %[[O:.*]] = graph.mul
+// CHECK-NEXT:      schedule.yield %[[O]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    func.return %[[DX]]
+func.func @norm_backward(%x: tensor<8x16xf32>, %dy: tensor<8x16xf32>, %w: tensor<16xf32>) -> tensor<8x16xf32> {
+  %mu = graph.mean %x {axes = [1], keepdims = true} : tensor<8x16xf32> -> tensor<8x1xf32>
+  %xc = graph.sub %x, %mu : tensor<8x16xf32>, tensor<8x1xf32> -> tensor<8x16xf32>
+  %sq = graph.mul %xc, %xc : tensor<8x16xf32>
+  %var = graph.mean %sq {axes = [1], keepdims = true} : tensor<8x16xf32> -> tensor<8x1xf32>
+  %rs = graph.rsqrt %var : tensor<8x1xf32>
+  %xh = graph.mul %xc, %rs : tensor<8x16xf32>, tensor<8x1xf32> -> tensor<8x16xf32>
+  %g = graph.mul %dy, %w : tensor<8x16xf32>, tensor<16xf32> -> tensor<8x16xf32>
+  %gx = graph.mul %g, %xh : tensor<8x16xf32>
+  %m1 = graph.mean %gx {axes = [1], keepdims = true} : tensor<8x16xf32> -> tensor<8x1xf32>
+  %m2 = graph.mean %g {axes = [1], keepdims = true} : tensor<8x16xf32> -> tensor<8x1xf32>
+  %t1 = graph.mul %xh, %m1 : tensor<8x16xf32>, tensor<8x1xf32> -> tensor<8x16xf32>
+  %t2 = graph.sub %g, %m2 : tensor<8x16xf32>, tensor<8x1xf32> -> tensor<8x16xf32>
+  %t3 = graph.sub %t2, %t1 : tensor<8x16xf32>
+  %dx = graph.mul %t3, %rs : tensor<8x16xf32>, tensor<8x1xf32> -> tensor<8x16xf32>
+  func.return %dx : tensor<8x16xf32>
+}
+
+// -----
+
+// Reductions over the same rows that read the same input are one kernel even when
+// neither uses the other (a layer norm's bias and weight gradients).
+// CHECK-LABEL: func.func @sibling_sums
+// CHECK-NEXT:    %[[DB:.*]], %[[DW:.*]] = schedule.kernel @sibling_sums_k0_sum(%[[DY:.*]] = %dy, %[[X:.*]] = %x)
+// CHECK-NEXT:      %[[B:.*]] = graph.sum %[[DY]] {axes = [0], keepdims = false}
+// CHECK-NEXT:      %[[P:.*]] = graph.mul %[[DY]], %[[X]]
+// CHECK-NEXT:      %[[W:.*]] = graph.sum %[[P]] {axes = [0], keepdims = false}
+// CHECK-NEXT:      schedule.yield %[[B]], %[[W]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    func.return %[[DW]], %[[DB]]
+func.func @sibling_sums(%x: tensor<8x16xf32>, %dy: tensor<8x16xf32>) -> (tensor<16xf32>, tensor<16xf32>) {
+  %db = graph.sum %dy {axes = [0], keepdims = false} : tensor<8x16xf32> -> tensor<16xf32>
+  %dyx = graph.mul %dy, %x : tensor<8x16xf32>
+  %dw = graph.sum %dyx {axes = [0], keepdims = false} : tensor<8x16xf32> -> tensor<16xf32>
+  func.return %dw, %db : tensor<16xf32>, tensor<16xf32>
+}
+
+// -----
+
+// No cycle through a collective: %a's kernel cannot take the add, which waits for the
+// all-reduce of %a.
+// CHECK-LABEL: func.func @through_collective
+// CHECK-NEXT:    %[[A:.*]] = schedule.kernel @through_collective_k0_exp
+// CHECK-NEXT:      graph.exp
+// CHECK-NEXT:      schedule.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[H:.*]] = schedule.start all_reduce %[[A]]
+// CHECK-NEXT:    %[[R:.*]] = schedule.wait %[[H]]
+// CHECK-NEXT:    schedule.kernel @through_collective_k1_add(%{{.*}} = %[[A]], %{{.*}} = %[[R]])
+graph.mesh @mesh axes = [tp = 4]
+func.func @through_collective(%x: tensor<8x8xf32>) -> tensor<8x8xf32> attributes {graph.partitioned} {
+  %a = graph.exp %x : tensor<8x8xf32>
+  %r = graph.all_reduce %a {axes = [tp], kind = sum} : tensor<8x8xf32>
+  %b = graph.add %a, %r : tensor<8x8xf32>
+  func.return %b : tensor<8x8xf32>
+}
+
+// -----
+
+// No prologue fusion into a matmul by a merge: the add reads %a and the matmul's result,
+// but %a's kernel does not join the matmul's, whose operand %a is.
+// CHECK-LABEL: func.func @no_prologue_through_merge
+// CHECK-NEXT:    %[[A:.*]] = schedule.kernel @no_prologue_through_merge_k0_exp
+// CHECK:         schedule.kernel @no_prologue_through_merge_k1_matmul(%{{.*}} = %[[A]], %{{.*}} = %w)
+// CHECK-NEXT:      graph.matmul
+// CHECK-NEXT:      graph.add
+// CHECK-NEXT:      schedule.yield
+func.func @no_prologue_through_merge(%x: tensor<8x8xf32>, %w: tensor<8x8xf32>) -> tensor<8x8xf32> {
+  %a = graph.exp %x : tensor<8x8xf32>
+  %m = graph.matmul %a, %w : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  %b = graph.add %a, %m : tensor<8x8xf32>
+  func.return %b : tensor<8x8xf32>
 }

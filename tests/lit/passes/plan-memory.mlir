@@ -4,23 +4,23 @@
 // Buffer offsets (aligned to 256 bytes) and the per-rank peak. Every tensor here is
 // 8x64xf32 = 2048 bytes, unless the comment says otherwise.
 
-// Arguments stay resident; %e and %f reuse the slots of %a and %c once they are dead,
-// so the peak is four buffers (x, a, c, d), not six.
+// Arguments stay resident; %d and %e reuse the slots of %a and %b once they are dead,
+// so the peak is four buffers (x, a, b, c), not six. Every tensor here is 8x8xf32 = 256
+// bytes (matmuls: one kernel each).
 // CHECK-LABEL: func.func @reuse
-// CHECK-SAME:    attributes {schedule.arg_offsets = array<i64: 0>, schedule.peak_bytes = 8192 : i64}
-// CHECK:         schedule.kernel @reuse_k0_exp({{.*}}) attributes {schedule.offsets = array<i64: 2048>}
-// CHECK:         schedule.kernel @reuse_k1_abs({{.*}}) attributes {schedule.offsets = array<i64: 4096>}
-// CHECK:         schedule.kernel @reuse_k2_neg({{.*}}) attributes {schedule.offsets = array<i64: 6144>}
-// CHECK:         schedule.kernel @reuse_k3_transpose({{.*}}) attributes {schedule.offsets = array<i64: 2048>}
-// CHECK:         schedule.kernel @reuse_k4_reshape({{.*}}) attributes {schedule.offsets = array<i64: 4096>}
-func.func @reuse(%x: tensor<8x64xf32>) -> tensor<8x64xf32> {
-  %a = graph.exp %x : tensor<8x64xf32>
-  %b = graph.neg %a : tensor<8x64xf32>
-  %c = graph.abs %a : tensor<8x64xf32>
-  %d = graph.add %b, %c : tensor<8x64xf32>
-  %e = graph.transpose %d {perm = [1, 0]} : tensor<8x64xf32> -> tensor<64x8xf32>
-  %f = graph.reshape %e : tensor<64x8xf32> -> tensor<8x64xf32>
-  func.return %f : tensor<8x64xf32>
+// CHECK-SAME:    attributes {schedule.arg_offsets = array<i64: 0>, schedule.peak_bytes = 1024 : i64}
+// CHECK:         schedule.kernel @reuse_k0_matmul({{.*}}) attributes {schedule.offsets = array<i64: 256>}
+// CHECK:         schedule.kernel @reuse_k1_matmul({{.*}}) attributes {schedule.offsets = array<i64: 512>}
+// CHECK:         schedule.kernel @reuse_k2_matmul({{.*}}) attributes {schedule.offsets = array<i64: 768>}
+// CHECK:         schedule.kernel @reuse_k3_matmul({{.*}}) attributes {schedule.offsets = array<i64: 256>}
+// CHECK:         schedule.kernel @reuse_k4_matmul({{.*}}) attributes {schedule.offsets = array<i64: 512>}
+func.func @reuse(%x: tensor<8x8xf32>) -> tensor<8x8xf32> {
+  %a = graph.matmul %x, %x : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  %b = graph.matmul %a, %x : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  %c = graph.matmul %a, %a : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  %d = graph.matmul %b, %c : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  %e = graph.matmul %d, %d : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  func.return %e : tensor<8x8xf32>
 }
 
 // -----
@@ -45,19 +45,19 @@ func.func @in_flight(%x: tensor<8x16xf32>, %w: tensor<16x64xf32>) -> (tensor<8x6
 // -----
 
 // A returned value lives to the end: %a keeps its slot although no kernel reads it after
-// the transpose, while %d reuses the slot of the dead %b. Peak: x, a, b, c.
+// %c's, while %d reuses the slot of the dead %b. Peak: x, a, b, c (8x8xf32, 256 bytes).
 // CHECK-LABEL: func.func @returned
-// CHECK-SAME:    schedule.peak_bytes = 8192 : i64
-// CHECK:         schedule.kernel @returned_k0_exp({{.*}}) attributes {schedule.offsets = array<i64: 2048>}
-// CHECK:         schedule.kernel @returned_k1_transpose({{.*}}) attributes {schedule.offsets = array<i64: 4096>}
-// CHECK:         schedule.kernel @returned_k2_reshape({{.*}}) attributes {schedule.offsets = array<i64: 6144>}
-// CHECK:         schedule.kernel @returned_k3_neg({{.*}}) attributes {schedule.offsets = array<i64: 4096>}
-func.func @returned(%x: tensor<8x64xf32>) -> (tensor<8x64xf32>, tensor<8x64xf32>) {
-  %a = graph.exp %x : tensor<8x64xf32>
-  %b = graph.transpose %a {perm = [1, 0]} : tensor<8x64xf32> -> tensor<64x8xf32>
-  %c = graph.reshape %b : tensor<64x8xf32> -> tensor<8x64xf32>
-  %d = graph.neg %c : tensor<8x64xf32>
-  func.return %a, %d : tensor<8x64xf32>, tensor<8x64xf32>
+// CHECK-SAME:    schedule.peak_bytes = 1024 : i64
+// CHECK:         schedule.kernel @returned_k0_matmul({{.*}}) attributes {schedule.offsets = array<i64: 256>}
+// CHECK:         schedule.kernel @returned_k1_matmul({{.*}}) attributes {schedule.offsets = array<i64: 512>}
+// CHECK:         schedule.kernel @returned_k2_matmul({{.*}}) attributes {schedule.offsets = array<i64: 768>}
+// CHECK:         schedule.kernel @returned_k3_matmul({{.*}}) attributes {schedule.offsets = array<i64: 512>}
+func.func @returned(%x: tensor<8x8xf32>) -> (tensor<8x8xf32>, tensor<8x8xf32>) {
+  %a = graph.matmul %x, %x : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  %b = graph.matmul %a, %x : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  %c = graph.matmul %b, %a : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  %d = graph.matmul %c, %x : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  func.return %a, %d : tensor<8x8xf32>, tensor<8x8xf32>
 }
 
 // -----
