@@ -5,8 +5,9 @@ MLP, Megatron tensor parallelism), a mean-square loss, ``graph.backward`` and Ad
 dp × tp = 2 × 2 virtual mesh. For each layer count the script traces the step, then
 times each compile stage (``tessera.driver.STAGES``) in order on a copy of the previous
 stage and, with ``--stages ... triton``, the emission of every kernel's Triton source.
-It prints seconds and op counts per stage, the schedule's kernels, the distinct Triton
-kernels and kernels per layer. Nothing runs. ``--forward`` compiles the forward alone.
+It prints seconds and op counts per stage, the schedule's launched kernels (``kernels``;
+a ``views`` kernel only re-views a buffer: no code, no launch), the distinct Triton
+kernels and launched kernels per layer. Nothing runs. ``--forward`` compiles the forward alone.
 
     python benchmarks/compile_time.py                          # every stage, 1-32 layers
     python benchmarks/compile_time.py --layers 2 4 --stages graph sharded
@@ -41,6 +42,7 @@ import comm_volume
 import tessera as ts
 from tessera import dist
 from tessera.driver import STAGES
+from tessera.perf.compute_cost import runs_as_view
 
 STEPS = [*STAGES[1:], "triton"]
 LAYER_PARAMS = ("wq", "wk", "wv", "wo", "w1", "w2", "ln1_w", "ln1_b", "ln2_w", "ln2_b")
@@ -103,11 +105,11 @@ def measure(
         row["triton s"] = time.perf_counter() - began
         row["distinct kernels"] = len(set(sources.values()))
     if "schedule" in steps:
-        kernels = sum(
-            1 for o in lowered.module_at("schedule").walk() if o.name == "schedule.kernel"
-        )
-        row["kernels"] = kernels
-        row["kernels/layer"] = kernels / layers
+        kernels = [o for o in lowered.module_at("schedule").walk() if o.name == "schedule.kernel"]
+        views = sum(1 for k in kernels if runs_as_view(k))  # no code, no launch
+        row["kernels"] = len(kernels) - views
+        row["views"] = views
+        row["kernels/layer"] = (len(kernels) - views) / layers
     row["total s"] = time.perf_counter() - start  # every stage, shown or not
     return row
 

@@ -44,7 +44,10 @@ operands re-viewed as ``[M, batch·K]`` and ``[batch·K, N]`` by layout ops). Th
      arithmetic: a transposed or head-split matmul operand is loaded with strides (the
      matmul's prologue), a reshaped input of an elementwise op or a reduction is read
      through its flat offset. One with a user that does not read through it (a return, a
-     collective, an attention kernel) is also a kernel of its own. Other layout ops
+     collective, an attention kernel) is also a kernel of its own, and so is a slice of
+     a collective's result (a piece of a gradient bucket: a free view, which keeps the
+     kernels reading it independent of the piece's offset, so identical layers share
+     their kernels). Other layout ops
      (concat, split, gather) are a group of their own, which reads its operands through
      layout ops too, and take no epilogue.
    - No join or merge closes a cycle between groups (through other groups, collectives
@@ -192,7 +195,14 @@ SIBLING_DISTANCE = 64  # beginning at most this many ops before it (keeps the se
 
 def _absorbable(op: Operation) -> bool:
     """A layout op that consumers read through (one operand and one result: reshape,
-    transpose, broadcast_to, slice, all_slice): cloned into each kernel that uses it."""
+    transpose, broadcast_to, slice, all_slice): cloned into each kernel that uses it.
+
+    Not a slice of a collective's result (a piece of a gradient bucket): it is a free
+    view of the received buffer, and reading through it would make each consumer's
+    kernel depend on the piece's offset, so the same update of every layer's parameter
+    would compile as a distinct kernel."""
+    if isinstance(op, graph.SliceOp) and _communicates(op.operands[0].owner):  # type: ignore[arg-type]
+        return False
     return _is(op, Fusion.LAYOUT) and len(op.operands) == 1 and len(op.results) == 1
 
 
