@@ -34,7 +34,7 @@ from tessera.backends.execution import (
     kernel_device,
 )
 from tessera.backends.layout import assemble, piece
-from tessera.backends.reference import check_index_inputs, run_function
+from tessera.backends.reference import graph_plan
 from tessera.dist.collectives import MESH_SYMBOL, shard
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dist.tensor import DistTensor
@@ -43,15 +43,12 @@ from tessera.dtypes import as_dtype
 from tessera.errors import ExecutionError, ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, current_trace, is_tracing, tracing
-from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.graph import DONATED
 from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_sharding, op_shardings
 from tessera.passes.plan_memory import peak_bytes
 from tessera.schedule import ScheduleOptions
-
-INDEXED_OPS = (graph.GatherOp, graph.CrossEntropyOp)  # inputs range-checked before a kernel
 
 
 def default_kernels() -> str:
@@ -118,7 +115,10 @@ class Lowered:
         self.out_tree = out_tree
         self.config = config
         self._stages: dict[str, ModuleOp] = {"traced": module}
-        self._runner: schedule_runner.KernelRunner | None = None
+        self._runner: schedule_runner.KernelBinder | None = None
+        self._plans: dict[tuple[Any, tuple[int, ...]], Any] = {}  # launch plans
+        self._graph_plan: Callable[..., list[torch.Tensor]] | None = None
+        self.plan_builds = 0  # launch plans built (one per execution and ranks)
         self._layout_cache: tuple[list[Sharding], list[Sharding]] | None = None
         self.last_run: distributed.RunRecord | None = None  # set by multi-process calls
         # set by graph.training_step: the per-rank bytes of parameters, gradients, state
@@ -157,32 +157,34 @@ class Lowered:
 
         return emit_module(self.module_at("tile"))
 
-    def kernel_runner(self) -> schedule_runner.KernelRunner:
+    def kernel_runner(self) -> schedule_runner.KernelBinder:
         """How kernels run: generated Triton kernels (compiled on a GPU, interpreted on a
-        CPU) or the reference executor (``kernels="reference"``, the test oracle)."""
+        CPU; gather indices and cross-entropy labels range-checked first) or the
+        reference executor (``kernels="reference"``, the test oracle). Launch plans bind
+        every kernel with it once; it is also callable as ``runner(kernel, inputs,
+        context)``."""
         if self._runner is None:
             if self.kernels == "reference":
                 self._runner = schedule_runner.reference_kernel
             else:
                 from tessera.backends.triton.runtime import TritonKernels
 
-                triton_kernels = TritonKernels(self.module_at("tile"))
-                indexed: dict[str, bool] = {}  # kernel -> whether it reads indices or labels
-
-                def run(
-                    kernel: Any, inputs: Sequence[torch.Tensor], context: Any
-                ) -> list[torch.Tensor]:
-                    name = kernel.kernel_name
-                    if name not in indexed:
-                        indexed[name] = any(
-                            isinstance(o, INDEXED_OPS) for o in kernel.body.block.ops
-                        )
-                    if indexed[name]:
-                        check_index_inputs(kernel.body.block, inputs)
-                    return triton_kernels(kernel, inputs, context)
-
-                self._runner = run
+                self._runner = TritonKernels(self.module_at("tile"))
         return self._runner
+
+    def launch_plan(self, execution: Execution, ranks: Sequence[int] | None = None) -> Any:
+        """The scheduled program planned for ``execution`` and ``ranks`` (by default all
+        it runs): built at the first call, then reused by every call
+        (:mod:`tessera.backends.launch_plan`)."""
+        key = (execution.plan_key, tuple(execution.ranks if ranks is None else ranks))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = execution.plan(
+                self.module_at("schedule"), self.name, self.kernel_runner(), list(key[1])
+            )
+            self._plans[key] = plan
+            self.plan_builds += 1
+        return plan
 
     def module_at(self, stage: str) -> ModuleOp:
         """The module after ``stage``'s passes (computed once, on a copy)."""
@@ -236,8 +238,10 @@ class Lowered:
         to_numpy = any(isinstance(a, (np.ndarray, np.generic)) for a in arrays)
         if self.mesh is None and self.kernels == "reference":  # the oracle: no schedule
             inputs = [_to_torch(a, aval) for a, aval in zip(arrays, expected, strict=True)]
-            module = self.module_at("graph")
-            outputs = [_unaliased(o, inputs) for o in run_function(module, self.name, inputs)]
+            if self._graph_plan is None:
+                self._graph_plan = graph_plan(self.module_at("graph"), self.name)
+                self.plan_builds += 1
+            outputs = [_unaliased(o, inputs) for o in self._graph_plan(*inputs)]
         else:
             outputs = self._execute(arrays, expected, to_numpy)
             if outputs and isinstance(outputs[0], distributed.LocalResult):
@@ -295,9 +299,7 @@ class Lowered:
             return value.to(execution.device)
 
         rank_args = [[argument(i, rank) for i in range(len(arrays))] for rank in execution.ranks]
-        per_rank = execution.run(
-            self.module_at("schedule"), self.name, rank_args, self.kernel_runner()
-        )
+        per_rank = execution.run_plan(self.launch_plan(execution), rank_args)
         if isinstance(execution, Processes):
             self.last_run = execution.last_run
             (local,), (outputs,) = rank_args, per_rank

@@ -2,7 +2,7 @@
 
 Negative indices count from the end (as the reference wraps them); indices out of
 ``[-size, size)`` are an error (checked by the reference, and before a generated kernel
-runs, see ``backends.reference.check_index_inputs``). The VJP is a scatter-add through a
+runs, see ``backends.reference.index_check``). The VJP is a scatter-add through a
 one-hot matrix built by comparing the indices with an iota constant. The tile code loads
 the index and reads the operand there, so gather fuses like a layout op.
 """
