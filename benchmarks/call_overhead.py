@@ -11,7 +11,9 @@ Two tables, on a CPU:
 2. The reference runner (``kernels="reference"``: the torch reference of every op) on a
    jitted GPT-like forward, against the same ops run eagerly in torch.
 
-Each time is the best of ``--repeats`` runs of ``--calls`` calls (the machine is noisy).
+Each time is the best of ``--repeats`` runs of ``--calls`` calls (the machine is noisy);
+torch runs on ``--threads`` threads (1 by default: on a shared 2-core VM, torch's
+intra-op threads spin against other processes and make times erratic).
 """
 
 from __future__ import annotations
@@ -151,7 +153,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
     options = parser.parse_args()
+    torch.set_num_threads(options.threads)
     stubbed_launch(options.calls, options.repeats)
     reference_vs_torch(max(options.calls // 10, 5), options.repeats)
 

@@ -86,10 +86,11 @@ def compile_block(
 ) -> Callable[..., list[torch.Tensor]]:
     """The ops of ``block`` (a kernel body or a graph function, ending in
     ``schedule.yield`` or ``func.return``) as one closure from the block's arguments to
-    the terminator's operands. Values live in a list of slots; each op is its bound
-    reference. An op that fails raises an error naming it and the line that traced it."""
+    the terminator's operands. Values live in a list of slots, each cleared after its
+    last use; each op is its bound reference. An op that fails raises an error naming it
+    and the line that traced it."""
     slots = {arg: index for index, arg in enumerate(block.args)}
-    program: list[tuple[Callable[..., Any], tuple[int, ...], tuple[int, ...]]] = []
+    program: list[tuple[Callable[..., Any], tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
     ops: list[Operation] = []
     returned: tuple[int, ...] | None = None
     for op in block.ops:
@@ -102,10 +103,16 @@ def compile_block(
             raise type(error)(f"{what}{': ' if what else ''}{error}") from None
         outputs = tuple(range(len(slots), len(slots) + len(op.results)))
         slots.update(zip(op.results, outputs, strict=True))
-        program.append((fn, tuple(slots[v] for v in op.operands), outputs))
+        program.append((fn, tuple(slots[v] for v in op.operands), outputs, ()))
         ops.append(op)
     if returned is None:
         raise ExecutionError(f"{what}{': ' if what else ''}the block has no terminator")
+    last = {slot: index for index, entry in enumerate(program) for slot in entry[1]}
+    dead: list[list[int]] = [[] for _ in program]
+    for slot, index in last.items():
+        if slot not in returned:
+            dead[index].append(slot)
+    program = [(*entry[:3], tuple(d)) for entry, d in zip(program, dead, strict=True)]
     size, arity = len(slots), len(block.args)
     results = returned
 
@@ -115,17 +122,21 @@ def compile_block(
         env: list[Any] = [*inputs, *([None] * (size - arity))]
         step = 0
         try:
-            for step, (fn, operands, outputs) in enumerate(program):  # noqa: B007
+            for step, (fn, operands, outputs, free) in enumerate(program):  # noqa: B007
                 result = fn(*[env[i] for i in operands])
                 if len(outputs) == 1:
                     env[outputs[0]] = result
                 else:
                     for slot, value in zip(outputs, result, strict=True):
                         env[slot] = value
+                for slot in free:
+                    env[slot] = None
         except TesseraError as error:
             raise type(error)(f"{error}{traced_at(ops[step])}") from None
         except Exception as error:  # a torch error: name the op that raised it
-            raise ExecutionError(f"{ops[step].name} failed: {error}{traced_at(ops[step])}") from None
+            raise ExecutionError(
+                f"{ops[step].name} failed: {error}{traced_at(ops[step])}"
+            ) from None
         return [env[i] for i in results]
 
     return run
