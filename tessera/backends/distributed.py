@@ -1,8 +1,9 @@
 """The ``torch.distributed`` backend: this process runs one rank of a partitioned program.
 
-:func:`run_rank` executes a ``func.func`` carrying ``graph.partitioned`` for the calling
-rank only. Compute ops run through the reference semantics
-(each op's ``tessera.ops.op_def(op).reference``); collectives go through ``torch.distributed``
+:func:`run_rank` executes a scheduled ``func.func`` carrying ``graph.partitioned`` for the
+calling rank only, through a launch plan (:class:`RankPlan`, which compiled programs keep
+between calls). Kernels run bound by a kernel binder (by default the reference
+semantics, each op's ``tessera.ops.op_def(op).reference``); collectives go through ``torch.distributed``
 over one process group per mesh-axis subgroup (``mesh.groups(axes)``), created once, in
 the same order on every rank, and cached (:class:`Runtime`). Collectives are issued with
 ``async_op=True``; their work handles are joined right before the result's first use.

@@ -124,11 +124,11 @@ def compile_block(
         try:
             for step, (fn, operands, outputs, free) in enumerate(program):  # noqa: B007
                 result = fn(*[env[i] for i in operands])
-                if len(outputs) == 1:
-                    env[outputs[0]] = result
-                else:
+                if type(result) is tuple:  # an op of several results (or split into one)
                     for slot, value in zip(outputs, result, strict=True):
                         env[slot] = value
+                else:
+                    env[outputs[0]] = result
                 for slot in free:
                     env[slot] = None
         except TesseraError as error:
