@@ -51,6 +51,7 @@ from tessera.backends.launch_plan import LaunchPlan, build_plan
 from tessera.backends.layout import assemble
 from tessera.backends.schedule_runner import (
     BoundKernel,
+    Buffers,
     KernelBinder,
     KernelContext,
     KernelRunner,
@@ -709,11 +710,16 @@ class _CheckedKernels:
 
     def __init__(self, kernels: KernelBinder, rank: int):
         self.kernels, self.rank = kernels, rank
+        self.uses_buffers = getattr(kernels, "uses_buffers", False)
 
     def bind(
-        self, kernel: schedule.KernelOp, context: KernelContext, device: torch.device
+        self,
+        kernel: schedule.KernelOp,
+        context: KernelContext,
+        device: torch.device,
+        outputs: Buffers = None,
     ) -> BoundKernel:
-        fn = self.kernels.bind(kernel, context, device)
+        fn = self.kernels.bind(kernel, context, device, outputs)
         what = f"{kernel.name} on rank {self.rank}"
         checks = [_value_check(v.type, what) for v in kernel.outputs]
 

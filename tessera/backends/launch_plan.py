@@ -11,6 +11,14 @@ closure of torch references); each ``schedule.start`` a step made by the
 completed the collective, nothing (the result takes the handle's slot). A slot is
 cleared after its last use, so tensors are freed as early as before.
 
+Buffers: ``plan-memory`` placed every tensor between kernels in a per-rank arena
+(``schedule.offsets``, ``schedule.peak_bytes``). A plan allocates each rank's arena
+once and offers binders the arena views of the kernel results that are intermediates
+(:func:`arena_offsets`: not returned, not re-viewed by a view kernel, whose view would
+outlive the placement); the Triton binder writes them in place, so those outputs are
+not allocated per call. Results are never arena views. A plan therefore runs one call
+at a time (as a CUDA stream would order them).
+
 :meth:`LaunchPlan.run` then walks the steps: no IR, no lookups by name. Inside
 ``tessera.perf.record_timeline()`` every kernel and collective is recorded.
 """
@@ -29,6 +37,7 @@ from xdsl.ir import SSAValue
 from tessera.backends import hierarchical
 from tessera.backends.schedule_runner import (
     BoundKernel,
+    Buffers,
     KernelBinder,
     KernelContext,
     KernelRunner,
@@ -37,9 +46,11 @@ from tessera.backends.schedule_runner import (
 )
 from tessera.errors import ExecutionError
 from tessera.ir import schedule
+from tessera.ir.abstract import AbstractTensor
 from tessera.ir.mesh import Mesh
 from tessera.ops.collective import on_group
 from tessera.perf import timeline as perf_timeline
+from tessera.perf.compute_cost import runs_as_view
 from tessera.perf.trace import COMPUTE
 
 Env = list[Any]  # one rank's values, by slot
@@ -190,7 +201,7 @@ class LaunchPlan:
     steps: list[Step]
     frees: list[tuple[int, ...]]  # slots dead after each step
     on_error: Callable[[Step, Exception], Exception] | None = None
-    builds: int = field(default=0, init=False)  # set by the caller that caches it
+    arenas: list[torch.Tensor] = field(default_factory=list)  # per rank, when planned
 
     def run(self, rank_args: Sequence[Sequence[torch.Tensor]]) -> list[tuple[torch.Tensor, ...]]:
         """Every running rank's results from its arguments (both in :attr:`ranks` order)."""
@@ -232,6 +243,39 @@ def function(module: ModuleOp, name: str) -> func.FuncOp:
     raise ExecutionError(f"no function @{name} in the scheduled module")
 
 
+OFFSETS = "schedule.offsets"
+PEAK_BYTES = "schedule.peak_bytes"
+
+
+def arena_offsets(fn: func.FuncOp) -> tuple[dict[SSAValue, int], int]:
+    """The kernel results of ``fn`` that may live in the arena, at their
+    ``plan-memory`` offsets, and the arena's size: results of kernels that launch
+    (not views), neither returned nor read by a view kernel. Empty without a plan."""
+    peak = fn.attributes.get(PEAK_BYTES)
+    if peak is None:
+        return {}, 0
+    ops = list(fn.body.block.ops)
+    returned = set(ops[-1].operands) if isinstance(ops[-1], func.ReturnOp) else set()
+    kernels = [op for op in ops if isinstance(op, schedule.KernelOp)]
+    views = {op for op in kernels if runs_as_view(op)}
+    viewed = {v for op in views for v in op.inputs}
+    placed: dict[SSAValue, int] = {}
+    for op in kernels:
+        offsets = op.attributes.get(OFFSETS)
+        if op in views or offsets is None:
+            continue
+        for result, offset in zip(op.results, offsets.get_values(), strict=True):  # type: ignore[attr-defined]
+            if result not in returned and result not in viewed:
+                placed[result] = int(offset)
+    return placed, peak.value.data  # type: ignore[attr-defined]
+
+
+def _buffer(arena: torch.Tensor, offset: int, value: SSAValue) -> torch.Tensor:
+    """The arena's bytes at ``offset`` as ``value``'s tensor."""
+    aval = AbstractTensor.from_xdsl(value.type)
+    return arena[offset : offset + aval.nbytes].view(aval.dtype.to_torch()).view(aval.shape)
+
+
 def build_plan(
     fn: func.FuncOp,
     mesh: Mesh,
@@ -239,12 +283,23 @@ def build_plan(
     kernels: KernelBinder,
     collectives: Collectives,
     device: torch.device,
+    arena: bool = True,
 ) -> LaunchPlan:
     """The launch plan of the scheduled function ``fn`` for ``ranks`` of ``mesh``:
-    every kernel bound by ``kernels`` for each rank, collectives by ``collectives``."""
+    every kernel bound by ``kernels`` for each rank, collectives by ``collectives``;
+    with ``arena``, kernels are offered arena buffers when their binder writes them
+    (``uses_buffers``; see the module docstring)."""
     name = fn.sym_name.data
     ranks = list(ranks)
     slots: dict[SSAValue, int] = {}
+    arena = arena and getattr(kernels, "uses_buffers", False)
+    placed, size = arena_offsets(fn) if arena else ({}, 0)
+    arenas = [torch.empty(size, dtype=torch.uint8, device=device) for _ in ranks] if placed else []
+
+    def buffers(op: schedule.KernelOp, index: int) -> Buffers:
+        if not arenas or not any(r in placed for r in op.results):
+            return None
+        return [_buffer(arenas[index], placed[r], r) if r in placed else None for r in op.results]
 
     def slot(value: SSAValue) -> int:
         if value not in slots:
@@ -260,15 +315,13 @@ def build_plan(
     results: list[int] | None = None
     for op in fn.body.block.ops:
         if isinstance(op, schedule.KernelOp):
-            contexts = [KernelContext(mesh, rank) for rank in ranks]
             inputs = tuple(read(v) for v in op.inputs)
+            bound = [
+                kernels.bind(op, KernelContext(mesh, rank), device, buffers(op, index))
+                for index, rank in enumerate(ranks)
+            ]
             step: Step = KernelStep(
-                op.kernel_name,
-                inputs,
-                tuple(slot(v) for v in op.outputs),
-                [kernels.bind(op, context, device) for context in contexts],
-                ranks,
-                device,
+                op.kernel_name, inputs, tuple(slot(v) for v in op.outputs), bound, ranks, device
             )
         elif isinstance(op, schedule.StartOp):
             inputs = (read(op.operands[0]),)
@@ -291,7 +344,8 @@ def build_plan(
         reads.append(inputs)
     if results is None:
         raise ExecutionError(f"@{name}: the scheduled function has no return")
-    return LaunchPlan(name, ranks, len(slots), arguments, results, steps, _frees(reads, results))
+    frees = _frees(reads, results)
+    return LaunchPlan(name, ranks, len(slots), arguments, results, steps, frees, arenas=arenas)
 
 
 def _frees(reads: list[tuple[int, ...]], results: list[int]) -> list[tuple[int, ...]]:
@@ -355,6 +409,7 @@ __all__ = [
     "LaunchPlan",
     "Step",
     "VirtualCollectives",
+    "arena_offsets",
     "build_plan",
     "run_virtual",
     "virtual_plan",

@@ -52,11 +52,22 @@ KernelRunner = Callable[
 """Runs a kernel once: ``runner(kernel, inputs, context) -> outputs``."""
 
 
+Buffers = Sequence[torch.Tensor | None] | None
+"""Per output of a kernel, a preallocated tensor it may write (a view of the rank's
+arena, at ``plan-memory``'s offset) or None; None for all: allocate every output."""
+
+
 class KernelBinder(Protocol):
-    """Binds kernels, once per kernel, rank and device (see the module docstring)."""
+    """Binds kernels, once per kernel, rank and device (see the module docstring).
+    ``outputs`` offers buffers for the outputs; a binder may ignore them (plans offer
+    them only to binders with a true ``uses_buffers`` attribute)."""
 
     def bind(
-        self, kernel: schedule.KernelOp, context: KernelContext, device: torch.device
+        self,
+        kernel: schedule.KernelOp,
+        context: KernelContext,
+        device: torch.device,
+        outputs: Buffers = None,
     ) -> BoundKernel: ...
 
 
@@ -143,10 +154,15 @@ def compile_block(
 
 
 class ReferenceKernels:
-    """Binds kernels to their reference semantics (:func:`compile_block` of the body)."""
+    """Binds kernels to their reference semantics (:func:`compile_block` of the body;
+    torch allocates the outputs)."""
 
     def bind(
-        self, kernel: schedule.KernelOp, context: KernelContext, device: torch.device
+        self,
+        kernel: schedule.KernelOp,
+        context: KernelContext,
+        device: torch.device,
+        outputs: Buffers = None,
     ) -> BoundKernel:
         return compile_block(kernel.body.block, context, kernel.kernel_name)
 
@@ -168,7 +184,11 @@ class _Runner:
         self.runner = runner
 
     def bind(
-        self, kernel: schedule.KernelOp, context: KernelContext, device: torch.device
+        self,
+        kernel: schedule.KernelOp,
+        context: KernelContext,
+        device: torch.device,
+        outputs: Buffers = None,
     ) -> BoundKernel:
         runner = self.runner
         return lambda *inputs: runner(kernel, inputs, context)
@@ -181,6 +201,7 @@ def binder(kernels: KernelBinder | KernelRunner) -> KernelBinder:
 
 __all__ = [
     "BoundKernel",
+    "Buffers",
     "KernelBinder",
     "KernelContext",
     "KernelRunner",

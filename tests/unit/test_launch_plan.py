@@ -135,7 +135,7 @@ def test_a_second_call_walks_no_ir(
 def test_a_recorded_call_reuses_the_plan_and_records_every_step(
     request: pytest.FixtureRequest,
 ) -> None:
-    f = ts.jit(block, mesh=MESH, in_shardings=MEGATRON)
+    f = ts.jit(block, mesh=MESH, in_shardings=MEGATRON, kernels="triton")
     lowered = f.lower(*inputs(0))
     want = f(*inputs(0))
     kernels = [
@@ -237,3 +237,73 @@ def test_run_virtual_checks_the_ranks_arguments() -> None:
         launch_plan.run_virtual(module, lowered.name, dist.Mesh(("d",), (1,)), [[]])
     with pytest.raises(ts.ExecutionError, match=r"no function @nope"):
         launch_plan.run_virtual(module, "nope", dist.Mesh(("d",), (1,)), [[]])
+
+
+# --- arena buffers (plan-memory's offsets) -------------------------------------------------
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def test_intermediates_live_in_the_arena_and_results_never_do() -> None:
+    f = ts.jit(block, kernels="triton")
+    lowered = f.lower(*inputs(0))
+    first = f(*inputs(0))
+    kept = first.clone()
+    (plan,) = lowered._plans.values()
+    (arena,) = plan.arenas
+    placed, size = launch_plan.arena_offsets(lowered.module_at("schedule").ops.last)  # type: ignore[arg-type]
+    assert placed and arena.numel() == size  # two of the three kernels write the arena
+    for seed in range(1, 4):
+        got = f(*inputs(seed))
+        assert _storage(got) != _storage(arena)
+        close(got, block64(*inputs(seed)))
+    torch.testing.assert_close(first, kept, rtol=0, atol=0)  # an earlier result is untouched
+
+
+def test_arena_on_the_mesh_one_per_rank() -> None:
+    f = ts.jit(block, mesh=MESH, in_shardings=MEGATRON, kernels="triton")
+    for seed in range(3):
+        close(f(*inputs(seed)), block64(*inputs(seed)))
+    (plan,) = f.lower(*inputs(0))._plans.values()
+    assert len(plan.arenas) == MESH.size
+    assert len({_storage(a) for a in plan.arenas}) == MESH.size
+
+
+def _viewed(x, w):
+    h = op.reshape(op.gelu(x @ w), (4, 2, 8))  # a view kernel reads the matmul's result
+    return op.transpose(h, (1, 0, 2)) * 2
+
+
+def test_a_value_a_view_kernel_reads_is_not_placed() -> None:
+    g = torch.Generator().manual_seed(4)
+    f = ts.jit(_viewed, kernels="triton")
+    lowered = f.lower(torch.randn(4, 8), torch.randn(8, 16))
+    function = lowered.module_at("schedule").ops.last
+    placed, _ = launch_plan.arena_offsets(function)  # type: ignore[arg-type]
+    kernels = [o for o in function.walk() if isinstance(o, schedule.KernelOp)]
+    viewed = {v for k in kernels if k.kernel_name.endswith("reshape") for v in k.inputs}
+    assert viewed and not viewed & set(placed)
+    for _ in range(3):
+        x, w = torch.randn(4, 8, generator=g), torch.randn(8, 16, generator=g)
+        want = torch.nn.functional.gelu(x.double() @ w.double()).reshape(4, 2, 8)
+        close(f(x, w), want.transpose(0, 1) * 2)
+
+
+def test_donated_arguments_and_the_arena() -> None:
+    def step(p, g, m):
+        m = 0.9 * m + g
+        return p - 0.1 * op.tanh(m) * op.exp(-p * p), m
+
+    f = ts.jit(step, donate_argnums=(0, 2), kernels="triton")
+    gen = torch.Generator().manual_seed(5)
+    p, m = torch.randn(16, 8, generator=gen), torch.zeros(16, 8)
+    p64, m64 = p.double(), m.double()
+    for _ in range(4):
+        g = torch.randn(16, 8, generator=gen)
+        p, m = f(p, g, m)
+        m64 = 0.9 * m64 + g.double()
+        p64 = p64 - 0.1 * torch.tanh(m64) * torch.exp(-p64 * p64)
+    close(p, p64)
+    close(m, m64)

@@ -28,7 +28,12 @@ if not torch.cuda.is_available():  # Triton's interpreter must be chosen before 
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.backends.reference import index_check
-from tessera.backends.schedule_runner import BoundKernel, KernelContext, compile_block
+from tessera.backends.schedule_runner import (
+    BoundKernel,
+    Buffers,
+    KernelContext,
+    compile_block,
+)
 from tessera.backends.triton.emit import emit_kernel
 from tessera.codegen.kernels import pointer_constants, position_axes
 from tessera.errors import ExecutionError
@@ -188,6 +193,8 @@ class TritonKernels:
         self.tuned: dict[tuple[str, str], Any] = {}  # (kernel, device) -> autotune.Tuning
         self.views: dict[str, bool] = {}  # kernel -> whether it runs as a torch view
 
+    uses_buffers = True  # launched kernels write outputs into the buffers plans offer
+
     def kernel(self, name: str) -> CompiledKernel:
         """The module's tile kernel ``name`` (the interpreter's, and the untuned GPU's)."""
         if name not in self.compiled:
@@ -252,13 +259,18 @@ class TritonKernels:
         return self.kernel(name)
 
     def bind(
-        self, kernel: schedule.KernelOp, context: KernelContext, device: torch.device
+        self,
+        kernel: schedule.KernelOp,
+        context: KernelContext,
+        device: torch.device,
+        outputs: Buffers = None,
     ) -> BoundKernel:
         """``kernel`` for one rank on ``device``, everything read from the IR once: its
         shared compiled kernel, output shapes and dtypes, constants and rank positions;
-        a view kernel as its torch view calls. Kernels reading gather indices or
-        cross-entropy labels first check their range (a generated kernel would read out
-        of bounds)."""
+        a view kernel as its torch view calls. Outputs given a buffer are written there
+        (the same tensor every call), the others allocated per call. Kernels reading
+        gather indices or cross-entropy labels first check their range (a generated
+        kernel would read out of bounds)."""
         if self._is_view(kernel):  # no launch: a view of the (contiguous) input
             view = compile_block(kernel.body.block, context, kernel.kernel_name)
             return lambda *inputs: view(*(x.contiguous() for x in inputs))
@@ -270,12 +282,21 @@ class TritonKernels:
         if device.type != "cuda" or not self.autotune:
             compiled = self.kernel(self.tile_name(kernel))
         empty = torch.empty
+        buffers = list(outputs) if outputs is not None else [None] * len(results)
+        if len(buffers) != len(results):
+            raise ExecutionError(
+                f"@{kernel.kernel_name}: {len(buffers)} output buffers for {len(results)} outputs"
+            )
+        fixed = buffers if all(b is not None for b in buffers) else None
 
         def run(*inputs: torch.Tensor) -> list[torch.Tensor]:
             nonlocal compiled
             if check is not None:
                 check(inputs)
-            outputs = [empty(shape, dtype=dtype, device=device) for shape, dtype in results]
+            outputs = fixed or [
+                empty(shape, dtype=dtype, device=device) if buffer is None else buffer
+                for (shape, dtype), buffer in zip(results, buffers, strict=True)
+            ]
             args = [*(x.contiguous() for x in inputs), *outputs, *constants, *positions]
             if compiled is None:  # CUDA with autotuning: tuned at the first call
                 compiled = self._compiled(kernel, device, args)
