@@ -97,7 +97,7 @@ def build(fn: Callable[..., Any], args: Sequence[torch.Tensor]) -> Built:
     launches (the same kernels and argument tensors) for timing."""
     import tessera as ts
     import tessera.dist as dist
-    from tessera.backends import schedule_runner
+    from tessera.backends import launch_plan
     from tessera.backends.triton.runtime import TritonKernels
     from tessera.codegen.kernels import kernel_class
 
@@ -114,7 +114,7 @@ def build(fn: Callable[..., Any], args: Sequence[torch.Tensor]) -> Built:
         built.classes.append(kernel_class(kernel))
         return outputs
 
-    (outputs,) = schedule_runner.run_virtual(
+    (outputs,) = launch_plan.run_virtual(
         module, lowered.name, dist.mesh({"d": 1}), [list(args)], recording
     )
     built.outputs = list(outputs)

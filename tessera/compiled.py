@@ -34,7 +34,7 @@ from tessera.backends.execution import (
     kernel_device,
 )
 from tessera.backends.layout import assemble, piece
-from tessera.backends.reference import check_index_inputs, run_function
+from tessera.backends.reference import graph_plan
 from tessera.dist.collectives import MESH_SYMBOL, shard
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dist.tensor import DistTensor
@@ -43,7 +43,6 @@ from tessera.dtypes import as_dtype
 from tessera.errors import ExecutionError, ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, current_trace, is_tracing, tracing
-from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.graph import DONATED
 from tessera.ir.mesh import Mesh
@@ -51,8 +50,6 @@ from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_shardi
 from tessera.passes.plan_memory import peak_bytes
 from tessera.program_cache import ProgramCache
 from tessera.schedule import ScheduleOptions
-
-INDEXED_OPS = (graph.GatherOp, graph.CrossEntropyOp)  # inputs range-checked before a kernel
 
 
 def default_kernels() -> str:
@@ -68,8 +65,16 @@ def _is_array(leaf: Any) -> bool:
     return isinstance(leaf, (torch.Tensor, np.ndarray, np.generic, DistTensor))
 
 
+_DTYPES: dict[Any, Any] = {}  # torch or numpy dtype -> tessera DType (as_dtype, cached)
+
+
 def _abstract(leaf: torch.Tensor | np.ndarray | np.generic | DistTensor) -> AbstractTensor:
-    return AbstractTensor(tuple(int(d) for d in leaf.shape), as_dtype(leaf.dtype))
+    dtype = _DTYPES.get(leaf.dtype)
+    if dtype is None:
+        dtype = _DTYPES[leaf.dtype] = as_dtype(leaf.dtype)
+    if isinstance(leaf, torch.Tensor):
+        return AbstractTensor(tuple(leaf.shape), dtype)
+    return AbstractTensor(tuple(int(d) for d in leaf.shape), dtype)
 
 
 @dataclass(frozen=True)
@@ -121,7 +126,13 @@ class Lowered:
         self._stages: dict[str, ModuleOp] = {"traced": module}
         # compiled stages on disk, shared by every process tracing the same program
         self._program_cache = ProgramCache(module, config) if program_cache.enabled() else None
-        self._runner: schedule_runner.KernelRunner | None = None
+        self._runner: schedule_runner.KernelBinder | None = None
+        self._plans: dict[tuple[Any, tuple[int, ...]], Any] = {}  # launch plans
+        self._graph_plan: Callable[..., list[torch.Tensor]] | None = None
+        self.plan_builds = 0  # launch plans built (one per execution and ranks)
+        self._avals: list[AbstractTensor] | None = None
+        self._dtypes: list[torch.dtype] | None = None
+        self._devices: dict[torch.device, VirtualMesh] = {}
         self._layout_cache: tuple[list[Sharding], list[Sharding]] | None = None
         self.last_run: distributed.RunRecord | None = None  # set by multi-process calls
         # set by graph.training_step: the per-rank bytes of parameters, gradients, state
@@ -160,32 +171,34 @@ class Lowered:
 
         return emit_module(self.module_at("tile"))
 
-    def kernel_runner(self) -> schedule_runner.KernelRunner:
+    def kernel_runner(self) -> schedule_runner.KernelBinder:
         """How kernels run: generated Triton kernels (compiled on a GPU, interpreted on a
-        CPU) or the reference executor (``kernels="reference"``, the test oracle)."""
+        CPU; gather indices and cross-entropy labels range-checked first) or the
+        reference executor (``kernels="reference"``, the test oracle). Launch plans bind
+        every kernel with it once; it is also callable as ``runner(kernel, inputs,
+        context)``."""
         if self._runner is None:
             if self.kernels == "reference":
                 self._runner = schedule_runner.reference_kernel
             else:
                 from tessera.backends.triton.runtime import TritonKernels
 
-                triton_kernels = TritonKernels(self.module_at("tile"))
-                indexed: dict[str, bool] = {}  # kernel -> whether it reads indices or labels
-
-                def run(
-                    kernel: Any, inputs: Sequence[torch.Tensor], context: Any
-                ) -> list[torch.Tensor]:
-                    name = kernel.kernel_name
-                    if name not in indexed:
-                        indexed[name] = any(
-                            isinstance(o, INDEXED_OPS) for o in kernel.body.block.ops
-                        )
-                    if indexed[name]:
-                        check_index_inputs(kernel.body.block, inputs)
-                    return triton_kernels(kernel, inputs, context)
-
-                self._runner = run
+                self._runner = TritonKernels(self.module_at("tile"))
         return self._runner
+
+    def launch_plan(self, execution: Execution, ranks: Sequence[int] | None = None) -> Any:
+        """The scheduled program planned for ``execution`` and ``ranks`` (by default all
+        it runs): built at the first call, then reused by every call
+        (:mod:`tessera.backends.launch_plan`)."""
+        key = (execution.plan_key, tuple(execution.ranks if ranks is None else ranks))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = execution.plan(
+                self.module_at("schedule"), self.name, self.kernel_runner(), list(key[1])
+            )
+            self._plans[key] = plan
+            self.plan_builds += 1
+        return plan
 
     def module_at(self, stage: str) -> ModuleOp:
         """The module after ``stage``'s passes (computed once, on a copy)."""
@@ -229,23 +242,39 @@ class Lowered:
         leaves, _ = pytree.flatten((args, kwargs))
         return self.run(leaves)
 
-    def run(self, leaves: Sequence[Any]) -> Any:
+    def run(self, leaves: Sequence[Any], checked: bool = False) -> Any:
         """Runs the program on the array ``leaves`` of a call (global values, or
         ``dist.tensor`` pieces): on the virtual mesh the global results come back; in a
         multi-process job each result is this rank's
-        :class:`~tessera.backends.distributed.LocalResult`."""
+        :class:`~tessera.backends.distributed.LocalResult`. ``checked``: the caller
+        matched the arrays' shapes and dtypes with the signature already."""
         arrays = [leaf for leaf in leaves if _is_array(leaf)]
-        expected, found = self._input_avals(), [_abstract(a) for a in arrays]
-        if found != expected:
-            raise ExecutionError(
-                f"{self.name} was compiled for arrays {', '.join(map(str, expected)) or 'none'}; "
-                f"found {', '.join(map(str, found)) or 'none'}"
-            )
+        expected = self._input_avals()
+        if not checked:
+            found = [_abstract(a) for a in arrays]
+            if found != expected:
+                raise ExecutionError(
+                    f"{self.name} was compiled for arrays {', '.join(map(str, expected)) or 'none'}; "
+                    f"found {', '.join(map(str, found)) or 'none'}"
+                )
         to_numpy = any(isinstance(a, (np.ndarray, np.generic)) for a in arrays)
         if self.mesh is None and self.kernels == "reference":  # the oracle: no schedule
             inputs = [_to_torch(a, aval) for a, aval in zip(arrays, expected, strict=True)]
-            module = self.module_at("graph")
-            outputs = [_unaliased(o, inputs) for o in run_function(module, self.name, inputs)]
+            if self._graph_plan is None:
+                self._graph_plan = graph_plan(self.module_at("graph"), self.name)
+                self.plan_builds += 1
+            outputs = _all_unaliased(self._graph_plan(*inputs), inputs)
+        elif self.mesh is None:  # one device: the arguments as they are
+            execution = self._execution(kernel_device(arrays, self.kernels))
+            device = execution.device
+            inputs = [
+                a.detach()
+                if isinstance(a, torch.Tensor) and a.dtype is dtype and a.device == device
+                else _to_torch(a, aval, device)
+                for a, aval, dtype in zip(arrays, expected, self._torch_dtypes(), strict=True)
+            ]
+            (outputs,) = execution.run_plan(self.launch_plan(execution), [inputs])
+            outputs = _all_unaliased(outputs, inputs)
         else:
             outputs = self._execute(arrays, expected, to_numpy)
             if outputs and isinstance(outputs[0], distributed.LocalResult):
@@ -283,11 +312,9 @@ class Lowered:
         the scheduled program, and puts the results back together: global values on the
         virtual mesh, this rank's :class:`~tessera.backends.distributed.LocalResult`
         under a launcher."""
-        mesh = self.mesh or Mesh(("device",), (1,))
-        if self.mesh is None:
-            execution: Execution = VirtualMesh(mesh, kernel_device(arrays, self.kernels))
-        else:
-            execution = execution_for(mesh, arrays, self.kernels)
+        mesh = self.mesh
+        assert mesh is not None, "mesh-less programs run in Lowered.run"
+        execution: Execution = execution_for(mesh, arrays, self.kernels)
         arg_layouts, out_layouts = self.layouts()
         wholes = [
             None if isinstance(a, DistTensor) else _to_torch(a, aval, execution.device)
@@ -300,16 +327,12 @@ class Lowered:
                 value = array.local(rank)
                 value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
                 value = value.detach().to(dtype=aval.dtype.to_torch())
-            elif self.mesh is None:
-                value = wholes[index]
             else:
                 value = piece(wholes[index], arg_layouts[index], mesh, rank)
             return value.to(execution.device)
 
         rank_args = [[argument(i, rank) for i in range(len(arrays))] for rank in execution.ranks]
-        per_rank = execution.run(
-            self.module_at("schedule"), self.name, rank_args, self.kernel_runner()
-        )
+        per_rank = execution.run_plan(self.launch_plan(execution), rank_args)
         if isinstance(execution, Processes):
             self.last_run = execution.last_run
             (local,), (outputs,) = rank_args, per_rank
@@ -319,15 +342,27 @@ class Lowered:
                 )
                 for o, layout in zip(outputs, out_layouts, strict=True)
             ]
-        if self.mesh is None:
-            return [_unaliased(o, rank_args[0]) for o in per_rank[0]]
         return [
             assemble([ranks[index] for ranks in per_rank], layout, mesh)
             for index, layout in enumerate(out_layouts)
         ]
 
     def _input_avals(self) -> list[AbstractTensor]:
-        return [leaf for leaf in self.signature.leaves if isinstance(leaf, AbstractTensor)]
+        if self._avals is None:
+            leaves = self.signature.leaves
+            self._avals = [leaf for leaf in leaves if isinstance(leaf, AbstractTensor)]
+        return self._avals
+
+    def _torch_dtypes(self) -> list[torch.dtype]:
+        if self._dtypes is None:
+            self._dtypes = [aval.dtype.to_torch() for aval in self._input_avals()]
+        return self._dtypes
+
+    def _execution(self, device: torch.device) -> VirtualMesh:
+        """The one-device execution of a mesh-less program on ``device`` (made once)."""
+        if device not in self._devices:
+            self._devices[device] = VirtualMesh(Mesh(("device",), (1,)), device)
+        return self._devices[device]
 
 
 def _value_sharding(function: func.FuncOp, value: SSAValue) -> Sharding:
@@ -357,6 +392,17 @@ def _to_torch(
         array if isinstance(array, torch.Tensor) else torch.from_numpy(np.array(array, order="C"))
     )
     return tensor.detach().to(device=device, dtype=aval.dtype.to_torch())
+
+
+def _all_unaliased(
+    outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+) -> list[torch.Tensor]:
+    """``outputs``, each copied if it shares memory with an argument (only a view or an
+    argument itself can: others are checked by identity alone)."""
+    passed = {id(i) for i in inputs}
+    return [
+        o if o._base is None and id(o) not in passed else _unaliased(o, inputs) for o in outputs
+    ]
 
 
 def _unaliased(output: torch.Tensor, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -400,6 +446,14 @@ class JitFunction:
         self._cache: dict[tuple[Signature, ScheduleOptions], Lowered] = {}
 
     def signature(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Signature:
+        """What the program for these arguments is specialised on."""
+        return self._signature(args, kwargs)[0]
+
+    def _signature(
+        self, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> tuple[Signature, list[Any]]:
+        """The signature and the leaves of ``(args, kwargs)``, static arguments as one
+        leaf each."""
         static = {n % len(args) for n in self.static_argnums if -len(args) <= n < len(args)}
         marked = tuple(_Static(a) if i in static else a for i, a in enumerate(args))
         leaves, treedef = pytree.flatten((marked, kwargs))
@@ -420,11 +474,12 @@ class JitFunction:
             raise TraceError(
                 f"static arguments of {self.__name__} must be hashable: {error}"
             ) from None
-        names = self._argument_names(Signature(treedef, tuple(keys)))
-        return Signature(treedef, tuple(keys), self._input_shardings(args, leaves, names))
+        unsharded = Signature(treedef, tuple(keys))
+        shardings = self._input_shardings(args, leaves, unsharded)
+        return Signature(treedef, tuple(keys), shardings), leaves
 
     def _input_shardings(
-        self, args: Sequence[Any], leaves: Sequence[Any], names: Sequence[str]
+        self, args: Sequence[Any], leaves: Sequence[Any], signature: Signature
     ) -> tuple[Sharding | None, ...]:
         """The sharding of each array leaf: from ``in_shardings`` (a pytree prefix of the
         positional arguments) or from a ``dist.tensor``'s layout."""
@@ -434,6 +489,7 @@ class JitFunction:
                     f"{self.__name__} got a dist.tensor argument but has no mesh: ts.jit(fn, mesh=...)"
                 )
             return ()
+        names = self._argument_names(signature)
         specs = self.in_shardings
         if specs is not None and not isinstance(specs, (tuple, list)):
             specs = (specs,) * len(args)
@@ -470,18 +526,23 @@ class JitFunction:
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Traces (or fetches from the cache) the program for these arguments."""
-        signature = self.signature(args, kwargs)
+        return self._lower(args, kwargs)[0]
+
+    def _lower(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Lowered, list[Any]]:
+        signature, leaves = self._signature(args, kwargs)
         key = (signature, schedule.current())
-        if key not in self._cache:
-            self._cache[key] = self._trace(signature)
-        return self._cache[key]
+        lowered = self._cache.get(key)
+        if lowered is None:
+            lowered = self._cache[key] = self._trace(signature)
+        return lowered, leaves
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if is_tracing():  # called from traced code: inlined into the caller's program
             return self._inline(args, kwargs)
-        lowered = self.lower(*args, **kwargs)
-        leaves, _ = pytree.flatten((args, kwargs))
-        return lowered.run(leaves)
+        lowered, leaves = self._lower(args, kwargs)
+        if self.static_argnums:  # static arguments were one leaf each
+            leaves, _ = pytree.flatten((args, kwargs))
+        return lowered.run(leaves, checked=True)  # the signature matched its avals
 
     def _body(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """What the program computes, traced on the current trace (``ts.grad`` adds the

@@ -1,8 +1,9 @@
 """The ``torch.distributed`` backend: this process runs one rank of a partitioned program.
 
-:func:`run_rank` executes a ``func.func`` carrying ``graph.partitioned`` for the calling
-rank only. Compute ops run through the reference semantics
-(each op's ``tessera.ops.op_def(op).reference``); collectives go through ``torch.distributed``
+:func:`run_rank` executes a scheduled ``func.func`` carrying ``graph.partitioned`` for the
+calling rank only, through a launch plan (:class:`RankPlan`, which compiled programs keep
+between calls). Kernels run bound by a kernel binder (by default the reference
+semantics, each op's ``tessera.ops.op_def(op).reference``); collectives go through ``torch.distributed``
 over one process group per mesh-axis subgroup (``mesh.groups(axes)``), created once, in
 the same order on every rank, and cached (:class:`Runtime`). Collectives are issued with
 ``async_op=True``; their work handles are joined right before the result's first use.
@@ -42,21 +43,28 @@ import torch
 import torch.distributed as tdist
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import SSAValue
+from xdsl.ir import Attribute
 
 from tessera.backends import hierarchical
 from tessera.backends.collective_info import CollectiveInfo, collectives
+from tessera.backends.launch_plan import LaunchPlan, build_plan
 from tessera.backends.layout import assemble
-from tessera.backends.schedule_runner import KernelContext, KernelRunner, reference_kernel
+from tessera.backends.schedule_runner import (
+    BoundKernel,
+    Buffers,
+    KernelBinder,
+    KernelContext,
+    KernelRunner,
+    binder,
+    reference_kernel,
+)
 from tessera.backends.virtual import _check_mesh, _check_value, _function
 from tessera.errors import DistributedError, ExecutionError, TesseraError
 from tessera.ir import graph, schedule
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
-from tessera.perf import timeline as perf_timeline
 from tessera.perf.timeline import Mark
-from tessera.perf.trace import COMPUTE
 
 DEFAULT_TIMEOUT_S = 60.0
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -231,12 +239,12 @@ class Runtime:
             raise failure(self, what, error) from None
         return [p.cpu() for p in pieces]
 
-    def check_same_program(self, module: ModuleOp, name: str) -> None:
-        """Raises on every rank if the ranks' collective sequences differ."""
-        described = [
-            f"{i.kind} over {list(i.mesh_axes)} {i.dtype}{list(i.shape)}"
-            for i in collectives(module)
-        ]
+    def check_same_program(
+        self, module: ModuleOp, name: str, described: list[str] | None = None
+    ) -> None:
+        """Raises on every rank if the ranks' collective sequences differ (``described``:
+        :func:`describe_collectives` of ``module``, when computed already)."""
+        described = describe_collectives(module) if described is None else described
         digest = hashlib.sha256(repr(described).encode()).digest()[:16]
         mine = torch.frombuffer(bytearray(digest), dtype=torch.int64).clone()
         digests = self.all_gather_world(mine, f"comparing the ranks' collectives before @{name}")
@@ -250,6 +258,13 @@ class Runtime:
         raise DistributedError(
             f"@{name}: the ranks run different programs: {_first_difference(everyone)}"
         )
+
+
+def describe_collectives(module: ModuleOp) -> list[str]:
+    """The collective sequence the ranks compare before a program runs."""
+    return [
+        f"{i.kind} over {list(i.mesh_axes)} {i.dtype}{list(i.shape)}" for i in collectives(module)
+    ]
 
 
 def _first_difference(sequences: Sequence[Sequence[str] | None]) -> str:
@@ -331,14 +346,43 @@ def failure(rt: Runtime, what: str, error: BaseException) -> DistributedError:
     )
 
 
+@dataclass(frozen=True)
+class _Start:
+    """What a ``schedule.start`` issues, read once from the IR (used as the op)."""
+
+    collective_name: str
+    properties: dict[str, Any]
+    algorithm_name: str | None
+    domain_size: int | None
+    stream_name: str
+    label: str
+    name: str = "schedule.start"
+
+    @staticmethod
+    def of(op: schedule.StartOp) -> _Start:
+        return _Start(
+            op.collective_name,
+            op.attrs(),
+            op.algorithm_name,
+            op.domain_size,
+            op.stream_name,
+            op.label,
+        )
+
+    def attrs(self) -> dict[str, Any]:
+        return self.properties
+
+
 @dataclass
 class _Pending:
     """An issued collective: its work handle and how to build the result once done."""
 
     work: object
     finish: Callable[[], torch.Tensor]
-    op: graph.CollectiveOp
+    op: _Start
     members: list[int]
+    began: Mark | float = 0.0  # inside record_timeline(): when it was issued
+    done: object = None  # and the mark its completion sets
 
 
 class _AllOf:
@@ -393,7 +437,7 @@ def _in_order(group: _Group, received: Sequence[torch.Tensor]) -> list[torch.Ten
 
 
 def _issue_hierarchical(
-    op: schedule.StartOp, x: torch.Tensor, intra: _Group, inter: _Group, members: list[int]
+    op: _Start, x: torch.Tensor, intra: _Group, inter: _Group, members: list[int]
 ) -> _Pending | torch.Tensor:
     """Issues the first phase of a hierarchical collective (see
     :mod:`tessera.backends.hierarchical`); the wait runs the others."""
@@ -492,22 +536,24 @@ def _finish_reduce(
     return finish
 
 
-def _kind(op: graph.CollectiveOp | schedule.StartOp) -> str:
+def _kind(op: graph.CollectiveOp | schedule.StartOp | _Start) -> str:
     return (
-        op.collective_name if isinstance(op, schedule.StartOp) else op.name.removeprefix("graph.")
+        op.collective_name
+        if isinstance(op, (schedule.StartOp, _Start))
+        else op.name.removeprefix("graph.")
     )
 
 
 def _issue(
-    op: graph.CollectiveOp | schedule.StartOp,
+    op: _Start,
     x: torch.Tensor,
     group: _Group,
     rank: int,
     domains: tuple[_Group, _Group] | None = None,
 ) -> _Pending | torch.Tensor:
-    """Starts ``op`` (a graph collective or a ``schedule.start``) on this rank's operand
-    ``x``: a pending collective, or the result itself when no communication is needed.
-    ``domains`` (intra-domain, inter-domain subgroups) runs a hierarchical start."""
+    """Starts ``op`` on this rank's operand ``x``: a pending collective, or the result
+    itself when no communication is needed. ``domains`` (intra-domain, inter-domain
+    subgroups) runs a hierarchical start."""
     attrs = op.attrs()
     kind = _kind(op)
     size = len(group.members)
@@ -516,7 +562,7 @@ def _issue(
         return x.chunk(size, attrs["dim"])[position].clone()
     if size == 1:
         return x.clone()
-    if domains is not None and isinstance(op, schedule.StartOp):
+    if domains is not None:
         return _issue_hierarchical(op, x, *domains, group.members)
     pg = group.handle
     order = group.by_group_rank  # torch's order; mesh order is group.members
@@ -572,124 +618,236 @@ def _issue(
     raise ExecutionError(f"the distributed backend cannot run {kind}")
 
 
+def _communicates(op: schedule.StartOp, group_size: int) -> bool:
+    """Whether ``_issue`` sends anything (a slice, or a group of one, does not)."""
+    return _kind(op) != "all_slice" and group_size > 1
+
+
+@dataclass
+class _IssueStep:
+    """Issues a collective of this rank; its handle slot gets the pending work (or
+    the result, when nothing is sent)."""
+
+    start: _Start
+    input: int
+    handle: int
+    group: _Group
+    domains: tuple[_Group, _Group] | None
+    rt: Runtime
+    what: str = "schedule.start"
+
+    def run(self, envs: list[list[Any]], timeline: Any) -> None:
+        (env,) = envs
+        rt = self.rt
+        began = timeline.now(rt.device) if timeline else 0.0
+        try:
+            issued = _issue(self.start, env[self.input], self.group, rt.rank, self.domains)
+        except TesseraError:
+            raise
+        except Exception as error:
+            raise failure(
+                rt, f"{self.start.collective_name} over {list(self.start.attrs()['axes'])}", error
+            ) from None
+        if isinstance(issued, _Pending) and timeline:
+            issued.began, issued.done = began, timeline.completion(issued.work, rt.device)
+        env[self.handle] = issued
+
+
+@dataclass
+class _JoinStep:
+    """Waits for a collective's work (when it sent anything) and finishes its result."""
+
+    handle: int
+    result: int | None
+    check: Callable[[torch.Tensor], None]
+    rt: Runtime
+    what: str = "schedule.wait"
+
+    def run(self, envs: list[list[Any]], timeline: Any) -> None:
+        (env,) = envs
+        issued = env[self.handle]
+        if isinstance(issued, _Pending):
+            rt, start = self.rt, issued.op
+            try:
+                issued.work.wait()  # type: ignore[attr-defined]
+            except Exception as error:
+                what = f"{start.collective_name} over {list(start.attrs()['axes'])} (ranks {issued.members})"
+                raise failure(rt, what, error) from None
+            if timeline and issued.done is not None:
+                issued.done.set(timeline.now(rt.device))  # type: ignore[attr-defined]
+                timeline.add(rt.rank, start.stream_name, start.label, issued.began, issued.done)
+            issued = issued.finish()
+        if self.result is not None:
+            self.check(issued)
+            env[self.result] = issued
+
+
+class _ProcessCollectives:
+    """Collectives through ``torch.distributed`` for this process's rank: groups and
+    domain subgroups resolved when the plan is built."""
+
+    def __init__(self, rt: Runtime, mesh: Mesh):
+        self.rt, self.mesh = rt, mesh
+        self.infos: list[CollectiveInfo] = []  # what one run communicates, in order
+
+    def start(self, op: schedule.StartOp, input: int, handle: int) -> _IssueStep:
+        axes = op.attrs()["axes"]
+        group = self.rt.group(self.mesh, axes)
+        domains = (
+            self.rt.domains(self.mesh, axes, op.domain_size)
+            if op.algorithm_name == "hierarchical" and op.domain_size is not None
+            else None
+        )
+        if _communicates(op, len(group.members)):
+            self.infos.extend(collectives_of(op, len(group.members)))
+        return _IssueStep(_Start.of(op), input, handle, group, domains, self.rt)
+
+    def wait(self, op: schedule.WaitOp, handle: int, result: int | None) -> _JoinStep:
+        what = f"{op.name} on rank {self.rt.rank}"
+        check = _value_check(op.result.type, what) if op.result is not None else _no_check
+        return _JoinStep(handle, result, check, self.rt)
+
+
+def _no_check(value: torch.Tensor) -> None:
+    pass
+
+
+def _value_check(type_: Attribute, what: str) -> Callable[[torch.Tensor], None]:
+    """Checks a value against the IR type ``type_`` (read once)."""
+    aval = AbstractTensor.from_xdsl(type_)
+    shape, dtype = aval.shape, aval.dtype.to_torch()
+
+    def check(value: torch.Tensor) -> None:
+        if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype:
+            _check_value(value, aval, what)
+
+    return check
+
+
+class _CheckedKernels:
+    """Kernels bound by ``kernels`` whose outputs are checked against the IR types."""
+
+    def __init__(self, kernels: KernelBinder, rank: int):
+        self.kernels, self.rank = kernels, rank
+        self.uses_buffers = getattr(kernels, "uses_buffers", False)
+
+    def bind(
+        self,
+        kernel: schedule.KernelOp,
+        context: KernelContext,
+        device: torch.device,
+        outputs: Buffers = None,
+    ) -> BoundKernel:
+        fn = self.kernels.bind(kernel, context, device, outputs)
+        what = f"{kernel.name} on rank {self.rank}"
+        checks = [_value_check(v.type, what) for v in kernel.outputs]
+
+        def run(*inputs: torch.Tensor) -> Sequence[torch.Tensor]:
+            outputs = fn(*inputs)
+            for check, value in zip(checks, outputs, strict=True):
+                check(value)
+            return outputs
+
+        return run
+
+
+class RankPlan:
+    """This process's rank of a scheduled function, planned once: the checks of the
+    arguments, the collective sequence the ranks compare, and the launch plan (built at
+    the first run, after the comparison, since building it creates process groups)."""
+
+    def __init__(
+        self,
+        module: ModuleOp,
+        name: str,
+        mesh: Mesh,
+        rt: Runtime,
+        kernels: KernelBinder | KernelRunner = reference_kernel,
+    ):
+        rt.check_mesh(mesh)
+        function: func.FuncOp = _function(module, name)
+        if any(isinstance(op, graph.GraphOp) for op in function.body.ops):
+            raise ExecutionError(
+                f"@{name} is not scheduled: run_rank runs the Schedule IR (lower the "
+                f"partitioned program with lower-graph-to-schedule first)"
+            )
+        _check_mesh(module, mesh)
+        self.module, self.name, self.mesh, self.rt = module, name, mesh, rt
+        self.function = function
+        self.kernels = binder(kernels)
+        self.avals = [AbstractTensor.from_xdsl(a.type) for a in function.args]
+        self.described = describe_collectives(module)
+        self.plan: LaunchPlan | None = None
+        self.collectives: list[CollectiveInfo] = []
+
+    def _build(self) -> LaunchPlan:
+        rt = self.rt
+        rt.prepare(self.module, self.mesh)
+        collectives = _ProcessCollectives(rt, self.mesh)
+        plan = build_plan(
+            self.function,
+            self.mesh,
+            [rt.rank],
+            _CheckedKernels(self.kernels, rt.rank),
+            collectives,
+            rt.device,
+        )
+        plan.on_error = self._error
+        self.collectives = collectives.infos
+        return plan
+
+    def _error(self, step: Any, error: Exception) -> Exception:
+        """A step's error, naming its op (torch errors become ExecutionError)."""
+        if isinstance(error, DistributedError):
+            return error
+        if isinstance(error, TesseraError):
+            what = step.what
+            return type(error)(f"{what}: {error}" if what not in str(error) else str(error))
+        return ExecutionError(f"{step.what} failed on rank {self.rt.rank}: {error}")
+
+    def run(
+        self, args: Sequence[torch.Tensor], check_program: bool = True
+    ) -> tuple[tuple[torch.Tensor, ...], RunRecord]:
+        """This rank's results of one call and its :class:`RunRecord`."""
+        rt, name = self.rt, self.name
+        if len(args) != len(self.avals):
+            raise ExecutionError(
+                f"@{name} takes {len(self.avals)} arguments, rank {rt.rank} has {len(args)}"
+            )
+        for index, (value, aval) in enumerate(zip(args, self.avals, strict=True)):
+            _check_value(value, aval, f"rank {rt.rank}, argument {index}")
+        start = time.perf_counter()
+        record = RunRecord(rt.rank, self.mesh.coords(rt.rank))
+        if check_program:
+            rt.check_same_program(self.module, name, self.described)
+        if self.plan is None:
+            self.plan = self._build()
+        (outputs,) = self.plan.run([args])
+        record.collectives = list(self.collectives)
+        record.seconds = time.perf_counter() - start
+        return outputs, record
+
+
 def run_rank(
     module: ModuleOp,
     name: str,
     mesh: Mesh,
     args: Sequence[torch.Tensor],
     rt: Runtime | None = None,
-    kernel: KernelRunner = reference_kernel,
+    kernel: KernelBinder | KernelRunner = reference_kernel,
     check_program: bool = True,
 ) -> tuple[tuple[torch.Tensor, ...], RunRecord]:
     """Runs this process's rank of the scheduled ``func.func @name`` (the Schedule IR)
     on its local arguments; returns its local results and a :class:`RunRecord`.
 
-    Kernels run through the kernel interface of ``schedule_runner``; a
-    ``schedule.start`` issues its collective with ``async_op=True`` and the matching
-    ``schedule.wait`` joins the work handle. ``check_program`` first compares the
-    ranks' collective sequences (a collective over all ranks); pipeline stages, whose
-    ranks run different programs at different times, turn it off.
+    Planned for this call (:class:`RankPlan`; compiled programs keep theirs): kernels run
+    bound by ``kernel``; a ``schedule.start`` issues its collective with
+    ``async_op=True`` and the matching ``schedule.wait`` joins the work handle.
+    ``check_program`` first compares the ranks' collective sequences (a collective over
+    all ranks); pipeline stages, whose ranks run different programs at different times,
+    turn it off.
     """
-    rt = rt or runtime()
-    rt.check_mesh(mesh)
-    function: func.FuncOp = _function(module, name)
-    if any(isinstance(op, graph.GraphOp) for op in function.body.ops):
-        raise ExecutionError(
-            f"@{name} is not scheduled: run_rank runs the Schedule IR (lower the "
-            f"partitioned program with lower-graph-to-schedule first)"
-        )
-    _check_mesh(module, mesh)
-    avals = [AbstractTensor.from_xdsl(a.type) for a in function.args]
-    if len(args) != len(avals):
-        raise ExecutionError(
-            f"@{name} takes {len(avals)} arguments, rank {rt.rank} has {len(args)}"
-        )
-    for index, (value, aval) in enumerate(zip(args, avals, strict=True)):
-        _check_value(value, aval, f"rank {rt.rank}, argument {index}")
-    start = time.perf_counter()
-    record = RunRecord(rt.rank, mesh.coords(rt.rank))
-    if check_program:
-        rt.check_same_program(module, name)
-    rt.prepare(module, mesh)
-    context = KernelContext(mesh, rt.rank)
-    env: dict[SSAValue, torch.Tensor] = dict(zip(function.args, args, strict=True))
-    pending: dict[SSAValue, _Pending] = {}
-    timeline = perf_timeline.active()
-    timed: dict[SSAValue, tuple[schedule.StartOp, Mark, object]] = {}  # handle -> issue
-
-    def join(handle: SSAValue) -> torch.Tensor:
-        if handle not in pending:  # completed when issued (a group of one rank)
-            return env.pop(handle)
-        issued = pending.pop(handle)
-        what = f"{_kind(issued.op)} over {list(issued.op.attrs()['axes'])} (ranks {issued.members})"
-        try:
-            issued.work.wait()  # type: ignore[attr-defined]
-        except Exception as error:
-            raise failure(rt, what, error) from None
-        if timeline and handle in timed:
-            start, began, done = timed.pop(handle)
-            done.set(timeline.now(rt.device))  # type: ignore[attr-defined]
-            timeline.add(rt.rank, start.stream_name, start.label, began, done)  # type: ignore[arg-type]
-        return issued.finish()
-
-    for op in function.body.block.ops:
-        if isinstance(op, func.ReturnOp):
-            if pending:
-                raise ExecutionError(f"@{name}: collectives started but never waited for")
-            record.seconds = time.perf_counter() - start
-            return tuple(env[v] for v in op.operands), record
-        try:
-            if isinstance(op, schedule.KernelOp):
-                began = timeline.now(rt.device) if timeline else 0.0
-                outputs = kernel(op, [env[v] for v in op.inputs], context)
-                if timeline:
-                    timeline.add(rt.rank, COMPUTE, op.kernel_name, began, timeline.now(rt.device))
-                results = dict(zip(op.outputs, outputs, strict=True))
-            elif isinstance(op, schedule.StartOp):
-                group = rt.group(mesh, op.attrs()["axes"])
-                began = timeline.now(rt.device) if timeline else 0.0
-                domains = (
-                    rt.domains(mesh, op.attrs()["axes"], op.domain_size)
-                    if op.algorithm_name == "hierarchical" and op.domain_size is not None
-                    else None
-                )
-                try:
-                    issued = _issue(op, env[op.input], group, rt.rank, domains)
-                except TesseraError:
-                    raise
-                except Exception as error:
-                    raise failure(
-                        rt, f"{_kind(op)} over {list(op.attrs()['axes'])}", error
-                    ) from None
-                if isinstance(issued, _Pending):
-                    pending[op.handle] = issued
-                    if timeline:
-                        timed[op.handle] = (op, began, timeline.completion(issued.work, rt.device))
-                    record.collectives.extend(collectives_of(op, len(group.members)))
-                else:
-                    env[op.handle] = issued
-                continue
-            elif isinstance(op, schedule.WaitOp):
-                value = join(op.handle)
-                if op.result is None:
-                    continue
-                results = {op.result: value}
-            else:
-                raise ExecutionError(f"the distributed backend cannot run {op.name}")
-        except DistributedError:
-            raise
-        except TesseraError as error:
-            raise type(error)(
-                f"{op.name}: {error}" if op.name not in str(error) else str(error)
-            ) from None
-        except Exception as error:  # a torch error: name the op that raised it
-            raise ExecutionError(f"{op.name} failed on rank {rt.rank}: {error}") from None
-        for value, result in results.items():
-            _check_value(
-                result, AbstractTensor.from_xdsl(value.type), f"{op.name} on rank {rt.rank}"
-            )
-            env[value] = result
-    raise ExecutionError(f"@{name} has no func.return")
+    return RankPlan(module, name, mesh, rt or runtime(), kernel).run(args, check_program)
 
 
 def collectives_of(
@@ -715,6 +873,7 @@ def collectives_of(
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "LocalResult",
+    "RankPlan",
     "RunRecord",
     "Runtime",
     "launched",

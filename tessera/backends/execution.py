@@ -4,21 +4,24 @@ An :class:`Execution` runs a scheduled function for the ranks this process is
 responsible for: every rank of the mesh, in memory (:class:`VirtualMesh`, the default
 without a launcher), or the one rank of this process in a ``tessera run`` / ``torchrun``
 job (:class:`Processes`, collectives through ``torch.distributed``). Front-ends cut
-their arguments per rank for :attr:`Execution.ranks`, call :meth:`Execution.run`, and
-get one tuple of results per rank back, whichever the backend.
+their arguments per rank for :attr:`Execution.ranks`, plan the program once
+(:meth:`Execution.plan`, cached under :attr:`Execution.plan_key`), call
+:meth:`Execution.run_plan`, and get one tuple of results per rank back, whichever the
+backend.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
 from xdsl.dialects.builtin import ModuleOp
 
-from tessera.backends import distributed, schedule_runner
-from tessera.backends.schedule_runner import KernelRunner
+from tessera.backends import distributed
+from tessera.backends.launch_plan import LaunchPlan, virtual_plan
+from tessera.backends.schedule_runner import KernelBinder, KernelRunner
 from tessera.ir.mesh import Mesh
 
 
@@ -40,20 +43,42 @@ class Execution(ABC):
     def device(self) -> torch.device:
         """Where this process's kernels run."""
 
+    @property
     @abstractmethod
+    def plan_key(self) -> Hashable:
+        """Plans of this execution's kind, mesh and device are the same (a cache key)."""
+
+    @abstractmethod
+    def plan(
+        self,
+        module: ModuleOp,
+        name: str,
+        kernels: KernelBinder | KernelRunner,
+        ranks: Sequence[int] | None = None,
+    ) -> Any:
+        """The scheduled ``@name`` planned for ``ranks`` (by default :attr:`ranks`), every
+        kernel bound by ``kernels``: what :meth:`run_plan` runs, any number of times."""
+
+    @abstractmethod
+    def run_plan(
+        self, plan: Any, rank_args: Sequence[Sequence[torch.Tensor]], check_program: bool = True
+    ) -> list[tuple[torch.Tensor, ...]]:
+        """The results of a planned function for each of its ranks, given each rank's
+        arguments in the same order. ``check_program`` lets processes first compare
+        their collective sequences (pipeline stages, whose ranks run different
+        programs, turn it off)."""
+
     def run(
         self,
         module: ModuleOp,
         name: str,
         rank_args: Sequence[Sequence[torch.Tensor]],
-        kernel: KernelRunner,
+        kernel: KernelBinder | KernelRunner,
         ranks: Sequence[int] | None = None,
         check_program: bool = True,
     ) -> list[tuple[torch.Tensor, ...]]:
-        """The results of the scheduled ``@name`` for each of ``ranks`` (by default
-        :attr:`ranks`), given each rank's arguments in the same order. ``check_program``
-        lets processes first compare their collective sequences (pipeline stages, whose
-        ranks run different programs, turn it off)."""
+        """Plans ``@name`` for this call and runs it (see :meth:`plan`)."""
+        return self.run_plan(self.plan(module, name, kernel, ranks), rank_args, check_program)
 
 
 class VirtualMesh(Execution):
@@ -73,16 +98,26 @@ class VirtualMesh(Execution):
     def device(self) -> torch.device:
         return self._device
 
-    def run(
+    @property
+    def plan_key(self) -> Hashable:
+        return ("virtual", self.mesh, self._device)
+
+    def plan(
         self,
         module: ModuleOp,
         name: str,
-        rank_args: Sequence[Sequence[torch.Tensor]],
-        kernel: KernelRunner,
+        kernels: KernelBinder | KernelRunner,
         ranks: Sequence[int] | None = None,
+    ) -> LaunchPlan:
+        return virtual_plan(module, name, self.mesh, kernels, ranks, self._device)
+
+    def run_plan(
+        self,
+        plan: LaunchPlan,
+        rank_args: Sequence[Sequence[torch.Tensor]],
         check_program: bool = True,
     ) -> list[tuple[torch.Tensor, ...]]:
-        return schedule_runner.run_virtual(module, name, self.mesh, rank_args, kernel, ranks)
+        return plan.run(rank_args)
 
 
 class Processes(Execution):
@@ -104,19 +139,27 @@ class Processes(Execution):
     def device(self) -> torch.device:
         return self.runtime.device
 
-    def run(
+    @property
+    def plan_key(self) -> Hashable:
+        return ("processes", self.mesh, self.runtime.rank, self.runtime.device)
+
+    def plan(
         self,
         module: ModuleOp,
         name: str,
-        rank_args: Sequence[Sequence[torch.Tensor]],
-        kernel: KernelRunner,
+        kernels: KernelBinder | KernelRunner,
         ranks: Sequence[int] | None = None,
+    ) -> distributed.RankPlan:
+        return distributed.RankPlan(module, name, self.mesh, self.runtime, kernels)
+
+    def run_plan(
+        self,
+        plan: distributed.RankPlan,
+        rank_args: Sequence[Sequence[torch.Tensor]],
         check_program: bool = True,
     ) -> list[tuple[torch.Tensor, ...]]:
         (args,) = rank_args
-        outputs, self.last_run = distributed.run_rank(
-            module, name, self.mesh, args, self.runtime, kernel, check_program=check_program
-        )
+        outputs, self.last_run = plan.run(args, check_program)
         return [outputs]
 
 

@@ -1,37 +1,33 @@
-"""Runs the Schedule IR: kernels through one kernel interface, collectives as handles.
+"""How a ``schedule.kernel`` runs: bound once to a rank, then called on tensors.
 
-A scheduled function is a sequence of ``schedule.kernel`` ops (fused groups of graph
-ops), ``schedule.start`` / ``schedule.wait`` pairs for collectives, and a return. Every
-kernel runs through a :data:`KernelRunner`: :func:`reference_kernel` interprets the
-kernel's body with the reference semantics (the oracle); generated Triton kernels will
-be another runner with the same signature.
+A :class:`KernelBinder` turns a kernel and the rank that runs it into a
+:data:`BoundKernel`, a function of the kernel's input tensors returning its outputs that
+reads no IR when called. Launch plans (:mod:`tessera.backends.launch_plan`) bind every
+kernel of a program once and then only call the bound functions.
 
-:func:`run_virtual` executes all ranks of a mesh in one process: a start computes the
-collective across each rank group (the group semantics of ``backends.virtual``) and its
-handle holds every rank's result until the wait; a start marked ``algorithm =
-hierarchical`` runs its phases over the domains (:mod:`tessera.backends.hierarchical`),
-other algorithm names compute the same result as the flat collective. Inside
-``tessera.perf.record_timeline()`` both runners record every kernel and collective.
+:data:`reference_kernel` binds a kernel to its reference semantics (the oracle):
+:func:`compile_block` turns the kernel's body into a closure calling each op's torch
+reference (:func:`tessera.ops.bind_reference`) in order, values in a list of slots.
+Generated Triton kernels are the other binder
+(:class:`tessera.backends.triton.runtime.TritonKernels`). Either is also callable as a
+:data:`KernelRunner`, ``runner(kernel, inputs, context)``, which binds and runs once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import SSAValue
+from xdsl.dialects.builtin import FileLineColLoc
+from xdsl.ir import Block, Operation
 
-from tessera.backends import hierarchical
-from tessera.errors import ExecutionError
+from tessera.errors import ExecutionError, TesseraError, describe_location
 from tessera.ir import graph, schedule
 from tessera.ir.mesh import Mesh
-from tessera.ops import lookup
-from tessera.ops.collective import on_group
-from tessera.perf import timeline as perf_timeline
-from tessera.perf.trace import COMPUTE
+from tessera.ops import bind_reference, lookup
 
 
 @dataclass(frozen=True)
@@ -47,120 +43,170 @@ class KernelContext:
         return group.index(self.rank), len(group)
 
 
+BoundKernel = Callable[..., Sequence[torch.Tensor]]
+"""A kernel bound to a rank and a device: ``fn(*inputs) -> outputs``."""
+
 KernelRunner = Callable[
-    [schedule.KernelOp, Sequence[torch.Tensor], KernelContext], list[torch.Tensor]
+    [schedule.KernelOp, Sequence[torch.Tensor], KernelContext], Sequence[torch.Tensor]
 ]
+"""Runs a kernel once: ``runner(kernel, inputs, context) -> outputs``."""
 
 
-def reference_kernel(
-    kernel: schedule.KernelOp, inputs: Sequence[torch.Tensor], context: KernelContext
-) -> list[torch.Tensor]:
-    """Runs a kernel's body op by op with the reference semantics."""
-    block = kernel.body.block
-    env: dict[SSAValue, torch.Tensor] = dict(zip(block.args, inputs, strict=True))
+Buffers = Sequence[torch.Tensor | None] | None
+"""Per output of a kernel, a preallocated tensor it may write (a view of the rank's
+arena, at ``plan-memory``'s offset) or None; None for all: allocate every output."""
+
+
+class KernelBinder(Protocol):
+    """Binds kernels, once per kernel, rank and device (see the module docstring).
+    ``outputs`` offers buffers for the outputs; a binder may ignore them (plans offer
+    them only to binders with a true ``uses_buffers`` attribute)."""
+
+    def bind(
+        self,
+        kernel: schedule.KernelOp,
+        context: KernelContext,
+        device: torch.device,
+        outputs: Buffers = None,
+    ) -> BoundKernel: ...
+
+
+def traced_at(op: Operation) -> str:
+    """The user's line that created ``op``, when the tracer recorded it."""
+    location = op.location
+    if not isinstance(location, FileLineColLoc):
+        return ""
+    return f"\n  at {describe_location(location.filename.data, location.line.data)}"
+
+
+def _reference_of(op: Operation, context: KernelContext | None) -> Callable[..., Any]:
+    """``op``'s reference as a function of its operands; a rank-local slice takes this
+    rank's chunk (``context``)."""
+    if isinstance(op, graph.AllSliceOp) and context is not None:
+        attrs = op.attrs()
+        index, size = context.position(attrs["axes"])
+        dim = attrs["dim"]
+        return lambda x: x.chunk(size, dim)[index]
+    if lookup(op) is None:
+        raise ExecutionError(f"no reference semantics for {op.name}")
+    return bind_reference(op)
+
+
+def compile_block(
+    block: Block, context: KernelContext | None = None, what: str = ""
+) -> Callable[..., list[torch.Tensor]]:
+    """The ops of ``block`` (a kernel body or a graph function, ending in
+    ``schedule.yield`` or ``func.return``) as one closure from the block's arguments to
+    the terminator's operands. Values live in a list of slots, each cleared after its
+    last use; each op is its bound reference. An op that fails raises an error naming it
+    and the line that traced it."""
+    slots = {arg: index for index, arg in enumerate(block.args)}
+    program: list[tuple[Callable[..., Any], tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
+    ops: list[Operation] = []
+    returned: tuple[int, ...] | None = None
     for op in block.ops:
-        if isinstance(op, schedule.YieldOp):
-            return [env[v] for v in op.values]
-        if isinstance(op, graph.AllSliceOp):  # this rank's chunk along dim
-            attrs = op.attrs()
-            index, size = context.position(attrs["axes"])
-            env[op.result] = env[op.input].chunk(size, attrs["dim"])[index]
-            continue
-        found = lookup(op)
-        if found is None:
-            raise ExecutionError(f"{kernel.sym_name.data}: no reference semantics for {op.name}")
-        result = found.reference(op, *(env[v] for v in op.operands))
-        env.update(zip(op.results, result if isinstance(result, tuple) else (result,), strict=True))
-    raise ExecutionError(f"{kernel.sym_name.data}: kernel body has no schedule.yield")
+        if isinstance(op, (schedule.YieldOp, func.ReturnOp)):
+            returned = tuple(slots[v] for v in op.operands)
+            break
+        try:
+            fn = _reference_of(op, context)
+        except TesseraError as error:
+            raise type(error)(f"{what}{': ' if what else ''}{error}") from None
+        outputs = tuple(range(len(slots), len(slots) + len(op.results)))
+        slots.update(zip(op.results, outputs, strict=True))
+        program.append((fn, tuple(slots[v] for v in op.operands), outputs, ()))
+        ops.append(op)
+    if returned is None:
+        raise ExecutionError(f"{what}{': ' if what else ''}the block has no terminator")
+    last = {slot: index for index, entry in enumerate(program) for slot in entry[1]}
+    dead: list[list[int]] = [[] for _ in program]
+    for slot, index in last.items():
+        if slot not in returned:
+            dead[index].append(slot)
+    program = [(*entry[:3], tuple(d)) for entry, d in zip(program, dead, strict=True)]
+    size, arity = len(slots), len(block.args)
+    results = returned
 
-
-def _function(module: ModuleOp, name: str) -> func.FuncOp:
-    for op in module.ops:
-        if isinstance(op, func.FuncOp) and op.sym_name.data == name:
-            return op
-    raise ExecutionError(f"no function @{name} in the scheduled module")
-
-
-def _start(
-    op: schedule.StartOp, mesh: Mesh, inputs: dict[int, torch.Tensor]
-) -> dict[int, torch.Tensor]:
-    """Every running rank's result of the collective ``op`` starts (the virtual mesh
-    completes it); ``inputs`` holds the running ranks' operands."""
-    graph_op = schedule.COLLECTIVES[op.collective_name]
-    if graph_op is None:
-        raise ExecutionError(f"{op.collective_name} is not supported on the virtual mesh yet")
-    outputs = dict(inputs)
-    attrs = op.attrs()
-    for group in mesh.groups(attrs["axes"]):
-        present = [r in inputs for r in group]
-        if not any(present):
-            continue
-        if not all(present):
+    def run(*inputs: torch.Tensor) -> list[torch.Tensor]:
+        if len(inputs) != arity:
+            raise ExecutionError(f"{what}: expected {arity} inputs, found {len(inputs)}")
+        env: list[Any] = [*inputs, *([None] * (size - arity))]
+        step = 0
+        try:
+            for step, (fn, operands, outputs, free) in enumerate(program):  # noqa: B007
+                result = fn(*[env[i] for i in operands])
+                if type(result) is tuple:  # an op of several results (or split into one)
+                    for slot, value in zip(outputs, result, strict=True):
+                        env[slot] = value
+                else:
+                    env[outputs[0]] = result
+                for slot in free:
+                    env[slot] = None
+        except TesseraError as error:
+            raise type(error)(f"{error}{traced_at(ops[step])}") from None
+        except Exception as error:  # a torch error: name the op that raised it
             raise ExecutionError(
-                f"{op.label}: ranks {[r for r in group if r not in inputs]} of the group "
-                f"{list(group)} do not run this program"
-            )
-        xs = [inputs[r] for r in group]
-        if op.algorithm_name == "hierarchical":  # within domains, then across (phase by phase)
-            results = hierarchical.run_group(op.collective_name, attrs, xs, op.domain_size)  # type: ignore[arg-type]
-        else:  # ring, tree, nvls: how the bytes move, not what arrives
-            results = on_group(graph_op)(op, xs)
-        for rank, result in zip(group, results, strict=True):
-            outputs[rank] = result.clone()
-    return outputs
+                f"{ops[step].name} failed: {error}{traced_at(ops[step])}"
+            ) from None
+        return [env[i] for i in results]
+
+    return run
 
 
-def _device(rank_args: Sequence[Sequence[torch.Tensor]]) -> torch.device:
-    """Where the kernels run (the arguments' device; the CPU without arguments)."""
-    return next((a.device for args in rank_args for a in args), torch.device("cpu"))
+class ReferenceKernels:
+    """Binds kernels to their reference semantics (:func:`compile_block` of the body;
+    torch allocates the outputs)."""
+
+    def bind(
+        self,
+        kernel: schedule.KernelOp,
+        context: KernelContext,
+        device: torch.device,
+        outputs: Buffers = None,
+    ) -> BoundKernel:
+        return compile_block(kernel.body.block, context, kernel.kernel_name)
+
+    def __call__(
+        self, kernel: schedule.KernelOp, inputs: Sequence[torch.Tensor], context: KernelContext
+    ) -> list[torch.Tensor]:
+        """Runs ``kernel`` once (binding it first)."""
+        device = inputs[0].device if inputs else torch.device("cpu")
+        return list(self.bind(kernel, context, device)(*inputs))
 
 
-def run_virtual(
-    module: ModuleOp,
-    name: str,
-    mesh: Mesh,
-    rank_args: Sequence[Sequence[torch.Tensor]],
-    kernel: KernelRunner = reference_kernel,
-    ranks: Sequence[int] | None = None,
-) -> list[tuple[torch.Tensor, ...]]:
-    """Every rank's results of the scheduled function ``@name`` (ranks in mesh order).
-    With ``ranks``, only those ranks run (``rank_args`` and the results follow their
-    order): a pipeline stage's slice of the mesh, every collective group inside it."""
-    function = _function(module, name)
-    ranks = list(range(mesh.size)) if ranks is None else list(ranks)
-    if len(rank_args) != len(ranks):
-        raise ExecutionError(
-            f"@{name}: expected arguments for {len(ranks)} ranks, found {len(rank_args)}"
-        )
-    envs: list[dict[SSAValue, object]] = [
-        dict(zip(function.args, args, strict=True)) for args in rank_args
-    ]
-    timeline = perf_timeline.active()
-    device = _device(rank_args)
-    for op in function.body.block.ops:
-        if isinstance(op, schedule.KernelOp):
-            for rank, env in zip(ranks, envs, strict=True):
-                began = timeline.now(device) if timeline else 0.0
-                outputs = kernel(op, [env[v] for v in op.inputs], KernelContext(mesh, rank))  # type: ignore[misc]
-                if timeline:
-                    timeline.add(rank, COMPUTE, op.kernel_name, began, timeline.now(device))
-                env.update(zip(op.outputs, outputs, strict=True))
-        elif isinstance(op, schedule.StartOp):
-            began = timeline.now(device) if timeline else 0.0
-            operands = {r: env[op.operands[0]] for r, env in zip(ranks, envs, strict=True)}
-            results = _start(op, mesh, operands)  # type: ignore[arg-type]
-            if timeline:  # the virtual mesh completes a collective when it starts
-                ended = timeline.now(device)
-                for rank in ranks:
-                    timeline.add(rank, op.stream_name, op.label, began, ended)
-            for rank, env in zip(ranks, envs, strict=True):
-                env[op.handle] = results[rank]
-        elif isinstance(op, schedule.WaitOp):
-            if op.result is not None:
-                for env in envs:
-                    env[op.result] = env[op.handle]
-        elif isinstance(op, func.ReturnOp):
-            return [tuple(env[v] for v in op.operands) for env in envs]  # type: ignore[misc]
-        else:
-            raise ExecutionError(f"@{name}: cannot run {op.name} in a scheduled function")
-    raise ExecutionError(f"@{name}: the scheduled function has no return")
+reference_kernel = ReferenceKernels()
+
+
+class _Runner:
+    """A plain :data:`KernelRunner` as a binder (it gets the kernel at every call)."""
+
+    def __init__(self, runner: KernelRunner):
+        self.runner = runner
+
+    def bind(
+        self,
+        kernel: schedule.KernelOp,
+        context: KernelContext,
+        device: torch.device,
+        outputs: Buffers = None,
+    ) -> BoundKernel:
+        runner = self.runner
+        return lambda *inputs: runner(kernel, inputs, context)
+
+
+def binder(kernels: KernelBinder | KernelRunner) -> KernelBinder:
+    """``kernels`` as a binder (a plain runner function is wrapped)."""
+    return kernels if hasattr(kernels, "bind") else _Runner(kernels)  # type: ignore[return-value]
+
+
+__all__ = [
+    "BoundKernel",
+    "Buffers",
+    "KernelBinder",
+    "KernelContext",
+    "KernelRunner",
+    "ReferenceKernels",
+    "binder",
+    "compile_block",
+    "reference_kernel",
+]

@@ -8,6 +8,7 @@ evaluator loads it like a kernel input).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,7 +21,7 @@ from tessera.ir.dense import dense_to_numpy, first_value
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import elementwise
 from tessera.ir.tile import compute_element
-from tessera.ops.registry import NOT_LINEAR, Cotangents, Fusion, IndexMap, register
+from tessera.ops.registry import NOT_LINEAR, Cotangents, Fusion, IndexMap, bound, register
 
 if TYPE_CHECKING:
     from tessera.codegen.evaluate import Evaluator, Index
@@ -30,9 +31,13 @@ def _constant_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotange
     return []
 
 
-def _constant_reference(op: graph.ConstantOp) -> torch.Tensor:
+@bound
+def _constant_reference(op: graph.ConstantOp) -> Callable[[], torch.Tensor]:
+    """The op's value, converted from its dense attribute once (a new copy per call:
+    results are new values, which callers may mutate)."""
     values = np.array(dense_to_numpy(op.value), order="C")  # a copy that keeps 0-d shapes
-    return torch.from_numpy(values).to(aval(op.result).dtype.to_torch())
+    value = torch.from_numpy(values).to(aval(op.result).dtype.to_torch())
+    return value.clone
 
 
 def _splat_tile(ev: Evaluator, op: graph.ConstantOp, value: SSAValue, index: Index) -> SSAValue:

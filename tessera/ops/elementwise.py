@@ -10,8 +10,9 @@ carry no gradient.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,6 +36,7 @@ from tessera.ops.registry import (
     Pointwise,
     Reference,
     VjpRule,
+    bound,
     on_operands,
     register,
 )
@@ -265,8 +267,10 @@ def _gelu_vjp(b: GradBuilder, op: graph.GeluOp, cts: Cotangents) -> Cotangents:
     return _local(b, cts[0], local)
 
 
-def _gelu_reference(op: graph.GeluOp, x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate=op.attrs()["approximate"])
+@bound
+def _gelu_reference(op: graph.GeluOp) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``F.gelu`` with the op's approximation."""
+    return functools.partial(F.gelu, approximate=op.attrs()["approximate"])
 
 
 def _gelu_tile(b: TileBuilder, op: graph.GeluOp, a: Operands) -> Value:
@@ -460,8 +464,10 @@ def _compare_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangen
     return [None, None]
 
 
-def _compare_reference(op: graph.CompareOp, lhs: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
-    return _COMPARE[op.attrs()["predicate"]](lhs, rhs)
+@bound
+def _compare_reference(op: graph.CompareOp) -> Callable[..., torch.Tensor]:
+    """The torch comparison of the op's predicate."""
+    return _COMPARE[op.attrs()["predicate"]]
 
 
 def _compare_tile(b: TileBuilder, op: graph.CompareOp, a: Operands) -> Value:
@@ -505,8 +511,11 @@ def _cast_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
     return [b.cast(cts[0], x)]
 
 
-def _cast_reference(op: graph.CastOp, x: torch.Tensor) -> torch.Tensor:
-    return x.to(AbstractTensor.from_xdsl(op.result.type).dtype.to_torch())
+@bound
+def _cast_reference(op: graph.CastOp) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x.to`` the result's dtype."""
+    dtype = AbstractTensor.from_xdsl(op.result.type).dtype.to_torch()
+    return lambda x: x.to(dtype)
 
 
 def _cast_tile(b: TileBuilder, op: graph.CastOp, a: Operands) -> Value:

@@ -2,13 +2,14 @@
 
 Negative indices count from the end (as the reference wraps them); indices out of
 ``[-size, size)`` are an error (checked by the reference, and before a generated kernel
-runs, see ``backends.reference.check_index_inputs``). The VJP is a scatter-add through a
+runs, see ``backends.reference.index_check``). The VJP is a scatter-add through a
 one-hot matrix built by comparing the indices with an iota constant. The tile code loads
 the index and reads the operand there, so gather fuses like a layout op.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import prod
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import FactorKind, RuleBuilder, ShardingRule
-from tessera.ops.registry import Cotangents, Fusion, IndexMap, register
+from tessera.ops.registry import Cotangents, Fusion, IndexMap, bound, register
 
 if TYPE_CHECKING:
     from tessera.codegen.evaluate import Evaluator, Index
@@ -81,12 +82,17 @@ def check_indices(op: graph.GatherOp, shape: list[int], indices: torch.Tensor) -
         )
 
 
-def _gather_reference(op: graph.GatherOp, x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    axis = op.attrs()["axis"]
-    size = x.shape[axis]
-    check_indices(op, list(x.shape), indices)
-    picked = x.index_select(axis, indices.reshape(-1).long() % size)
-    return picked.reshape(aval(op.result).shape)
+@bound
+def _gather_reference(op: graph.GatherOp) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``index_select`` along the axis, after checking the indices' range."""
+    axis, shape = op.attrs()["axis"], aval(op.result).shape
+
+    def gather(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        size = x.shape[axis]
+        check_indices(op, list(x.shape), indices)
+        return x.index_select(axis, indices.reshape(-1).long() % size).reshape(shape)
+
+    return gather
 
 
 def _gather_tile(ev: Evaluator, op: graph.GatherOp, value: SSAValue, index: Index) -> SSAValue:

@@ -10,7 +10,8 @@ the cotangent with zeros by concat and reshape).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from math import gcd
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ from tessera.ops.registry import (
     PartialRule,
     Reference,
     VjpRule,
+    bound,
     register,
 )
 
@@ -166,7 +168,7 @@ _register(
     graph.ReshapeOp,
     sharding=_reshape_sharding,
     vjp=_reshape_vjp,
-    reference=lambda op, x: x.reshape(aval(op.result).shape),
+    reference=bound(lambda op: functools.partial(torch.reshape, shape=aval(op.result).shape)),
     tile=IndexMap(_reshape_tile),
 )
 
@@ -191,7 +193,7 @@ _register(
     graph.BroadcastToOp,
     sharding=elementwise,
     vjp=_broadcast_to_vjp,
-    reference=lambda op, x: torch.broadcast_to(x, aval(op.result).shape),
+    reference=bound(lambda op: functools.partial(torch.broadcast_to, size=aval(op.result).shape)),
     tile=IndexMap(_broadcast_to_tile),
 )
 
@@ -233,7 +235,7 @@ _register(
     graph.TransposeOp,
     sharding=_transpose_sharding,
     vjp=_transpose_vjp,
-    reference=lambda op, x: x.permute(op.attrs()["perm"]),
+    reference=bound(lambda op: functools.partial(torch.permute, dims=op.attrs()["perm"])),
     tile=IndexMap(_transpose_tile),
 )
 
@@ -316,11 +318,14 @@ def _slice_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents
     return [grad]
 
 
-def _slice_reference(op: graph.SliceOp, x: torch.Tensor) -> torch.Tensor:
+@bound
+def _slice_reference(op: graph.SliceOp) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Basic indexing with the op's starts, limits and strides (a view)."""
     a = op.attrs()
-    return x[
-        tuple(slice(*bounds) for bounds in zip(a["starts"], a["limits"], a["strides"], strict=True))
-    ]
+    index = tuple(
+        slice(*bounds) for bounds in zip(a["starts"], a["limits"], a["strides"], strict=True)
+    )
+    return lambda x: x[index]
 
 
 def _slice_tile(ev: Evaluator, op: graph.SliceOp, value: SSAValue, index: Index) -> SSAValue:
@@ -396,7 +401,7 @@ _register(
     sharding=_concat_sharding,
     partial="all",
     vjp=_concat_vjp,
-    reference=lambda op, *xs: torch.cat(xs, dim=op.attrs()["axis"]),
+    reference=bound(lambda op: lambda *xs: torch.cat(xs, dim=op.attrs()["axis"])),
     tile=IndexMap(_concat_tile),
 )
 
@@ -429,10 +434,12 @@ def _split_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents
     return [_concat(b, pieces, axis)]
 
 
-def _split_reference(op: graph.SplitOp, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+@bound
+def _split_reference(op: graph.SplitOp) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+    """``torch.split`` into the results' sizes along the axis."""
     axis = op.attrs()["axis"]
     sizes = [aval(r).shape[axis] for r in op.results]
-    return tuple(torch.split(x, sizes, dim=axis))
+    return lambda x: tuple(torch.split(x, sizes, dim=axis))
 
 
 def _split_tile(ev: Evaluator, op: graph.SplitOp, value: SSAValue, index: Index) -> SSAValue:

@@ -9,6 +9,7 @@ pick goes through a one-hot matrix built by comparing the labels with an iota co
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from math import prod
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from tessera.ops.registry import (
     Reference,
     RowReduction,
     VjpRule,
+    bound,
     register,
 )
 
@@ -53,6 +55,11 @@ def _in_f32(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torc
     if x.dtype in (torch.float16, torch.bfloat16):
         return fn(x.float()).to(x.dtype)
     return fn(x)
+
+
+def _f32(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``fn`` applied in f32 for f16/bf16 inputs (see :func:`_in_f32`)."""
+    return lambda x: _in_f32(fn, x)
 
 
 def _shifted_sum(
@@ -103,7 +110,7 @@ _register_row(
     graph.SoftmaxOp,
     sharding=statistic_along_axis,
     vjp=_softmax_vjp,
-    reference=lambda op, x: _in_f32(lambda v: torch.softmax(v, dim=op.attrs()["axis"]), x),
+    reference=bound(lambda op: _f32(functools.partial(torch.softmax, dim=op.attrs()["axis"]))),
     row=_softmax_row,
 )
 
@@ -128,7 +135,7 @@ _register_row(
     graph.LogSoftmaxOp,
     sharding=statistic_along_axis,
     vjp=_log_softmax_vjp,
-    reference=lambda op, x: _in_f32(lambda v: torch.log_softmax(v, dim=op.attrs()["axis"]), x),
+    reference=bound(lambda op: _f32(functools.partial(torch.log_softmax, dim=op.attrs()["axis"]))),
     row=_log_softmax_row,
 )
 
@@ -154,15 +161,21 @@ def _layer_norm_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotan
     return [b.mul(r, inner)]
 
 
-def _layer_norm_reference(op: graph.LayerNormOp, x: torch.Tensor) -> torch.Tensor:
+@bound
+def _layer_norm_reference(op: graph.LayerNormOp) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``(x - mean) * rsqrt(var + eps)`` over the axes (``F.layer_norm`` over trailing axes)."""
     axes, eps = op.attrs()["axes"], op.attrs()["eps"]
+    rank = aval(op.operands[0]).rank
+    if sorted(a % rank for a in axes) == list(range(rank - len(axes), rank)) and axes:
+        trailing = aval(op.operands[0]).shape[rank - len(axes) :]
+        return _f32(functools.partial(F.layer_norm, normalized_shape=trailing, eps=eps))
 
     def normalize(v: torch.Tensor) -> torch.Tensor:
         mean = v.mean(dim=axes, keepdim=True)
         var = (v - mean).square().mean(dim=axes, keepdim=True)
         return (v - mean) * torch.rsqrt(var + eps)
 
-    return _in_f32(normalize, x)
+    return _f32(normalize)
 
 
 def _layer_norm_row(
@@ -197,9 +210,11 @@ def _rms_norm_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotange
     return [b.mul(r, b.sub(ct, b.mul(y, _mean_keep(b, b.mul(ct, y), axes))))]
 
 
-def _rms_norm_reference(op: graph.RmsNormOp, x: torch.Tensor) -> torch.Tensor:
+@bound
+def _rms_norm_reference(op: graph.RmsNormOp) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x * rsqrt(mean(x^2) + eps)`` over the axes."""
     axes, eps = op.attrs()["axes"], op.attrs()["eps"]
-    return _in_f32(lambda v: v * torch.rsqrt(v.square().mean(dim=axes, keepdim=True) + eps), x)
+    return _f32(lambda v: v * torch.rsqrt(v.square().mean(dim=axes, keepdim=True) + eps))
 
 
 def _rms_norm_row(

@@ -30,6 +30,7 @@ from tessera.ops.registry import (
     Reference,
     RowReduction,
     VjpRule,
+    bound,
     register,
 )
 
@@ -72,13 +73,14 @@ def _max_min_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangen
 
 
 def _reference(fn: Callable[..., torch.Tensor]) -> Reference:
-    def reduce(op: graph.ReductionOp, x: torch.Tensor) -> torch.Tensor:
+    def prepare(op: graph.ReductionOp) -> Callable[[torch.Tensor], torch.Tensor]:
         attrs = op.attrs()
         if not attrs["axes"]:  # torch reduces everything for dim=(); we reduce nothing
-            return x.clone()
-        return fn(x, dim=attrs["axes"], keepdim=attrs["keepdims"]).to(x.dtype)
+            return torch.clone
+        axes, keepdims = attrs["axes"], attrs["keepdims"]
+        return lambda x: fn(x, dim=axes, keepdim=keepdims).to(x.dtype)
 
-    return reduce
+    return bound(prepare)
 
 
 def _row(kind: str, mean: bool = False) -> RowReduction:

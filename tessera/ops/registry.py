@@ -10,8 +10,10 @@ dialect definition (syntax, verification and shape rule stay on the IRDL class i
   :data:`NOT_LINEAR`;
 - ``vjp``: its reverse-mode rule (see :data:`VjpRule`);
 - ``reference``: its semantics on CPU torch tensors, ``fn(op, *tensors)``
-  (:func:`on_operands` makes one of a plain torch function; a collective's also has
-  per-rank group semantics, ``tessera.ops.collective.CollectiveReference``);
+  (:func:`on_operands` makes one of a plain torch function, :func:`bound` one that reads
+  the op's attributes once; :func:`bind_reference` gives the function of the tensors
+  alone that launch plans call; a collective's also has per-rank group semantics,
+  ``tessera.ops.collective.CollectiveReference``);
 - ``tile``: how a kernel computes it (:class:`Pointwise`, :class:`IndexMap`,
   :class:`RowReduction`, or a dedicated :class:`Kernel` class), or why none does;
 - ``fusion``: its class for kernel grouping (:class:`Fusion`).
@@ -23,6 +25,7 @@ a missing value: :func:`register` rejects ``None``.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Final
@@ -223,4 +226,26 @@ def on_operands(fn: Callable[..., Any]) -> Reference:
         return fn(*operands)
 
     reference.__doc__ = f"``{getattr(fn, '__name__', fn)}`` of the operands."
+    reference.bind = lambda op: fn  # type: ignore[attr-defined]
     return reference
+
+
+def bound(prepare: Callable[[Any], Callable[..., Any]]) -> Reference:
+    """A reference made of ``prepare(op)``, which reads what it needs of the op (its
+    attributes, result types) once and returns a function of the operand tensors."""
+
+    def reference(op: graph.GraphOp, *operands: Any) -> Any:
+        return prepare(op)(*operands)
+
+    reference.__doc__ = prepare.__doc__
+    reference.bind = prepare  # type: ignore[attr-defined]
+    return reference
+
+
+def bind_reference(op: Operation) -> Callable[..., Any]:
+    """``op``'s reference as a function of its operand tensors alone: what a compiled
+    launch plan calls, reading no IR per call (references made by :func:`on_operands`
+    or :func:`bound`; others get the op as a bound first argument)."""
+    reference = op_def(op).reference
+    prepare = getattr(reference, "bind", None)
+    return prepare(op) if prepare is not None else functools.partial(reference, op)

@@ -95,14 +95,8 @@ class PipelineExecutor:
             for member in state.members
         ]
         lowered = program.lowered
-        results = self.execution.run(
-            lowered.module_at("schedule"),
-            program.name,
-            per_member,
-            lowered.kernel_runner(),
-            ranks=state.members,
-            check_program=False,
-        )
+        plan = lowered.launch_plan(self.execution, state.members)
+        results = self.execution.run_plan(plan, per_member, check_program=False)
         return [list(r) for r in results]
 
     def _argument(

@@ -384,14 +384,8 @@ class PipelineStep:
             ]
             grads = [st.grads[p][position].unsqueeze(0) for p in owned]
             per_member.append(values + grads)
-        results = execution.run(
-            lowered.module_at("schedule"),
-            lowered.name,
-            per_member,
-            lowered.kernel_runner(),
-            ranks=st.members,
-            check_program=False,
-        )
+        plan = lowered.launch_plan(execution, st.members)
+        results = execution.run_plan(plan, per_member, check_program=False)
         return [
             (target, block(member, layout, self.mesh, target.shape), value.to(target.device))
             for member, outputs in zip(st.members, results, strict=True)

@@ -11,7 +11,7 @@ from xdsl.dialects.builtin import StringAttr
 import tessera as ts
 import tessera.dist as dist
 from tessera import op
-from tessera.backends import schedule_runner
+from tessera.backends import launch_plan, schedule_runner
 from tessera.backends.triton import autotune
 from tessera.backends.triton.runtime import CompiledKernel, TritonKernels
 from tessera.codegen.kernels import DEFAULT, BlockConfig, kernel_class
@@ -195,7 +195,7 @@ def test_interpreter_runs_the_default_config(monkeypatch):
     mesh = dist.mesh({"d": 1})
     compiled, _, _ = runner.prepare(kernel, list(args), schedule_runner.KernelContext(mesh, 0))
     assert compiled.source == CompiledKernel.from_tile(autotune.lower(kernel)).source
-    (out,) = schedule_runner.run_virtual(module, lowered.name, mesh, [list(args)], runner)[0]
+    (out,) = launch_plan.run_virtual(module, lowered.name, mesh, [list(args)], runner)[0]
     torch.testing.assert_close(out, torch.softmax(args[0], dim=-1))
     assert autotune.cached(kernel, "cpu") is None
 

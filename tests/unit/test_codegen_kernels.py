@@ -41,7 +41,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 import tessera as ts
 from tessera import dist, op
-from tessera.backends import schedule_runner
+from tessera.backends import launch_plan
 from tessera.backends.schedule_runner import KernelContext
 from tessera.backends.triton import runtime
 from tessera.backends.triton.emit import emit_kernel
@@ -119,7 +119,7 @@ class Compiled:
         self, args: Sequence[torch.Tensor], mesh: dist.Mesh = ONE_DEVICE, rank_args: Any = None
     ) -> list[tuple[torch.Tensor, ...]]:
         ranks = rank_args if rank_args is not None else [list(args)]
-        return schedule_runner.run_virtual(
+        return launch_plan.run_virtual(
             self.module, self.name, mesh, ranks, TritonKernels(self.module)
         )
 

@@ -16,7 +16,7 @@ from xdsl.parser import Parser
 
 import tessera as ts
 from tessera import dist, op, optim
-from tessera.backends.schedule_runner import run_virtual
+from tessera.backends.launch_plan import run_virtual
 from tessera.backends.virtual import run_partitioned
 from tessera.errors import TesseraError
 from tessera.graph import backward, training_step

@@ -19,7 +19,7 @@ from xdsl.utils.exceptions import VerifyException
 import tessera as ts
 from tessera import dist, op, schedule
 from tessera.backends import hierarchical
-from tessera.backends.schedule_runner import run_virtual
+from tessera.backends.launch_plan import run_virtual
 from tessera.errors import ExecutionError, TesseraError
 from tessera.ir import graph
 from tessera.ir import schedule as schedule_ir

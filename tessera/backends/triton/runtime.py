@@ -28,7 +28,13 @@ if not torch.cuda.is_available():  # Triton's interpreter must be chosen before 
 
 from xdsl.dialects.builtin import ModuleOp
 
-from tessera.backends.schedule_runner import KernelContext, reference_kernel
+from tessera.backends.reference import index_check
+from tessera.backends.schedule_runner import (
+    BoundKernel,
+    Buffers,
+    KernelContext,
+    compile_block,
+)
 from tessera.backends.triton.emit import emit_kernel
 from tessera.cache_location import cache_directory
 from tessera.codegen.kernels import pointer_constants, position_axes
@@ -198,6 +204,8 @@ class TritonKernels:
         self.tuned: dict[tuple[str, str], Any] = {}  # (kernel, device) -> autotune.Tuning
         self.views: dict[str, bool] = {}  # kernel -> whether it runs as a torch view
 
+    uses_buffers = True  # launched kernels write outputs into the buffers plans offer
+
     def kernel(self, name: str) -> CompiledKernel:
         """The module's tile kernel ``name`` (the interpreter's, and the untuned GPU's)."""
         if name not in self.compiled:
@@ -218,17 +226,24 @@ class TritonKernels:
             ]
         return self.constants[key]
 
+    def _signature(
+        self, kernel: schedule.KernelOp
+    ) -> tuple[list[tuple[tuple[int, ...], torch.dtype]], list[tuple[str, ...]]]:
+        """The output shapes and dtypes of ``kernel``'s tile kernel and the axes of its
+        rank positions (reading types is slow: once per tile kernel)."""
+        name = self.tile_name(kernel)
+        if name not in self.signatures:
+            results = [(tuple(r.type.get_shape()), _torch_dtype(r.type)) for r in kernel.results]  # type: ignore[attr-defined]
+            self.signatures[name] = (results, position_axes(kernel))
+        return self.signatures[name]
+
     def prepare(
         self, kernel: schedule.KernelOp, inputs: Sequence[torch.Tensor], context: KernelContext
     ) -> tuple[CompiledKernel, list[Any], list[torch.Tensor]]:
         """The compiled kernel to launch, its arguments and the (new) output tensors; on
         CUDA with autotuning, the first call of a kernel tunes it on these arguments."""
         device = inputs[0].device if inputs else _device_without_inputs()
-        name = self.tile_name(kernel)
-        if name not in self.signatures:  # reading types is slow: once per kernel
-            results = [(tuple(r.type.get_shape()), _torch_dtype(r.type)) for r in kernel.results]  # type: ignore[attr-defined]
-            self.signatures[name] = (results, position_axes(kernel))
-        results, groups = self.signatures[name]
+        results, groups = self._signature(kernel)
         outputs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in results]
         positions = [context.position(axes)[0] for axes in groups]
         args = [
@@ -237,26 +252,82 @@ class TritonKernels:
             *self._constants(kernel, device),
             *positions,
         ]
+        return self._compiled(kernel, device, args), args, outputs
+
+    def _compiled(
+        self, kernel: schedule.KernelOp, device: torch.device, args: Sequence[Any]
+    ) -> CompiledKernel:
+        """The kernel to launch on ``device``: tuned on ``args`` at its first CUDA call
+        when autotuning, else the module's tile kernel."""
+        name = self.tile_name(kernel)
         if device.type == "cuda" and self.autotune:
             key = (name, str(device))
             if key not in self.tuned:
                 from tessera.backends.triton import autotune
 
-                self.tuned[key] = autotune.tune(kernel, args)
-            return self.tuned[key].compiled, args, outputs
-        return self.kernel(name), args, outputs
+                self.tuned[key] = autotune.tune(kernel, list(args))
+            return self.tuned[key].compiled
+        return self.kernel(name)
+
+    def bind(
+        self,
+        kernel: schedule.KernelOp,
+        context: KernelContext,
+        device: torch.device,
+        outputs: Buffers = None,
+    ) -> BoundKernel:
+        """``kernel`` for one rank on ``device``, everything read from the IR once: its
+        shared compiled kernel, output shapes and dtypes, constants and rank positions;
+        a view kernel as its torch view calls. Outputs given a buffer are written there
+        (the same tensor every call), the others allocated per call. Kernels reading
+        gather indices or cross-entropy labels first check their range (a generated
+        kernel would read out of bounds)."""
+        if self._is_view(kernel):  # no launch: a view of the (contiguous) input
+            view = compile_block(kernel.body.block, context, kernel.kernel_name)
+            return lambda *inputs: view(*(x.contiguous() for x in inputs))
+        results, groups = self._signature(kernel)
+        constants = self._constants(kernel, device)
+        positions = [context.position(axes)[0] for axes in groups]
+        check = index_check(kernel.body.block)
+        compiled: CompiledKernel | None = None
+        if device.type != "cuda" or not self.autotune:
+            compiled = self.kernel(self.tile_name(kernel))
+        empty = torch.empty
+        buffers = list(outputs) if outputs is not None else [None] * len(results)
+        if len(buffers) != len(results):
+            raise ExecutionError(
+                f"@{kernel.kernel_name}: {len(buffers)} output buffers for {len(results)} outputs"
+            )
+        fixed = buffers if all(b is not None for b in buffers) else None
+
+        def run(*inputs: torch.Tensor) -> list[torch.Tensor]:
+            nonlocal compiled
+            if check is not None:
+                check(inputs)
+            outputs = fixed or [
+                empty(shape, dtype=dtype, device=device) if buffer is None else buffer
+                for (shape, dtype), buffer in zip(results, buffers, strict=True)
+            ]
+            args = [*(x.contiguous() for x in inputs), *outputs, *constants, *positions]
+            if compiled is None:  # CUDA with autotuning: tuned at the first call
+                compiled = self._compiled(kernel, device, args)
+            compiled.launch(args)
+            return outputs
+
+        return run
+
+    def _is_view(self, kernel: schedule.KernelOp) -> bool:
+        name = self.tile_name(kernel)
+        if name not in self.views:
+            self.views[name] = runs_as_view(kernel)
+        return self.views[name]
 
     def __call__(
         self, kernel: schedule.KernelOp, inputs: Sequence[torch.Tensor], context: KernelContext
     ) -> list[torch.Tensor]:
-        name = self.tile_name(kernel)
-        if name not in self.views:
-            self.views[name] = runs_as_view(kernel)
-        if self.views[name]:  # no launch: a view of the (contiguous) input
-            return reference_kernel(kernel, [x.contiguous() for x in inputs], context)
-        compiled, args, outputs = self.prepare(kernel, inputs, context)
-        compiled.launch(args)
-        return outputs
+        """Runs ``kernel`` once (binding it first)."""
+        device = inputs[0].device if inputs else _device_without_inputs()
+        return list(self.bind(kernel, context, device)(*inputs))
 
 
 def _device_without_inputs() -> torch.device:

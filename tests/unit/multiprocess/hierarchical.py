@@ -28,7 +28,7 @@ import tessera as ts
 from tessera import dist, op, schedule
 from tessera.backends import distributed
 from tessera.backends.distributed import run_rank
-from tessera.backends.schedule_runner import run_virtual
+from tessera.backends.launch_plan import run_virtual
 from tessera.ir import graph
 from tessera.ir import schedule as schedule_ir
 

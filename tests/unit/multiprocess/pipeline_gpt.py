@@ -49,10 +49,11 @@ def main() -> None:
     losses, params = losses_and_params(pp, dp, tp, m, kind, virtual, steps)  # params gathered
     rank = tdist.get_rank()
     if rank == 0:
-        print("losses:", " ".join(float(x).hex() for x in losses))
+        # one write per line: the ranks share stdout (print writes its arguments apart)
+        print(f"losses: {' '.join(float(x).hex() for x in losses)}", flush=True)
         digest = torch.cat([params[k].flatten() for k in sorted(params)]).double()
-        print("params:", float(digest.sum()).hex(), float(digest.abs().sum()).hex())
-    print(f"rank {rank} scheduled: {' '.join(sorted(set(scheduled)))}")
+        print(f"params: {float(digest.sum()).hex()} {float(digest.abs().sum()).hex()}", flush=True)
+    print(f"rank {rank} scheduled: {' '.join(sorted(set(scheduled)))}", flush=True)
     print(f"rank {rank} OK (pid {os.getpid()})")
 
 
