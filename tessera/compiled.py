@@ -193,8 +193,11 @@ class Lowered:
         key = (execution.plan_key, tuple(execution.ranks if ranks is None else ranks))
         plan = self._plans.get(key)
         if plan is None:
+            # Triton kernels: the tile stage holds the schedule and the kernels it names,
+            # so a program read from the program cache loads one module, not two
+            stage = "schedule" if self.kernels == "reference" else "tile"
             plan = execution.plan(
-                self.module_at("schedule"), self.name, self.kernel_runner(), list(key[1])
+                self.module_at(stage), self.name, self.kernel_runner(), list(key[1])
             )
             self._plans[key] = plan
             self.plan_builds += 1

@@ -49,13 +49,17 @@ def main() -> None:
     losses, params = losses_and_params(pp, dp, tp, m, kind, virtual, steps)  # params gathered
     rank = tdist.get_rank()
     if rank == 0:
-        # one write per line: the ranks share stdout (print writes its arguments apart)
-        print(f"losses: {' '.join(float(x).hex() for x in losses)}", flush=True)
+        _say(f"losses: {' '.join(float(x).hex() for x in losses)}")
         digest = torch.cat([params[k].flatten() for k in sorted(params)]).double()
-        print(f"params: {float(digest.sum()).hex()} {float(digest.abs().sum()).hex()}", flush=True)
-    print(f"rank {rank} scheduled: {' '.join(sorted(set(scheduled)))}", flush=True)
-    print(f"rank {rank} OK (pid {os.getpid()})")
+        _say(f"params: {float(digest.sum()).hex()} {float(digest.abs().sum()).hex()}")
+    _say(f"rank {rank} scheduled: {' '.join(sorted(set(scheduled)))}")
+    _say(f"rank {rank} OK (pid {os.getpid()})")
 
+
+def _say(line: str) -> None:
+    """One write per line: the ranks share stdout, unbuffered (print writes the line and
+    its newline apart, and another rank's line can come between)."""
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
 
 if __name__ == "__main__":
     main()
