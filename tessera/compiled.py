@@ -126,6 +126,7 @@ class Lowered:
         self._stages: dict[str, ModuleOp] = {"traced": module}
         # compiled stages on disk, shared by every process tracing the same program
         self._program_cache = ProgramCache(module, config) if program_cache.enabled() else None
+        self._sources: dict[str, str] | None = None  # Triton source by tile kernel
         self._runner: schedule_runner.KernelBinder | None = None
         self._plans: dict[tuple[Any, tuple[int, ...]], Any] = {}  # launch plans
         self._graph_plan: Callable[..., list[torch.Tensor]] | None = None
@@ -166,10 +167,17 @@ class Lowered:
         return str(self.module_at(stage))
 
     def triton_source(self) -> dict[str, str]:
-        """The generated Triton source of every kernel, by kernel name."""
-        from tessera.backends.triton.emit import emit_module
+        """The generated Triton source of every kernel, by kernel name (emitted once, or
+        read from the program cache)."""
+        if self._sources is None and self._program_cache:
+            self._sources = self._program_cache.load_sources()
+        if self._sources is None:
+            from tessera.backends.triton.emit import emit_module
 
-        return emit_module(self.module_at("tile"))
+            self._sources = emit_module(self.module_at("tile"))
+            if self._program_cache:
+                self._program_cache.store_sources(self._sources)
+        return dict(self._sources)
 
     def kernel_runner(self) -> schedule_runner.KernelBinder:
         """How kernels run: generated Triton kernels (compiled on a GPU, interpreted on a
@@ -183,7 +191,7 @@ class Lowered:
             else:
                 from tessera.backends.triton.runtime import TritonKernels
 
-                self._runner = TritonKernels(self.module_at("tile"))
+                self._runner = TritonKernels(self.module_at("tile"), sources=self.triton_source())
         return self._runner
 
     def launch_plan(self, execution: Execution, ranks: Sequence[int] | None = None) -> Any:

@@ -3,8 +3,9 @@
 A program's key is the SHA-256 of Tessera's own source code, the compile configuration
 (mesh, kernels and every pass with its options, as ``pipeline_string`` spells them)
 and the traced module (:func:`tessera.ir.serialize.dumps`). A stage's module is stored
-as ``programs/<key>/<stage>.bin`` under the cache root (and the per-rank layouts of the
-arguments and results, which a call reads, as ``layouts.bin``), in the serialized form, behind a
+as ``programs/<key>/<stage>.bin`` under the cache root (and what a call reads besides:
+the per-rank layouts of the arguments and results, ``layouts.bin``, and the Triton
+source of every tile kernel, ``triton.bin``), in the serialized form, behind a
 header holding the SHA-256 of the data; a file whose data does not match its hash (or
 does not load) is ignored, removed and compiled again. So every rank of a job and every
 later process that traces the same program reads its stages instead of compiling them:
@@ -106,6 +107,25 @@ class ProgramCache:
     def store_layouts(self, layouts: tuple[list[Sharding], list[Sharding]]) -> None:
         plain = [[[list(s.dims), list(s.partial)] for s in side] for side in layouts]
         self._write("layouts", json.dumps(plain).encode())
+
+    def load_sources(self) -> dict[str, str] | None:
+        """The stored Triton source of every tile kernel, or None."""
+        payload = self._read("triton")
+        if payload is None:
+            return None
+        try:
+            sources = json.loads(payload)
+        except ValueError:
+            sources = None
+        if not isinstance(sources, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in sources.items()
+        ):
+            self._path("triton").unlink(missing_ok=True)
+            return None
+        return sources
+
+    def store_sources(self, sources: dict[str, str]) -> None:
+        self._write("triton", json.dumps(sources).encode())
 
     def _read(self, name: str) -> bytes | None:
         path = self._path(name)

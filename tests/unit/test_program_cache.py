@@ -146,3 +146,23 @@ def test_a_second_process_reads_the_first_ones_program(cache):
         )
         assert done.returncode == 0, done.stderr[-2000:]
         assert float(done.stdout.split()[-1]) < 1e-5
+
+
+def test_triton_sources_are_read_not_emitted_again(cache, monkeypatch):
+    def small(x, w):
+        return op.softmax(op.gelu(x @ w), axis=-1)
+
+    x, w = torch.randn(8, 16), torch.randn(16, 32)
+    sources = ts.jit(small, kernels="triton").lower(x, w).triton_source()
+    assert len(list((cache / "programs").rglob("triton.bin"))) == 1
+    from tessera.backends.triton import emit, runtime
+
+    def no_emitting(*args, **kwargs):
+        raise AssertionError("a cached source was emitted again")
+
+    monkeypatch.setattr(emit, "emit_module", no_emitting)
+    monkeypatch.setattr(runtime, "emit_kernel", no_emitting)
+    lowered = ts.jit(small, kernels="triton").lower(x, w)
+    assert lowered.triton_source() == sources
+    want = torch.softmax(torch.nn.functional.gelu(x.double() @ w.double()), dim=-1)
+    torch.testing.assert_close(lowered(x, w).double(), want, rtol=1e-4, atol=1e-5)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,11 +93,12 @@ class CompiledKernel:
     function: Any = None
 
     @staticmethod
-    def from_tile(kernel: tile.KernelOp) -> CompiledKernel:
+    def from_tile(kernel: tile.KernelOp, source: str | None = None) -> CompiledKernel:
+        """The kernel to launch; ``source`` is its Triton source when already emitted."""
         positions = kernel.attributes.get("positions")
         return CompiledKernel(
             kernel.kernel_name,
-            emit_kernel(kernel),
+            emit_kernel(kernel) if source is None else source,
             kernel.grid_size,
             kernel.num_warps.value.data,
             kernel.num_stages.value.data,
@@ -184,10 +185,16 @@ class TritonKernels:
     block runs as a torch view, without a launch.
     """
 
-    def __init__(self, module: ModuleOp, autotune: bool | None = None):
+    def __init__(
+        self,
+        module: ModuleOp,
+        autotune: bool | None = None,
+        sources: Mapping[str, str] | None = None,
+    ):
         from tessera.backends.triton import autotune as tuning
 
         self.tiles = {op.kernel_name: op for op in module.walk() if isinstance(op, tile.KernelOp)}
+        self.sources = dict(sources or {})  # kernel -> its Triton source, when known
         # schedule kernel -> its tile kernel (identical kernels share one); the kernels
         # run may come from the schedule stage's module, which does not name them
         self.tile_names = {
@@ -211,7 +218,7 @@ class TritonKernels:
         if name not in self.compiled:
             if name not in self.tiles:
                 raise ExecutionError(f"no tile kernel @{name}: run lower-schedule-to-tile first")
-            self.compiled[name] = CompiledKernel.from_tile(self.tiles[name])
+            self.compiled[name] = CompiledKernel.from_tile(self.tiles[name], self.sources.get(name))
         return self.compiled[name]
 
     def tile_name(self, kernel: schedule.KernelOp) -> str:
