@@ -104,6 +104,14 @@ def _demo() -> tuple[Run, ...]:
 
 AS_WRITTEN = "as written"
 COMMANDS: dict[str, tuple[Run, ...] | str] = {
+    # as written: compiles (nothing runs) a 2- and an 8-layer training step
+    ".venv/bin/python benchmarks/compile_time.py --layers 2 8 --stages schedule tile triton": (
+        Run(
+            ".venv/bin/python benchmarks/compile_time.py --layers 2 8 --stages schedule tile triton",
+            last_line=None,
+            expect=("distinct kernels", "| 8 |"),
+        ),
+    ),
     "bash scripts/demo.sh": _demo(),
     # Recursive: CI runs it (.ci/run). Here: it parses, and the tools it calls are installed.
     "bash scripts/test.sh": (
