@@ -11,9 +11,12 @@ error is printed on stdout and the exit status is 0, as in ``xdsl-opt``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
+import traceback
 from collections.abc import Sequence
-from typing import IO
+from typing import IO, Any
 
 from xdsl.dialects.builtin import Builtin, ModuleOp
 from xdsl.dialects.func import Func
@@ -86,6 +89,16 @@ class TesseraOptMain(xDSLOptMain):
                     f"tessera-opt: error: invalid options for pass '{spec.name}': {error}"
                 ) from None
         super().setup_pipeline()
+        inner = self.pipeline.callback
+
+        def track(previous: Any, module: ModuleOp, following: Any) -> None:
+            self.running = None  # verifying between passes
+            if inner is not None:
+                inner(previous, module, following)
+            self.running = following.name if following is not None else None
+
+        self.running: str | None = None  # the pass being applied, for internal errors
+        self.pipeline = dataclasses.replace(self.pipeline, callback=track)
 
     def parse_chunk(
         self, chunk: IO[bytes], file_extension: str, start_offset: int = 0
@@ -111,6 +124,31 @@ class TesseraOptMain(xDSLOptMain):
             raise ToolError(format_parse_error(error)) from None
         except TesseraError as error:  # e.g. -t triton on a module it cannot emit
             raise ToolError(f"tessera-opt: error: {error}") from None
+        except UnicodeDecodeError as error:
+            raise ToolError(
+                f"tessera-opt: error: the input is not UTF-8 text: byte "
+                f"0x{error.object[error.start]:02x} at offset {error.start}"
+            ) from None
+        except RecursionError:
+            raise ToolError("tessera-opt: error: the input nests too deeply") from None
+        except (MemoryError, OverflowError) as error:
+            raise ToolError(
+                "tessera-opt: error: a size or number in the input is too large to handle"
+                + (f" ({error})" if str(error) else "")
+            ) from None
+        except DiagnosticException as error:  # a verifier, outside the pass pipeline
+            raise ToolError(f"tessera-opt: error: {error}") from None
+        except (ToolError, OSError, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as error:  # a bug in Tessera or xDSL, not in the input
+            where = getattr(self, "running", None)
+            what = f"in pass '{where}'" if where else "while reading or printing the IR"
+            message = f"tessera-opt: internal error {what}: {type(error).__name__}: {error}"
+            if os.environ.get("TESSERA_DEBUG", "") not in ("", "0"):
+                message += "\n" + traceback.format_exc()
+            else:
+                message += "\n(set TESSERA_DEBUG=1 for the traceback)"
+            raise ToolError(message) from None
 
 
 def main(args: Sequence[str] | None = None) -> int:

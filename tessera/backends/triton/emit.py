@@ -205,7 +205,16 @@ def _emit_block(block: Block, names: _Names, lines: list[str], indent: str) -> N
 
 
 def emit_kernel(kernel: tile.KernelOp) -> str:
-    """The Triton source (a module with imports and one ``@triton.jit`` function)."""
+    """The Triton source (a module with imports and one ``@triton.jit`` function). The
+    kernel's name becomes the function's name, so it must be a plain identifier: text
+    from the IR never reaches the source otherwise."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", kernel.kernel_name) or keyword.iskeyword(
+        kernel.kernel_name
+    ):
+        raise IRError(
+            f"emit-triton: kernel name {kernel.kernel_name!r} is not a valid function name "
+            "(letters, digits and underscores, not starting with a digit)"
+        )
     names = _Names()
     block = kernel.body.block
     params = [names.define(a) for a in block.args]
