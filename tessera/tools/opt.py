@@ -16,6 +16,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from importlib.metadata import version
 from typing import IO, Any
 
 from xdsl.dialects.builtin import Builtin, ModuleOp
@@ -39,12 +40,19 @@ class ToolError(Exception):
 class TesseraOptMain(xDSLOptMain):
     """xdsl-opt with Tessera's dialects and passes only, and MLIR-style error messages."""
 
+    version_format = (
+        f"tessera-opt from Tessera {version('tessera')} (xDSL {{xdsl_version}})"
+    )
+
     def register_all_dialects(self) -> None:
         for dialect in (Builtin, Func, Graph, Schedule, *TILE_DIALECTS):
             self.ctx.register_dialect(dialect.name, lambda d=dialect: d)
 
     def register_all_targets(self) -> None:
+        """``mlir`` (the IR, the default) and ``triton`` (the tile kernels' source): xDSL's
+        other targets (llvm, x86-asm, ...) need dialects Tessera's modules never hold."""
         super().register_all_targets()
+        self.available_targets = {"mlir": self.available_targets["mlir"]}
 
         def triton_target() -> type:
             from tessera.backends.triton.emit import TritonTarget
