@@ -16,7 +16,8 @@ A single type after ``:`` means every operand and the result have that type.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,13 +26,14 @@ from xdsl.dialects.builtin import (
     BoolAttr,
     DenseArrayBase,
     DenseIntOrFPElementsAttr,
+    DictionaryAttr,
     FloatAttr,
     IntegerAttr,
     StringAttr,
     TensorType,
 )
 from xdsl.dialects.func import FuncOp
-from xdsl.ir import Attribute, Dialect, SSAValue
+from xdsl.ir import Attribute, Dialect, Operation, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     irdl_op_definition,
@@ -52,7 +54,7 @@ from tessera.errors import ShapeError, TesseraError
 from tessera.ir import shape_rules
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.attr_values import parse_properties, print_properties, to_attr, to_python
-from tessera.ir.sharding import ShardingAttr
+from tessera.ir.sharding import SHARDING_KEY, ShardingAttr
 
 ShapeRule = Callable[..., AbstractTensor | tuple[AbstractTensor, ...]]
 
@@ -668,6 +670,8 @@ class MeshOp(IRDLOperation):
                 raise VerifyException(
                     f"graph.mesh: axis {axis} must have a positive size, found {size}"
                 )
+        if self.prev_op is None or not any(isinstance(o, MeshOp) for o in _earlier(self)):
+            _verify_function_shardings(self)  # once per block: by its first mesh
 
     def print(self, printer: Printer) -> None:
         axes = ", ".join(f"{a} = {s}" for a, s in self.axes)
@@ -700,6 +704,68 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     RmsNormOp, CrossEntropyOp, ReshapeOp, BroadcastToOp, TransposeOp, SliceOp, ConcatOp,
     SplitOp, GatherOp,
 )  # fmt: skip
+
+def _earlier(op: Operation) -> Iterator[Operation]:
+    previous = op.prev_op
+    while previous is not None:
+        yield previous
+        previous = previous.prev_op
+
+
+@dataclass(frozen=True)
+class _MeshAxes:
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return self.names
+
+    def axis_size(self, axis: str) -> int:
+        return self.sizes[self.names.index(axis)]
+
+
+def _verify_function_shardings(first_mesh: MeshOp) -> None:
+    """The argument and result shardings of the functions next to the meshes name one of
+    them and fit it: known axes, none twice, the tensor's rank, and (in a global
+    function) dims divisible by their axes."""
+    block = first_mesh.parent
+    if block is None:
+        return
+    meshes = {
+        o.sym_name.data: _MeshAxes(tuple(a for a, _ in o.axes), tuple(n for _, n in o.axes))
+        for o in block.ops
+        if isinstance(o, MeshOp)
+    }
+    for function in block.ops:
+        if not isinstance(function, FuncOp):
+            continue
+        partitioned = PARTITIONED in function.attributes
+        types = function.function_type
+        for kind, attrs, values in (
+            ("argument", function.arg_attrs, types.inputs.data),
+            ("result", function.res_attrs, types.outputs.data),
+        ):
+            for index, (entry, value_type) in enumerate(zip(attrs or (), values, strict=False)):
+                attr = entry.data.get(SHARDING_KEY) if isinstance(entry, DictionaryAttr) else None
+                if not isinstance(attr, ShardingAttr):
+                    continue
+                what = f"{kind} #{index} of @{function.sym_name.data}"
+                mesh = meshes.get(attr.mesh_name)
+                if mesh is None:
+                    raise VerifyException(
+                        f"{what}: sharding names mesh @{attr.mesh_name}, which is not defined; "
+                        f"meshes: {', '.join('@' + m for m in meshes)}"
+                    )
+                shape = AbstractTensor.from_xdsl(value_type).shape
+                try:
+                    if partitioned:  # local shapes: the divisibility was checked globally
+                        attr.sharding.validate(mesh, [0] * len(shape), what)
+                    else:
+                        attr.sharding.validate(mesh, shape, what)
+                except TesseraError as error:
+                    raise VerifyException(str(error)) from None
+
 
 def _verify_once_per_signature(cls: type[GraphOp]) -> None:
     """Makes ``cls.verify_`` (xDSL's checks of types and properties, then the shape rule)
