@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,7 +53,7 @@ from tessera.errors import ShapeError, TesseraError
 from tessera.ir import shape_rules
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.attr_values import parse_properties, print_properties, to_attr, to_python
-from tessera.ir.sharding import SHARDING_KEY, ShardingAttr
+from tessera.ir.sharding import SHARDING_KEY, AxisSizes, ShardingAttr
 
 ShapeRule = Callable[..., AbstractTensor | tuple[AbstractTensor, ...]]
 
@@ -670,7 +669,7 @@ class MeshOp(IRDLOperation):
                 raise VerifyException(
                     f"graph.mesh: axis {axis} must have a positive size, found {size}"
                 )
-        if self.prev_op is None or not any(isinstance(o, MeshOp) for o in _earlier(self)):
+        if not any(isinstance(o, MeshOp) for o in _earlier(self)):
             _verify_function_shardings(self)  # once per block: by its first mesh
 
     def print(self, printer: Printer) -> None:
@@ -712,19 +711,6 @@ def _earlier(op: Operation) -> Iterator[Operation]:
         previous = previous.prev_op
 
 
-@dataclass(frozen=True)
-class _MeshAxes:
-    names: tuple[str, ...]
-    sizes: tuple[int, ...]
-
-    @property
-    def axis_names(self) -> tuple[str, ...]:
-        return self.names
-
-    def axis_size(self, axis: str) -> int:
-        return self.sizes[self.names.index(axis)]
-
-
 def _verify_function_shardings(first_mesh: MeshOp) -> None:
     """The argument and result shardings of the functions next to the meshes name one of
     them and fit it: known axes, none twice, the tensor's rank, and (in a global
@@ -733,7 +719,7 @@ def _verify_function_shardings(first_mesh: MeshOp) -> None:
     if block is None:
         return
     meshes = {
-        o.sym_name.data: _MeshAxes(tuple(a for a, _ in o.axes), tuple(n for _, n in o.axes))
+        o.sym_name.data: AxisSizes(tuple(o.axes))
         for o in block.ops
         if isinstance(o, MeshOp)
     }

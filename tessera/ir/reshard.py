@@ -24,7 +24,7 @@ from functools import lru_cache
 from math import prod
 
 from tessera.errors import ShardingError
-from tessera.ir.sharding import MeshLike, Sharding
+from tessera.ir.sharding import AxisSizes, MeshLike, Sharding
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def _reshard_cost(
 ) -> float:
     """:func:`reshard_cost` on the sizes of the axes involved (cached: identical layers
     ask the same questions)."""
-    mesh = _AxisSizes(dict(sizes))
+    mesh = AxisSizes(sizes)
     cost = 0.0
     sharding = src
     for step in plan_reshard(src, dst):
@@ -147,20 +147,6 @@ def _reshard_cost(
             cost += _RING_FACTORS[step.kind](n) * local + ALPHA_BYTES
         sharding = apply_step(sharding, step)
     return cost
-
-
-@dataclass(frozen=True)
-class _AxisSizes:
-    """The sizes of some mesh axes (what a cost reads of a mesh)."""
-
-    sizes: dict[str, int]
-
-    @property
-    def axis_names(self) -> tuple[str, ...]:
-        return tuple(self.sizes)
-
-    def axis_size(self, axis: str) -> int:
-        return self.sizes[axis]
 
 
 def apply_step(sharding: Sharding, step: ReshardStep) -> Sharding:

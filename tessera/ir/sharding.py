@@ -36,6 +36,20 @@ class MeshLike(Protocol):
 
 
 @dataclass(frozen=True)
+class AxisSizes:
+    """Named mesh axes and their sizes: all a sharding check or a cost reads of a mesh."""
+
+    sizes: tuple[tuple[str, int], ...]
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(a for a, _ in self.sizes)
+
+    def axis_size(self, axis: str) -> int:
+        return dict(self.sizes)[axis]
+
+
+@dataclass(frozen=True)
 class Sharding:
     """Per-dim split axes and partial axes (each with its reduction kind)."""
 
