@@ -16,11 +16,12 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from tessera import environment
+
 
 def cache_root() -> Path:
     """The root of Tessera's caches (``TESSERA_CACHE_DIR``, default ``~/.cache/tessera``)."""
-    configured = os.environ.get("TESSERA_CACHE_DIR")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "tessera"
+    return environment.cache_dir()
 
 
 def private_directory(path: Path) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,8 +21,8 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, UnitAttr
 from xdsl.ir import Attribute, BlockArgument, SSAValue
 
+from tessera import environment, program_cache, schedule
 from tessera import op as _op_library  # noqa: F401 (gives traced tensors their operators)
-from tessera import program_cache, schedule
 from tessera.backends import distributed, schedule_runner
 from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.execution import (
@@ -54,10 +53,7 @@ from tessera.schedule import ScheduleOptions
 
 def default_kernels() -> str:
     """Generated Triton kernels, unless ``TESSERA_KERNELS=reference`` asks for the oracle."""
-    choice = os.environ.get("TESSERA_KERNELS", "triton")
-    if choice not in KERNEL_BACKENDS:
-        raise TesseraError(f"TESSERA_KERNELS must be one of {KERNEL_BACKENDS}, found {choice!r}")
-    return choice
+    return environment.kernels()
 
 
 def _is_array(leaf: Any) -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 
 from xdsl.dialects.builtin import ModuleOp
 
+from tessera import environment
 from tessera.cache_location import cache_directory
 from tessera.driver import STAGES, CompileConfig, pipeline_string
 from tessera.ir import serialize
@@ -35,7 +36,7 @@ _MAGIC = b"tessera-program\n"
 
 
 def enabled() -> bool:
-    return os.environ.get("TESSERA_PROGRAM_CACHE", "1") not in ("0", "false", "False", "")
+    return environment.program_cache()
 
 
 @functools.cache

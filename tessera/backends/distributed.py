@@ -45,6 +45,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Attribute
 
+from tessera import environment
 from tessera.backends import hierarchical
 from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.launch_plan import LaunchPlan, build_plan
@@ -66,34 +67,24 @@ from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
 from tessera.perf.timeline import Mark
 
-DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_S = environment.DEFAULT_TIMEOUT_S
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def timeout_seconds() -> float:
     """The collective timeout: ``TESSERA_TIMEOUT`` seconds (default 60)."""
-    value = os.environ.get("TESSERA_TIMEOUT", "")
-    try:
-        return float(value) if value else DEFAULT_TIMEOUT_S
-    except ValueError:
-        raise TesseraError(
-            f"TESSERA_TIMEOUT must be a number of seconds, found {value!r}"
-        ) from None
+    return environment.timeout()
 
 
 def launched() -> bool:
     """Whether this process is one rank of a multi-process run: ``torch.distributed`` is
     initialised, or a launcher (``tessera run``, ``torchrun``) set ``RANK`` and a
     ``WORLD_SIZE`` above 1. ``TESSERA_BACKEND=virtual`` forces the virtual mesh."""
-    if os.environ.get("TESSERA_BACKEND", "").lower() == "virtual":
+    if environment.backend() == "virtual":
         return False
     if tdist.is_available() and tdist.is_initialized():
         return True
-    try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return False
-    return world > 1 and "RANK" in os.environ
+    return environment.world_size() > 1 and environment.rank() is not None
 
 
 @dataclass
@@ -137,9 +128,13 @@ class Runtime:
                         f"cannot join the process group: {name} is not set; start the script "
                         f"with `tessera run -n N script.py` or torchrun"
                     )
-            use_cuda = torch.cuda.is_available() and os.environ.get("TESSERA_DEVICE") == "cuda"
+            use_cuda = environment.device() == "cuda"
             if use_cuda:
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+                if not torch.cuda.is_available():
+                    raise DistributedError(
+                        "TESSERA_DEVICE=cuda but torch sees no CUDA device on this machine"
+                    )
+                torch.cuda.set_device(environment.integer("LOCAL_RANK", 0) or 0)
             try:
                 tdist.init_process_group(
                     "nccl" if use_cuda else "gloo", timeout=timedelta(seconds=self.timeout)

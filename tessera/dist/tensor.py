@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tessera import environment
 from tessera.ir.mesh import Mesh
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dtypes import as_dtype
@@ -96,7 +97,7 @@ def _process_rank() -> int:
 
     if tdist.is_available() and tdist.is_initialized():
         return tdist.get_rank()
-    return int(os.environ.get("RANK", "0"))
+    return environment.rank() or 0
 
 
 def tensor(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import socket
@@ -39,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-n", "--nproc", type=int, required=True, help="number of ranks (processes)")
     run.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=None,
         help="seconds a rank waits for the others in a collective before failing "
         "(sets TESSERA_TIMEOUT; default 60)",
@@ -47,6 +48,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("script", help="the Python script every rank runs")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     return parser
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``'s value: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive, finite number of seconds, found {text!r}"
+        )
+    return value
 
 
 def _exit_code(code: int) -> int:

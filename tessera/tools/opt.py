@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from xdsl.utils.arg_spec import parse_pipeline
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
+from tessera import environment
 from tessera.errors import TesseraError
 from tessera.ir.graph import Graph
 from tessera.ir.schedule import Schedule
@@ -152,11 +152,19 @@ class TesseraOptMain(xDSLOptMain):
             where = getattr(self, "running", None)
             what = f"in pass '{where}'" if where else "while reading or printing the IR"
             message = f"tessera-opt: internal error {what}: {type(error).__name__}: {error}"
-            if os.environ.get("TESSERA_DEBUG", "") not in ("", "0"):
+            if _debug():
                 message += "\n" + traceback.format_exc()
             else:
                 message += "\n(set TESSERA_DEBUG=1 for the traceback)"
             raise ToolError(message) from None
+
+
+def _debug() -> bool:
+    """``TESSERA_DEBUG``: show internal errors' tracebacks (an invalid value counts as yes)."""
+    try:
+        return environment.debug()
+    except TesseraError:
+        return True
 
 
 def main(args: Sequence[str] | None = None) -> int:

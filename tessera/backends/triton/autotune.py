@@ -31,6 +31,7 @@ from typing import Any
 
 from xdsl.transforms.dead_code_elimination import region_dce
 
+from tessera import environment
 from tessera.backends.triton.runtime import CompiledKernel
 from tessera.cache_location import cache_directory
 from tessera.codegen.kernels import DEFAULT, BlockConfig, kernel_class, lower_kernel, next_pow2
@@ -183,7 +184,7 @@ _CHOICES: dict[tuple[str, str, str], Tuning] = {}
 
 
 def enabled() -> bool:
-    return os.environ.get("TESSERA_AUTOTUNE", "1") not in ("0", "false", "False", "")
+    return environment.autotune()
 
 
 def cached(kernel: schedule.KernelOp, device_name: str) -> Tuning | None:
