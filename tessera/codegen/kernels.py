@@ -232,8 +232,13 @@ def lower_pointwise(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     else:
         split = None
         space_dims = _broadcast_all([dims_of(v) for v in outputs], kernel)
-    numel = max(1, math.prod(space_dims))
-    block = min(next_pow2(config.block), next_pow2(numel))
+    numel = math.prod(space_dims)  # 0 for an empty tensor: a grid of no programs
+    if numel == 0 and any(math.prod(dims_of(v)) for v in outputs):
+        raise IRError(
+            f"@{kernel.kernel_name}: an empty output shares its kernel with a non-empty one "
+            f"({[dims_of(v) for v in outputs]}); they need separate kernels"
+        )
+    block = min(next_pow2(config.block), next_pow2(max(1, numel)))
     pid = b.program_id(0)
     offsets = b.add(b.mul(pid, b.index(block)), b.arange(block))
     mask = None if numel % block == 0 else b.cmp("lt", offsets, b.index(numel))
@@ -416,7 +421,7 @@ def lower_matmul(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> ti
     computed = [ev.at(value, ev.full_index(value)) for value in outputs]
     for ptr, value, out in zip(frame.outputs, outputs, computed, strict=True):
         ev.store(ptr, value, out)
-    grid = [cdiv(m, bm) * cdiv(n, bn), max(1, math.prod(batch)), 1]
+    grid = [cdiv(m, bm) * cdiv(n, bn), math.prod(batch), 1]  # no programs when empty
     return frame.finish(grid, replace(config, num_stages=max(config.num_stages, 1)))
 
 

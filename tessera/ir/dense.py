@@ -74,5 +74,7 @@ def is_splat(attr: DenseIntOrFPElementsAttr) -> bool:
 
 
 def first_value(attr: DenseIntOrFPElementsAttr) -> float | int | bool:
-    """The first element (the value of a splat)."""
-    return dense_to_numpy(attr).reshape(-1)[0].item()
+    """The first element (the value of a splat); 0 for an empty tensor, whose splat
+    value nothing reads."""
+    values = dense_to_numpy(attr).reshape(-1)
+    return values[0].item() if values.size else values.dtype.type(0).item()

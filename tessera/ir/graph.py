@@ -366,6 +366,7 @@ class MaxOp(ReductionOp):
     """Maximum over ``axes``."""
 
     name = "graph.max"
+    shape_rule = staticmethod(shape_rules.extremum_reduce)
 
 
 @irdl_op_definition
@@ -373,6 +374,7 @@ class MinOp(ReductionOp):
     """Minimum over ``axes``."""
 
     name = "graph.min"
+    shape_rule = staticmethod(shape_rules.extremum_reduce)
 
 
 @irdl_op_definition

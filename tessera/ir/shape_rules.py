@@ -147,6 +147,18 @@ def reduce(x: AbstractTensor, axes: Sequence[int], keepdims: bool) -> AbstractTe
     return x.with_shape(shape)
 
 
+def extremum_reduce(x: AbstractTensor, axes: Sequence[int], keepdims: bool) -> AbstractTensor:
+    """max / min: like :func:`reduce`, but an empty axis has no maximum (as in torch)."""
+    result = reduce(x, axes, keepdims)
+    empty = [a for a in axes if x.shape[a] == 0]
+    if empty:
+        raise ShapeError(
+            f"the maximum or minimum over an empty axis is undefined: axis {empty[0]} of "
+            f"{x} has size 0"
+        )
+    return result
+
+
 def float_reduce(x: AbstractTensor, axes: Sequence[int], keepdims: bool) -> AbstractTensor:
     """mean: a reduction that needs a floating-point operand."""
     _require_float(x)

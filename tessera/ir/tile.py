@@ -218,9 +218,9 @@ class KernelOp(IRDLOperation):
     def verify_(self) -> None:
         what = f"tile.kernel @{self.kernel_name}"
         grid = self.grid_size
-        if len(grid) != 3 or any(g < 1 for g in grid):
+        if len(grid) != 3 or any(g < 0 for g in grid):  # 0 programs: an empty tensor
             raise VerifyException(
-                f"{what}: expected a grid of three positive counts, found {list(grid)}"
+                f"{what}: expected a grid of three non-negative counts, found {list(grid)}"
             )
         for key in ("num_warps", "num_stages"):
             value = getattr(self, key).value.data

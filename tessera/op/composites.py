@@ -49,6 +49,7 @@ from tessera.op.primitives import (
     divide,
     equal,
     exp,
+    full,
     less,
     log,
     matmul,
@@ -276,6 +277,9 @@ def logsumexp(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:
     if not tensor.dtype.is_float:
         tensor = astype(tensor, DType.f32)
     axes = _axes(tensor, axis)
+    if any(tensor.shape[d] == 0 for d in axes):  # the log of an empty sum, as in torch
+        kept = [1 if d in axes else s for d, s in enumerate(tensor.shape)]
+        return full(kept if keepdims else _reduced_shape(tensor, axes), -math.inf, tensor.dtype)
     peak = max(tensor, axis=axes, keepdims=True)
     shift = where(less(abs(peak), math.inf), peak, 0)  # an infinite max shifts by 0
     total = log(sum(exp(subtract(tensor, shift)), axis=axes, keepdims=True))

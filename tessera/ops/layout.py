@@ -382,6 +382,8 @@ def _concat_tile(ev: Evaluator, op: graph.ConcatOp, value: SSAValue, index: Inde
     pieces = []
     for operand in op.inputs:
         size = _shape(operand)[axis]
+        if size == 0:  # contributes nothing (and has no element to read)
+            continue
         inner = list(index)
         here = inner[axis] if inner[axis] is not None else b.index(0)
         inner[axis] = None if size == 1 else b.clamp(b.sub(here, b.index(start)), size)

@@ -81,7 +81,7 @@ class _Partitioner:
     def _localize(self, op: Operation, shardings: Sequence[Sharding]) -> None:
         if fusion_of(op) is Fusion.NORMALIZATION:  # statistics over a split axis
             split = self._split_axes(op, shardings[0])
-            if split:
+            if split and aval(op.operands[0]).size:  # an empty tensor has no statistics
                 self._expand_normalization(op, shardings[0], split)
                 return
         for result, sharding in zip(list(op.results), shardings, strict=True):

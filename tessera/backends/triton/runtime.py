@@ -106,7 +106,10 @@ class CompiledKernel:
         )
 
     def launch(self, args: Sequence[Any]) -> None:
-        """Runs the kernel on ``args`` (tensors and ints), compiled on CUDA, else interpreted."""
+        """Runs the kernel on ``args`` (tensors and ints), compiled on CUDA, else
+        interpreted; a grid without programs (an empty output) launches nothing."""
+        if 0 in self.grid:
+            return
         if self.function is None:
             self.function = load_source(self.name, self.source)
         on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
@@ -288,11 +291,17 @@ class TritonKernels:
         a view kernel as its torch view calls. Outputs given a buffer are written there
         (the same tensor every call), the others allocated per call. Kernels reading
         gather indices or cross-entropy labels first check their range (a generated
-        kernel would read out of bounds)."""
+        kernel would read out of bounds). A kernel whose outputs are all empty launches
+        nothing: it returns its (empty) outputs."""
         if self._is_view(kernel):  # no launch: a view of the (contiguous) input
             view = compile_block(kernel.body.block, context, kernel.kernel_name)
             return lambda *inputs: view(*(x.contiguous() for x in inputs))
         results, groups = self._signature(kernel)
+        if all(0 in shape for shape, _ in results):
+            empty_outputs = [
+                torch.empty(shape, dtype=dtype, device=device) for shape, dtype in results
+            ]
+            return lambda *inputs: list(empty_outputs)
         constants = self._constants(kernel, device)
         positions = [context.position(axes)[0] for axes in groups]
         check = index_check(kernel.body.block)

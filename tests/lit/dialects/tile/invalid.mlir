@@ -6,16 +6,16 @@
 // --- kernel --------------------------------------------------------------------------
 
 // A grid has three program counts...
-// CHECK: tile.kernel @k: expected a grid of three positive counts, found [4, 1]{{$}}
+// CHECK: tile.kernel @k: expected a grid of three non-negative counts, found [4, 1]{{$}}
 "tile.kernel"() <{sym_name = "k", function_type = () -> (), grid = array<i64: 4, 1>, num_warps = 4 : i64, num_stages = 1 : i64}> ({
   "tile.return"() : () -> ()
 }) : () -> ()
 
 // -----
 
-// ...each of them positive.
-// CHECK: tile.kernel @k: expected a grid of three positive counts, found [4, 0, 1]{{$}}
-tile.kernel @k() grid [4, 0, 1] warps 4 stages 1 {
+// ...none of them negative (0 programs: the kernel of an empty tensor launches nothing).
+// CHECK: tile.kernel @k: expected a grid of three non-negative counts, found [4, -1, 1]{{$}}
+tile.kernel @k() grid [4, -1, 1] warps 4 stages 1 {
   tile.return
 }
 
