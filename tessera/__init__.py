@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tessera.dtypes import DType
 from tessera.errors import (
+    ArgumentError,
     DistributedError,
     ExecutionError,
     IRError,
@@ -57,6 +58,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ArgumentError",
     "DType",
     "DistributedError",
     "ExecutionError",

@@ -39,7 +39,13 @@ from tessera.dist.shard_spec import ShardSpec
 from tessera.dist.tensor import DistTensor
 from tessera.driver import KERNEL_BACKENDS, STAGES, CompileConfig, pipeline_string, run_stage
 from tessera.dtypes import as_dtype
-from tessera.errors import ExecutionError, ShardingError, TesseraError, TraceError
+from tessera.errors import (
+    ArgumentError,
+    ExecutionError,
+    ShardingError,
+    TesseraError,
+    TraceError,
+)
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, current_trace, is_tracing, tracing
 from tessera.ir.abstract import AbstractTensor
@@ -426,17 +432,24 @@ class JitFunction:
     def __init__(
         self,
         fn: Callable[..., Any],
-        static_argnums: Sequence[int] = (),
+        static_argnums: int | Sequence[int] = (),
         mesh: Mesh | None = None,
         in_shardings: Any = None,
         out_shardings: Any = None,
         kernels: str | None = None,
-        donate_argnums: Sequence[int] = (),
+        donate_argnums: int | Sequence[int] = (),
     ):
+        if mesh is not None and not isinstance(mesh, Mesh):
+            raise ShardingError(
+                f"ts.jit: mesh must be a dist.Mesh (dist.Mesh(axes=[...], shape=(...)) or "
+                f"dist.mesh({{'dp': 2}})), found {type(mesh).__name__} {mesh!r}"
+            )
         if mesh is None and (in_shardings is not None or out_shardings is not None):
             raise ShardingError("in_shardings and out_shardings need a mesh: ts.jit(fn, mesh=...)")
+        _check_specs(in_shardings, "in_shardings")
+        _check_specs(out_shardings, "out_shardings")
         if kernels is not None and kernels not in KERNEL_BACKENDS:
-            raise TesseraError(f"kernels must be one of {KERNEL_BACKENDS}, found {kernels!r}")
+            raise ArgumentError(f"kernels must be one of {KERNEL_BACKENDS}, found {kernels!r}")
         self.kernels = kernels  # None: TESSERA_KERNELS or "triton", read when compiling
         self.mesh = mesh
         self.in_shardings = in_shardings
@@ -445,10 +458,11 @@ class JitFunction:
         functools.update_wrapper(self, fn, updated=())
         self.__name__: str = getattr(fn, "__name__", "main")  # functools.partial has none
         self.fn = fn
-        self.static_argnums = tuple(static_argnums)
-        self.donate_argnums = tuple(donate_argnums)
+        positional = _positional_count(fn)
+        self.static_argnums = _argnums(static_argnums, "static_argnums", self.__name__, positional)
+        self.donate_argnums = _argnums(donate_argnums, "donate_argnums", self.__name__, positional)
         if set(self.donate_argnums) & set(self.static_argnums):
-            raise TesseraError(f"{self.__name__}: an argument cannot be both static and donated")
+            raise ArgumentError(f"{self.__name__}: an argument cannot be both static and donated")
         self.trace_count = 0
         self._cache: dict[tuple[Signature, ScheduleOptions], Lowered] = {}
 
@@ -461,18 +475,29 @@ class JitFunction:
     ) -> tuple[Signature, list[Any]]:
         """The signature and the leaves of ``(args, kwargs)``, static arguments as one
         leaf each."""
-        static = {n % len(args) for n in self.static_argnums if -len(args) <= n < len(args)}
+        if self.static_argnums and not all(
+            -len(args) <= n < len(args) for n in self.static_argnums
+        ):
+            raise ArgumentError(
+                f"{self.__name__} has static_argnums={self.static_argnums} but was called "
+                f"with {len(args)} positional arguments"
+            )
+        static = {n % len(args) for n in self.static_argnums}
         marked = tuple(_Static(a) if i in static else a for i, a in enumerate(args))
         leaves, treedef = pytree.flatten((marked, kwargs))
         keys = []
-        for leaf in leaves:
+        for index, leaf in enumerate(leaves):
             if isinstance(leaf, Tensor):
                 raise TraceError(
                     f"{self.__name__}.lower() got a traced tensor {leaf.aval}; inside traced "
                     f"code call the function itself"
                 )
             if _is_array(leaf):
-                keys.append(_abstract(leaf))
+                try:
+                    keys.append(_abstract(leaf))
+                except TesseraError as error:
+                    where = _leaf_argument(self.fn, marked, kwargs, index)
+                    raise ExecutionError(f"{self.__name__}: {where}: {error}") from None
             else:
                 keys.append(leaf if isinstance(leaf, _Static) else _Static(leaf))
         try:
@@ -597,6 +622,7 @@ class JitFunction:
             for k in signature.leaves
         ]
         args, kwargs = pytree.unflatten(signature.treedef, leaves)
+        _check_call(self.fn, self.__name__, args, kwargs)
         with tracing(trace):
             result = self._body(args, kwargs)
             out_leaves, out_tree = pytree.flatten(result)
@@ -670,6 +696,89 @@ class JitFunction:
         return names
 
 
+def _check_call(
+    fn: Callable[..., Any], name: str, args: Sequence[Any], kwargs: dict[str, Any]
+) -> None:
+    """A TraceError when ``fn`` cannot take these arguments (checked before tracing, so
+    a TypeError raised inside ``fn`` is not mistaken for one)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as error:
+        raise TraceError(
+            f"{name} was called with {len(args)} positional argument(s)"
+            f"{' and keywords ' + str(sorted(kwargs)) if kwargs else ''}: {error}\n"
+            f"  {_definition(fn)}"
+        ) from None
+
+
+def _positional_count(fn: Callable[..., Any]) -> int | None:
+    """How many positional parameters ``fn`` has (None: any number, or unknown)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _argnums(
+    value: int | Sequence[int], what: str, name: str, positional: int | None
+) -> tuple[int, ...]:
+    """``static_argnums`` / ``donate_argnums`` as a tuple of distinct ints, each in range
+    of the function's positional parameters when their number is known."""
+    nums = (value,) if isinstance(value, int) and not isinstance(value, bool) else value
+    if isinstance(nums, (str, bytes)) or not isinstance(nums, Sequence):
+        raise ArgumentError(f"{name}: {what} must be an int or a sequence of ints, found {value!r}")
+    for num in nums:
+        if not isinstance(num, int) or isinstance(num, bool):
+            raise ArgumentError(f"{name}: {what} must hold ints, found {num!r} in {value!r}")
+        if positional is not None and not -positional <= num < positional:
+            raise ArgumentError(
+                f"{name}: {what} has {num}, but the function takes {positional} positional "
+                f"arguments"
+            )
+    if len(set(nums)) != len(nums):
+        raise ArgumentError(f"{name}: {what} names an argument twice: {value!r}")
+    return tuple(nums)
+
+
+def _check_specs(specs: Any, what: str) -> None:
+    """Every leaf of ``in_shardings`` / ``out_shardings`` (a pytree prefix of the
+    arguments or results; None for "let Tessera choose") must be a ``dist.ShardSpec``."""
+    leaves, _ = pytree.flatten(specs)
+    for leaf in leaves:
+        if not isinstance(leaf, ShardSpec):
+            raise ShardingError(
+                f"ts.jit: {what} must hold dist.ShardSpec values or None, found "
+                f"{type(leaf).__name__} {leaf!r} (dim 0 split over 'dp' is "
+                f"dist.ShardSpec(partition=(0,), mesh_axes=('dp',)))"
+            )
+
+
+def _leaf_argument(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], index: int
+) -> str:
+    """``argument 'x'`` (and which of its leaves) holding the ``index``-th leaf of a call
+    (for error messages)."""
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        params = []
+    named = [(params[i] if i < len(params) else str(i), a) for i, a in enumerate(args)]
+    start = 0
+    for name, value in [*named, *kwargs.items()]:
+        count = len(pytree.flatten(value)[0])
+        if index < start + count:
+            return f"argument {name!r}" + (f" (leaf {index - start})" if count > 1 else "")
+        start += count
+    return f"argument {index}"
+
+
 def _definition(fn: Callable[..., Any]) -> str:
     """``file:line`` where ``fn`` is defined, for errors about the function as a whole."""
     code = getattr(inspect.unwrap(fn), "__code__", None)
@@ -709,22 +818,21 @@ def jit(
     arguments whose buffers the program may reuse once it has read them: ``plan-memory``
     frees them after their last use and lets an elementwise update write in their place.
     """
-    nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-    donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
     options = {
+        "static_argnums": static_argnums,
         "mesh": mesh,
         "in_shardings": in_shardings,
         "out_shardings": out_shardings,
         "kernels": kernels,
-        "donate_argnums": donate,
+        "donate_argnums": donate_argnums,
     }
     if fn is None:
-        return lambda f: JitFunction(f, nums, **options)
+        return lambda f: jit(f, **options)
     if not callable(fn):
-        raise TesseraError(f"ts.jit expects a function, found {type(fn).__name__}")
+        raise ArgumentError(f"ts.jit expects a function, found {type(fn).__name__}")
     if inspect.isclass(fn):
-        raise TesseraError("ts.jit expects a function, found a class")
-    return JitFunction(fn, nums, **options)
+        raise ArgumentError("ts.jit expects a function, found a class")
+    return JitFunction(fn, **options)
 
 
 def _constrain(value: Any, specs: Any, what: str) -> Any:

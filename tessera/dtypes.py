@@ -1,4 +1,10 @@
-"""Tessera's element types and their names in xDSL, torch and numpy."""
+"""Tessera's element types and their names in xDSL, torch and numpy.
+
+Dtype policy: every dtype is computed in itself or wider, never narrower. float64
+arrays are computed in float64 end to end (matmuls included); f16 and bf16 compute in
+f32 inside kernels and round once when stored. Python floats are weakly typed (``x * 2.0``
+keeps ``x``'s dtype; a float constant alone is f32, torch's default dtype).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,13 @@ import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, IntegerType
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    IntegerType,
+)
 from xdsl.ir import Attribute
 
 from tessera.errors import TesseraError
@@ -19,6 +31,7 @@ if TYPE_CHECKING:
 class DType(enum.Enum):
     """An element type. The value is the MLIR spelling (``f32``, ``i1``...)."""
 
+    f64 = "f64"
     f32 = "f32"
     f16 = "f16"
     bf16 = "bf16"
@@ -33,7 +46,7 @@ class DType(enum.Enum):
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.f32, DType.f16, DType.bf16)
+        return self in (DType.f64, DType.f32, DType.f16, DType.bf16)
 
     @property
     def is_int(self) -> bool:
@@ -41,12 +54,13 @@ class DType(enum.Enum):
 
     @property
     def itemsize(self) -> int:
-        return {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i64": 8, "i1": 1}[self.value]
+        return {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i64": 8, "i1": 1}[self.value]
 
     def to_xdsl(self) -> Attribute:
         if not _XDSL_TYPES:  # built once: attributes are immutable, building one is slow
             _XDSL_TYPES.update(
                 {
+                    DType.f64: Float64Type(),
                     DType.f32: Float32Type(),
                     DType.f16: Float16Type(),
                     DType.bf16: BFloat16Type(),
@@ -66,11 +80,11 @@ class DType(enum.Enum):
 _XDSL_TYPES: dict[DType, Attribute] = {}
 
 _TORCH_NAMES = {
-    DType.f32: "float32", DType.f16: "float16", DType.bf16: "bfloat16",
+    DType.f64: "float64", DType.f32: "float32", DType.f16: "float16", DType.bf16: "bfloat16",
     DType.i32: "int32", DType.i64: "int64", DType.i1: "bool",
 }  # fmt: skip
 _ALIASES = {
-    "float32": DType.f32, "float": DType.f32, "float16": DType.f16, "half": DType.f16,
+    "float64": DType.f64, "double": DType.f64, "float32": DType.f32, "float": DType.f32, "float16": DType.f16, "half": DType.f16,
     "bfloat16": DType.bf16, "int32": DType.i32, "int64": DType.i64, "bool": DType.i1,
 }  # fmt: skip
 
@@ -97,8 +111,6 @@ def as_dtype(value: object) -> DType:
         name = str(value).removeprefix("torch.")
         if name in _ALIASES:
             return _ALIASES[name]
-        if name == "float64":  # as for numpy: there is no f64 in Tessera
-            return DType.f32
     elif isinstance(value, str):
         if value in DType.__members__:
             return DType[value]
@@ -111,12 +123,13 @@ def as_dtype(value: object) -> DType:
             np_dtype = None
         if np_dtype is not None and np_dtype.name in _ALIASES:
             return _ALIASES[np_dtype.name]
-        if np_dtype == np.float64:
-            return DType.f32
-    raise TesseraError(f"unsupported dtype {value!r}; expected one of {list(DType)}")
+    raise TesseraError(
+        f"unsupported dtype {value!r}; expected one of {list(DType)} (or their torch or "
+        f"numpy names: float64, float32, float16, bfloat16, int32, int64, bool)"
+    )
 
 
-_PROMOTION_ORDER = [DType.i1, DType.i32, DType.i64, DType.bf16, DType.f16, DType.f32]
+_PROMOTION_ORDER = [DType.i1, DType.i32, DType.i64, DType.bf16, DType.f16, DType.f32, DType.f64]
 
 
 def promote(a: DType, b: DType) -> DType:

@@ -22,6 +22,11 @@ class TraceError(TesseraError):
     """A traced Python function did something Tessera cannot trace."""
 
 
+class ArgumentError(TesseraError):
+    """An option or argument given to Tessera's API has the wrong type or value (``ts.jit``
+    options, ``ts.grad``'s ``argnums``, optimizer hyper-parameters, schedule options)."""
+
+
 class ExecutionError(TesseraError):
     """Arguments given to a compiled function do not match its signature."""
 

@@ -18,12 +18,14 @@ out (:meth:`state_layout`) to shard it for ZeRO.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from tessera import op
+from tessera.errors import ArgumentError
 from tessera.frontend import pytree
 
 
@@ -63,8 +65,12 @@ def sgd(
 
 
 def adamw_state(params: Any) -> dict[str, Any]:
-    """AdamW's state: the step count (an f32 scalar) and the two moment estimates."""
-    return {"step": torch.zeros(()), "m": _zeros(params), "v": _zeros(params)}
+    """AdamW's state: the step count (a scalar: f64 when a parameter is f64, else f32)
+    and the two moment estimates."""
+    leaves = [torch.as_tensor(p) for p in pytree.flatten(params)[0]]
+    wide = any(p.dtype == torch.float64 for p in leaves)
+    step = torch.zeros((), dtype=torch.float64 if wide else torch.float32)
+    return {"step": step, "m": _zeros(params), "v": _zeros(params)}
 
 
 def adamw(
@@ -79,8 +85,8 @@ def adamw(
     """One AdamW step (torch.optim.AdamW's update)."""
     beta1, beta2 = betas
     step = state["step"] + 1.0
-    correction1 = 1.0 - op.power(op.full((), beta1), step)
-    correction2 = 1.0 - op.power(op.full((), beta2), step)
+    correction1 = 1.0 - op.power(op.full((), beta1, step.dtype), step)
+    correction2 = 1.0 - op.power(op.full((), beta2, step.dtype), step)
     m = _map(lambda m, g: m * beta1 + g * (1.0 - beta1), state["m"], grads)
     v = _map(lambda v, g: v * beta2 + g * g * (1.0 - beta2), state["v"], grads)
 
@@ -91,6 +97,16 @@ def adamw(
     return _map(update, params, m, v), {"step": step, "m": m, "v": v}
 
 
+def _check_hyperparameters(name: str, **values: float) -> None:
+    """torch.optim's checks: every value a finite number >= 0 (betas below 1)."""
+    for key, value in values.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ArgumentError(f"optim.{name}: {key} must be a number, found {value!r}")
+        if not 0 <= value < (1 if key.startswith("beta") else math.inf):
+            bound = "in [0, 1)" if key.startswith("beta") else "a finite number >= 0"
+            raise ArgumentError(f"optim.{name}: {key} must be {bound}, found {value!r}")
+
+
 @dataclass(frozen=True)
 class SGD:
     """SGD with optional momentum and weight decay (torch.optim.SGD, ``dampening=0``)."""
@@ -98,6 +114,11 @@ class SGD:
     lr: float = 1e-2
     momentum: float = 0.0
     weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_hyperparameters(
+            "SGD", lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
+        )
 
     def init(self, params: Any) -> dict[str, Any]:
         return sgd_state(params) if self.momentum else {}
@@ -122,6 +143,14 @@ class AdamW:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 1e-2
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
+            raise ArgumentError(f"optim.AdamW: betas must be a pair, found {self.betas!r}")
+        _check_hyperparameters(
+            "AdamW", lr=self.lr, beta1=self.betas[0], beta2=self.betas[1], eps=self.eps,
+            weight_decay=self.weight_decay,
+        )  # fmt: skip
 
     def init(self, params: Any) -> dict[str, Any]:
         return adamw_state(params)

@@ -18,7 +18,7 @@ where every intermediate has exactly one use. The grouping pass
 - one program per (block of ``block_m`` query rows, batch index); the q block stays in
   registers, and an ``scf.for`` walks the keys ``block_n`` at a time;
 - each scores block is ``tile.dot(q, kᵀ)`` (operands in the input dtype, f32
-  accumulation); the score ops are evaluated on it by the :class:`Evaluator` (index:
+  accumulation; all of it in f64 for f64 inputs); the score ops are evaluated on it by the :class:`Evaluator` (index:
   batch scalars, query rows ``[BM, 1]``, key columns ``[1, BN]``), so any scale, mask or
   bias works; keys beyond ``Tk`` become ``-inf``;
 - the online softmax keeps a running row max ``m``, row sum ``l`` and an f32
@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, f32
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, Float64Type, f32, f64
 from xdsl.ir import Operation, SSAValue
 
 from tessera.codegen.builder import TileBuilder, Value, shape
@@ -355,7 +355,10 @@ def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     bn = max(16, min(next_pow2(config.block_n), next_pow2(tk)))
     bd, bdv = max(16, next_pow2(d)), max(16, next_pow2(dv))
     element = {v: v.type.element_type for v in (att.q, att.k, att.v, att.output)}  # type: ignore[attr-defined]
-    dot_element = element[att.q] if element[att.q] == element[att.k] else f32
+    # scores, softmax statistics and the output accumulate in f32, or f64 for f64 inputs
+    compute = f64 if any(isinstance(e, Float64Type) for e in element.values()) else f32
+    dot_element = element[att.q] if element[att.q] == element[att.k] else compute
+    pv_element = element[att.v] if compute == f32 else f64
 
     pid_m = b.program_id(0)
     batch_index = b.unflatten(b.program_id(1), batch) if batch else []
@@ -385,9 +388,9 @@ def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
     k_rows = _plus(b, k_base, d_rows if not att.k_transposed else b.mul(d_rows, b.index(tk)))
 
     # a splat of a scalar -inf: xDSL re-parses a dense<0xff800000> block constant wrongly
-    m0 = b.broadcast(b.constant(float("-inf")), (bm, 1))
-    l0 = b.constant(0.0, f32, (bm, 1))
-    acc0 = b.constant(0.0, f32, (bm, bdv))
+    m0 = b.broadcast(b.constant(float("-inf"), compute), (bm, 1))
+    l0 = b.constant(0.0, compute, (bm, 1))
+    acc0 = b.constant(0.0, compute, (bm, bdv))
     causal = att.causal_mask
     score_dims = dims_of(att.scores)
     score_batch = batch_index[len(batch_index) - (len(score_dims) - 2) :]
@@ -406,7 +409,7 @@ def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
             frame.pointers[att.k], body.add(k_rows, k_cols), body.and_(d_row_mask, col_mask)
         )
         qk = body.dot(
-            q_block, body.convert(kt_block, dot_element), body.constant(0.0, f32, (bm, bn))
+            q_block, body.convert(kt_block, dot_element), body.constant(0.0, compute, (bm, bn))
         )
         # the score ops on this block, evaluated at (batch, rows, cols)
         space = Space(score_dims, (*score_batch, rows, cols), (bm, bn), [row_mask, col_mask])
@@ -428,7 +431,7 @@ def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
                     else next(o for o in masking.operands if o is not causal.value)
                 )
                 ev.bound[masking.results[0]] = ev.at(kept, ev.full_index(kept))
-        s = body.convert(ev.at(logits, ev.full_index(logits)), f32)
+        s = body.convert(ev.at(logits, ev.full_index(logits)), compute)
         s = body.broadcast(s, (bm, bn)) if shape(s) != (bm, bn) else s
         neg_inf = body.constant(float("-inf"))
         if col_mask is not None:
@@ -443,7 +446,8 @@ def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
         key_row_mask = None if tk % bn == 0 else body.cmp("lt", key_rows, body.index(tk))
         v_offsets = _plus(body, v_base, body.add(body.mul(key_rows, body.index(dv)), dv_cols))
         v_block = body.load(frame.pointers[att.v], v_offsets, body.and_(key_row_mask, dv_mask))
-        acc_new = body.dot(body.convert(p, element[att.v]), v_block, body.mul(acc, alpha))
+        p_block, v_block = body.convert(p, pv_element), body.convert(v_block, pv_element)
+        acc_new = body.dot(p_block, v_block, body.mul(acc, alpha))
         return [m_new, l_new, acc_new]
 
     def key_loop(lower: Value, upper: Value, carried: list[Value], diagonal: bool) -> list[Value]:

@@ -3,7 +3,10 @@
 Every method inserts ops at the builder's insertion point and returns the new value.
 Operands of binary methods may be scalars or blocks of one rank whose sizes are equal
 or 1; the builder inserts ``tile.splat`` / ``tile.broadcast`` to the common shape and
-picks the integer or float ``arith`` op from the element type.
+picks the integer or float ``arith`` op from the element type. Float operands of
+different widths meet at the wider one: a *weak* constant (``constant(0.5)``, no element
+type given: f32 unless it meets a wider float) is rebuilt at that width from its Python
+value, so f64 kernels see f64 constants exactly; other values are converted.
 """
 
 from __future__ import annotations
@@ -53,8 +56,10 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 class TileBuilder:
     """Inserts tile, arith, math and scf ops into one block (or a loop body inside it)."""
 
-    def __init__(self, block: Block):
+    def __init__(self, block: Block, weak: dict[SSAValue, float] | None = None):
         self._builder = Builder(InsertPoint.at_end(block))
+        # weak float constants (shared with the builders of nested blocks): their values
+        self._weak: dict[SSAValue, float] = {} if weak is None else weak
 
     def insert(self, op: Operation) -> Value:
         self._builder.insert(op)
@@ -62,21 +67,28 @@ class TileBuilder:
 
     def at_end(self, block: Block) -> TileBuilder:
         """A builder for another block (a loop body)."""
-        return TileBuilder(block)
+        return TileBuilder(block, self._weak)
 
     # --- constants ---------------------------------------------------------------------
 
     def constant(
-        self, value: float | int, element: Attribute = f32, block: Sequence[int] = ()
+        self, value: float | int, element: Attribute | None = None, block: Sequence[int] = ()
     ) -> Value:
+        """A scalar or block constant; without ``element`` a weak f32 (see the module
+        docstring)."""
         if block and not math.isfinite(value):  # xDSL re-reads a dense inf/nan as an integer
             return self.broadcast(self.constant(value, element), tuple(block))
         if block:
-            attr = DenseIntOrFPElementsAttr.from_list(block_type(element, block), [value])
+            block_element = f32 if element is None else element
+            typed = int(value) if isinstance(block_element, IntegerType) else float(value)
+            attr = DenseIntOrFPElementsAttr.from_list(block_type(block_element, block), [typed])
             return self.insert(arith.ConstantOp(attr))
         if isinstance(element, IntegerType):
             return self.insert(arith.ConstantOp(IntegerAttr(int(value), element)))
-        return self.insert(arith.ConstantOp(FloatAttr(float(value), element)))
+        result = self.insert(arith.ConstantOp(FloatAttr(float(value), element or f32)))
+        if element is None:
+            self._weak[result] = float(value)
+        return result
 
     def index(self, value: int) -> Value:
         return self.constant(value, i32)
@@ -123,11 +135,29 @@ class TileBuilder:
 
     def masked(self, x: Value, mask: Value | None, kind: str) -> Value:
         """``x`` with the lanes outside ``mask`` set to the ``kind`` reduction's identity."""
-        return x if mask is None else self.select(mask, x, self.constant(IDENTITY[kind], f32))
+        if mask is None:
+            return x
+        return self.select(mask, x, self.constant(IDENTITY[kind], element_type(x.type)))
 
     def _common(self, *values: Value) -> list[Value]:
+        values = self._widest_float(values)
         common = broadcast_shape(*(shape(v) for v in values))
         return [self.broadcast(v, common) for v in values]
+
+    def _widest_float(self, values: Sequence[Value]) -> list[Value]:
+        """``values`` with their floats at the widest float width among them."""
+        floats = {element_type(v.type) for v in values if is_float(v)}
+        if len(floats) < 2:
+            return list(values)
+        widest = max(floats, key=lambda t: t.bitwidth)  # type: ignore[attr-defined]
+        return [
+            v
+            if not is_float(v) or element_type(v.type) == widest
+            else self.constant(self._weak[v], widest)
+            if v in self._weak and not shape(v)
+            else self.convert(v, widest)
+            for v in values
+        ]
 
     # --- arithmetic ----------------------------------------------------------------------
 
@@ -239,7 +269,7 @@ class TileBuilder:
         body = Block(arg_types=[lower.type, *(v.type for v in carried)])
         loop = scf.ForOp(lower, upper, step, list(carried), body)
         self._builder.insert(loop)
-        return loop, TileBuilder(body), body.args[0], list(body.args[1:])
+        return loop, TileBuilder(body, self._weak), body.args[0], list(body.args[1:])
 
     def yield_(self, values: Sequence[Value]) -> None:
         self.insert(scf.YieldOp(*values))

@@ -10,7 +10,8 @@
   lanes holding the reduction's identity. A kernel may hold several reductions over the
   same rows; they are computed in body order (one may use another's result).
 - *matmul* (batched, with elementwise epilogue): ``block_m x block_n`` output tiles with a
-  K loop of ``tile.dot`` into an f32 accumulator, programs grouped along M for L2 reuse;
+  K loop of ``tile.dot`` into an f32 accumulator (f64 for f64 operands, exact for
+  integers), programs grouped along M for L2 reuse;
   the epilogue is evaluated on the accumulator tile and stored once. An operand that is
   a kernel input is loaded directly; one the body computes (a prologue: layout ops read
   in place, such as a transposed weight or split heads, or elementwise ops) is evaluated
@@ -37,7 +38,6 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     StringAttr,
     TensorType,
-    f32,
     i32,
     i64,
 )
@@ -48,7 +48,7 @@ from tessera.codegen.evaluate import Evaluator, Index, Space, dims_of
 from tessera.errors import IRError
 from tessera.ir import graph, schedule, tile
 from tessera.ir.dense import is_splat
-from tessera.ir.tile import element_type, strides
+from tessera.ir.tile import compute_element, element_type, strides
 from tessera.ops import Fusion, Kernel, RowReduction, lookup, op_def
 
 MAX_ROW_BLOCK = 65536  # elements of one reduced row held in one block
@@ -396,7 +396,7 @@ def lower_matmul(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> ti
 
     lhs_rows = b.add(base(lhs), b.mul(rows, b.index(k))) if lhs in frame.pointers else None
     rhs_cols = b.add(base(rhs), cols) if rhs in frame.pointers else None
-    zero = b.constant(0.0, f32, (bm, bn))
+    zero = b.constant(0, compute_element(element_type(lhs.type)), (bm, bn))  # f32, f64 or int
     loop, body, k0, (acc,) = b.for_loop(b.index(0), b.index(k), b.index(bk), [zero])
     kk = body.add(body.arange(bk), k0)
     k_mask = None if k % bk == 0 else body.cmp("lt", kk, body.index(k))

@@ -333,7 +333,8 @@ def _nonfinite_blob(value: DenseIntOrFPElementsAttr) -> str | None:
             .tobytes()
         )
     else:
-        raw = np.array(values, dtype="<f2" if aval.dtype == DType.f16 else "<f4").tobytes()
+        width = {DType.f16: "<f2", DType.f64: "<f8"}.get(aval.dtype, "<f4")
+        raw = np.array(values, dtype=width).tobytes()
     return raw.hex().upper()
 
 

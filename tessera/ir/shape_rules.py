@@ -121,8 +121,15 @@ def cast(x: AbstractTensor, dtype: DType) -> AbstractTensor:
 
 
 def matmul(lhs: AbstractTensor, rhs: AbstractTensor) -> AbstractTensor:
-    """``[..., m, k] @ [..., k, n] -> [..., m, n]`` with broadcast batch dims."""
+    """``[..., m, k] @ [..., k, n] -> [..., m, n]`` with broadcast batch dims; float or
+    integer operands (a bool matmul is rejected, as torch rejects it)."""
     dtype = _require_same_dtype(lhs, rhs)
+    if dtype == DType.i1:
+        raise ShapeError(
+            f"bool matmuls are not supported, found {lhs} and {rhs}; cast the operands "
+            f"first: op.astype(x, 'int32') counts the true pairs, op.astype(x, 'float32') "
+            f"computes in floats"
+        )
     if lhs.rank < 2 or rhs.rank < 2:
         raise ShapeError(f"expected operands of rank >= 2, found {lhs} and {rhs}")
     if lhs.shape[-1] != rhs.shape[-2]:

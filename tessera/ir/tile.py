@@ -27,7 +27,8 @@ Triton adds::
   block; size-1 dims to n; a new size-1 dim).
 - ``tile.load`` / ``tile.store``: element ``offsets`` from a pointer, with an optional
   ``i1`` mask of the offsets' shape; a masked-off lane loads 0 and stores nothing.
-- ``tile.dot``: ``acc + a @ b`` on 2-D blocks, accumulated in ``f32``.
+- ``tile.dot``: ``acc + a @ b`` on 2-D blocks, accumulated in ``f32`` (``f64`` for f64
+  operands, the operands' type for integers).
 - ``tile.reduce``: sum, max or min along one ``axis`` (a 1-D block reduces to a scalar).
 - ``tile.cmp`` / ``tile.select`` / ``tile.convert``: comparison, choice and element type
   conversion on scalars and blocks (xDSL's ``arith`` versions take scalars only).
@@ -43,6 +44,7 @@ from xdsl.dialects.builtin import (
     I32,
     AnyFloat,
     DenseArrayBase,
+    Float64Type,
     FunctionType,
     IndexType,
     IntegerAttr,
@@ -50,6 +52,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     TensorType,
     f32,
+    f64,
     i32,
     i64,
 )
@@ -132,8 +135,11 @@ def is_float(value: SSAValue) -> bool:
 
 
 def compute_element(element: Attribute) -> Attribute:
-    """Kernels compute floats in f32 and keep integers and booleans as they are."""
-    return f32 if isinstance(element, AnyFloat) else element
+    """Kernels compute f64 in f64, other floats in f32, and keep integers and booleans
+    as they are."""
+    if isinstance(element, AnyFloat):
+        return f64 if isinstance(element, Float64Type) else f32
+    return element
 
 
 def strides(dims: Sequence[int]) -> list[int]:
@@ -493,7 +499,8 @@ class StoreOp(IRDLOperation):
 
 @irdl_op_definition
 class DotOp(IRDLOperation):
-    """``acc + a @ b`` for ``a: MxK``, ``b: KxN`` blocks of one element type; ``acc: MxN f32``."""
+    """``acc + a @ b`` for ``a: MxK``, ``b: KxN`` blocks of one element type; ``acc: MxN``
+    of f32, f64 for f64 operands, or the operands' type for integers."""
 
     name = "tile.dot"
     traits = traits_def(Pure())
@@ -521,10 +528,17 @@ class DotOp(IRDLOperation):
             raise VerifyException(
                 f"tile.dot: every block dim must be at least 16, found {a} and {b}"
             )
-        if self.acc.type != self.result.type or not isinstance(
-            element_type(self.acc.type), AnyFloat
+        operands = element_type(self.a.type)
+        integral = isinstance(operands, IntegerType)
+        if self.acc.type != self.result.type or (
+            element_type(self.acc.type) != operands
+            if integral
+            else not isinstance(element_type(self.acc.type), AnyFloat)
         ):
-            raise VerifyException(f"tile.dot: expected a float accumulator, found {self.acc.type}")
+            raise VerifyException(
+                f"tile.dot: expected a float accumulator (for integer operands, one of their "
+                f"type), found {self.acc.type}"
+            )
 
 
 @irdl_op_definition

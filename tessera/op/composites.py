@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from tessera.dtypes import DType, as_dtype
+from tessera.dtypes import DType
 from tessera.errors import ShapeError, TraceError
 from tessera.frontend.tracer import Tensor, user_location
 from tessera.op import einsum_equation as _einsum
@@ -40,6 +40,7 @@ from tessera.op.primitives import (
     Operand,
     _axes,
     _axis,
+    _dtype_argument,
     _tensors,
     abs,
     add,
@@ -216,7 +217,7 @@ def arange(
     integral = all(
         isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (start, stop, step)
     )
-    target = as_dtype(dtype) if dtype is not None else (DType.i64 if integral else DType.f32)
+    target = _dtype_argument(dtype) if dtype is not None else (DType.i64 if integral else DType.f32)
     values = np.arange(start, stop, step, dtype=np.int64 if integral else np.float64)
     return constant(values, target)
 

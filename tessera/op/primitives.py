@@ -20,7 +20,7 @@ import torch
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr
 
 from tessera.dtypes import DType, as_dtype, promote
-from tessera.errors import ShapeError, TraceError
+from tessera.errors import ShapeError, TesseraError, TraceError
 from tessera.frontend.tracer import Tensor, current_trace, register_operators, user_location
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
@@ -39,13 +39,21 @@ def _dense(value: np.ndarray, dtype: DType) -> DenseIntOrFPElementsAttr:
 
 
 def constant(value: Any, dtype: Any = None) -> Tensor:
-    """A constant tensor from a scalar, numpy array or CPU torch tensor."""
+    """A constant tensor from a scalar, a (nested) list, a numpy array or a CPU torch
+    tensor. Arrays keep their dtype (float64 included); Python floats and lists of them
+    are f32, torch's default dtype."""
     if isinstance(value, torch.Tensor):
         dtype = value.dtype if dtype is None else dtype
         value = value.detach().cpu()
         value = (value.float() if value.dtype == torch.bfloat16 else value).numpy()
     array = np.asarray(value)
-    target = as_dtype(dtype) if dtype is not None else as_dtype(array.dtype)
+    if dtype is None and not isinstance(value, (np.ndarray, np.generic)):
+        dtype = DType.f32 if array.dtype == np.float64 else None
+    if array.dtype.kind not in "biuf":  # not bool, int or float: strings, objects...
+        raise TraceError(
+            f"a {type(value).__name__} cannot be used as a tensor: {value!r}, at {user_location()}"
+        )
+    target = _dtype_argument(dtype if dtype is not None else array.dtype)
     (result,) = current_trace().bind(graph.ConstantOp, [], value=_dense(array, target))
     return result
 
@@ -56,7 +64,9 @@ def full(shape: Sequence[int], fill_value: float | int | bool, dtype: Any = None
     Without ``dtype`` the fill value decides, as in numpy and torch: a float gives f32,
     an int i64 and a bool i1.
     """
-    return constant(np.full(tuple(shape), fill_value), dtype)
+    if dtype is None and isinstance(fill_value, float):
+        dtype = DType.f32
+    return constant(np.full(_shape_argument(shape, "shape"), fill_value), dtype)
 
 
 def zeros(shape: Sequence[int], dtype: Any = "f32") -> Tensor:
@@ -103,7 +113,7 @@ def _bind1(op_type: type[graph.GraphOp], operands: Sequence[Tensor], **attrs: An
 
 def astype(x: Tensor, dtype: Any) -> Tensor:
     """Converts ``x`` to ``dtype`` (no op when it already has it)."""
-    target = as_dtype(dtype)
+    target = _dtype_argument(dtype)
     if x.dtype == target:
         return x
     return _bind1(graph.CastOp, [x], dtype=target)
@@ -288,10 +298,50 @@ def matmul(a: Operand, b: Operand) -> Tensor:
 # --- reductions ------------------------------------------------------------------------------
 
 
+def _dtype_argument(dtype: Any) -> DType:
+    """``dtype`` (a DType, its name, a torch or numpy dtype) as a DType; a ShapeError
+    naming the user's line otherwise."""
+    try:
+        return as_dtype(dtype)
+    except TesseraError as error:
+        raise ShapeError(f"{error}, at {user_location()}") from None
+
+
+def _integer(value: Any, what: str) -> int:
+    """``value`` as an int (a Python or numpy integer, not a bool); a ShapeError naming
+    the user's line otherwise."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    raise ShapeError(
+        f"{what} must be an integer, found {value!r} ({type(value).__name__}), "
+        f"at {user_location()}"
+    )
+
+
+def _integers(values: Any, what: str) -> tuple[int, ...]:
+    """An int or a sequence of ints, as a tuple (see :func:`_integer`)."""
+    if isinstance(values, (int, np.integer)) and not isinstance(values, (bool, np.bool_)):
+        return (int(values),)
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise ShapeError(
+            f"{what} must be an integer or a sequence of integers, found {values!r}, "
+            f"at {user_location()}"
+        )
+    return tuple(_integer(v, f"each entry of {what}") for v in values)
+
+
+def _shape_argument(shape: Any, what: str = "shape") -> tuple[int, ...]:
+    """A shape argument (an int or a sequence of ints, none negative) as a tuple."""
+    dims = _integers(shape, what)
+    if any(d < 0 for d in dims):
+        raise ShapeError(f"{what} {list(dims)} has a negative size, at {user_location()}")
+    return dims
+
+
 def _axes(x: Tensor, axis: Axis) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    axes = _integers(axis, "axis")
     try:
         return tuple(sorted(normalize_axis(a, x.ndim) for a in axes))
     except ShapeError as error:
@@ -299,8 +349,9 @@ def _axes(x: Tensor, axis: Axis) -> tuple[int, ...]:
 
 
 def _axis(x: Tensor, axis: int) -> int:
-    """``axis`` of ``x`` in ``range(x.ndim)``; a ShapeError naming the user's line if invalid."""
-    return _axes(x, axis)[0]
+    """``axis`` (one int) of ``x`` in ``range(x.ndim)``; a ShapeError naming the user's
+    line if invalid."""
+    return _axes(x, _integer(axis, "axis"))[0]
 
 
 def _reduce(
@@ -334,12 +385,12 @@ def min(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:
 
 def softmax(x: Operand, axis: int = -1) -> Tensor:
     (tensor,) = _tensors(x)
-    return _unary(graph.SoftmaxOp, tensor, floating=True, axis=_axes(tensor, axis)[0])
+    return _unary(graph.SoftmaxOp, tensor, floating=True, axis=_axis(tensor, axis))
 
 
 def log_softmax(x: Operand, axis: int = -1) -> Tensor:
     (tensor,) = _tensors(x)
-    return _unary(graph.LogSoftmaxOp, tensor, floating=True, axis=_axes(tensor, axis)[0])
+    return _unary(graph.LogSoftmaxOp, tensor, floating=True, axis=_axis(tensor, axis))
 
 
 def layer_norm(
@@ -381,7 +432,12 @@ def cross_entropy(logits: Operand, labels: Operand, reduction: str = "mean") -> 
 def reshape(x: Operand, shape: Sequence[int] | int) -> Tensor:
     """Row-major reshape; one entry may be -1."""
     (tensor,) = _tensors(x)
-    dims = [shape] if isinstance(shape, int) else [int(d) for d in shape]
+    dims = list(_integers(shape, "shape"))
+    if any(d < -1 for d in dims):
+        raise ShapeError(
+            f"graph.reshape: sizes must be >= 0 (or -1 for one inferred size), found {dims} "
+            f"at {user_location()}"
+        )
     if dims.count(-1) > 1:
         raise ShapeError(
             f"graph.reshape: at most one -1 is allowed, found {dims} at {user_location()}"
@@ -425,9 +481,10 @@ def swapaxes(x: Operand, axis1: int, axis2: int) -> Tensor:
 
 def broadcast_to(x: Operand, shape: Sequence[int]) -> Tensor:
     (tensor,) = _tensors(x)
-    if tuple(shape) == tensor.shape:
+    dims = _shape_argument(shape)
+    if dims == tensor.shape:
         return tensor
-    return _bind1(graph.BroadcastToOp, [tensor], shape=tuple(shape))
+    return _bind1(graph.BroadcastToOp, [tensor], shape=dims)
 
 
 def concat(xs: Sequence[Operand], axis: int = 0) -> Tensor:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from xdsl.dialects import math as mathd
-from xdsl.dialects.builtin import AnyFloat, IntegerType, f32, i32
+from xdsl.dialects.builtin import AnyFloat, IntegerType, f32, f64, i32
 from xdsl.ir import SSAValue
 
 from tessera.ir import graph
@@ -26,7 +26,7 @@ from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.dense import first_value, is_splat
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import elementwise
-from tessera.ir.tile import element_type, is_float
+from tessera.ir.tile import compute_element, element_type, is_float
 from tessera.ops.registry import (
     NOT_LINEAR,
     Cotangents,
@@ -402,7 +402,7 @@ def _pow_tile(b: TileBuilder, op: graph.GraphOp, a: Operands) -> Value:
     """torch.pow for floats: |x|^y with the sign of x for odd integer y, nan for other y < 0 bases."""
     x, y = a
     magnitude = b.exp(b.mul(y, b.log(b.math(mathd.AbsFOp, x))))
-    y_int = b.convert(b.convert(y, i32), f32)
+    y_int = b.convert(b.convert(y, i32), element_type(y.type))
     integral = b.cmp("eq", y_int, y)
     odd = b.cmp("ne", b.rem(b.convert(y, i32), b.constant(2, i32)), b.constant(0, i32))
     negative = b.cmp("lt", x, b.constant(0.0))
@@ -472,8 +472,9 @@ def _compare_reference(op: graph.CompareOp) -> Callable[..., torch.Tensor]:
 
 def _compare_tile(b: TileBuilder, op: graph.CompareOp, a: Operands) -> Value:
     x, y = a
-    if is_float(x) != is_float(y):  # mixed (a weak scalar): compare in f32
-        x, y = b.convert(x, f32), b.convert(y, f32)
+    if is_float(x) != is_float(y):  # mixed (a weak scalar): compare as floats
+        element = element_type((x if is_float(x) else y).type)
+        x, y = b.convert(x, element), b.convert(y, element)
     return b.cmp(op.predicate.data, x, y)
 
 
@@ -524,9 +525,11 @@ def _cast_tile(b: TileBuilder, op: graph.CastOp, a: Operands) -> Value:
     if target == IntegerType(1):
         return b.cmp("ne", x, _zero(b, x))
     if isinstance(target, AnyFloat):
-        if target != f32:  # round to the narrower format, then compute in f32 again
-            return b.convert(b.convert(b.convert(x, f32), target), f32)
-        return b.convert(x, f32)
+        compute = compute_element(target)  # f64, else f32
+        if target != compute:  # f16 / bf16: round to the narrow format, compute in f32 again
+            wide = x if element_type(x.type) == f64 else b.convert(x, f32)
+            return b.convert(b.convert(wide, target), compute)
+        return b.convert(x, compute)
     return b.convert(x, target)
 
 

@@ -293,10 +293,11 @@ def _cross_entropy_reference(
 ) -> torch.Tensor:
     classes = logits.shape[-1]
     check_labels(op, list(logits.shape), labels)
-    loss = F.cross_entropy(
-        logits.reshape(-1, classes).float(),
-        labels.reshape(-1).long(),
-        reduction=op.attrs()["reduction"],
+    loss = _in_f32(
+        lambda scores: F.cross_entropy(
+            scores, labels.reshape(-1).long(), reduction=op.attrs()["reduction"]
+        ),
+        logits.reshape(-1, classes),
     )
     return loss.reshape(aval(op.result).shape).to(logits.dtype)
 

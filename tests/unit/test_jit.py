@@ -45,8 +45,10 @@ def test_numpy_and_torch_arguments_share_a_trace():
     f = ts.jit(lambda x: x * 2)
     f(f32(2, 3))
     f(torch.zeros(2, 3))
-    f(np.zeros((2, 3)))  # float64 is computed in f32: the same signature
+    f(np.zeros((2, 3), np.float32))
     assert f.trace_count == 1
+    f(np.zeros((2, 3)))  # float64 is computed in float64: a signature of its own
+    assert f.trace_count == 2
 
 
 @pytest.mark.parametrize(

@@ -400,11 +400,11 @@ def test_numpy_inputs_give_numpy_and_torch_inputs_give_torch():
     assert isinstance(out, torch.Tensor) and isinstance(extra["y"], torch.Tensor)
 
 
-def test_float64_inputs_are_computed_in_f32():
-    # A deliberate choice, like JAX's default: there is no f64 in Tessera.
+def test_float64_inputs_are_computed_in_float64():
+    # The dtype policy (README "Dtypes"; tests/unit/test_dtype_policy.py): never narrower.
     f = ts.jit(lambda x: x * 3)
-    assert f(np.array([1.0, 2.0])).dtype == np.float32
-    assert f(torch.tensor([1.0, 2.0], dtype=torch.float64)).dtype == torch.float32
+    assert f(np.array([1.0, 2.0])).dtype == np.float64
+    assert f(torch.tensor([1.0, 2.0], dtype=torch.float64)).dtype == torch.float64
 
 
 def test_zero_dimensional_inputs_keep_their_shape():

@@ -104,9 +104,17 @@ def _constant(op: arith.ConstantOp) -> str:
             raise IRError("emit-triton: only splat block constants are supported")
         return f"tl.full({tile.block_shape(t)}, {_literal(values[0], t)}, {triton_dtype(t)})"
     assert isinstance(attr, IntegerAttr | FloatAttr)
-    if any(isinstance(u.operation, tile.ConvertOp) for u in op.result.uses):  # a typed scalar
+    if _typed_scalar(op):
         return f"tl.full((), {_literal(attr.value.data, t)}, {triton_dtype(t)})"
     return _literal(attr.value.data, t)
+
+
+def _typed_scalar(op: arith.ConstantOp) -> bool:
+    """Whether a scalar constant needs its type spelled out: converted ones, and f64 ones
+    (Triton reads a float literal as f32)."""
+    return isinstance(op.result.type, Float64Type) or any(
+        isinstance(u.operation, tile.ConvertOp) for u in op.result.uses
+    )
 
 
 def _binary(symbol: str) -> Callable[[Operation, Sequence[str]], str]:
@@ -129,7 +137,12 @@ def _load(op: tile.LoadOp, a: Sequence[str]) -> str:
 
 
 def _dot(op: tile.DotOp, a: Sequence[str]) -> str:
-    ieee = isinstance(tile.element_type(op.a.type), Float32Type)
+    """``tl.dot``: f32 operands in IEEE precision (not TF32); f64 operands (tl.dot accepts
+    them from Triton 3.6 on: FMA on NVIDIA GPUs, no f64 tensor cores) too. Integer
+    operands (tl.dot takes int8 only) multiply and sum a 3-D broadcast, exactly."""
+    if isinstance(tile.element_type(op.a.type), IntegerType):
+        return f"{a[2]} + tl.sum({a[0]}[:, :, None] * {a[1]}[None, :, :], axis=1)"
+    ieee = isinstance(tile.element_type(op.a.type), Float32Type | Float64Type)
     return f"tl.dot({a[0]}, {a[1]}, {a[2]}" + (', input_precision="ieee")' if ieee else ")")
 
 
@@ -193,7 +206,7 @@ def _emit_block(block: Block, names: _Names, lines: list[str], indent: str) -> N
         elif (
             isinstance(op, arith.ConstantOp)
             and not tile.block_shape(op.result.type)
-            and not any(isinstance(u.operation, tile.ConvertOp) for u in op.result.uses)
+            and not _typed_scalar(op)
         ):
             names.alias(op.result, _constant(op))  # scalar constants are written inline
         else:
