@@ -23,7 +23,7 @@ from typing import Any
 
 from xdsl.rewriter import InsertPoint
 
-from tessera.errors import TraceError
+from tessera.errors import ShardingError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, current_trace, user_location
 from tessera.ir.grad_builder import GradBuilder
@@ -105,6 +105,10 @@ def training_step(
         "batch_shardings": batch_shardings, "zero": zero, "dp_axis": dp_axis,
         "kernels": kernels, "module": module, "pp_axis": pp_axis,
     }  # fmt: skip
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise ShardingError(
+            f"training_step: mesh must be a dist.Mesh, found {type(mesh).__name__} {mesh!r}"
+        )
     pipelined = mesh is not None and pp_axis in mesh.axis_names
     kind = PipelinedTrainingStep if pipelined else TrainingStep
 

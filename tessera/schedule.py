@@ -112,6 +112,27 @@ def pipeline_microbatches(count: int, kind: str = "1f1b", virtual: int = 1) -> _
     return _Setting(previous)
 
 
+_AT_LEAST = {"bucket_bytes": 0, "collective_matmul_chunks": 0, "pipeline_microbatches": 1,
+             "pipeline_virtual": 1}  # fmt: skip
+
+
+def _check_option(name: str, value: Any) -> None:
+    """A TesseraError unless ``value`` has the option's type (and range)."""
+    kind = {"bool": bool, "int": int, "str": str}[ScheduleOptions.__dataclass_fields__[name].type]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TesseraError(f"schedule option {name} must be a {kind.__name__}, found {value!r}")
+    if name in _AT_LEAST and value < _AT_LEAST[name]:
+        raise TesseraError(f"schedule option {name} must be >= {_AT_LEAST[name]}, found {value!r}")
+    if name == "pipeline_schedule":
+        from tessera.ir.pipeline_actions import SCHEDULE_KINDS
+
+        if value not in SCHEDULE_KINDS:
+            raise TesseraError(
+                f"schedule option pipeline_schedule must be one of {', '.join(SCHEDULE_KINDS)}, "
+                f"found {value!r}"
+            )
+
+
 @contextmanager
 def options(**changes: Any) -> Iterator[ScheduleOptions]:
     """Within the block, programs are lowered with ``changes`` to the current options."""
@@ -122,6 +143,8 @@ def options(**changes: Any) -> Iterator[ScheduleOptions]:
             f"unknown schedule option(s) {sorted(unknown)}; "
             f"known: {sorted(ScheduleOptions.__dataclass_fields__)}"
         )
+    for name, value in changes.items():
+        _check_option(name, value)
     previous, _current = _current, replace(_current, **changes)
     try:
         yield _current

@@ -18,11 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from xdsl.dialects.builtin import FileLineColLoc
 from xdsl.ir import Operation
 from xdsl.rewriter import InsertPoint
 
-from tessera.compiled import JitFunction, _is_array
-from tessera.errors import TesseraError, TraceError
+from tessera.compiled import JitFunction, _definition, _is_array
+from tessera.errors import ArgumentError, TraceError, describe_location
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, current_trace
 from tessera.ir import graph
@@ -44,6 +45,16 @@ class GradFunction(JitFunction):
         if isinstance(fn, JitFunction) and fn.mesh is not None and "mesh" not in options:
             options["mesh"] = fn.mesh  # ts.grad(ts.jit(f, mesh=...)) runs on f's mesh
         super().__init__(fn, **options)
+        nums = (argnums,) if isinstance(argnums, int) else argnums
+        if (
+            isinstance(nums, (str, bytes))
+            or not isinstance(nums, Sequence)
+            or not nums
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in nums)
+        ):
+            raise ArgumentError(
+                f"ts.grad: argnums must be an int or a non-empty sequence of ints, found {argnums!r}"
+            )
         self.argnums = argnums
         self.with_value = with_value
         self.has_aux = has_aux
@@ -57,19 +68,20 @@ class GradFunction(JitFunction):
         seen: set[int] = set()
         for num in nums:
             if not -len(positional) <= num < len(positional):
-                raise TesseraError(
+                raise ArgumentError(
                     f"argnums {num} is out of range for {len(positional)} positional arguments "
-                    f"of {self.__name__}"
+                    f"of {self.__name__}\n  {_definition(self.fn)}"
                 )
             num %= len(positional)
             leaves, tree = pytree.flatten(positional[num])
             differentiated = [_is_array(leaf) or isinstance(leaf, Tensor) for leaf in leaves]
             if not any(differentiated):
-                raise TesseraError(
-                    f"argument {num} of {self.__name__} has no arrays to differentiate"
+                raise ArgumentError(
+                    f"argument {num} of {self.__name__} has no arrays to differentiate\n"
+                    f"  {_definition(self.fn)}"
                 )
             leaves = [
-                _fresh(trace, leaf, seen, num, self.__name__) if marked else leaf
+                _fresh(trace, leaf, seen, num, self.fn) if marked else leaf
                 for leaf, marked in zip(leaves, differentiated, strict=True)
             ]
             wrt += [leaf for leaf, marked in zip(leaves, differentiated, strict=True) if marked]
@@ -101,11 +113,12 @@ class GradFunction(JitFunction):
     def _split_result(self, result: Any, trace: Trace) -> tuple[Tensor, Any]:
         """The loss (checked to be a float scalar of this trace) and the aux value."""
         aux = None
+        where = f"\n  {_definition(self.fn)}"
         if self.has_aux:
             if not isinstance(result, (tuple, list)) or len(result) != 2:
                 raise TraceError(
                     f"{self.__name__} was differentiated with has_aux=True, so it must return "
-                    f"a pair (loss, aux); found {type(result).__name__}"
+                    f"a pair (loss, aux); found {type(result).__name__}{where}"
                 )
             result, aux = result
         if not isinstance(result, Tensor):
@@ -113,27 +126,38 @@ class GradFunction(JitFunction):
             hint = "; to return more, use has_aux=True and return (loss, aux)"
             raise TraceError(
                 f"{self.__name__} must return one scalar (the loss) to be differentiated, "
-                f"found {len(leaves)} outputs" + (hint if len(leaves) > 1 else "")
+                f"found {len(leaves)} outputs" + (hint if len(leaves) > 1 else "") + where
             )
         if result.trace is not trace:
             raise TraceError(f"{self.__name__} returned a tensor from another traced function")
         if result.aval.shape != () or not result.aval.dtype.is_float:
             raise TraceError(
                 f"{self.__name__}: the loss must be a float scalar to be differentiated, "
-                f"found {result.aval}"
+                f"found {result.aval}{_computed_at(result) or where}"
             )
         return result, aux
 
 
-def _fresh(trace: Trace, leaf: Any, seen: set[int], num: int, name: str) -> Tensor:
+def _computed_at(tensor: Tensor) -> str:
+    """``\n  computed at file:line: source`` for a traced op's result (else empty)."""
+    owner = tensor.value.owner
+    location = getattr(owner, "location", None)
+    if not isinstance(location, FileLineColLoc):
+        return ""
+    return f"\n  computed at {describe_location(location.filename.data, location.line.data)}"
+
+
+def _fresh(trace: Trace, leaf: Any, seen: set[int], num: int, fn: Callable[..., Any]) -> Tensor:
     """``leaf`` as a tensor of ``trace`` that no other differentiated leaf shares (an
     argument given twice gets a copy, so each position has its own gradient)."""
+    name = getattr(fn, "__name__", "the function")
     tensor = leaf if isinstance(leaf, Tensor) else _constant(leaf)
     if tensor.trace is not trace:
         raise TraceError(f"argument {num} of {name} is a tensor of another traced function")
     if not tensor.dtype.is_float:
-        raise TesseraError(
-            f"argument {num} of {name} holds {tensor.aval}; only float arrays have gradients"
+        raise ArgumentError(
+            f"argument {num} of {name} holds {tensor.aval}; only float arrays have gradients "
+            f"(differentiate with respect to other arguments: argnums=...)\n  {_definition(fn)}"
         )
     if id(tensor.value) in seen:
         (tensor,) = trace.bind(graph.ReshapeOp, [tensor], shape=tensor.shape)

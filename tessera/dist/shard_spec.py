@@ -11,11 +11,50 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tessera.ir.mesh import Mesh
+import numpy as np
+
 from tessera.errors import ShardingError
+from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
 
 _NAMED_DIMS = {"row": 0, "col": 1}
+
+
+def _partition(partition: object) -> tuple[int | str, ...]:
+    """``partition`` as a tuple of dim indices (ints) and dim names ('row', 'col')."""
+    entries = (partition,) if isinstance(partition, (int, str)) else partition
+    if not isinstance(entries, Sequence):
+        raise ShardingError(
+            f"ShardSpec: partition must be a sequence of dims (ints, 'row' or 'col'), "
+            f"found {partition!r}"
+        )
+    for entry in entries:
+        named = isinstance(entry, str) and entry in _NAMED_DIMS
+        if not named and (not isinstance(entry, (int, np.integer)) or isinstance(entry, bool)):
+            raise ShardingError(
+                f"ShardSpec: each partition entry must be a dim index (an int) or 'row' / "
+                f"'col', found {entry!r} in partition={partition!r}"
+            )
+    return tuple(e if isinstance(e, str) else int(e) for e in entries)
+
+
+def _mesh_axes(mesh_axes: object) -> tuple[str | tuple[str, ...], ...]:
+    """``mesh_axes`` as a tuple of axis names or non-empty tuples of them."""
+    entries = (mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes
+    if not isinstance(entries, Sequence):
+        raise ShardingError(
+            f"ShardSpec: mesh_axes must be a sequence of axis names, found {mesh_axes!r}"
+        )
+    normalized: list[str | tuple[str, ...]] = []
+    for entry in entries:
+        axes = (entry,) if isinstance(entry, str) else entry
+        if not isinstance(axes, Sequence) or not all(isinstance(a, str) for a in axes):
+            raise ShardingError(
+                f"ShardSpec: each mesh_axes entry must be an axis name or a tuple of them, "
+                f"found {entry!r} in mesh_axes={mesh_axes!r}"
+            )
+        normalized.append(entry if isinstance(entry, str) else tuple(entry))
+    return tuple(normalized)
 
 
 @dataclass(frozen=True, init=False)
@@ -32,9 +71,10 @@ class ShardSpec:
         mesh_axes: Sequence[str | Sequence[str]] = (),
         replicate: bool = False,
     ):
-        partition = (partition,) if isinstance(partition, (int, str)) else tuple(partition)
-        mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
-        normalized = tuple(a if isinstance(a, str) else tuple(a) for a in mesh_axes)
+        if not isinstance(replicate, bool):
+            raise ShardingError(f"ShardSpec: replicate must be True or False, found {replicate!r}")
+        partition = _partition(partition)
+        normalized = _mesh_axes(mesh_axes)
         if replicate and (partition or normalized):
             raise ShardingError("ShardSpec(replicate=True) takes no partition or mesh_axes")
         if len(partition) != len(normalized):
@@ -60,11 +100,7 @@ class ShardSpec:
         dims: list[list[str]] = [[] for _ in range(rank)]
         split_by: dict[str, int] = {}  # mesh axis -> the dim it splits
         for entry, axes in zip(self.partition, self.mesh_axes, strict=True):
-            dim = _NAMED_DIMS.get(entry, entry) if isinstance(entry, str) else entry
-            if isinstance(dim, str):
-                raise ShardingError(
-                    f"{name}: unknown partition entry {entry!r}; use a dim index, 'row' or 'col'"
-                )
+            dim = _NAMED_DIMS[entry] if isinstance(entry, str) else entry  # checked in __init__
             if not -rank <= dim < rank:
                 raise ShardingError(
                     f"{name}: partition dim {entry!r} (split over {axes!r}) is out of range for "

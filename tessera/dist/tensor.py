@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,10 +9,10 @@ import numpy as np
 import torch
 
 from tessera import environment
-from tessera.ir.mesh import Mesh
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dtypes import as_dtype
-from tessera.errors import ShardingError
+from tessera.errors import ArgumentError, ShardingError
+from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
 
 
@@ -24,6 +23,7 @@ class DistTensor:
     """
 
     def __init__(self, data: torch.Tensor, layout: ShardSpec, mesh: Mesh, name: str = "tensor"):
+        _check_layout(layout, mesh)
         self._data: torch.Tensor | None = data
         self._shard: tuple[int, torch.Tensor] | None = None  # (rank, piece) when built per rank
         self._shape = tuple(int(d) for d in data.shape)
@@ -38,6 +38,7 @@ class DistTensor:
     ) -> DistTensor:
         """A distributed value known only by this rank's ``shard`` (in a multi-process run,
         where each process builds its own piece). ``rank`` defaults to this process's rank."""
+        _check_layout(layout, mesh)
         if rank is None:
             rank = _process_rank()
         shape = list(shard.shape)
@@ -92,6 +93,18 @@ class DistTensor:
         return f"DistTensor(shape={list(self.shape)}, sharding={self.sharding}, {self.mesh})"
 
 
+def _check_layout(layout: object, mesh: object) -> None:
+    if not isinstance(layout, ShardSpec):
+        raise ShardingError(
+            f"dist.tensor: layout must be a dist.ShardSpec, found {type(layout).__name__} "
+            f"{layout!r} (dim 0 split over 'dp' is dist.ShardSpec(partition=(0,), mesh_axes=('dp',)))"
+        )
+    if not isinstance(mesh, Mesh):
+        raise ShardingError(
+            f"dist.tensor: mesh must be a dist.Mesh, found {type(mesh).__name__} {mesh!r}"
+        )
+
+
 def _process_rank() -> int:
     import torch.distributed as tdist
 
@@ -116,13 +129,21 @@ def tensor(
     source = shape if shape is not None else shape_or_data
     torch_dtype = as_dtype(dtype).to_torch() if dtype is not None else None
     if isinstance(source, (tuple, list)) and all(isinstance(d, int) for d in source):
+        if any(d < 0 for d in source):
+            raise ArgumentError(f"dist.tensor: a shape has no negative sizes, found {list(source)}")
         data = torch.zeros(tuple(source), dtype=torch_dtype or torch.float32)
     elif isinstance(source, np.ndarray):
         data = torch.from_numpy(source)
     elif isinstance(source, torch.Tensor):
         data = source
     else:
-        data = torch.as_tensor(source)
+        try:
+            data = torch.as_tensor(source)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ArgumentError(
+                f"dist.tensor takes a shape or array data (a torch tensor, a numpy array, a "
+                f"nested list of numbers), found {type(source).__name__} {source!r}: {error}"
+            ) from None
     if torch_dtype is not None:
         data = data.to(torch_dtype)
     return DistTensor(data, layout or ShardSpec(replicate=True), mesh)

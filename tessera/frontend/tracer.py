@@ -37,11 +37,18 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @functools.cache
 def _is_internal(filename: str) -> bool:
-    return os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep)
+    """Whether ``filename`` is Tessera's, or torch's (whose functions call a traced
+    tensor's ``__torch_function__``)."""
+    path = os.path.abspath(filename)
+    torch = sys.modules.get("torch")
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) if torch else None
+    return path.startswith(_PACKAGE_DIR + os.sep) or (
+        torch_dir is not None and path.startswith(torch_dir + os.sep)
+    )
 
 
 def _user_frame() -> FrameType | None:
-    """The innermost frame outside Tessera: the user's line that called into it."""
+    """The innermost frame outside Tessera (and torch): the user's line that called into it."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and _is_internal(frame.f_code.co_filename):
         frame = frame.f_back
@@ -146,6 +153,11 @@ def current_trace() -> Trace:
     return _active[-1]
 
 
+class MissingMethodError(TraceError, AttributeError):
+    """A torch.Tensor method called on a traced tensor (an AttributeError too, so that
+    ``hasattr`` stays False)."""
+
+
 class Tensor:
     """A traced tensor: an abstract value standing for data known only at run time."""
 
@@ -180,24 +192,91 @@ class Tensor:
             raise TraceError(f"len() of a 0-d tensor {self.aval}, at {user_location()}")
         return self.shape[0]
 
+    # --- values are not known while tracing (JAX's ConcretizationTypeError) ---------------
+
+    def _concrete(self, what: str, instead: str) -> TraceError:
+        return TraceError(
+            f"{what} needs the value of the traced tensor {self.aval}, which is not known "
+            f"while tracing: @ts.jit runs the function once per argument shapes and dtypes, "
+            f"on abstract tensors; {instead}, at {user_location()}"
+        )
+
     def __bool__(self) -> bool:
-        raise TraceError(
-            f"the truth value of a traced tensor {self.aval} is not known while tracing; "
-            f"use op.where instead of Python control flow, at {user_location()}"
+        raise self._concrete(
+            "Python control flow (if, while, and, or, not)",
+            "use op.where instead, or pass the condition as a static argument (static_argnums)",
         )
 
     def _python_number(self, *args: Any) -> Any:
-        raise TraceError(
-            f"a traced tensor {self.aval} has no Python value while tracing; keep computing "
-            f"with tensors (or pass the value as a static argument), at {user_location()}"
+        raise self._concrete(
+            "a Python number (float(), int(), an index)",
+            "keep computing with tensors, or pass the value as a static argument",
         )
 
     __float__ = __int__ = __index__ = __complex__ = _python_number
 
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._concrete(
+            "a numpy array", "compute with tessera.op, and convert the jitted function's result"
+        )
+
+    def item(self) -> Any:
+        raise self._concrete(
+            ".item()", "return the tensor and call .item() on the jitted function's result"
+        )
+
+    def tolist(self) -> Any:
+        raise self._concrete(
+            ".tolist()", "return the tensor and call .tolist() on the jitted function's result"
+        )
+
+    def numpy(self) -> Any:
+        raise self._concrete(
+            ".numpy()", "return the tensor and call .numpy() on the jitted function's result"
+        )
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        """torch functions cannot trace: a TraceError naming the tessera.op equivalent. A
+        torch tensor's operator (``torch_tensor + traced``) gives way to the traced
+        tensor's reflected one, as Python does for NotImplemented."""
+        name = getattr(func, "__name__", str(func))
+        torch = sys.modules["torch"]
+        receiver = args[0] if args else None
+        if (
+            isinstance(receiver, torch.Tensor)
+            and func is getattr(torch.Tensor, name, None)
+            and (name in _OPERATOR_METHODS or name.startswith("__"))
+        ):
+            return NotImplemented
+        module = getattr(func, "__module__", None) or "torch"
+        module = "torch" if module.startswith("torch._C") else module
+        equivalent = getattr(_op(), name, None) if _operators is not None else None
+        instead = (
+            f"use tessera.op.{name}"
+            if callable(equivalent)
+            else "use the tessera.op functions (numpy names) and Python operators"
+        )
         raise TraceError(
-            f"a traced tensor {self.aval} cannot be converted to a numpy array while "
-            f"tracing, at {user_location()}"
+            f"{module}.{name} is not traceable: inside @ts.jit, tensors are traced tensors, "
+            f"which torch functions cannot take; {instead}, at {user_location()}"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        """A torch.Tensor method that traced tensors lack: a TraceError saying what to use."""
+        if name.startswith("__") or not _is_torch_tensor_attribute(name):
+            raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+        equivalent = getattr(_op(), name, None) if _operators is not None else None
+        instead = (
+            f"use tessera.op.{name}(x, ...)"
+            if callable(equivalent)
+            else "use the tessera.op functions (numpy names) and Python operators"
+        )
+        if name in _DEVICE_AND_DTYPE_METHODS:
+            instead = "they have no device or autograd state; convert dtypes with x.astype(dtype)"
+        raise MissingMethodError(
+            f"traced tensors have no torch.Tensor method .{name}() (the tensor {self.aval} is "
+            f"traced by @ts.jit); {instead}, at {user_location()}"
         )
 
     def __iter__(self) -> Any:
@@ -300,6 +379,24 @@ class Tensor:
 
     def min(self, axis: Any = None, keepdims: bool = False) -> Tensor:
         return _op().min(self, axis=axis, keepdims=keepdims)
+
+
+# the torch.Tensor methods behind Python's operators (``torch_tensor + traced`` calls add)
+_OPERATOR_METHODS = frozenset(
+    {"add", "sub", "mul", "div", "true_divide", "matmul", "pow", "gt", "lt", "ge", "le",
+     "eq", "ne", "neg", "abs"}
+)  # fmt: skip
+_DEVICE_AND_DTYPE_METHODS = frozenset(
+    {"cpu", "cuda", "to", "detach", "clone", "contiguous", "requires_grad_", "float",
+     "double", "half", "bfloat16", "long", "int", "bool", "type"}
+)  # fmt: skip
+
+
+@functools.cache
+def _is_torch_tensor_attribute(name: str) -> bool:
+    """Whether ``name`` is an attribute of ``torch.Tensor`` (torch already imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and hasattr(torch.Tensor, name)
 
 
 _operators: Any = None  # the tessera.op module, which registers itself when imported

@@ -14,6 +14,35 @@ import numpy as np
 
 from tessera.errors import ShardingError as MeshError
 
+MAX_DEVICES = 1 << 20  # more devices than any machine: a mistyped size, not a mesh
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _axis_sizes(shape: object, names: Sequence[str]) -> tuple[int, ...]:
+    """``shape`` (a sequence of positive ints, or one int for a one-axis mesh) checked."""
+    sizes = (shape,) if _is_int(shape) else shape
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Iterable):
+        raise MeshError(f"mesh shape must be a sequence of ints, found {shape!r}")
+    sizes = tuple(sizes)
+    for size in sizes:
+        if not _is_int(size):
+            raise MeshError(
+                f"mesh axis sizes must be ints, found {size!r} ({type(size).__name__}) in "
+                f"shape {list(sizes)}"
+            )
+    if len(sizes) != len(names):
+        raise MeshError(f"mesh has {len(names)} axes {list(names)} but shape {list(sizes)}")
+    if any(s < 1 for s in sizes):
+        raise MeshError(f"mesh axis sizes must be positive, found {list(sizes)}")
+    if prod(sizes) > MAX_DEVICES:
+        raise MeshError(
+            f"mesh shape {list(sizes)} has {prod(sizes)} devices, more than {MAX_DEVICES}"
+        )
+    return tuple(int(s) for s in sizes)
+
 
 def _infer_shape(num_devices: int, num_axes: int) -> tuple[int, ...]:
     side = round(num_devices ** (1 / num_axes))
@@ -36,6 +65,8 @@ class Mesh:
         devices: Iterable[Any] | None = None,
         topology: Any = None,
     ):
+        if not isinstance(axes, (str, Iterable)):
+            raise MeshError(f"mesh axes must be a sequence of names, found {axes!r}")
         names = tuple(axes) if not isinstance(axes, str) else (axes,)
         if not names:
             raise MeshError("a mesh needs at least one axis")
@@ -49,17 +80,19 @@ class Mesh:
             if device_list is None:
                 raise MeshError("give the mesh a shape=... or devices=...")
             shape = _infer_shape(len(device_list), len(names))
-        sizes = tuple(int(s) for s in shape)
-        if len(sizes) != len(names):
-            raise MeshError(f"mesh has {len(names)} axes {list(names)} but shape {list(sizes)}")
-        if any(s < 1 for s in sizes):
-            raise MeshError(f"mesh axis sizes must be positive, found {list(sizes)}")
+        sizes = _axis_sizes(shape, names)
         if device_list is None:
             device_list = list(range(prod(sizes)))
         if len(device_list) != prod(sizes):
             raise MeshError(
                 f"mesh shape {list(sizes)} needs {prod(sizes)} devices, found {len(device_list)}"
             )
+        try:
+            distinct = len(set(device_list)) == len(device_list)
+        except TypeError:  # unhashable device objects: not checked
+            distinct = True
+        if not distinct:
+            raise MeshError(f"mesh devices must be distinct, found {device_list}")
         self.axis_names = names
         self.shape = sizes
         self.devices = np.array(device_list, dtype=object).reshape(sizes)
