@@ -127,6 +127,7 @@ TRACED = {  # code traced by @ts.jit: the error must name this file's line
     "op.gelu approximate='fast'": traced(lambda x: op.gelu(x, approximate="fast"), x4),
     "op.einsum bad equation": traced(lambda x: op.einsum("ij,jk->", x), x44),
     "op.arange(-5)": traced(lambda x: x + op.arange(-5), x4),
+    "dist.shard(x, 'dp')": on_mesh(lambda x: dist.shard(x, "dp"), x44),
     "op.where missing operand": traced(lambda x: op.where(x > 0, x), x4),
     "matmul bool": traced(
         lambda a, b: a @ b, torch.ones(2, 2, dtype=torch.bool), torch.ones(2, 2, dtype=torch.bool)
@@ -230,6 +231,13 @@ API = {  # bad inputs at the API boundary (no traced code)
     "training_step int params": lambda: graph.training_step(
         step_fn, optimizer=optim.SGD(lr=0.1)
     ).init({"w": torch.ones(4, 4, dtype=torch.int64)}),
+    "training_step param_shardings='dp'": lambda: graph.training_step(
+        step_fn, optimizer=optim.SGD(lr=0.1), mesh=mesh2, param_shardings="dp"
+    ),
+    "training_step called with two batches": lambda: (lambda s: s(s.init({"w": x44}), x44, x44))(
+        graph.training_step(step_fn, optimizer=optim.SGD(lr=0.1))
+    ),
+    "mesh devices=5": lambda: dist.Mesh(axes=["dp"], devices=5),
     "optim.SGD(lr=-1)": lambda: optim.SGD(lr=-1.0),
     "optim.SGD(lr='x')": lambda: optim.SGD(lr="x"),
     "optim.AdamW(betas=(2, 0))": lambda: optim.AdamW(lr=1e-3, betas=(2.0, 0.0)),

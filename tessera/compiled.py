@@ -35,7 +35,7 @@ from tessera.backends.execution import (
 from tessera.backends.layout import assemble, piece
 from tessera.backends.reference import graph_plan
 from tessera.dist.collectives import MESH_SYMBOL, shard
-from tessera.dist.shard_spec import ShardSpec
+from tessera.dist.shard_spec import ShardSpec, check_shard_specs
 from tessera.dist.tensor import DistTensor
 from tessera.driver import KERNEL_BACKENDS, STAGES, CompileConfig, pipeline_string, run_stage
 from tessera.dtypes import as_dtype
@@ -446,8 +446,8 @@ class JitFunction:
             )
         if mesh is None and (in_shardings is not None or out_shardings is not None):
             raise ShardingError("in_shardings and out_shardings need a mesh: ts.jit(fn, mesh=...)")
-        _check_specs(in_shardings, "in_shardings")
-        _check_specs(out_shardings, "out_shardings")
+        check_shard_specs(in_shardings, "ts.jit: in_shardings")
+        check_shard_specs(out_shardings, "ts.jit: out_shardings")
         if kernels is not None and kernels not in KERNEL_BACKENDS:
             raise ArgumentError(f"kernels must be one of {KERNEL_BACKENDS}, found {kernels!r}")
         self.kernels = kernels  # None: TESSERA_KERNELS or "triton", read when compiling
@@ -622,7 +622,7 @@ class JitFunction:
             for k in signature.leaves
         ]
         args, kwargs = pytree.unflatten(signature.treedef, leaves)
-        _check_call(self.fn, self.__name__, args, kwargs)
+        check_call(self.fn, self.__name__, args, kwargs)
         with tracing(trace):
             result = self._body(args, kwargs)
             out_leaves, out_tree = pytree.flatten(result)
@@ -696,7 +696,7 @@ class JitFunction:
         return names
 
 
-def _check_call(
+def check_call(
     fn: Callable[..., Any], name: str, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> None:
     """A TraceError when ``fn`` cannot take these arguments (checked before tracing, so
@@ -745,19 +745,6 @@ def _argnums(
     if len(set(nums)) != len(nums):
         raise ArgumentError(f"{name}: {what} names an argument twice: {value!r}")
     return tuple(nums)
-
-
-def _check_specs(specs: Any, what: str) -> None:
-    """Every leaf of ``in_shardings`` / ``out_shardings`` (a pytree prefix of the
-    arguments or results; None for "let Tessera choose") must be a ``dist.ShardSpec``."""
-    leaves, _ = pytree.flatten(specs)
-    for leaf in leaves:
-        if not isinstance(leaf, ShardSpec):
-            raise ShardingError(
-                f"ts.jit: {what} must hold dist.ShardSpec values or None, found "
-                f"{type(leaf).__name__} {leaf!r} (dim 0 split over 'dp' is "
-                f"dist.ShardSpec(partition=(0,), mesh_axes=('dp',)))"
-            )
 
 
 def _leaf_argument(

@@ -54,9 +54,16 @@ import torch
 from tessera.backends import distributed
 from tessera.backends.distributed import LocalResult
 from tessera.backends.layout import block
-from tessera.compiled import JitFunction, Lowered, MemoryStats, ModelStateMemory, broadcast_prefix
+from tessera.compiled import (
+    JitFunction,
+    Lowered,
+    MemoryStats,
+    ModelStateMemory,
+    broadcast_prefix,
+    check_call,
+)
 from tessera.dist.collectives import shard
-from tessera.dist.shard_spec import ShardSpec
+from tessera.dist.shard_spec import ShardSpec, check_shard_specs
 from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
@@ -180,6 +187,8 @@ class TrainingStep:
         self.fn = fn
         self.optimizer = optimizer
         self.mesh = mesh
+        check_shard_specs(param_shardings, "training_step: param_shardings")
+        check_shard_specs(batch_shardings, "training_step: batch_shardings")
         self.param_shardings = param_shardings
         self.batch_shardings = batch_shardings
         self.zero = zero
@@ -371,6 +380,7 @@ class TrainingStep:
             stored = pytree.flatten(params)[0]
             # ZeRO-3: gather each parameter once, at the start, for the forward and backward
             used = pytree.unflatten(tree, constrain(stored, layouts.stored, layouts.compute))
+            check_call(user_fn, self.__name__, (used, *batch), {})
             with training_params(used):
                 returned = user_fn(used, *batch)
             if not (isinstance(returned, tuple) and len(returned) == 2):

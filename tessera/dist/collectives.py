@@ -51,6 +51,11 @@ def _bind(op_type: type[graph.GraphOp], x: Tensor, **attrs: Any) -> Tensor:
 def shard(x: Tensor, spec: ShardSpec | Sharding) -> Tensor:
     """Constrains ``x`` to the layout ``spec`` at this point (JAX's sharding constraint)."""
     mesh = _mesh("dist.shard")
+    if not isinstance(spec, (ShardSpec, Sharding)):
+        raise ShardingError(
+            f"dist.shard takes a dist.ShardSpec, found {type(spec).__name__} {spec!r}, "
+            f"at {user_location()}"
+        )
     sharding = spec.to_sharding(mesh, x.shape, f"dist.shard at {user_location()}") if isinstance(spec, ShardSpec) else spec
     if isinstance(spec, Sharding):
         spec.validate(mesh, x.shape, f"dist.shard at {user_location()}")

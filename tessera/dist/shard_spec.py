@@ -14,10 +14,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from tessera.errors import ShardingError
+from tessera.frontend import pytree
 from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
 
 _NAMED_DIMS = {"row": 0, "col": 1}
+
+
+def check_shard_specs(specs: object, what: str) -> None:
+    """A ShardingError unless every leaf of the pytree ``specs`` (None: "let Tessera
+    choose") is a ShardSpec; ``what`` names the option (``ts.jit: in_shardings``)."""
+    leaves, _ = pytree.flatten(specs)
+    for leaf in leaves:
+        if not isinstance(leaf, ShardSpec):
+            raise ShardingError(
+                f"{what} must hold dist.ShardSpec values or None, found "
+                f"{type(leaf).__name__} {leaf!r} (dim 0 split over 'dp' is "
+                f"dist.ShardSpec(partition=(0,), mesh_axes=('dp',)))"
+            )
 
 
 def _partition(partition: object) -> tuple[int | str, ...]:

@@ -75,6 +75,8 @@ class Mesh:
                 raise MeshError(f"mesh axis names must be identifiers, found {name!r}")
         if len(set(names)) != len(names):
             raise MeshError(f"mesh axis names must be distinct, found {list(names)}")
+        if devices is not None and not isinstance(devices, Iterable):
+            raise MeshError(f"mesh devices must be a sequence, found {devices!r}")
         device_list = list(devices) if devices is not None else None
         if shape is None:
             if device_list is None:
