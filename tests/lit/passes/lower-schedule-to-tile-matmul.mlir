@@ -184,3 +184,59 @@ func.func @epilogue(%x: tensor<40x33xf32>, %w: tensor<33x20xf32>, %b: tensor<20x
   }
   func.return %0 : tensor<40x20xf32>
 }
+
+// -----
+
+// f64 operands accumulate in f64 (tl.dot takes f64 from Triton 3.6 on); the epilogue's
+// constant stays f64 (a typed tl.full: Triton reads a bare float literal as f32).
+// CHECK-LABEL: tile.kernel @f64_k0
+// CHECK:         %[[ACC0:.*]] = arith.constant dense<0.000000e+00> : tensor<16x16xf64>
+// CHECK:           %{{.*}} = tile.dot %{{.*}}, %{{.*}}, %{{.*}} : tensor<16x16xf64>, tensor<16x16xf64> -> tensor<16x16xf64>
+// CHECK:         %{{.*}} = arith.constant 3.000000e-01 : f64
+
+// TRITON-LABEL: # --- kernel @f64_k0
+// TRITON:               {{v_[0-9]+}} = tl.dot({{v_[0-9]+}}, {{v_[0-9]+}}, {{v_[0-9]+}}, input_precision="ieee")
+// TRITON:           {{v_[0-9]+}} = tl.full((), 0.3, tl.float64)
+
+func.func @f64(%x: tensor<16x16xf64>, %w: tensor<16x16xf64>) -> tensor<16x16xf64> {
+  %0 = schedule.kernel @f64_k0(%x_1 = %x, %w_1 = %w) : (tensor<16x16xf64>, tensor<16x16xf64>) -> tensor<16x16xf64> {
+    %1 = graph.matmul %x_1, %w_1 : tensor<16x16xf64>, tensor<16x16xf64> -> tensor<16x16xf64>
+    %c = graph.constant dense<3.000000e-01> : tensor<f64>
+    %2 = graph.mul %1, %c : tensor<16x16xf64>, tensor<f64> -> tensor<16x16xf64>
+    schedule.yield %2 : tensor<16x16xf64>
+  }
+  func.return %0 : tensor<16x16xf64>
+}
+
+// -----
+
+// Integer operands (tl.dot takes int8 only): an exact multiply-and-sum of a 3-D
+// broadcast into an accumulator of their type.
+// CHECK-LABEL: tile.kernel @i64_k0
+// CHECK:         %[[ACC0:.*]] = arith.constant dense<0> : tensor<16x16xi64>
+// CHECK:           %{{.*}} = tile.dot %{{.*}}, %{{.*}}, %{{.*}} : tensor<16x16xi64>, tensor<16x16xi64> -> tensor<16x16xi64>
+
+// TRITON-LABEL: # --- kernel @i64_k0
+// TRITON:               {{v_[0-9]+}} = [[ACC:v_[0-9]+]] + tl.sum([[A:v_[0-9]+]][:, :, None] * [[B:v_[0-9]+]][None, :, :], axis=1)
+
+func.func @i64(%x: tensor<16x16xi64>, %w: tensor<16x16xi64>) -> tensor<16x16xi64> {
+  %0 = schedule.kernel @i64_k0(%x_1 = %x, %w_1 = %w) : (tensor<16x16xi64>, tensor<16x16xi64>) -> tensor<16x16xi64> {
+    %1 = graph.matmul %x_1, %w_1 : tensor<16x16xi64>, tensor<16x16xi64> -> tensor<16x16xi64>
+    schedule.yield %1 : tensor<16x16xi64>
+  }
+  func.return %0 : tensor<16x16xi64>
+}
+
+// -----
+
+// A dim of 0: no output tile, a grid of no programs (the runtime launches nothing).
+// CHECK-LABEL: tile.kernel @empty_k0
+// CHECK-SAME:    grid [0, 1, 1]
+
+func.func @empty(%x: tensor<0x16xf32>, %w: tensor<16x16xf32>) -> tensor<0x16xf32> {
+  %0 = schedule.kernel @empty_k0(%x_1 = %x, %w_1 = %w) : (tensor<0x16xf32>, tensor<16x16xf32>) -> tensor<0x16xf32> {
+    %1 = graph.matmul %x_1, %w_1 : tensor<0x16xf32>, tensor<16x16xf32> -> tensor<0x16xf32>
+    schedule.yield %1 : tensor<0x16xf32>
+  }
+  func.return %0 : tensor<0x16xf32>
+}

@@ -551,10 +551,10 @@ func.func @dynamic_result(%x: tensor<4x8xf32>) {
 
 // -----
 
-// Element types are Tessera's six dtypes.
-func.func @f64_operand(%x: tensor<4xf64>) {
-  // CHECK: graph.abs: unsupported element type f64; expected one of [f32, f16, bf16, i32, i64, i1]{{$}}
-  %0 = graph.abs %x : tensor<4xf64>
+// Element types are Tessera's seven dtypes.
+func.func @i8_operand(%x: tensor<4xi8>) {
+  // CHECK: graph.abs: unsupported element type i8; expected one of [f64, f32, f16, bf16, i32, i64, i1]{{$}}
+  %0 = graph.abs %x : tensor<4xi8>
   func.return
 }
 

@@ -417,8 +417,8 @@ tile.kernel @k() grid [1, 1, 1] warps 4 stages 1 {
 
 // -----
 
-// The accumulator is a float block.
-// CHECK: tile.dot: expected a float accumulator, found tensor<16x16xi32>{{$}}
+// The accumulator is a float block, or for integer operands a block of their type.
+// CHECK: tile.dot: expected a float accumulator (for integer operands, one of their type), found tensor<16x16xi32>{{$}}
 tile.kernel @k() grid [1, 1, 1] warps 4 stages 1 {
   %a = arith.constant dense<1> : tensor<16x16xi8>
   %c = arith.constant dense<0> : tensor<16x16xi32>
