@@ -127,6 +127,7 @@ class Lowered:
         self._plans: dict[tuple[Any, tuple[int, ...]], Any] = {}  # launch plans
         self._graph_plan: Callable[..., list[torch.Tensor]] | None = None
         self.plan_builds = 0  # launch plans built (one per execution and ranks)
+        self._digest: bytes | None = None
         self._avals: list[AbstractTensor] | None = None
         self._dtypes: list[torch.dtype] | None = None
         self._devices: dict[torch.device, VirtualMesh] = {}
@@ -201,11 +202,21 @@ class Lowered:
             # so a program read from the program cache loads one module, not two
             stage = "schedule" if self.kernels == "reference" else "tile"
             plan = execution.plan(
-                self.module_at(stage), self.name, self.kernel_runner(), list(key[1])
-            )
+                self.module_at(stage), self.name, self.kernel_runner(), list(key[1]),
+                self.digest(),
+            )  # fmt: skip
             self._plans[key] = plan
             self.plan_builds += 1
         return plan
+
+    def digest(self) -> bytes:
+        """A digest of the whole program: of Tessera's code, the compile configuration and
+        the traced module (the program cache's key; computed once). Processes compare it
+        before running the program."""
+        if self._digest is None:
+            cache = self._program_cache or ProgramCache(self.module, self.config)
+            self._digest = bytes.fromhex(cache.key)
+        return self._digest
 
     def module_at(self, stage: str) -> ModuleOp:
         """The module after ``stage``'s passes (computed once, on a copy)."""

@@ -284,10 +284,12 @@ class PipelineStep:
             if holds:
                 index = block(rt.rank, layout, self.mesh, target.shape)
                 contribution[index] = target[index]
+            what = "gathering the pipeline's state"
             try:
-                tdist.all_reduce(contribution)
+                with rt.waiting(what):
+                    tdist.all_reduce(contribution)
             except Exception as error:
-                raise distributed.failure(rt, "gathering the pipeline's state", error) from None
+                raise distributed.failure(rt, what, error) from None
             gathered[key] = contribution
         params = pytree.unflatten(tree, [gathered.get(id(x), x) for x in param_leaves])
         state_leaves, state_tree = pytree.flatten(state.opt_state)
@@ -351,8 +353,14 @@ class PipelineStep:
                 works.append(tdist.isend(mine, peer, tag=(1 << 20) + p))
                 works.append(tdist.irecv(buffer, peer, tag=(1 << 20) + p))
                 received[r] = buffer
-            for work in works:
-                work.wait()
+            peers = [self.placement.peer(rt.rank, r) for r in ranks]
+            what = f"summing the gradient of parameter {p} over pipeline ranks {ranks}"
+            try:
+                with rt.waiting(what, peers):
+                    for work in works:
+                        work.wait()  # type: ignore[attr-defined]
+            except Exception as error:
+                raise distributed.failure(rt, what, error, peers) from None
             parts = [mine if r == st.pipeline_rank else received[r] for r in ranks]
             total = parts[0].clone()
             for part in parts[1:]:
@@ -406,12 +414,14 @@ class PipelineStep:
                     totals += torch.stack([v.double().cpu() for v in values])
         if processes:
             rt = distributed.runtime()
+            what = "summing the pipeline's metrics"
             try:
                 on_device = totals.to(rt.device)
-                tdist.all_reduce(on_device)
+                with rt.waiting(what):
+                    tdist.all_reduce(on_device)
                 totals = on_device.cpu()
             except Exception as error:
-                raise distributed.failure(rt, "summing the pipeline's metrics", error) from None
+                raise distributed.failure(rt, what, error) from None
         means = (totals / (members * compiled.microbatches)).float()
         return pytree.unflatten(compiled.metric_tree, list(means[1:]))
 
