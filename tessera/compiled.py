@@ -9,6 +9,7 @@ program without retracing (``JitFunction.trace_count`` counts traces).
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import re
 from collections.abc import Callable, Sequence
@@ -45,6 +46,7 @@ from tessera.frontend.tracer import Tensor, Trace, current_trace, is_tracing, tr
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.graph import DONATED
 from tessera.ir.mesh import Mesh
+from tessera.ir.serialize import SerializeError
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_sharding, op_shardings
 from tessera.passes.plan_memory import peak_bytes
 from tessera.program_cache import ProgramCache
@@ -215,7 +217,10 @@ class Lowered:
         before running the program."""
         if self._digest is None:
             cache = self._program_cache or ProgramCache(self.module, self.config)
-            self._digest = bytes.fromhex(cache.key)
+            try:
+                self._digest = bytes.fromhex(cache.key)
+            except SerializeError:  # not storable: the digest of its text
+                self._digest = hashlib.sha256(str(self.module).encode()).digest()
         return self._digest
 
     def module_at(self, stage: str) -> ModuleOp:
