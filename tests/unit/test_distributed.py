@@ -9,6 +9,7 @@ process.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -25,6 +27,7 @@ from tessera import dist
 from tessera.backends import distributed, liveness
 from tessera.dist.tensor import DistTensor
 from tessera.errors import ShardingError
+from tessera.frontend import pytree
 from tessera.tools import launch
 from tessera.tools.report import Report
 
@@ -279,6 +282,45 @@ def test_dist_tensor_from_a_local_shard() -> None:
         value.local(1)
     with pytest.raises(ShardingError, match="built from rank 2's local shard"):
         _ = value.data
+
+
+def _checkpoint_script() -> Any:
+    spec = importlib.util.spec_from_file_location("multiprocess_checkpoint", SCRIPTS / "checkpoint.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _assert_same_state(saved: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Bit-identical: reference kernels, the same programs on the virtual mesh and on
+    processes."""
+    assert saved["step"] == expected["step"]
+    got, got_tree = pytree.flatten((saved["params"], saved["opt_state"]))
+    want, want_tree = pytree.flatten((expected["params"], expected["opt_state"]))
+    assert got_tree == want_tree
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("mode", "nproc"), [("zero3", 4), ("pipeline", 2)])
+def test_a_saved_state_dict_holds_the_whole_model(mode: str, nproc: int, tmp_path: Path) -> None:
+    """After training steps under ``tessera run`` (ZeRO-3 on dp x tp; a two-stage
+    pipeline), rank 0 saves ``step.state_dict(state)``: the whole model and optimizer
+    state, equal to the virtual mesh's, not each rank's shard over stale initial values.
+    A state resumed from it trains on as the virtual mesh does."""
+    result = tessera_run(nproc, SCRIPTS / "checkpoint.py", mode, str(tmp_path), timeout=60, kernels="reference")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert all(f"rank {r} OK" in result.stdout for r in range(nproc))
+    script = _checkpoint_script()
+    step = script.make_step(mode)
+    params, x, y = script.initial()
+    state = step.init(params)  # the virtual mesh: every rank in this process
+    script.train(step, state, x, y, 2)
+    _assert_same_state(torch.load(tmp_path / "two_steps.pt"), step.state_dict(state))
+    assert not torch.equal(state.params["w0"], script.initial()[0]["w0"])  # it trained
+    script.train(step, state, x, y, 1)
+    _assert_same_state(torch.load(tmp_path / "three_steps.pt"), step.state_dict(state))
 
 
 def test_train_gpt_over_four_processes() -> None:
