@@ -147,7 +147,7 @@ class Runtime:
                     f"not join within the timeout of {self.timeout:g} s (TESSERA_TIMEOUT) "
                     f"[{type(error).__name__}: {_first_line(error)}]"
                 ) from None
-            channel = liveness.Liveness.connect(tdist.get_rank(), tdist.get_world_size())
+            channel = liveness.Liveness.of_process_group(tdist.get_rank(), tdist.get_world_size())
             liveness.install(channel, self.timeout)
         self.liveness = liveness.channel()
         self.backend = str(tdist.get_backend())

@@ -16,12 +16,14 @@ that torchrun's agent hosts), under a key prefix of its own job:
 A rank whose collective fails asks :meth:`Liveness.blame` which member caused it (one
 that recorded its exit, one whose process is gone, one that never reached the
 collective). A rank that exits cleanly waits for the others in :meth:`Liveness.leave`
-(never in a collective, which would pair with whatever collective a peer is in) and
-leaves at once when a peer has been waiting for it for :data:`GRACE_S` seconds: its
-connections close and the peer's collective fails at once, naming it.
+(never in a collective, which would pair with whatever collective a peer is in) until it
+is told to leave: by the last rank to get there, by a rank that failed, or by a peer
+that has waited :data:`GRACE_S` seconds for it in a collective. Then its connections
+close and that peer's collective fails at once, naming it.
 
-Every store operation is bounded; if the store is unreachable the channel goes quiet and
-errors fall back to saying less, never to waiting longer.
+The store is the default process group's (the TCPStore torchrun's agent hosts, already
+connected); if it is unreachable the channel goes quiet and errors say less, and every
+wait stays bounded by the timeout.
 """
 
 from __future__ import annotations
@@ -35,17 +37,15 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from types import FrameType, TracebackType
 from typing import Any
 
 BEAT_S = 0.5  # how often a rank publishes its heartbeat
 STALE_S = 5.0  # a heartbeat older than this: the rank is stuck outside Python, or dead
 GRACE_S = 2.0  # a peer waiting this long for a rank that reached its exit: it exited early
-POLL_S = 0.05  # how often a leaving rank looks at the store
-STORE_TIMEOUT_S = 5.0  # the bound of one store operation
+POLL_S = 0.1  # how often a leaving rank looks at the store
 
 
 @dataclass(frozen=True)
@@ -94,29 +94,21 @@ class Liveness:
         self._waiting: _Waiting | None = None
         self._main = threading.main_thread().ident
         self._stop = threading.Event()
-        self._beats = store.clone()  # the heartbeat thread's own connection
-        self._publish(self.store)
+        self._woken: set[int] = set()  # peers this rank told to leave
+        self._publish()
         self._thread = threading.Thread(target=self._beat, name="tessera-heartbeat", daemon=True)
         self._thread.start()
 
     @staticmethod
-    def connect(rank: int, world_size: int) -> Liveness | None:
-        """The channel of this job (``MASTER_ADDR``, ``MASTER_PORT``, torchrun's run id),
-        or None when there is no store to reach."""
+    def of_process_group(rank: int, world_size: int) -> Liveness | None:
+        """The channel of this job, in the store of the default process group (the
+        TCPStore torchrun's agent hosts, connected already; thread-safe), or None when
+        there is none."""
         import torch.distributed as tdist
 
-        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-        if not host or not port or not port.isdigit():
-            return None
-        job = os.environ.get("TORCHELASTIC_RUN_ID", "job")
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         try:
-            client = tdist.TCPStore(
-                host, int(port), is_master=False, wait_for_workers=False,
-                timeout=timedelta(seconds=STORE_TIMEOUT_S),
-            )  # fmt: skip
-            store = tdist.PrefixStore(f"tessera/{job}/{attempt}/", client)
-            return Liveness(store, rank, world_size)
+            store = tdist.distributed_c10d._get_default_store()
+            return Liveness(tdist.PrefixStore("tessera/", store), rank, world_size)
         except Exception:
             return None
 
@@ -133,29 +125,27 @@ class Liveness:
             self._waiting = None
 
     def record_exit(self, ending: Ending) -> None:
-        """Publishes how this rank ends (before the process ends)."""
+        """Publishes how this rank ends (before the process ends); a failure also tells
+        every rank waiting at its exit to leave."""
         with contextlib.suppress(Exception):
             self.store.set(f"exit/{self.rank}", json.dumps(ending.entry()))
             if ending.kind != "clean":
-                self.store.add("failed", 1)
+                self._tell_to_leave(range(self.world_size))
+            self.store.add("exits", 1)  # answered after the sets before it are applied
 
     def leave(self, ending: Ending, timeout: float) -> None:
-        """A clean exit: waits (at most ``timeout`` seconds) until every rank has reached
-        its exit, one has failed, or a peer has waited :data:`GRACE_S` seconds for this
-        one in a collective, so that no rank closes connections a peer still needs."""
-        self.record_exit(ending)
+        """A clean exit: waits (at most ``timeout`` seconds) until it is told to leave:
+        by the last rank to reach its exit, by a rank that failed, or by a peer that has
+        waited :data:`GRACE_S` seconds for this one in a collective (this rank exited
+        early). So no rank closes connections a peer still needs, and none waits for a
+        rank that will not come."""
         self._stop.set()
+        self.record_exit(ending)
         deadline = time.monotonic() + timeout
-        next_look = 0.0
         try:
-            self.store.add("left", 1)
-            while time.monotonic() < deadline:
-                if self.store.add("left", 0) >= self.world_size or self.store.add("failed", 0):
-                    return
-                if time.monotonic() >= next_look:
-                    next_look = time.monotonic() + BEAT_S
-                    if any(self._waits_for_me(b) for b in self._beats_of(self._peers()).values()):
-                        return
+            if self.store.add("left", 1) >= self.world_size:
+                self._tell_to_leave(range(self.world_size))
+            while time.monotonic() < deadline and not self.store.check([f"leave/{self.rank}"]):
                 time.sleep(POLL_S)
         except Exception:
             return
@@ -203,23 +193,34 @@ class Liveness:
 
     # --- internals --------------------------------------------------------------------------
 
-    def _peers(self) -> list[int]:
-        return [r for r in range(self.world_size) if r != self.rank]
+    def _tell_to_leave(self, ranks: Iterable[int]) -> None:
+        for rank in ranks:
+            self.store.set(f"leave/{rank}", "1")
 
-    def _waits_for_me(self, beat: dict[str, Any]) -> bool:
-        waited = float(beat["t"]) - float(beat.get("since") or beat["t"])
-        return bool(beat.get("waiting")) and self.rank in beat.get("members", ()) and waited >= GRACE_S
+    def _wake_early_leavers(self) -> None:
+        """While the main thread has waited :data:`GRACE_S` seconds in a collective, tells
+        the members that reached their exit meanwhile to leave (this rank then fails at
+        once, naming them, instead of at the timeout)."""
+        waiting = self._waiting
+        if waiting is None or time.time() - waiting.since < GRACE_S:
+            return
+        for rank in waiting.members:
+            if rank == self.rank or rank in self._woken:
+                continue
+            entry = self._read(f"exit/{rank}")
+            if entry is not None and entry["kind"] == "clean":
+                self._woken.add(rank)
+                self._tell_to_leave([rank])
 
     def _beats_of(self, ranks: Sequence[int]) -> dict[int, dict[str, Any]]:
         return {r: b for r in ranks if (b := self._read(f"beat/{r}")) is not None}
 
-    def _read(self, key: str, store: Any = None) -> dict[str, Any] | None:
-        store = store or self.store
-        if not store.check([key]):
+    def _read(self, key: str) -> dict[str, Any] | None:
+        if not self.store.check([key]):
             return None
-        return json.loads(store.get(key))
+        return json.loads(self.store.get(key))
 
-    def _publish(self, store: Any) -> None:
+    def _publish(self) -> None:
         waiting = self._waiting
         frames = sys._current_frames()
         frame = frames.get(self._main) if self._main is not None else None
@@ -232,12 +233,14 @@ class Liveness:
             "members": list(waiting.members) if waiting else [],
             "since": waiting.since if waiting else None,
         }
-        store.set(f"beat/{self.rank}", json.dumps(beat))
+        self.store.set(f"beat/{self.rank}", json.dumps(beat))
+        self.store.add("beats", 1)  # a store's set is not answered: this one is, after it
 
     def _beat(self) -> None:
         while not self._stop.wait(BEAT_S):
             try:
-                self._publish(self._beats)
+                self._publish()
+                self._wake_early_leavers()
             except Exception:
                 return  # the store is gone: the job is ending
 

@@ -232,9 +232,9 @@ def test_liveness_blames_the_rank_that_exited_failed_or_hung() -> None:
     ranks = [liveness.Liveness(tdist.PrefixStore("job/", server.clone()), r, 3) for r in range(3)]
     try:
         with ranks[0].waiting("all_reduce over ['tp']", [0, 1, 2]):
-            ranks[2]._publish(ranks[2].store)  # rank 2 runs the user's code: not waiting
-            ranks[1]._publish(ranks[1].store)
-            ranks[0]._publish(ranks[0].store)
+            ranks[2]._publish()  # rank 2 runs the user's code: not waiting
+            ranks[1]._publish()
+            ranks[0]._publish()
             assert ranks[1].blame([0, 1, 2], "all_reduce over ['tp']", timed_out=False) is None
             hung = ranks[1].blame([0, 1, 2], "all_reduce over ['tp']", timed_out=True)
             assert hung is not None and hung.rank == 2 and hung.reason.startswith("hung at test_distributed.py:")
@@ -250,17 +250,15 @@ def test_liveness_blames_the_rank_that_exited_failed_or_hung() -> None:
 
 def test_a_leaving_rank_waits_for_the_others_but_not_for_one_that_waits_for_it() -> None:
     server = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    ranks = [liveness.Liveness(tdist.PrefixStore("job/", server.clone()), r, 2) for r in range(2)]
+    ranks = [liveness.Liveness(tdist.PrefixStore("job/", server.clone()), r, 3) for r in range(3)]
     try:
         start = time.monotonic()
-        ranks[0].leave(liveness.Ending("clean", 0), timeout=0.5)  # rank 1 never comes: bounded
+        ranks[0].leave(liveness.Ending("clean", 0), timeout=0.5)  # the others never come: bounded
         assert 0.5 <= time.monotonic() - start < 5
-        with ranks[1].waiting("all_gather", [0, 1]):  # rank 1 waits for rank 0 in a collective
-            time.sleep(liveness.GRACE_S + 0.1)
-            ranks[1]._publish(ranks[1].store)
+        with ranks[1].waiting("all_gather", [1, 2]):  # rank 1 waits for rank 2 in a collective
             start = time.monotonic()
-            ranks[0].leave(liveness.Ending("clean", 0), timeout=30)  # leaves at once
-            assert time.monotonic() - start < 5
+            ranks[2].leave(liveness.Ending("clean", 0), timeout=30)  # rank 1's heartbeat wakes it
+            assert liveness.GRACE_S - 1 < time.monotonic() - start < liveness.GRACE_S + 5
     finally:
         for rank in ranks:
             rank.close()
