@@ -283,7 +283,7 @@ def install(liveness: Liveness | None, timeout: float) -> None:
     def at_exit() -> None:
         import torch.distributed as tdist
 
-        ending = _ending or Ending("clean", 0)
+        ending = _ending or Ending("clean")  # the code is not known here (sys.exit(n)?)
         if _channel is not None and ending.kind == "clean":
             _channel.leave(ending, timeout)
         if _channel is not None:
@@ -314,7 +314,8 @@ def _ended(entry: dict[str, Any]) -> str:
     """How a rank ended, from its exit record."""
     at = f" at {entry['at']}" if entry.get("at") else ""
     if entry["kind"] == "clean":
-        return f"exited with code 0{at} before the others were done"
+        code = f" with code {entry['code']}" if entry.get("code") is not None else ""
+        return f"exited{code}{at} before the others were done"
     if entry["kind"] == "exit":
         return f"exited with code {entry['code']}{at}"
     return f"failed: {entry['message']}"
