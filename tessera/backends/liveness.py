@@ -157,22 +157,28 @@ class Liveness:
 
     def blame(self, members: Sequence[int], what: str, timed_out: bool) -> Blame | None:
         """The member of a failed collective ``what`` that caused it: one that recorded
-        its exit (a failure it caused itself first), one whose process is gone, then
-        (when the collective timed out) one that never reached it."""
+        a failure (a failure it caused itself first), one whose process ended without a
+        record, one that exited cleanly, then (when the collective timed out) one that
+        never reached it."""
         peers = [m for m in members if m != self.rank]
         try:
             exits = {p: e for p in peers if (e := self._read(f"exit/{p}")) is not None}
             beats = self._beats_of(peers)
         except Exception:
             return None
-        if exits:  # a rank that failed on its own first, else the cause another one named
-            rank, entry = min(exits.items(), key=lambda i: ("cause_rank" in i[1], i[0]))
+        failed = {r: e for r, e in exits.items() if e["kind"] != "clean"}
+        if failed:  # a rank that failed on its own first, else the cause another one named
+            rank, entry = min(failed.items(), key=lambda i: ("cause_rank" in i[1], i[0]))
             if "cause_rank" in entry:
                 return Blame(int(entry["cause_rank"]), str(entry["cause"]))
             return Blame(rank, _ended(entry))
         for rank, beat in beats.items():
-            if beat.get("host") == self.host and _process_gone(int(beat.get("pid", 0))):
+            gone = beat.get("host") == self.host and _process_gone(int(beat.get("pid", 0)))
+            if gone and rank not in exits:
                 return Blame(rank, "ended without saying why (killed?)")
+        if exits:  # a clean exit (it completed its part of any collective it was in)
+            rank = min(exits)
+            return Blame(rank, _ended(exits[rank]))
         now = time.time()
         for rank in peers:
             beat = beats.get(rank)

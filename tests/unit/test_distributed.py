@@ -10,6 +10,7 @@ process.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -243,6 +244,26 @@ def test_liveness_blames_the_rank_that_exited_failed_or_hung() -> None:
             # a rank that failed because of rank 2 points to it
             ranks[0].record_exit(liveness.Ending("failed", 1, "DistributedError: ...", cause=liveness.Blame(2, "hung at job.py:7")))
             assert ranks[1].blame([0, 1], "x", timed_out=False) == liveness.Blame(2, "hung at job.py:7")
+    finally:
+        for rank in ranks:
+            rank.close()
+
+
+def test_liveness_blames_a_dead_rank_before_one_that_exited_cleanly() -> None:
+    """Rank 1 exited cleanly (it finished its part), rank 2's process is gone without a
+    record (killed): rank 0's failed collective is rank 2's doing."""
+    server = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ranks = [liveness.Liveness(tdist.PrefixStore("job/", server.clone()), r, 3) for r in range(3)]
+    try:
+        ranks[1].record_exit(liveness.Ending("clean", 0, at="job.py:9 in main"))
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        ranks[2].close()
+        ranks[2]._thread.join()  # its heartbeat stops: the one below stays
+        beat = {"t": time.time(), "pid": int(dead.stdout), "host": ranks[2].host, "at": "job.py:5 in step", "waiting": None}
+        ranks[2].store.set("beat/2", json.dumps(beat))
+        ranks[2].store.add("beats", 1)
+        assert ranks[0].blame([0, 1, 2], "x", timed_out=False) == liveness.Blame(2, "ended without saying why (killed?)")
+        assert ranks[0].blame([0, 1], "x", timed_out=False) == liveness.Blame(1, "exited with code 0 at job.py:9 in main before the others were done")
     finally:
         for rank in ranks:
             rank.close()
