@@ -28,9 +28,9 @@ import torch.distributed as tdist
 from tessera import dist
 from tessera.backends import distributed, liveness
 from tessera.dist.tensor import DistTensor
-from tessera.errors import ShardingError
+from tessera.errors import ShardingError, TesseraError
 from tessera.frontend import pytree
-from tessera.tools import launch
+from tessera.tools import launch, worker
 from tessera.tools.report import Report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -286,6 +286,24 @@ def test_a_leaving_rank_waits_for_the_others_but_not_for_one_that_waits_for_it()
     finally:
         for rank in ranks:
             rank.close()
+
+
+def test_tessera_errors_show_the_users_frames_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Tessera error says what went wrong at the user's line: the worker leaves
+    Tessera's frames out of its traceback, unless TESSERA_DEBUG=1."""
+    script = tmp_path / "job.py"
+    script.write_text("from tessera import dist\n\ndist.Mesh(axes=['dp'], shape=(0,))\n")
+    try:
+        exec(compile(script.read_text(), str(script), "exec"), {})
+    except Exception as caught:
+        error = caught
+    assert isinstance(error, TesseraError)
+    monkeypatch.delenv("TESSERA_DEBUG", raising=False)
+    package = str(ROOT / "tessera")
+    short = worker._script_traceback(error, str(script))
+    assert f'File "{script}", line 3' in short and package not in short
+    monkeypatch.setenv("TESSERA_DEBUG", "1")
+    assert package in worker._script_traceback(error, str(script))
 
 
 def test_launcher_rejects_a_missing_script(capsys: pytest.CaptureFixture[str]) -> None:
