@@ -11,8 +11,9 @@ The model: token embedding plus learned positions, ``--layers`` pre-LN transform
 with causal attention, a final layer norm and a tied output projection; the loss is the
 cross-entropy of the next token on synthetic data (a fixed random token stream). One
 ``@graph.training_step`` does the forward pass, ``graph.backward`` and an AdamW update,
-so the whole step is one compiled program that updates the parameters in place: the
-batch is split over ``dp``, the attention and MLP weights Megatron-style over ``tp``, and
+so the whole step is one compiled program that updates the training state in place (on
+the virtual mesh the parameter tensors themselves; under ``tessera run`` each rank's
+shards, which ``step.state_dict(state)`` gathers): the batch is split over ``dp``, the attention and MLP weights Megatron-style over ``tp``, and
 the sharding passes insert every collective (the dp gradient reductions included;
 ``--zero`` shards optimizer state, gradients and parameters over dp). With ``--pp``, the
 mesh gets a ``pp`` axis: the forward is split into balanced pipeline stages, each batch
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     params = init_params(args.vocab, args.seq, args.dim, args.layers)
     reference = {k: v.double().clone().requires_grad_() for k, v in params.items()}
     step = make_step(mesh, params, args)
-    state = step.init(params)  # steps update these parameter tensors in place
+    state = step.init(params)  # virtual mesh: steps update `params` in place; processes: shards
 
     g = torch.Generator().manual_seed(1)
     stream = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)

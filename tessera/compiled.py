@@ -9,6 +9,7 @@ program without retracing (``JitFunction.trace_count`` counts traces).
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import re
 from collections.abc import Callable, Sequence
@@ -51,6 +52,7 @@ from tessera.frontend.tracer import Tensor, Trace, current_trace, is_tracing, tr
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.graph import DONATED
 from tessera.ir.mesh import Mesh
+from tessera.ir.serialize import SerializeError
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_sharding, op_shardings
 from tessera.passes.plan_memory import peak_bytes
 from tessera.program_cache import ProgramCache
@@ -133,6 +135,7 @@ class Lowered:
         self._plans: dict[tuple[Any, tuple[int, ...]], Any] = {}  # launch plans
         self._graph_plan: Callable[..., list[torch.Tensor]] | None = None
         self.plan_builds = 0  # launch plans built (one per execution and ranks)
+        self._digest: bytes | None = None
         self._avals: list[AbstractTensor] | None = None
         self._dtypes: list[torch.dtype] | None = None
         self._devices: dict[torch.device, VirtualMesh] = {}
@@ -207,11 +210,24 @@ class Lowered:
             # so a program read from the program cache loads one module, not two
             stage = "schedule" if self.kernels == "reference" else "tile"
             plan = execution.plan(
-                self.module_at(stage), self.name, self.kernel_runner(), list(key[1])
-            )
+                self.module_at(stage), self.name, self.kernel_runner(), list(key[1]),
+                self.digest(),
+            )  # fmt: skip
             self._plans[key] = plan
             self.plan_builds += 1
         return plan
+
+    def digest(self) -> bytes:
+        """A digest of the whole program: of Tessera's code, the compile configuration and
+        the traced module (the program cache's key; computed once). Processes compare it
+        before running the program."""
+        if self._digest is None:
+            cache = self._program_cache or ProgramCache(self.module, self.config)
+            try:
+                self._digest = bytes.fromhex(cache.key)
+            except SerializeError:  # not storable: the digest of its text
+                self._digest = hashlib.sha256(str(self.module).encode()).digest()
+        return self._digest
 
     def module_at(self, stage: str) -> ModuleOp:
         """The module after ``stage``'s passes (computed once, on a copy)."""

@@ -32,7 +32,14 @@ class ExecutionError(TesseraError):
 
 
 class DistributedError(TesseraError):
-    """A multi-process run failed: a rank raised, died or timed out, or the ranks' programs differ."""
+    """A multi-process run failed: a rank raised, died, exited or hung, or the ranks'
+    programs differ. ``cause_rank`` is the rank that caused it when known (another rank
+    than this one), and ``cause`` what that rank did."""
+
+    def __init__(self, message: str, cause_rank: int | None = None, cause: str = ""):
+        super().__init__(message)
+        self.cause_rank = cause_rank
+        self.cause = cause
 
 
 class IRError(TesseraError):

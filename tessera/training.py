@@ -12,6 +12,7 @@ the decorator adds the optimizer and the synchronisation::
 
     state = step.init(params)          # the parameters (updated in place) + optimizer state
     metrics = step(state, batch)       # one step; state.params now hold the new values
+    weights = step.state_dict(state)   # the whole model on every rank, e.g. to torch.save
 
 Nothing in the user's code synchronises: the batch is split over ``dp_axis`` and the
 parameters are replicated over it (and laid out over the other axes as
@@ -37,8 +38,11 @@ sized bias) stays replicated.
 
 The step's program donates the parameters and optimizer state (``donate_argnums``):
 ``plan-memory`` lets the update write in their place, and the runtime copies the new
-values into the tensors of the :class:`TrainState`, so the user's parameter tensors are
-updated in place, as torch optimizers do.
+values into the tensors of the :class:`TrainState`. On the virtual mesh these are the
+user's parameter tensors, updated in place as torch optimizers do; under ``tessera run``
+each process holds and updates its rank's shards only (``DistTensor``; see
+:mod:`tessera.training_state`), and :meth:`TrainingStep.gather` /
+:meth:`TrainingStep.state_dict` give every rank the whole state.
 """
 
 from __future__ import annotations
@@ -52,8 +56,6 @@ from typing import Any
 import torch
 
 from tessera.backends import distributed
-from tessera.backends.distributed import LocalResult
-from tessera.backends.layout import block
 from tessera.compiled import (
     JitFunction,
     Lowered,
@@ -64,24 +66,16 @@ from tessera.compiled import (
 )
 from tessera.dist.collectives import shard
 from tessera.dist.shard_spec import ShardSpec, check_shard_specs
+from tessera.dist.tensor import DistTensor
 from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, user_location
 from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
+from tessera.training_state import TrainState, gathered, rank_shards, write_result
 
 ZERO_STAGES = (0, 1, 2, 3)
-
-
-@dataclass
-class TrainState:
-    """What a training step updates: the parameters and the optimizer state (pytrees of
-    torch tensors, updated in place by each step) and the number of steps taken."""
-
-    params: Any
-    opt_state: Any
-    step: int = 0
 
 
 @dataclass
@@ -211,36 +205,54 @@ class TrainingStep:
     # --- user API ---------------------------------------------------------------------------
 
     def init(self, params: Any) -> TrainState:
-        """The training state for ``params`` (a pytree of tensors, kept — not copied — so
-        that steps update them in place) and fresh optimizer state."""
-        leaves, tree = pytree.flatten(params)
-        tensors = []
-        for leaf in leaves:
-            tensor = leaf if isinstance(leaf, torch.Tensor) else torch.as_tensor(leaf)
-            if not tensor.is_floating_point():
-                raise TesseraError(
-                    f"training_step: parameters must be float tensors, found {tensor.dtype}"
-                )
-            tensors.append(tensor)
-        params = pytree.unflatten(tree, tensors)
-        return TrainState(params, self.optimizer.init(params))
+        """The training state for ``params`` (a pytree of float tensors) and fresh
+        optimizer state. On the virtual mesh ``params`` are kept, not copied: steps update
+        them in place. Under ``tessera run`` the state holds this rank's shards (copies:
+        ``params`` are never updated); :meth:`gather` and :meth:`state_dict` give the
+        whole state."""
+        params = _float_tensors(params)
+        return self._placed(TrainState(params, self.optimizer.init(params)))
 
     def __call__(self, state: TrainState, *batch: Any) -> Any:
         """Runs one step: updates ``state`` in place and returns the metrics."""
+        self._placed(state)
         lowered = self.lower(state, *batch)
         new_params, new_opt_state, metrics = lowered(state.params, state.opt_state, *batch)
-        with torch.no_grad():
-            for old, new in zip(
-                pytree.flatten((state.params, state.opt_state))[0],
-                pytree.flatten((new_params, new_opt_state))[0],
-                strict=True,
-            ):
-                if isinstance(new, LocalResult):  # one process per rank: our piece only
-                    old[block(new.rank, new.sharding, new.mesh, old.shape)].copy_(new.local)
-                else:
-                    old.copy_(torch.as_tensor(new))
+        for old, new in zip(
+            pytree.flatten((state.params, state.opt_state))[0],
+            pytree.flatten((new_params, new_opt_state))[0],
+            strict=True,
+        ):
+            write_result(old, new)  # one process per rank: its shard only
         state.step += 1
         return metrics
+
+    def state_dict(self, state: TrainState) -> dict[str, Any]:
+        """The whole training state on every rank, as ``{"params", "opt_state", "step"}``
+        (a collective under ``tessera run``: every rank must call it), e.g. to
+        ``torch.save`` on rank 0; :meth:`load_state_dict` makes a state from it again."""
+        whole = self.gather(state)
+        return {"params": whole.params, "opt_state": whole.opt_state, "step": whole.step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> TrainState:
+        """The training state saved by :meth:`state_dict` (laid out as :meth:`init`
+        lays out a state: the tensors themselves on the virtual mesh, this rank's shards
+        under ``tessera run``)."""
+        missing = {"params", "opt_state", "step"} - set(state_dict)
+        if missing:
+            raise TesseraError(
+                f"{self.__name__}.load_state_dict: the state dict has no {sorted(missing)}; "
+                f"pass what {self.__name__}.state_dict(state) returned"
+            )
+        params = _float_tensors(state_dict["params"])
+        expected = pytree.flatten(self.optimizer.init(params))[1]
+        if pytree.flatten(state_dict["opt_state"])[1] != expected:
+            raise TesseraError(
+                f"{self.__name__}.load_state_dict: the optimizer state does not match "
+                f"{type(self.optimizer).__name__}'s state for these parameters"
+            )
+        state = TrainState(params, state_dict["opt_state"], int(state_dict["step"]))
+        return self._placed(state)
 
     def pipeline(self) -> Any:
         """The pipelined execution of this step; only steps on a mesh with a pipeline
@@ -251,21 +263,49 @@ class TrainingStep:
 
     def gather(self, state: TrainState) -> TrainState:
         """The state with whole tensors on every process. Under ``tessera run`` each
-        process updates only its own pieces of ``state`` (the parts its rank holds);
-        this gathers the rest (a collective: every process must call it). Without
-        processes it returns ``state`` itself."""
-        if self.mesh is None or not distributed.launched():
+        process holds and updates only its rank's shards of ``state``; this gathers them
+        (a collective: every process must call it). Without processes it returns
+        ``state`` itself."""
+        if not self._processes():
             return state
-        _, layouts = self._compiled(state, 0)
-        arg_layouts = [*layouts.stored, *layouts.opt_state]
+        self._placed(state)
         leaves, tree = pytree.flatten((state.params, state.opt_state))
         rank = distributed.runtime().rank
-        gathered = [
-            LocalResult(leaf[block(rank, sharding, self.mesh, leaf.shape)], sharding, self.mesh, rank).full()
-            for leaf, sharding in zip(leaves, arg_layouts, strict=True)
-        ]
-        params, opt_state = pytree.unflatten(tree, gathered)
+        params, opt_state = pytree.unflatten(tree, [gathered(leaf, rank) for leaf in leaves])
         return TrainState(params, opt_state, state.step)
+
+    def _processes(self) -> bool:
+        """Whether this step runs one rank per process (``tessera run``)."""
+        return self.mesh is not None and distributed.launched()
+
+    def _placed(self, state: TrainState) -> TrainState:
+        """``state`` as this process keeps it: under ``tessera run`` its leaves become this
+        rank's shards (in place; see :mod:`tessera.training_state`)."""
+        if not self._processes():
+            return state
+        assert self.mesh is not None
+        param_leaves, tree = pytree.flatten(state.params)
+        state_leaves, state_tree = pytree.flatten(state.opt_state)
+        if all(isinstance(x, DistTensor) for x in (*param_leaves, *state_leaves)):
+            return state
+        param_layouts, state_layouts = self._state_layouts(param_leaves, tree)
+        rank = distributed.runtime().rank
+        paths = [f"state.params{p}" for p in _paths(tree)]
+        params = rank_shards(param_leaves, param_layouts, self.mesh, rank, paths, self.__name__)
+        paths = [f"state.opt_state{p}" for p in _paths(state_tree)]
+        opt_state = rank_shards(state_leaves, state_layouts, self.mesh, rank, paths, self.__name__)
+        state.params = pytree.unflatten(tree, params)
+        state.opt_state = pytree.unflatten(state_tree, opt_state)
+        return state
+
+    def _state_layouts(
+        self, leaves: Sequence[Any], tree: pytree.TreeDef
+    ) -> tuple[list[Sharding], list[Sharding]]:
+        """How the state is laid out between steps: each parameter, each optimizer-state
+        leaf."""
+        layouts = self._layouts(leaves, tree)
+        state_tree = self.optimizer.state_layout(pytree.unflatten(tree, layouts.state), Sharding(()))
+        return layouts.stored, pytree.flatten(state_tree)[0]
 
     def lower(self, state: TrainState, *batch: Any) -> Lowered:
         """The compiled step for this state and batch (cached by signature)."""
@@ -291,7 +331,7 @@ class TrainingStep:
             return self._jit[tree, batch_args]
         layouts = self._layouts(leaves, tree)
         state_tree = self.optimizer.state_layout(pytree.unflatten(tree, layouts.state), Sharding(()))
-        layouts.opt_state = [s for s in pytree.flatten(state_tree)[0]]
+        layouts.opt_state = self._state_layouts(leaves, tree)[1]
 
         def specs(shardings: list[Sharding], structure: pytree.TreeDef = tree) -> Any:
             return pytree.unflatten(structure, [ShardSpec.from_sharding(s) for s in shardings])
@@ -430,6 +470,20 @@ class TrainingStep:
             grads=local_bytes(layouts.grad, param_leaves),
             optimizer_state=local_bytes(state_layouts, state_leaves),
         )
+
+
+def _float_tensors(params: Any) -> Any:
+    """``params`` with every leaf a float tensor (tensors kept as they are)."""
+    leaves, tree = pytree.flatten(params)
+    tensors = []
+    for leaf in leaves:
+        tensor = leaf if isinstance(leaf, torch.Tensor) else torch.as_tensor(leaf)
+        if not tensor.is_floating_point():
+            raise TesseraError(
+                f"training_step: parameters must be float tensors, found {tensor.dtype}"
+            )
+        tensors.append(tensor)
+    return pytree.unflatten(tree, tensors)
 
 
 def _paths(tree: pytree.TreeDef) -> list[str]:

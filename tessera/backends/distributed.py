@@ -19,24 +19,25 @@ run (synchronously) at the wait, so only the first phase overlaps the kernels in
 Other algorithm names (ring, tree, nvls) need nothing here: NCCL picks its algorithm
 itself (``NCCL_ALGO`` forces one), and gloo has one per collective.
 
-Before a program runs, the ranks compare a digest of its collective sequence; programs
-that would communicate differently are rejected with an error naming the first
-difference instead of deadlocking. A rank that fails or dies makes the others raise
-:class:`~tessera.errors.DistributedError` (at the latest after ``TESSERA_TIMEOUT``
-seconds, 60 by default).
+Before a program runs, the ranks compare a digest of the whole program (computed once
+per compiled program); programs that differ are rejected with an error naming the first
+difference (the first differing collective, else the first differing line of the
+program) instead of deadlocking or computing garbage. A rank that fails, dies, exits or
+hangs makes the others raise :class:`~tessera.errors.DistributedError` naming it
+(:mod:`tessera.backends.liveness`): at once, or for a hang after ``TESSERA_TIMEOUT``
+seconds (60 by default).
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import hashlib
 import os
-import sys
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -46,7 +47,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Attribute
 
 from tessera import environment
-from tessera.backends import hierarchical
+from tessera.backends import hierarchical, liveness
 from tessera.backends.collective_info import CollectiveInfo, collectives
 from tessera.backends.launch_plan import LaunchPlan, build_plan
 from tessera.backends.layout import assemble
@@ -146,7 +147,9 @@ class Runtime:
                     f"not join within the timeout of {self.timeout:g} s (TESSERA_TIMEOUT) "
                     f"[{type(error).__name__}: {_first_line(error)}]"
                 ) from None
-            _shut_down_at_exit()
+            channel = liveness.Liveness.of_process_group(tdist.get_rank(), tdist.get_world_size())
+            liveness.install(channel, self.timeout)
+        self.liveness = liveness.channel()
         self.backend = str(tdist.get_backend())
         self.rank = tdist.get_rank()
         self.world_size = tdist.get_world_size()
@@ -157,6 +160,14 @@ class Runtime:
         )
         self._groups: dict[tuple[Mesh, tuple[str, ...]], _Group] = {}
         self._domains: dict[tuple[Mesh, tuple[str, ...], int], tuple[_Group, _Group]] = {}
+
+    def waiting(self, what: str, members: Sequence[int] | None = None) -> Any:
+        """A context in which this rank waits in ``what`` for ``members`` (by default every
+        rank): published on the liveness channel, so that a failure names the cause."""
+        if self.liveness is None:
+            return contextlib.nullcontext()
+        members = range(self.world_size) if members is None else members
+        return self.liveness.waiting(what, members)
 
     def check_mesh(self, mesh: Mesh) -> None:
         if mesh.size != self.world_size:
@@ -207,20 +218,23 @@ class Runtime:
         world), so no rank has to compile the programs it does not run."""
         mine = set().union(*(needed_groups(m) for m in modules))
         everyone: list[Any] = [None] * self.world_size
+        what = "agreeing on the process groups"
         try:
-            tdist.all_gather_object(everyone, sorted(mine, key=lambda n: (n[0], n[1] or 0)))
+            with self.waiting(what):
+                tdist.all_gather_object(everyone, sorted(mine, key=lambda n: (n[0], n[1] or 0)))
         except Exception as error:
-            raise failure(self, "agreeing on the process groups", error) from None
+            raise failure(self, what, error) from None
         self.create_groups(mesh, {tuple(need) for needs in everyone for need in needs})
 
     def create_groups(self, mesh: Mesh, needed: set[tuple[Any, ...]]) -> None:
         """Creates ``needed`` groups (``(axes, None)``: a group over axes; ``(axes,
         domain)``: its domain subgroups) in a deterministic order: every group over axes,
         then the domain subgroups (``new_group`` is collective over the whole world)."""
-        for axes, _ in sorted(n for n in needed if n[1] is None):
-            self.group(mesh, axes)
-        for axes, domain in sorted(n for n in needed if n[1] is not None):
-            self.domains(mesh, axes, domain)
+        with self.waiting("creating process groups"):
+            for axes, _ in sorted(n for n in needed if n[1] is None):
+                self.group(mesh, axes)
+            for axes, domain in sorted(n for n in needed if n[1] is not None):
+                self.domains(mesh, axes, domain)
 
     def all_gather_world(
         self, tensor: torch.Tensor, what: str = "all_gather over all ranks"
@@ -229,29 +243,37 @@ class Runtime:
         local = tensor.to(self.device).contiguous()
         pieces = [torch.empty_like(local) for _ in range(self.world_size)]
         try:
-            tdist.all_gather(pieces, local)
+            with self.waiting(what):
+                tdist.all_gather(pieces, local)
         except Exception as error:
             raise failure(self, what, error) from None
         return [p.cpu() for p in pieces]
 
     def check_same_program(
-        self, module: ModuleOp, name: str, described: list[str] | None = None
+        self, name: str, digest: bytes, explain: Callable[[], tuple[list[str], list[str]]]
     ) -> None:
-        """Raises on every rank if the ranks' collective sequences differ (``described``:
-        :func:`describe_collectives` of ``module``, when computed already)."""
-        described = describe_collectives(module) if described is None else described
-        digest = hashlib.sha256(repr(described).encode()).digest()[:16]
-        mine = torch.frombuffer(bytearray(digest), dtype=torch.int64).clone()
-        digests = self.all_gather_world(mine, f"comparing the ranks' collectives before @{name}")
+        """Raises on every rank if the ranks' program digests differ, naming the
+        first difference of what ``explain`` returns on each rank (its collective
+        sequence, :func:`describe_collectives`, and its program's lines)."""
+        mine = torch.frombuffer(bytearray(digest[:16]), dtype=torch.int64).clone()
+        digests = self.all_gather_world(mine, f"comparing the ranks' programs before @{name}")
         if all(torch.equal(d, digests[0]) for d in digests):
             return
-        everyone: list[list[str] | None] = [None] * self.world_size
+        everyone: list[tuple[list[str], list[str]] | None] = [None] * self.world_size
+        what = "exchanging the programs that differ"
         try:
-            tdist.all_gather_object(everyone, described)
+            with self.waiting(what):
+                tdist.all_gather_object(everyone, explain())
         except Exception as error:
-            raise failure(self, "exchanging collective sequences", error) from None
+            raise failure(self, what, error) from None
+        collectives = [e[0] if e else None for e in everyone]
+        lines = [e[1] if e else None for e in everyone]
+        difference = _first_difference(collectives) or _first_difference(
+            lines, "line", "of the scheduled program"
+        )
         raise DistributedError(
-            f"@{name}: the ranks run different programs: {_first_difference(everyone)}"
+            f"@{name}: the ranks run different programs: "
+            f"{difference or 'their digests differ'}"
         )
 
 
@@ -262,7 +284,15 @@ def describe_collectives(module: ModuleOp) -> list[str]:
     ]
 
 
-def _first_difference(sequences: Sequence[Sequence[str] | None]) -> str:
+def program_lines(module: ModuleOp) -> list[str]:
+    """The lines of ``module``'s text, as the ranks compare them when digests differ."""
+    return str(module).splitlines()
+
+
+def _first_difference(
+    sequences: Sequence[Sequence[str] | None], item: str = "collective #", of: str = ""
+) -> str:
+    """Where the first rank whose sequence differs from rank 0's differs, or ""."""
     base = list(sequences[0] or [])
     for rank, other in enumerate(sequences[1:], start=1):
         other = list(other or [])
@@ -270,37 +300,18 @@ def _first_difference(sequences: Sequence[Sequence[str] | None]) -> str:
             a = base[index] if index < len(base) else "nothing (the program ends)"
             b = other[index] if index < len(other) else "nothing (the program ends)"
             if a != b:
-                return f"collective #{index} is {a} on rank 0 but {b} on rank {rank}"
-    return "the collective digests differ"
+                where = f"{item}{index}" if item.endswith("#") else f"{item} {index + 1}"
+                where += f" {of}" if of else ""
+                return f"{where} is {_clip(a)} on rank 0 but {_clip(b)} on rank {rank}"
+    return ""
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 _RUNTIME: Runtime | None = None
-_FAILED = False  # an uncaught exception is ending this process
-
-
-def _shut_down_at_exit() -> None:
-    """At a normal exit, waits for the other ranks (bounded by the timeout) and leaves
-    the process group, so that no rank tears down its connections while a peer still
-    uses them; after an uncaught exception, leaves at once."""
-    previous = sys.excepthook
-
-    def hook(kind: type[BaseException], value: BaseException, trace: TracebackType | None) -> None:
-        global _FAILED
-        _FAILED = True
-        previous(kind, value, trace)
-
-    def shut_down() -> None:
-        if not tdist.is_initialized():
-            return
-        try:
-            if not _FAILED:
-                tdist.barrier()
-            tdist.destroy_process_group()
-        except Exception:
-            pass
-
-    sys.excepthook = hook
-    atexit.register(shut_down)
 
 
 def runtime() -> Runtime:
@@ -334,10 +345,27 @@ def needed_groups(module: ModuleOp) -> set[tuple[Any, ...]]:
     return needed
 
 
-def failure(rt: Runtime, what: str, error: BaseException) -> DistributedError:
+def failure(
+    rt: Runtime, what: str, error: BaseException, members: Sequence[int] | None = None
+) -> DistributedError:
+    """The error of this rank's ``what`` with ``members`` (by default every rank), which
+    failed with ``error``: it names the rank that caused it when the liveness channel
+    tells (:meth:`~tessera.backends.liveness.Liveness.blame`)."""
+    members = list(range(rt.world_size)) if members is None else list(members)
+    timed_out = bool(re.search(r"timed? ?out", str(error), re.IGNORECASE))
+    blame = rt.liveness.blame(members, what, timed_out) if rt.liveness else None
+    detail = f"[{type(error).__name__}: {_first_line(error)}]"
+    limit = f"the timeout of {rt.timeout:g} s (TESSERA_TIMEOUT)"
+    if blame is None:
+        return DistributedError(
+            f"rank {rt.rank}: {what} failed: another rank failed, exited or did not reach it "
+            f"within {limit} {detail}"
+        )
+    waited = f"; it did not come within {limit}" if timed_out else ""
     return DistributedError(
-        f"rank {rt.rank}: {what} failed: another rank failed, exited or did not reach it within "
-        f"the timeout of {rt.timeout:g} s (TESSERA_TIMEOUT) [{type(error).__name__}: {_first_line(error)}]"
+        f"rank {rt.rank}: {what} failed: rank {blame.rank} {blame.reason}{waited} {detail}",
+        cause_rank=blame.rank,
+        cause=blame.reason,
     )
 
 
@@ -663,11 +691,12 @@ class _JoinStep:
         issued = env[self.handle]
         if isinstance(issued, _Pending):
             rt, start = self.rt, issued.op
+            what = f"{start.collective_name} over {list(start.attrs()['axes'])} (ranks {issued.members})"
             try:
-                issued.work.wait()  # type: ignore[attr-defined]
+                with rt.waiting(what, issued.members):
+                    issued.work.wait()  # type: ignore[attr-defined]
             except Exception as error:
-                what = f"{start.collective_name} over {list(start.attrs()['axes'])} (ranks {issued.members})"
-                raise failure(rt, what, error) from None
+                raise failure(rt, what, error, issued.members) from None
             if timeline and issued.done is not None:
                 issued.done.set(timeline.now(rt.device))  # type: ignore[attr-defined]
                 timeline.add(rt.rank, start.stream_name, start.label, issued.began, issued.done)
@@ -758,6 +787,7 @@ class RankPlan:
         mesh: Mesh,
         rt: Runtime,
         kernels: KernelBinder | KernelRunner = reference_kernel,
+        digest: bytes | None = None,
     ):
         rt.check_mesh(mesh)
         function: func.FuncOp = _function(module, name)
@@ -771,9 +801,21 @@ class RankPlan:
         self.function = function
         self.kernels = binder(kernels)
         self.avals = [AbstractTensor.from_xdsl(a.type) for a in function.args]
-        self.described = describe_collectives(module)
+        self._digest = digest  # of the whole program, computed once
         self.plan: LaunchPlan | None = None
         self.collectives: list[CollectiveInfo] = []
+
+    def digest(self) -> bytes:
+        """The digest of the whole program the ranks compare before running it: the one
+        given (the program cache's key of the traced program and its compile
+        configuration), else the SHA-256 of this module's text; computed once."""
+        if self._digest is None:
+            self._digest = hashlib.sha256(str(self.module).encode()).digest()
+        return self._digest
+
+    def _explain(self) -> tuple[list[str], list[str]]:
+        """What ranks exchange when their digests differ (see ``check_same_program``)."""
+        return describe_collectives(self.module), program_lines(self.module)
 
     def _build(self) -> LaunchPlan:
         rt = self.rt
@@ -814,7 +856,7 @@ class RankPlan:
         start = time.perf_counter()
         record = RunRecord(rt.rank, self.mesh.coords(rt.rank))
         if check_program:
-            rt.check_same_program(self.module, name, self.described)
+            rt.check_same_program(name, self.digest(), self._explain)
         if self.plan is None:
             self.plan = self._build()
         (outputs,) = self.plan.run([args])
@@ -838,7 +880,7 @@ def run_rank(
     Planned for this call (:class:`RankPlan`; compiled programs keep theirs): kernels run
     bound by ``kernel``; a ``schedule.start`` issues its collective with
     ``async_op=True`` and the matching ``schedule.wait`` joins the work handle.
-    ``check_program`` first compares the ranks' collective sequences (a collective over
+    ``check_program`` first compares the ranks' program digests (a collective over
     all ranks); pipeline stages, whose ranks run different programs at different times,
     turn it off.
     """

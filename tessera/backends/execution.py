@@ -55,9 +55,11 @@ class Execution(ABC):
         name: str,
         kernels: KernelBinder | KernelRunner,
         ranks: Sequence[int] | None = None,
+        digest: bytes | None = None,
     ) -> Any:
         """The scheduled ``@name`` planned for ``ranks`` (by default :attr:`ranks`), every
-        kernel bound by ``kernels``: what :meth:`run_plan` runs, any number of times."""
+        kernel bound by ``kernels``: what :meth:`run_plan` runs, any number of times.
+        ``digest`` identifies the whole program (processes compare it before running)."""
 
     @abstractmethod
     def run_plan(
@@ -65,7 +67,7 @@ class Execution(ABC):
     ) -> list[tuple[torch.Tensor, ...]]:
         """The results of a planned function for each of its ranks, given each rank's
         arguments in the same order. ``check_program`` lets processes first compare
-        their collective sequences (pipeline stages, whose ranks run different
+        their program digests (pipeline stages, whose ranks run different
         programs, turn it off)."""
 
     def run(
@@ -108,6 +110,7 @@ class VirtualMesh(Execution):
         name: str,
         kernels: KernelBinder | KernelRunner,
         ranks: Sequence[int] | None = None,
+        digest: bytes | None = None,
     ) -> LaunchPlan:
         return virtual_plan(module, name, self.mesh, kernels, ranks, self._device)
 
@@ -149,8 +152,9 @@ class Processes(Execution):
         name: str,
         kernels: KernelBinder | KernelRunner,
         ranks: Sequence[int] | None = None,
+        digest: bytes | None = None,
     ) -> distributed.RankPlan:
-        return distributed.RankPlan(module, name, self.mesh, self.runtime, kernels)
+        return distributed.RankPlan(module, name, self.mesh, self.runtime, kernels, digest)
 
     def run_plan(
         self,

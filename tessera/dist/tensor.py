@@ -26,6 +26,7 @@ class DistTensor:
         _check_layout(layout, mesh)
         self._data: torch.Tensor | None = data
         self._shard: tuple[int, torch.Tensor] | None = None  # (rank, piece) when built per rank
+        self._whole = ""  # how to get the global value of a per-rank value
         self._shape = tuple(int(d) for d in data.shape)
         self._dtype = data.dtype
         self.layout = layout
@@ -34,10 +35,12 @@ class DistTensor:
 
     @classmethod
     def from_local(
-        cls, shard: torch.Tensor, layout: ShardSpec, mesh: Mesh, rank: int | None = None, name: str = "tensor"
-    ) -> DistTensor:
+        cls, shard: torch.Tensor, layout: ShardSpec, mesh: Mesh, rank: int | None = None,
+        name: str = "tensor", whole: str = "",
+    ) -> DistTensor:  # fmt: skip
         """A distributed value known only by this rank's ``shard`` (in a multi-process run,
-        where each process builds its own piece). ``rank`` defaults to this process's rank."""
+        where each process builds its own piece). ``rank`` defaults to this process's rank;
+        ``whole`` says how to get the global value (in the error :attr:`data` raises)."""
         _check_layout(layout, mesh)
         if rank is None:
             rank = _process_rank()
@@ -45,7 +48,7 @@ class DistTensor:
         probe = layout.to_sharding(mesh, [mesh.size] * len(shape), name)  # which dims split
         global_shape = tuple(size * probe.shards(mesh, d) for d, size in enumerate(shape))
         value = cls.__new__(cls)
-        value._data, value._shard = None, (rank, shard)
+        value._data, value._shard, value._whole = None, (rank, shard), whole
         value._shape, value._dtype = global_shape, shard.dtype
         value.layout, value.mesh = layout, mesh
         value.sharding = layout.to_sharding(mesh, global_shape, name)
@@ -55,9 +58,11 @@ class DistTensor:
     def data(self) -> torch.Tensor:
         """The global value (not available for a value built from a local shard)."""
         if self._data is None:
+            rank = self._shard[0] if self._shard else "?"
             raise ShardingError(
-                f"this dist.tensor was built from rank {self._shard[0] if self._shard else '?'}'s "
-                f"local shard: its global data is not in this process (use it in a multi-process run)"
+                self._whole.format(rank=rank)
+                or f"this dist.tensor was built from rank {rank}'s local shard: its global "
+                f"data is not in this process (use it in a multi-process run)"
             )
         return self._data
 

@@ -24,7 +24,7 @@ import torch.distributed as tdist
 
 from tessera.backends import distributed
 from tessera.backends.execution import Execution
-from tessera.errors import DistributedError, ExecutionError
+from tessera.errors import ExecutionError
 from tessera.ir import pipeline_actions as A
 from tessera.ir.mesh import Mesh
 from tessera.pipeline.programs import Program, StagePrograms
@@ -226,12 +226,13 @@ class PipelineExecutor:
         """Runs this process's pipeline rank's list (one member: ``rank``)."""
         pipeline_rank = self.placement.pipeline_rank(rank)
         st = RankState(pipeline_rank, [rank])
-        timeout = distributed.timeout_seconds()
+        rt = distributed.runtime()
         for action in lists[pipeline_rank]:
             if action.kind in A.COMPUTE_KINDS:
                 self.compute(st, action)
                 continue
             peer = self.placement.peer(rank, A.rank_of(action.peer, len(lists)))  # type: ignore[arg-type]
+            what = f"{action} with rank {peer}"
             try:
                 if action.kind in (A.SEND_ACTIVATION, A.SEND_GRAD):
                     for i, tensor in enumerate(self.outgoing(st, action)[0]):
@@ -240,18 +241,20 @@ class PipelineExecutor:
                         )
                     continue
                 received = []
-                for i, (shape, dtype) in enumerate(self.incoming_shapes(action)):
-                    buffer = torch.empty(shape, dtype=dtype, device=distributed.runtime().device)
-                    tdist.irecv(buffer, peer, tag=self._tag(action, i)).wait()
-                    received.append(buffer)
+                with rt.waiting(what, [rank, peer]):
+                    for i, (shape, dtype) in enumerate(self.incoming_shapes(action)):
+                        buffer = torch.empty(shape, dtype=dtype, device=rt.device)
+                        tdist.irecv(buffer, peer, tag=self._tag(action, i)).wait()
+                        received.append(buffer)
                 st.inbox[(action.kind, action.microbatch, action.stage)] = [received]
             except Exception as error:
-                raise DistributedError(
-                    f"rank {rank}: {action} with rank {peer} failed: the peer failed, exited or "
-                    f"did not answer within {timeout:g} s (TESSERA_TIMEOUT) "
-                    f"[{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}]"
-                ) from None
-        for work in st.sends:
-            work.wait()  # type: ignore[attr-defined]
+                raise distributed.failure(rt, what, error, [rank, peer]) from None
+        what = "the step's last sends"
+        try:
+            with rt.waiting(what):
+                for work in st.sends:
+                    work.wait()  # type: ignore[attr-defined]
+        except Exception as error:
+            raise distributed.failure(rt, what, error) from None
         st.sends.clear()
         return st

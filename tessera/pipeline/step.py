@@ -31,9 +31,10 @@ import torch.distributed as tdist
 from tessera import op, schedule
 from tessera.backends import distributed
 from tessera.backends.execution import Execution, execution_for
-from tessera.backends.layout import block, piece
+from tessera.backends.layout import block
 from tessera.compiled import JitFunction, default_kernels
 from tessera.dist.shard_spec import ShardSpec
+from tessera.dist.tensor import DistTensor
 from tessera.driver import CompileConfig
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
@@ -46,6 +47,7 @@ from tessera.pipeline.programs import StagePrograms, stage_programs
 from tessera.pipeline.runtime import PipelineExecutor, Placement, RankState
 from tessera.pipeline.split import balanced_cuts, plan_stages
 from tessera.training import TrainingStep, TrainState, forward_only, training_params
+from tessera.training_state import gathered, local_piece, write_piece
 
 if TYPE_CHECKING:
     from tessera.compiled import Lowered
@@ -212,6 +214,7 @@ class PipelineStep:
     # --- one step -------------------------------------------------------------------------
 
     def __call__(self, state: TrainState, *batch: Any) -> Any:
+        self.step._placed(state)  # under tessera run: this rank's shards
         compiled = self._latest = self.compiled(state, batch)
         leaves = pytree.flatten(state.params)[0]
         layouts = compiled.param_layouts
@@ -225,7 +228,7 @@ class PipelineStep:
         processes, device = execution.processes, execution.device
 
         def param_piece(index: int, rank: int) -> torch.Tensor:
-            return piece(leaves[index].detach(), layouts[index], mesh, rank).to(device)
+            return local_piece(leaves[index], layouts[index], mesh, rank).to(device)
 
         def batch_piece(index: int, mb: int, rank: int) -> torch.Tensor:
             d = mesh.coords(rank)[dp_axis] if dp_axis else 0
@@ -246,19 +249,22 @@ class PipelineStep:
         # every update reads the old values before any writes (a tied parameter is
         # updated on each pipeline rank holding it)
         writes = [w for st in states for w in self._update(compiled, st, state, processes)]
-        with torch.no_grad():
-            for target, index, value in writes:
-                target[index].copy_(value)
+        for target, member, layout, value in writes:
+            write_piece(target, layout, mesh, member, value)
         state.step += 1
         return self._metrics(compiled, states, processes)
 
     def gather(self, state: TrainState) -> TrainState:
         """The state with whole tensors on every process (a collective). Each process
-        updates only the pieces its rank owns; for every parameter and optimizer-state
-        tensor, the rank that holds a piece first (lowest pipeline rank owning it, first
-        data- and tensor-parallel copy) contributes it and a sum assembles the whole."""
-        if not distributed.launched() or self._latest is None:
+        holds its rank's shards and updates those of the parameters its pipeline rank
+        owns; for every parameter and optimizer-state tensor, the rank that holds an
+        up-to-date piece first (lowest pipeline rank owning it, first data- and
+        tensor-parallel copy) contributes it and a sum assembles the whole."""
+        if not distributed.launched():
             return state
+        if self._latest is None:  # no step yet: every rank's shards are up to date
+            return TrainingStep.gather(self.step, state)
+        self.step._placed(state)
         compiled = self._latest
         rt = distributed.runtime()
         param_leaves, tree = pytree.flatten(state.params)
@@ -273,25 +279,30 @@ class PipelineStep:
             for target, layout in zip(targets, arg_layouts, strict=False):
                 layouts.setdefault(id(target), (target, rank, layout))
         coords = self.mesh.coords(rt.rank)
-        gathered: dict[int, torch.Tensor] = {}
+        whole: dict[int, torch.Tensor] = {}
         for key, (target, owner, layout) in layouts.items():
-            contribution = torch.zeros_like(target)
+            contribution = torch.zeros(tuple(target.shape), dtype=target.dtype, device=rt.device)
             holds = coords[self.pp_axis] == owner and all(
                 coords[a] == 0
                 for a in self.mesh.axis_names
                 if a != self.pp_axis and a not in layout.split_axes
             )
             if holds:
-                index = block(rt.rank, layout, self.mesh, target.shape)
-                contribution[index] = target[index]
+                index = block(rt.rank, layout, self.mesh, tuple(target.shape))
+                contribution[index] = local_piece(target, layout, self.mesh, rt.rank).to(rt.device)
+            what = "gathering the pipeline's state"
             try:
-                tdist.all_reduce(contribution)
+                with rt.waiting(what):
+                    tdist.all_reduce(contribution)
             except Exception as error:
-                raise distributed.failure(rt, "gathering the pipeline's state", error) from None
-            gathered[key] = contribution
-        params = pytree.unflatten(tree, [gathered.get(id(x), x) for x in param_leaves])
+                raise distributed.failure(rt, what, error) from None
+            whole[key] = contribution.cpu()
         state_leaves, state_tree = pytree.flatten(state.opt_state)
-        opt_state = pytree.unflatten(state_tree, [gathered.get(id(x), x) for x in state_leaves])
+        for leaf in (*param_leaves, *state_leaves):  # no stage updates it: every shard is current
+            if id(leaf) not in whole:
+                whole[id(leaf)] = gathered(leaf, rt.rank)
+        params = pytree.unflatten(tree, [whole[id(x)] for x in param_leaves])
+        opt_state = pytree.unflatten(state_tree, [whole[id(x)] for x in state_leaves])
         return type(state)(params, opt_state, state.step)
 
     def _prepare_groups(self, compiled: CompiledPipeline, rt: distributed.Runtime) -> None:
@@ -351,8 +362,14 @@ class PipelineStep:
                 works.append(tdist.isend(mine, peer, tag=(1 << 20) + p))
                 works.append(tdist.irecv(buffer, peer, tag=(1 << 20) + p))
                 received[r] = buffer
-            for work in works:
-                work.wait()
+            peers = [self.placement.peer(rt.rank, r) for r in ranks]
+            what = f"summing the gradient of parameter {p} over pipeline ranks {ranks}"
+            try:
+                with rt.waiting(what, peers):
+                    for work in works:
+                        work.wait()  # type: ignore[attr-defined]
+            except Exception as error:
+                raise distributed.failure(rt, what, error, peers) from None
             parts = [mine if r == st.pipeline_rank else received[r] for r in ranks]
             total = parts[0].clone()
             for part in parts[1:]:
@@ -361,9 +378,10 @@ class PipelineStep:
 
     def _update(
         self, compiled: CompiledPipeline, st: RankState, state: TrainState, processes: bool
-    ) -> list[tuple[torch.Tensor, tuple[slice, ...], torch.Tensor]]:
+    ) -> list[tuple[Any, int, Sharding, torch.Tensor]]:
         """Runs pipeline rank ``st``'s update program; returns the writes of the new values
-        of its parameters and optimizer state (the members' pieces) into ``state``."""
+        of its parameters and optimizer state into ``state``: (state leaf, member, layout,
+        the member's new piece)."""
         execution = self._execution
         assert execution is not None
         owned = compiled.update_params[st.pipeline_rank]
@@ -379,7 +397,7 @@ class PipelineStep:
         per_member = []
         for position, member in enumerate(st.members):
             values = [
-                piece(t.detach(), layout, self.mesh, member).to(execution.device)
+                local_piece(t, layout, self.mesh, member).to(execution.device)
                 for t, layout in zip(targets, arg_layouts[: len(targets)], strict=True)
             ]
             grads = [st.grads[p][position].unsqueeze(0) for p in owned]
@@ -387,7 +405,7 @@ class PipelineStep:
         plan = lowered.launch_plan(execution, st.members)
         results = execution.run_plan(plan, per_member, check_program=False)
         return [
-            (target, block(member, layout, self.mesh, target.shape), value.to(target.device))
+            (target, member, layout, value)
             for member, outputs in zip(st.members, results, strict=True)
             for target, value, layout in zip(targets, outputs, out_layouts, strict=True)
         ]
@@ -406,12 +424,14 @@ class PipelineStep:
                     totals += torch.stack([v.double().cpu() for v in values])
         if processes:
             rt = distributed.runtime()
+            what = "summing the pipeline's metrics"
             try:
                 on_device = totals.to(rt.device)
-                tdist.all_reduce(on_device)
+                with rt.waiting(what):
+                    tdist.all_reduce(on_device)
                 totals = on_device.cpu()
             except Exception as error:
-                raise distributed.failure(rt, "summing the pipeline's metrics", error) from None
+                raise distributed.failure(rt, what, error) from None
         means = (totals / (members * compiled.microbatches)).float()
         return pytree.unflatten(compiled.metric_tree, list(means[1:]))
 
@@ -419,7 +439,7 @@ class PipelineStep:
 def _dtype(value: Any) -> Any:
     from tessera.dtypes import as_dtype
 
-    return as_dtype(torch.as_tensor(value).dtype)
+    return as_dtype(value.dtype if isinstance(value, DistTensor) else torch.as_tensor(value).dtype)
 
 
 @dataclass(frozen=True)

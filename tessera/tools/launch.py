@@ -2,12 +2,14 @@
 
 A thin wrapper over ``torch.distributed.run`` (torchrun): a standalone rendezvous on
 127.0.0.1 at a free port, one process per rank, each running ``script.py`` under
-:mod:`tessera.tools.worker` (which records a failing rank's error and traceback for the
-report instead of printing them). If a rank raises or dies, torchrun stops the others;
-``tessera run`` then prints one traceback (the lowest root-cause rank's), names the failed
-rank(s) in one line (ranks that failed with the same error together) and exits with the
-worst rank's exit code (128 + signal for a killed rank). Plain ``torchrun
---nproc-per-node N script.py`` works too (every rank then prints its own traceback).
+:mod:`tessera.tools.worker` (which records how the rank ended instead of printing its
+traceback). If a rank raises, exits, dies or hangs, the job ends (torchrun stops the
+others when one fails; :mod:`tessera.backends.liveness` ends the others' collectives
+when one exits early or hangs); ``tessera run`` then
+prints each distinct traceback once and one line naming the rank that caused the failure
+first (:mod:`tessera.tools.report`), and exits with the worst cause's exit code (128 +
+signal for a killed rank). Plain ``torchrun --nproc-per-node N script.py`` works too
+(every rank then prints its own traceback).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import argparse
 import logging
 import math
 import os
-import signal
 import socket
 import sys
 import uuid
 from collections.abc import Sequence
+
+from tessera.tools.report import Report, ranks_text
 
 
 def _free_port() -> int:
@@ -63,100 +66,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _exit_code(code: int) -> int:
-    return 128 - code if code < 0 else code  # killed by signal s -> 128 + s, as shells report
-
-
-def _message(failure: object) -> str:
-    """The error a rank recorded (its uncaught exception), or ""."""
-    message = getattr(failure, "message", "")
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    detail = str(message).strip()
-    if detail.startswith(("To enable traceback", "Signal ")):
-        return ""
-    return detail.splitlines()[0] if detail else ""
-
-
-def _code(failure: object) -> int:
-    """The rank's exit code; a rank that recorded an error and was stopped while exiting
-    counts as exit code 1."""
-    code = int(getattr(failure, "exitcode", 1))
-    return 1 if code == -signal.SIGTERM and _message(failure) else code
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    """``rank 3``, ``ranks 0-7`` (consecutive) or ``ranks 0, 2, 5``."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return "ranks " + ", ".join(str(r) for r in ranks)
-
-
-def _describe(ranks: Sequence[int], failure: object) -> str:
-    """How ``ranks`` (which failed the same way as ``failure``) failed."""
-    who, code, detail = _ranks(ranks), _code(failure), _message(failure)
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        verb = "was" if len(ranks) == 1 else "were"
-        return f"{who} {verb} killed by {name} (exit code {_exit_code(code)})"
-    if not detail:
-        return f"{who} exited with code {code}"
-    return f"{who} failed with exit code {code}: {detail}"
-
-
-def _traceback(failure: object) -> str:
-    """The traceback a rank recorded, or ""."""
-    message = getattr(failure, "message", "")
-    if not isinstance(message, dict):
-        return ""
-    extra = message.get("extraInfo")
-    return str(extra.get("py_callstack", "")).rstrip() if isinstance(extra, dict) else ""
-
-
-def _stopped(failure: object) -> bool:
-    """Whether torchrun stopped this rank (SIGTERM) because another one failed."""
-    return _code(failure) == -signal.SIGTERM
-
-
-def _consequence(failure: object) -> bool:
-    """Whether the rank failed because another one did (a Tessera collective error)."""
-    message = getattr(failure, "message", "")
-    message = message.get("message", "") if isinstance(message, dict) else str(message)
-    return "another rank failed" in message
-
-
-def _causes(failures: dict[int, object]) -> dict[int, object]:
-    """The failed ranks torchrun did not stop, root causes first: ranks that failed on
-    their own, then ranks whose collectives failed because of them."""
-    ordered = sorted(failures.items(), key=lambda item: (_consequence(item[1]), item[0]))
-    return {r: f for r, f in ordered if not _stopped(f)} or dict(ordered)
-
-
-def _report(failures: dict[int, object], nproc: int) -> str:
-    """The failed ranks in one line, root causes first (ranks that failed the same way
-    named together), then the ranks torchrun stopped."""
-    causes = _causes(failures)
-    stopped = [r for r in sorted(failures) if r not in causes]
-    groups: dict[tuple[int, str], list[int]] = {}
-    for rank, failure in causes.items():
-        groups.setdefault((_code(failure), _message(failure)), []).append(rank)
-    text = "; ".join(_describe(ranks, causes[ranks[0]]) for ranks in groups.values())
-    if stopped:
-        text += f"; {_ranks(stopped)} {'were' if len(stopped) > 1 else 'was'} stopped"
-    return text
-
-
-def _worst(failures: dict[int, object]) -> int:
-    """The exit code of the run: the worst failing rank's, ranks torchrun stopped aside."""
-    causes = [f for f in failures.values() if not _stopped(f)] or list(failures.values())
-    return max(_exit_code(_code(f)) for f in causes) or 1
-
-
 def run(nproc: int, script: str, args: Sequence[str], timeout: float | None = None) -> int:
     """Runs ``script`` as ``nproc`` ranks; returns the worst rank's exit code."""
     from torch.distributed import run as torchrun
@@ -189,12 +98,11 @@ def run(nproc: int, script: str, args: Sequence[str], timeout: float | None = No
     try:
         torchrun.run(torchrun.parse_args(argv))
     except ChildFailedError as error:
-        first = next(iter(_causes(error.failures).items()))
-        trace = _traceback(first[1])
-        if trace:
-            print(f"tessera run: rank {first[0]}'s error:\n{trace}", file=sys.stderr)
-        print(f"tessera run: {script} failed: {_report(error.failures, nproc)}", file=sys.stderr)
-        return _worst(error.failures)
+        report = Report(error.failures)
+        for ranks, trace in report.tracebacks():
+            print(f"tessera run: {ranks_text(ranks)}'s error:\n{trace}", file=sys.stderr)
+        print(f"tessera run: {script} failed: {report.summary()}", file=sys.stderr)
+        return report.exit_code()
     except KeyboardInterrupt:
         return 130
     return 0

@@ -266,15 +266,15 @@ def test_shipped_ir_is_what_the_readme_program_traces() -> None:
 def test_launcher_names_ranks_that_failed_alike_together() -> None:
     from types import SimpleNamespace
 
-    from tessera.tools import launch
+    from tessera.tools.report import Report
 
     def failure(code: int, message: str = "") -> SimpleNamespace:
         return SimpleNamespace(exitcode=code, message={"message": message} if message else "")
 
     same = {r: failure(1, "ValueError: bad input") for r in range(4)}
-    assert launch._report(same, 4) == "ranks 0-3 failed with exit code 1: ValueError: bad input"
+    assert Report(same).summary() == "ranks 0-3 failed with exit code 1: ValueError: bad input"
     mixed = {0: failure(2), 1: failure(-15), 2: failure(2), 3: failure(-15)}
-    assert launch._report(mixed, 4) == "ranks 0, 2 exited with code 2; ranks 1, 3 were stopped"
+    assert Report(mixed).summary() == "ranks 0, 2 exited with code 2; ranks 1, 3 were stopped"
 
 
 def test_a_failing_job_prints_its_traceback_once(tmp_path: Path) -> None:

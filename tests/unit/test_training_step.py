@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import tessera as ts
 from tessera import dist, graph, op, optim
+from tessera.frontend import pytree
 from tessera.perf.compute_cost import runs_as_view
 
 
@@ -184,3 +185,32 @@ def test_gpt_training_step_fits_the_kernel_budget() -> None:
         assert len(tiles) == len(sources) <= len(launched)
         distinct[layers] = len(sources)
     assert distinct[3] == distinct[2], distinct
+
+
+def test_a_state_dict_resumes_training_where_it_stopped() -> None:
+    """state_dict / load_state_dict on the virtual mesh: the state's own tensors (no
+    collective), and a state loaded from them trains on exactly as the original does.
+    (Under processes: tests/unit/test_distributed.py, test_a_saved_state_dict_...)."""
+    mesh = dist.mesh({"dp": 2})
+
+    @graph.training_step(optimizer=optim.AdamW(lr=1e-2), mesh=mesh, zero=1, kernels="reference")
+    def step(p, x, y):
+        loss = op.mean((model(p, x) - y) ** 2)
+        return graph.backward(loss), {"loss": loss}
+
+    params, x, y = setup()
+    state = step.init(params)
+    step(state, x, y)
+    saved = step.state_dict(state)
+    assert saved["step"] == 1 and saved["params"]["w1"] is params["w1"]  # updated in place
+    leaves, tree = pytree.flatten(saved)
+    resumed = step.load_state_dict(pytree.unflatten(tree, [torch.clone(t) if isinstance(t, torch.Tensor) else t for t in leaves]))
+    step(state, x, y)
+    step(resumed, x, y)
+    assert resumed.step == state.step == 2
+    for name in params:
+        assert torch.equal(resumed.params[name], state.params[name])
+    with pytest.raises(ts.TesseraError, match=r"has no \['step'\]"):
+        step.load_state_dict({"params": params, "opt_state": {}})
+    with pytest.raises(ts.TesseraError, match="does not match AdamW's state"):
+        step.load_state_dict({"params": params, "opt_state": {"m": {}}, "step": 0})
