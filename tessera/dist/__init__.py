@@ -8,9 +8,9 @@ from tessera.dist.collectives import (
     reduce_scatter,
     shard,
 )
-from tessera.ir.mesh import Mesh, mesh
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dist.tensor import DistTensor, tensor
+from tessera.ir.mesh import Mesh, mesh
 
 __all__ = [
     "DistTensor",

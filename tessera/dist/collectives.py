@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tessera.ir.mesh import Mesh
 from tessera.dist.shard_spec import ShardSpec
 from tessera.errors import ShardingError, TraceError
 from tessera.frontend.tracer import Tensor, current_trace, user_location
 from tessera.ir import graph
-from tessera.ir.sharding import Sharding, ShardingAttr
+from tessera.ir.mesh import Mesh
 from tessera.ir.shape_rules import normalize_axis
+from tessera.ir.sharding import Sharding, ShardingAttr
 
 MESH_SYMBOL = "mesh"
 
