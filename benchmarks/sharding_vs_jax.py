@@ -348,10 +348,15 @@ def gpt_head_grad(m: SimpleNamespace, wte: Any, ids: Any, labels: Any) -> Any:
     return m.grad(lambda w: gpt_head(m, w, ids, labels))(wte)
 
 
+def gpt_head_untied_grad(m: SimpleNamespace, wte: Any, ids: Any, labels: Any, w_out: Any) -> Any:
+    return m.grad(lambda w: gpt_head(m, wte, ids, labels, w))(w_out)
+
+
 VOCAB, TOKENS = 1024, 64
 _TABLE = ((VOCAB, C), ("tp", None))
 _IDS = ((TOKENS,), ("dp",))
 _LOGITS = ((TOKENS, VOCAB), ("dp", "tp"))
+_HEAD = ((C, VOCAB), (None, "tp"))  # an untied output projection, split on the vocabulary
 
 PROGRAMS += [
     Program("vocab-parallel embedding", embedding, (_TABLE, _IDS), ("dp", None), ids=((1, VOCAB),)),
@@ -381,8 +386,15 @@ PROGRAMS += [
     Program(
         "GPT head, untied (dp x tp)",
         gpt_head_untied,
-        (_TABLE, _IDS, _IDS, ((C, VOCAB), (None, "tp"))),
+        (_TABLE, _IDS, _IDS, _HEAD),
         (),
+        ids=((1, VOCAB), (2, VOCAB)),
+    ),
+    Program(
+        "GPT head, untied (dp x tp), grad of the head",
+        gpt_head_untied_grad,
+        (_TABLE, _IDS, _IDS, _HEAD),
+        (None, "tp"),
         ids=((1, VOCAB), (2, VOCAB)),
     ),
 ]
