@@ -349,8 +349,9 @@ def _cross_entropy_partition(
     per row: ``m = all_reduce_max(max(x))``, ``s = all_reduce_sum(sum(exp(x - m)))`` and
     the label's logit ``p = all_reduce_sum(sum(x where iota == label - offset))``, with
     ``offset = axis_index(A) * n`` (``n`` local classes; only the rank holding the label
-    picks it); the loss is ``m + log(s) - p``, then the op's mean or sum over this rank's
-    rows. f16/bf16 logits are computed in f32, as the reference does."""
+    picks it; a label outside ``[0, V)`` picks nothing, as in Megatron, where the unsplit
+    op reports it); the loss is ``m + log(s) - p``, then the op's mean or sum over this
+    rank's rows. f16/bf16 logits are computed in f32, as the reference does."""
     logits, labels = op.operands
     mesh_axes = layouts[0].dims[-1]
     if not mesh_axes or not aval(logits).size:

@@ -75,9 +75,10 @@ def test_lookup_gradient_is_computed_per_vocabulary_slice() -> None:
 
 
 def test_ids_out_of_range_give_zero_rows_when_the_vocabulary_is_split() -> None:
-    """As in Megatron, no rank holds an id outside [-V, V): its row is zero (an unsplit
-    table reports it)."""
-    table, _, _ = _data(3)
+    """As in Megatron, no rank holds an id outside [-V, V) or a label outside [0, V): the
+    row is zero, the label picks no logit (the loss is the row's logsumexp). Unsplit,
+    both are errors."""
+    table, _, logits = _data(3)
     ids = torch.tensor([0, V, 5, -V - 1])
     lookup = ts.jit(lambda t, i: op.embedding(i, t), mesh=MESH, in_shardings=(VOCAB_TP, None))
     out = lookup(table, ids)
@@ -85,6 +86,12 @@ def test_ids_out_of_range_give_zero_rows_when_the_vocabulary_is_split() -> None:
     assert not out[[1, 3]].any()
     with pytest.raises(ts.ExecutionError, match=r"indices must be in \[-256, 256\)"):
         ts.jit(lambda t, i: op.embedding(i, t))(table, ids)
+    labels = torch.tensor([3, V, -1, 7] * (N // 4))
+    ce = ts.jit(lambda x, y: op.cross_entropy(x, y, reduction="none"), mesh=MESH, in_shardings=(LOGITS, ROWS_DP))
+    expected = torch.logsumexp(logits, -1) - logits.gather(1, labels.clamp(0, V - 1)[:, None])[:, 0] * (labels >= 0) * (labels < V)
+    torch.testing.assert_close(ce(logits, labels), expected, **TOL)
+    with pytest.raises(ts.ExecutionError, match=r"labels must be in \[0, 256\)"):
+        ts.jit(lambda x, y: op.cross_entropy(x, y))(logits, labels)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
