@@ -104,6 +104,7 @@ def _namespaces() -> tuple[SimpleNamespace, SimpleNamespace]:
         where=jnp.where,
         chunk=lambda x, n, axis: jnp.split(x, n, axis=axis),
     )
+    _add_vocab_parallel_ops(tessera_ns, jax_ns)
     return tessera_ns, jax_ns
 
 
@@ -189,6 +190,7 @@ class Program:
     fn: Callable[..., Any]
     inputs: tuple[tuple[tuple[int, ...], Spec], ...]  # (global shape, sharding) per argument
     out: Spec
+    ids: tuple[tuple[int, int], ...] = ()  # (argument, vocabulary): int32 ids in [0, vocabulary)
 
 
 B, T, C, F = 8, 16, 128, 512  # batch, sequence, hidden, MLP width: f32, small enough for CPU
@@ -279,6 +281,122 @@ PROGRAMS = [
         ("dp", "tp"),
     ),
     Program("2-D: sum over both axes", sum_all, (((64, 256), ("dp", "tp")),), ()),
+]
+
+
+# --- vocab-parallel programs (issue 19, item 2): embedding, cross-entropy, logsumexp -------
+# Tables and logits split over tp on the vocabulary; ids and labels are int32 in [0, V).
+
+
+def _jax_cross_entropy(logits: Any, labels: Any) -> Any:
+    picked = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+
+
+def _add_vocab_parallel_ops(tessera_ns: SimpleNamespace, jax_ns: SimpleNamespace) -> None:
+    tessera_ns.embedding = lambda table, ids: op.embedding(ids, table)
+    tessera_ns.cross_entropy = op.cross_entropy
+    tessera_ns.logsumexp = lambda x, axis: op.logsumexp(x, axis=axis)
+    tessera_ns.grad = ts.grad
+    jax_ns.embedding = lambda table, ids: jnp.take(table, ids, axis=0)
+    jax_ns.cross_entropy = _jax_cross_entropy
+    jax_ns.logsumexp = lambda x, axis: jax.nn.logsumexp(x, axis=axis)
+    jax_ns.grad = jax.grad
+
+
+def embedding(m: SimpleNamespace, table: Any, ids: Any) -> Any:
+    return m.embedding(table, ids)
+
+
+def embedding_grad(m: SimpleNamespace, table: Any, ids: Any) -> Any:
+    def loss(t: Any) -> Any:
+        rows = m.embedding(t, ids)
+        return m.sum(rows * rows)
+
+    return m.grad(loss)(table)
+
+
+def cross_entropy(m: SimpleNamespace, logits: Any, labels: Any) -> Any:
+    return m.cross_entropy(logits, labels)
+
+
+def cross_entropy_grad(m: SimpleNamespace, logits: Any, labels: Any) -> Any:
+    return m.grad(lambda x: m.cross_entropy(x, labels))(logits)
+
+
+def logsumexp_last(m: SimpleNamespace, x: Any) -> Any:
+    return m.logsumexp(x, axis=-1)
+
+
+def logsumexp_grad(m: SimpleNamespace, x: Any) -> Any:
+    return m.grad(lambda v: m.sum(m.logsumexp(v, axis=-1)))(x)
+
+
+def gpt_head(m: SimpleNamespace, wte: Any, ids: Any, labels: Any, w_out: Any = None) -> Any:
+    """Embedding, a layer norm, the output projection (tied to the embedding unless
+    ``w_out`` is given) and the mean cross-entropy."""
+    x = m.layer_norm(m.embedding(wte, ids))
+    logits = x @ (m.transpose(wte, (1, 0)) if w_out is None else w_out)
+    return m.cross_entropy(logits, labels)
+
+
+def gpt_head_untied(m: SimpleNamespace, wte: Any, ids: Any, labels: Any, w_out: Any) -> Any:
+    return gpt_head(m, wte, ids, labels, w_out)
+
+
+def gpt_head_grad(m: SimpleNamespace, wte: Any, ids: Any, labels: Any) -> Any:
+    return m.grad(lambda w: gpt_head(m, w, ids, labels))(wte)
+
+
+def gpt_head_untied_grad(m: SimpleNamespace, wte: Any, ids: Any, labels: Any, w_out: Any) -> Any:
+    return m.grad(lambda w: gpt_head(m, wte, ids, labels, w))(w_out)
+
+
+VOCAB, TOKENS = 1024, 64
+_TABLE = ((VOCAB, C), ("tp", None))
+_IDS = ((TOKENS,), ("dp",))
+_LOGITS = ((TOKENS, VOCAB), ("dp", "tp"))
+_HEAD = ((C, VOCAB), (None, "tp"))  # an untied output projection, split on the vocabulary
+
+PROGRAMS += [
+    Program("vocab-parallel embedding", embedding, (_TABLE, _IDS), ("dp", None), ids=((1, VOCAB),)),
+    Program(
+        "vocab-parallel embedding, grad", embedding_grad, (_TABLE, _IDS), ("tp", None), ids=((1, VOCAB),)
+    ),
+    Program("vocab-parallel cross-entropy", cross_entropy, (_LOGITS, _IDS), (), ids=((1, VOCAB),)),
+    Program(
+        "vocab-parallel cross-entropy, grad",
+        cross_entropy_grad,
+        (_LOGITS, _IDS),
+        ("dp", "tp"),
+        ids=((1, VOCAB),),
+    ),
+    Program("logsumexp over sharded dim", logsumexp_last, (_LOGITS,), ("dp",)),
+    Program("logsumexp over sharded dim, grad", logsumexp_grad, (_LOGITS,), ("dp", "tp")),
+    Program(
+        "GPT head, tied (dp x tp)", gpt_head, (_TABLE, _IDS, _IDS), (), ids=((1, VOCAB), (2, VOCAB))
+    ),
+    Program(
+        "GPT head, tied (dp x tp), grad",
+        gpt_head_grad,
+        (_TABLE, _IDS, _IDS),
+        ("tp", None),
+        ids=((1, VOCAB), (2, VOCAB)),
+    ),
+    Program(
+        "GPT head, untied (dp x tp)",
+        gpt_head_untied,
+        (_TABLE, _IDS, _IDS, _HEAD),
+        (),
+        ids=((1, VOCAB), (2, VOCAB)),
+    ),
+    Program(
+        "GPT head, untied (dp x tp), grad of the head",
+        gpt_head_untied_grad,
+        (_TABLE, _IDS, _IDS, _HEAD),
+        (None, "tp"),
+        ids=((1, VOCAB), (2, VOCAB)),
+    ),
 ]
 
 
@@ -422,6 +540,8 @@ def measure(
         rng.standard_normal(shape).astype(np.float32) / math.sqrt(shape[0])
         for shape, _ in program.inputs
     ]
+    for argument, vocabulary in program.ids:
+        data[argument] = rng.integers(0, vocabulary, program.inputs[argument][0], dtype=np.int32)
     specs = [spec for _, spec in program.inputs]
 
     ts_mesh = dist.Mesh(axes=list(MESH_AXES), shape=MESH_SHAPE)

@@ -3,6 +3,7 @@
     python examples/train_gpt.py                      # virtual 2 x 2 mesh, 50 steps
     python examples/train_gpt.py --steps 10 --dp 1 --tp 1
     python examples/train_gpt.py --zero 3             # parameters, grads, state sharded over dp
+    python examples/train_gpt.py --vocab-parallel     # the embedding's vocabulary split over tp
     tessera run -n 4 examples/train_gpt.py --steps 5  # one process per rank (gloo)
     tessera run -n 8 examples/train_gpt.py --pp 2 --microbatches 4 --schedule 1f1b
                                                       # pp x dp x tp = 2 x 2 x 2, pipelined
@@ -15,7 +16,9 @@ so the whole step is one compiled program that updates the training state in pla
 the virtual mesh the parameter tensors themselves; under ``tessera run`` each rank's
 shards, which ``step.state_dict(state)`` gathers): the batch is split over ``dp``, the attention and MLP weights Megatron-style over ``tp``, and
 the sharding passes insert every collective (the dp gradient reductions included;
-``--zero`` shards optimizer state, gradients and parameters over dp). With ``--pp``, the
+``--zero`` shards optimizer state, gradients and parameters over dp; ``--vocab-parallel``
+splits the tied embedding over tp by vocabulary rows, Megatron's vocab-parallel
+embedding and cross-entropy). With ``--pp``, the
 mesh gets a ``pp`` axis: the forward is split into balanced pipeline stages, each batch
 into ``--microbatches``, run with the ``--schedule`` (gpipe, 1f1b, interleaved with
 ``--virtual`` chunks per rank, zb-h1). Each step's loss
@@ -93,17 +96,20 @@ def init_params(vocab: int, seq: int, dim: int, n_layer: int, seed: int = 0) -> 
     return p
 
 
-def megatron_layout(params: dict[str, torch.Tensor]) -> dict[str, dist.ShardSpec | None]:
-    """Megatron layout over tp: qkv and fc by columns, proj and out by rows."""
+def megatron_layout(params: dict[str, torch.Tensor], vocab_parallel: bool = False) -> dict[str, dist.ShardSpec | None]:
+    """Megatron layout over tp: qkv and fc by columns, proj and out by rows; with
+    ``vocab_parallel`` the tied embedding by rows too (its vocabulary split: the lookup
+    and the cross-entropy over the logits all-reduce small results, never the table)."""
     columns = dist.ShardSpec(partition=(1,), mesh_axes=("tp",))
     rows = dist.ShardSpec(partition=(0,), mesh_axes=("tp",))
-    return {k: columns if k.startswith(("attn_w", "fc_w")) else rows if k.startswith(("proj_w", "out_w")) else None for k in params}
+    by_rows = ("proj_w", "out_w", "wte") if vocab_parallel else ("proj_w", "out_w")
+    return {k: columns if k.startswith(("attn_w", "fc_w")) else rows if k.startswith(by_rows) else None for k in params}
 
 
 def make_step(mesh: dist.Mesh, params: dict[str, torch.Tensor], args: argparse.Namespace) -> graph.TrainingStep:
     @graph.training_step(
         optimizer=optim.AdamW(lr=args.lr, weight_decay=0.0), mesh=mesh, zero=args.zero,
-        param_shardings=megatron_layout(params),
+        param_shardings=megatron_layout(params, getattr(args, "vocab_parallel", False)),
     )  # fmt: skip
     def step(p, tokens, targets):
         loss = gpt_loss(p, tokens, targets, args.heads, args.layers)
@@ -128,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp")
+    parser.add_argument("--vocab-parallel", action="store_true", help="split the tied embedding's vocabulary over tp")
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages (ranks along pp)")
     parser.add_argument("--microbatches", type=int, default=4, help="microbatches per step (with --pp)")
     parser.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved", "zb-h1"))

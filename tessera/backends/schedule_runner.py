@@ -27,12 +27,13 @@ from xdsl.ir import Block, Operation
 from tessera.errors import ExecutionError, TesseraError, describe_location
 from tessera.ir import graph, schedule
 from tessera.ir.mesh import Mesh
-from tessera.ops import bind_reference, lookup
+from tessera.ops import RankReference, bind_reference, lookup
 
 
 @dataclass(frozen=True)
 class KernelContext:
-    """Which rank runs a kernel: a rank-local slice (``graph.all_slice``) depends on it."""
+    """Which rank runs a kernel: a rank-local slice (``graph.all_slice``) and a rank's
+    position (``graph.axis_index``) depend on it."""
 
     mesh: Mesh
     rank: int
@@ -81,14 +82,18 @@ def traced_at(op: Operation) -> str:
 
 def _reference_of(op: Operation, context: KernelContext | None) -> Callable[..., Any]:
     """``op``'s reference as a function of its operands; a rank-local slice takes this
-    rank's chunk (``context``)."""
+    rank's chunk and a per-rank value (``axis_index``) this rank's (``context``)."""
     if isinstance(op, graph.AllSliceOp) and context is not None:
         attrs = op.attrs()
         index, size = context.position(attrs["axes"])
         dim = attrs["dim"]
         return lambda x: x.chunk(size, dim)[index]
-    if lookup(op) is None:
+    found = lookup(op)
+    if found is None:
         raise ExecutionError(f"no reference semantics for {op.name}")
+    if isinstance(found.reference, RankReference) and context is not None:
+        rank_context = context
+        return found.reference.at(op, lambda axes: rank_context.position(axes)[0])
     return bind_reference(op)
 
 

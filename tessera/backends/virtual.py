@@ -10,7 +10,7 @@ in the group. This is the oracle the real backends are tested against.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from xdsl.dialects import func
@@ -21,7 +21,7 @@ from tessera.errors import ExecutionError, TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.mesh import Mesh
-from tessera.ops import lookup
+from tessera.ops import RankReference, lookup
 from tessera.ops.collective import on_group
 
 Values = list[torch.Tensor]  # one tensor per member of a rank group, in group order
@@ -86,6 +86,11 @@ def _check_args(
             _check_value(value, aval, f"rank {rank}, argument {index}")
 
 
+def _position_on(mesh: Mesh, rank: int) -> Callable[[Sequence[str]], int]:
+    """``rank``'s index along mesh axes (its position in its group)."""
+    return lambda axes: next(g for g in mesh.groups(axes) if rank in g).index(rank)
+
+
 def _run_op(op: Operation, mesh: Mesh, inputs: list[Values]) -> list[Values]:
     """Results of ``op`` as ``[result][rank]`` from operands as ``[operand][rank]``."""
     if isinstance(op, graph.CollectiveOp):
@@ -95,7 +100,11 @@ def _run_op(op: Operation, mesh: Mesh, inputs: list[Values]) -> list[Values]:
         raise ExecutionError(f"the virtual mesh cannot run {op.name}")
     per_rank = []
     for rank in range(mesh.size):
-        result = found.reference(op, *(values[rank] for values in inputs))
+        operands = (values[rank] for values in inputs)
+        if isinstance(found.reference, RankReference):  # a value per rank (axis_index)
+            result = found.reference.at(op, _position_on(mesh, rank))(*operands)
+        else:
+            result = found.reference(op, *operands)
         per_rank.append(result if isinstance(result, tuple) else (result,))
     return [list(results) for results in zip(*per_rank, strict=True)]
 

@@ -22,8 +22,8 @@ Every kernel computes all its outputs before it stores the first (an output may 
 place of an input it reads, see ``plan-memory``). The tile kernel's arguments are the
 schedule kernel's inputs, then its outputs (all as pointers to contiguous tensors), then
 pointers to the body's non-splat constants (the runtime materialises them, see
-:func:`pointer_constants`), then one ``i32`` per ``all_slice`` axis group: this rank's
-index in the group (``positions`` attribute).
+:func:`pointer_constants`), then one ``i32`` per axis group of an ``all_slice`` or an
+``axis_index``: this rank's index in the group (``positions`` attribute).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from tessera.errors import IRError
 from tessera.ir import graph, schedule, tile
 from tessera.ir.dense import is_splat
 from tessera.ir.tile import compute_element, element_type, strides
-from tessera.ops import Fusion, Kernel, RowReduction, lookup, op_def
+from tessera.ops import Fusion, Kernel, RankIndexMap, RowReduction, lookup, op_def
 
 MAX_ROW_BLOCK = 65536  # elements of one reduced row held in one block
 
@@ -119,11 +119,13 @@ def pointer_constants(kernel: schedule.KernelOp) -> list[graph.ConstantOp]:
 
 
 def position_axes(kernel: schedule.KernelOp) -> list[tuple[str, ...]]:
-    """The mesh-axis groups whose rank index the kernel needs (its all_slices')."""
+    """The mesh-axis groups whose rank index the kernel needs (those of its ops whose
+    tile code is a :class:`~tessera.ops.RankIndexMap`: all_slice, axis_index)."""
     axes: list[tuple[str, ...]] = []
     for op in kernel.body.block.ops:
-        if isinstance(op, graph.AllSliceOp):
-            group = tuple(op.attrs()["axes"])
+        found = lookup(op)
+        if found is not None and isinstance(found.tile, RankIndexMap):
+            group = tuple(op.attrs()["axes"])  # type: ignore[attr-defined]
             if group not in axes:
                 axes.append(group)
     return axes

@@ -15,6 +15,7 @@ import numpy as np
 from xdsl.ir import SSAValue
 from xdsl.rewriter import InsertPoint, Rewriter
 
+from tessera.dtypes import DType
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.dense import dense_from_numpy
@@ -38,7 +39,11 @@ class GradBuilder:
 
     def constant(self, value: float, like: SSAValue, shape: Sequence[int] = ()) -> SSAValue:
         """A constant of ``like``'s dtype (a scalar by default: binary ops broadcast it)."""
-        target = AbstractTensor(tuple(shape), aval(like).dtype)
+        return self.full(value, aval(like).dtype, shape)
+
+    def full(self, value: float, dtype: DType, shape: Sequence[int] = ()) -> SSAValue:
+        """A constant ``value`` of ``dtype`` and ``shape``."""
+        target = AbstractTensor(tuple(shape), dtype)
         attr = dense_from_numpy(np.full(tuple(shape), value), target.to_xdsl())
         op = graph.ConstantOp.create(result_types=[target.to_xdsl()], properties={"value": attr})
         Rewriter.insert_op(op, self.point)

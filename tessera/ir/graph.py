@@ -224,6 +224,9 @@ RsqrtOp = _unary("rsqrt", shape_rules.float_unary, "1 / sqrt(x)")
 SiluOp = _unary("silu", shape_rules.float_unary, "x * sigmoid(x)")
 SigmoidOp = _unary("sigmoid", shape_rules.float_unary, "1 / (1 + e^-x)")
 ErfOp = _unary("erf", shape_rules.float_unary, "the error function")
+StopGradientOp = _unary(
+    "stop_gradient", shape_rules.unary, "x, through which no gradient flows (jax.lax.stop_gradient)"
+)
 
 AddOp = _binary("add", shape_rules.binary, "lhs + rhs (numpy broadcasting)")
 SubOp = _binary("sub", shape_rules.binary, "lhs - rhs (numpy broadcasting)")
@@ -539,27 +542,29 @@ class CollectiveOp(UnaryGraphOp):
     def group_size(self) -> int | None:
         """Ranks per group in a partitioned function (looked up in the module's
         ``graph.mesh``); None in the global view."""
-        function = self.parent_op()
-        while function is not None and not isinstance(function, FuncOp):
-            function = function.parent_op()
-        if function is None or PARTITIONED not in function.attributes:
-            return None
-        module = function.parent_op()  # meshes are symbols at the module's top level:
-        # look there only, not through every function (this runs for every collective)
-        top_level = module.regions[0].block.ops if module and module.regions else ()
-        meshes = [o for o in top_level if isinstance(o, MeshOp)]
-        if len(meshes) != 1:
-            raise VerifyException(
-                f"{self.name}: a partitioned function needs exactly one graph.mesh"
-            )
-        sizes = dict(meshes[0].axes)
-        axes = self.attrs()["axes"]
-        unknown = [a for a in axes if a not in sizes]
-        if unknown:
-            raise VerifyException(
-                f"{self.name}: unknown mesh axes {unknown}; the mesh has {list(sizes)}"
-            )
-        return math.prod(sizes[a] for a in axes)
+        return _group_size(self, self.attrs()["axes"])
+
+
+def _group_size(op: GraphOp, axes: Sequence[str]) -> int | None:
+    """The number of ranks along mesh ``axes`` when ``op`` is in a partitioned function
+    (looked up in the module's ``graph.mesh``); None in the global view. Raises
+    VerifyException for a missing mesh or an axis it does not have."""
+    function = op.parent_op()
+    while function is not None and not isinstance(function, FuncOp):
+        function = function.parent_op()
+    if function is None or PARTITIONED not in function.attributes:
+        return None
+    module = function.parent_op()  # meshes are symbols at the module's top level:
+    # look there only, not through every function (this runs for every collective)
+    top_level = module.regions[0].block.ops if module and module.regions else ()
+    meshes = [o for o in top_level if isinstance(o, MeshOp)]
+    if len(meshes) != 1:
+        raise VerifyException(f"{op.name}: a partitioned function needs exactly one graph.mesh")
+    sizes = dict(meshes[0].axes)
+    unknown = [a for a in axes if a not in sizes]
+    if unknown:
+        raise VerifyException(f"{op.name}: unknown mesh axes {unknown}; the mesh has {list(sizes)}")
+    return math.prod(sizes[a] for a in axes)
 
 
 @irdl_op_definition
@@ -616,6 +621,32 @@ class BroadcastOp(CollectiveOp):
     name = "graph.broadcast"
     src = prop_def(IntegerAttr)
     shape_rule = staticmethod(shape_rules.broadcast)
+
+
+@irdl_op_definition
+class AxisIndexOp(GraphOp):
+    """This rank's linear position along the mesh ``axes`` (major first), as an i32
+    scalar: ``graph.axis_index {axes = [tp]} : tensor<i32>`` is 0 to 3 on a tp = 4 axis
+    (``jax.lax.axis_index``, the shard dialect's ``process_multi_index``). A per-rank
+    value: it exists only in a partitioned function (shard-partition makes it, for the
+    offset of a rank's slice)."""
+
+    name = "graph.axis_index"
+    result = result_def(TensorType)
+    axes = prop_def(ArrayAttr)
+    shape_rule = staticmethod(shape_rules.axis_index)
+
+    def rule_attrs(self) -> dict[str, Any]:
+        axes = self.attrs()["axes"]
+        return {"axes": axes, "group_size": _group_size(self, axes)}
+
+    def verify_(self) -> None:
+        super().verify_()
+        if self.rule_attrs()["group_size"] is None:
+            raise VerifyException(
+                f"{self.name}: a rank's position exists only in a partitioned (per-rank) "
+                f"function; this one has no {PARTITIONED} attribute"
+            )
 
 
 @irdl_op_definition
@@ -699,8 +730,12 @@ COLLECTIVE_OPS: tuple[type[GraphOp], ...] = (
 )  # fmt: skip
 
 
+PER_RANK_OPS: tuple[type[GraphOp], ...] = (AxisIndexOp,)  # values of a partitioned function
+
+
 GRAPH_OPS: tuple[type[GraphOp], ...] = (
-    NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, ErfOp, GeluOp,
+    NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, ErfOp,
+    StopGradientOp, GeluOp,
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
     CastOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, SoftmaxOp, LogSoftmaxOp, LayerNormOp,
     RmsNormOp, CrossEntropyOp, ReshapeOp, BroadcastToOp, TransposeOp, SliceOp, ConcatOp,
@@ -780,11 +815,13 @@ def _verify_once_per_signature(cls: type[GraphOp]) -> None:
     cls.verify_ = verify_  # type: ignore[method-assign]
 
 
-for _op in GRAPH_OPS:  # not collectives (their group size reads the module's mesh)
+for _op in GRAPH_OPS:  # not collectives nor axis_index (they read the module's mesh)
     if _op is not ConstantOp:  # its value is not in the signature
         _verify_once_per_signature(_op)
 
-Graph = Dialect("graph", [*GRAPH_OPS, *COLLECTIVE_OPS, ShardOp, MeshOp], [ShardingAttr])
+Graph = Dialect(
+    "graph", [*GRAPH_OPS, *COLLECTIVE_OPS, *PER_RANK_OPS, ShardOp, MeshOp], [ShardingAttr]
+)
 
 
 def build(op_type: type[GraphOp], operands: Sequence[SSAValue], **attrs: Any) -> GraphOp:

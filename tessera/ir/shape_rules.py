@@ -381,3 +381,9 @@ def broadcast(
     if src < 0:
         raise ShapeError(f"expected a non-negative source index, found {src}")
     return x
+
+
+def axis_index(axes: Sequence[str], group_size: int | None = None) -> AbstractTensor:
+    """This rank's linear position along mesh ``axes`` (major first): an i32 scalar."""
+    _check_mesh_axes(axes)
+    return AbstractTensor((), DType.i32)

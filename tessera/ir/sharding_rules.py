@@ -6,10 +6,12 @@ factor's kind says what splitting it over a mesh axis means (as in Shardy's
 ``OpShardingRule`` and MLIR's ``ShardingInterface``):
 
 - ``PARALLEL``: every rank computes its own slice of the results (matmul's m and n).
-- ``REDUCTION``: the op sums (max, min) over it: results become *partial* (matmul's k).
+- ``REDUCTION``: the op sums (max, min) over it: results become *partial* (matmul's k;
+  a gathered axis, where each rank looks up only the indices in its slice).
 - ``STATISTIC``: the op reduces over it internally but its results keep the dim
-  (softmax's axis, layer_norm's axes): splitting it needs an all-reduce of per-row
-  statistics inside the op, never a gather of the tensor.
+  (softmax's axis, layer_norm's axes) or do not show it (cross_entropy's classes):
+  splitting it needs an all-reduce of per-row statistics inside the op, never a gather
+  of the tensor.
 - ``REPLICATED``: the op needs the dim whole (concat's axis, a sliced dim).
 
 This module is the rules' vocabulary and the builders shared by several ops; each op's

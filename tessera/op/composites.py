@@ -59,6 +59,7 @@ from tessera.op.primitives import (
     multiply,
     reshape,
     sqrt,
+    stop_gradient,
     subtract,
     sum,
     transpose,
@@ -282,7 +283,10 @@ def logsumexp(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:
         kept = [1 if d in axes else s for d, s in enumerate(tensor.shape)]
         return full(kept if keepdims else _reduced_shape(tensor, axes), -math.inf, tensor.dtype)
     peak = max(tensor, axis=axes, keepdims=True)
-    shift = where(less(abs(peak), math.inf), peak, 0)  # an infinite max shifts by 0
+    # an infinite max shifts by 0; the shift cancels in the value, so no gradient flows
+    # through it (as in JAX): none of a max's tie-splitting, nor its all-reduces when the
+    # axis is split over a mesh
+    shift = stop_gradient(where(less(abs(peak), math.inf), peak, 0))
     total = log(sum(exp(subtract(tensor, shift)), axis=axes, keepdims=True))
     result = add(total, shift)
     return result if keepdims else reshape(result, _reduced_shape(tensor, axes))

@@ -228,6 +228,12 @@ def abs(x: Operand) -> Tensor:
     return _unary(graph.AbsOp, x)
 
 
+def stop_gradient(x: Operand) -> Tensor:
+    """``x``, as a constant to differentiation: no gradient flows through it
+    (``jax.lax.stop_gradient``)."""
+    return _unary(graph.StopGradientOp, x)
+
+
 def relu(x: Operand) -> Tensor:
     return _unary(graph.ReluOp, x)
 
@@ -691,6 +697,7 @@ __all__ = [
     "softmax",
     "split",
     "sqrt",
+    "stop_gradient",
     "sub",
     "subtract",
     "sum",

@@ -16,9 +16,11 @@ from tessera.ops import (  # noqa: F401  (registers the ops)
     indexing,
     layout,
     normalization,
+    rank,
     reduction,
 )
 from tessera.ops.registry import (
+    LOCAL,
     NOT_LINEAR,
     Fusion,
     IndexMap,
@@ -26,7 +28,10 @@ from tessera.ops.registry import (
     LayoutTransition,
     NotApplicable,
     OpDef,
+    Partition,
     Pointwise,
+    RankIndexMap,
+    RankReference,
     RowReduction,
     bind_reference,
     bound,
@@ -40,6 +45,7 @@ from tessera.ops.registry import (
 )
 
 __all__ = [
+    "LOCAL",
     "NOT_LINEAR",
     "Fusion",
     "IndexMap",
@@ -47,7 +53,10 @@ __all__ = [
     "LayoutTransition",
     "NotApplicable",
     "OpDef",
+    "Partition",
     "Pointwise",
+    "RankIndexMap",
+    "RankReference",
     "RowReduction",
     "bind_reference",
     "bound",

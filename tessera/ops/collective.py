@@ -31,6 +31,7 @@ from tessera.ops.registry import (
     IndexMap,
     LayoutTransition,
     NotApplicable,
+    RankIndexMap,
     Tile,
     op_def,
     register,
@@ -216,7 +217,7 @@ _register(graph.BroadcastOp, _keep_dims, _broadcast_group, ASYNC)
 _register(graph.AllGatherOp, _gather_dim, _all_gather_group, ASYNC)
 _register(graph.ReduceScatterOp, _split_dim, _reduce_scatter_group, ASYNC)
 _register(graph.AllToAllOp, _move_split, _all_to_all_group, ASYNC)
-_register(graph.AllSliceOp, _split_dim, _all_slice_group, IndexMap(_all_slice_tile))
+_register(graph.AllSliceOp, _split_dim, _all_slice_group, RankIndexMap(_all_slice_tile))
 
 register(
     graph.ShardOp,

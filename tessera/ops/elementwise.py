@@ -106,6 +106,19 @@ _register(
 )
 
 
+def _no_gradient(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    return [None]
+
+
+_register(
+    graph.StopGradientOp,
+    partial="all",
+    vjp=_no_gradient,
+    reference=on_operands(lambda x: x),
+    tile=Pointwise(lambda b, op, a: a[0]),
+)
+
+
 def _abs_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
     x = op.operands[0]
     zero = b.constant(0.0, x)

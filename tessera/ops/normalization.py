@@ -19,10 +19,12 @@ import torch.nn.functional as F
 from xdsl.dialects.builtin import i32
 from xdsl.ir import SSAValue
 
+from tessera.dtypes import DType
 from tessera.errors import ExecutionError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.grad_builder import GradBuilder
+from tessera.ir.sharding import MeshLike, Sharding
 from tessera.ir.sharding_rules import (
     FactorKind,
     Rule,
@@ -35,6 +37,7 @@ from tessera.ops.registry import (
     NOT_LINEAR,
     Cotangents,
     Fusion,
+    Partition,
     Reference,
     RowReduction,
     VjpRule,
@@ -75,7 +78,8 @@ def _shifted_sum(
 def _register_row(
     op_type: type[graph.GraphOp], *, sharding: Rule, vjp: VjpRule, reference: Reference, row: Row
 ) -> None:
-    """Registers a row-wise op whose result keeps its operand's shape (not linear in it)."""
+    """Registers a row-wise op whose result keeps its operand's shape (not linear in it);
+    over a split axis it is computed from all-reduced statistics (:func:`_split_rows`)."""
     register(
         op_type,
         sharding=sharding,
@@ -84,7 +88,66 @@ def _register_row(
         reference=reference,
         tile=RowReduction(row),
         fusion=Fusion.NORMALIZATION,
+        partition=Partition(_split_rows),
     )
+
+
+# --- over a split axis: local statistics and their all-reduce (shard-partition) ----------------
+
+
+def _row_axes(op: graph.GraphOp) -> tuple[int, ...]:
+    attrs = op.attrs()
+    return tuple(attrs["axes"]) if "axes" in attrs else (attrs["axis"],)
+
+
+def _statistic(
+    b: GradBuilder,
+    kind: type[graph.GraphOp],
+    value: SSAValue,
+    axes: Sequence[int],
+    mesh_axes: Sequence[str],
+    reduce: str,
+) -> SSAValue:
+    """``kind`` (max, sum, mean) of ``value`` over ``axes`` (kept as size 1) on this rank,
+    all-reduced by ``reduce`` over the ``mesh_axes`` that split them."""
+    local = b.op(kind, value, axes=list(axes), keepdims=True)
+    return b.op(graph.AllReduceOp, local, axes=tuple(mesh_axes), kind=reduce)
+
+
+def _split_rows(
+    b: GradBuilder, op: graph.GraphOp, layouts: Sequence[Sharding], mesh: MeshLike
+) -> SSAValue | None:
+    """softmax, log_softmax, layer_norm, rms_norm over split axes:
+
+    - softmax: ``m = all_reduce_max(max(x))``, ``s = all_reduce_sum(sum(exp(x - m)))``,
+      ``exp(x - m) / s`` (log_softmax: ``x - m - log(s)``);
+    - layer_norm: ``mean = all_reduce_mean(mean(x))``, ``var = all_reduce_mean(mean(d*d))``
+      with ``d = x - mean``, then ``d * rsqrt(var + eps)``;
+    - rms_norm: ``x * rsqrt(all_reduce_mean(mean(x*x)) + eps)``.
+    """
+    axes = _row_axes(op)
+    mesh_axes = tuple(a for d in axes for a in layouts[0].dims[d])
+    x = op.operands[0]
+    if not mesh_axes or not aval(x).size:  # nothing split, or no statistics to take
+        return None
+
+    def stat(kind: type[graph.GraphOp], value: SSAValue, reduce: str) -> SSAValue:
+        return _statistic(b, kind, value, axes, mesh_axes, reduce)
+
+    if isinstance(op, (graph.SoftmaxOp, graph.LogSoftmaxOp)):
+        shifted = b.sub(x, stat(graph.MaxOp, x, "max"))
+        exps = b.op(graph.ExpOp, shifted)
+        total = stat(graph.SumOp, exps, "sum")
+        if isinstance(op, graph.SoftmaxOp):
+            return b.div(exps, total)
+        return b.sub(shifted, b.op(graph.LogOp, total))
+    eps = b.constant(op.attrs()["eps"], x)
+    if isinstance(op, graph.LayerNormOp):
+        centered = b.sub(x, stat(graph.MeanOp, x, "mean"))
+        variance = stat(graph.MeanOp, b.mul(centered, centered), "mean")
+        return b.mul(centered, b.op(graph.RsqrtOp, b.add(variance, eps)))
+    square_mean = stat(graph.MeanOp, b.mul(x, x), "mean")
+    return b.mul(x, b.op(graph.RsqrtOp, b.add(square_mean, eps)))
 
 
 # --- softmax and log_softmax ------------------------------------------------------------------
@@ -242,13 +305,14 @@ _register_row(
 def _cross_entropy_sharding(
     operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
 ) -> ShardingRule:
-    """Batch dims are parallel (a partial mean / sum for those reductions); classes whole."""
+    """Batch dims are parallel (a partial mean / sum for those reductions); classes are
+    a statistic (split: see :func:`_cross_entropy_partition`)."""
     logits, _ = operands
     b = RuleBuilder()
     reduction = attrs["reduction"]
     batch_kind = FactorKind.PARALLEL if reduction == "none" else FactorKind.REDUCTION
     batch = tuple(b.new(s, batch_kind) for s in logits.shape[:-1])
-    classes = b.new(logits.shape[-1], FactorKind.REPLICATED)
+    classes = b.new(logits.shape[-1], FactorKind.STATISTIC)
     out = batch if reduction == "none" else ()
     return b.rule([(*batch, classes), batch], [out], "mean" if reduction == "mean" else "sum")
 
@@ -276,6 +340,44 @@ def _cross_entropy_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Co
     else:
         scale = ct
     return [b.mul(b.sub(probs, one_hot), scale), None]
+
+
+def _cross_entropy_partition(
+    b: GradBuilder, op: graph.CrossEntropyOp, layouts: Sequence[Sharding], mesh: MeshLike
+) -> SSAValue | None:
+    """Over classes split on mesh axes ``A`` (Megatron's vocab-parallel cross-entropy),
+    per row: ``m = all_reduce_max(max(x))``, ``s = all_reduce_sum(sum(exp(x - m)))`` and
+    the label's logit ``p = all_reduce_sum(sum(x where iota == label - offset))``, with
+    ``offset = axis_index(A) * n`` (``n`` local classes; only the rank holding the label
+    picks it; a label outside ``[0, V)`` picks nothing, as in Megatron, where the unsplit
+    op reports it); the loss is ``m + log(s) - p``, then the op's mean or sum over this
+    rank's rows. f16/bf16 logits are computed in f32, as the reference does."""
+    logits, labels = op.operands
+    mesh_axes = layouts[0].dims[-1]
+    if not mesh_axes or not aval(logits).size:
+        return None
+    dtype = aval(logits).dtype
+    if dtype in (DType.f16, DType.bf16):
+        logits = b.op(graph.CastOp, logits, dtype=DType.f32)
+    shape = aval(logits).shape
+    last, classes = len(shape) - 1, shape[-1]
+
+    def stat(kind: type[graph.GraphOp], value: SSAValue, reduce: str) -> SSAValue:
+        return _statistic(b, kind, value, [last], mesh_axes, reduce)
+
+    peak = stat(graph.MaxOp, logits, "max")
+    total = stat(graph.SumOp, b.op(graph.ExpOp, b.sub(logits, peak)), "sum")
+    position = b.cast(b.op(graph.AxisIndexOp, axes=tuple(mesh_axes)), labels)
+    local = b.sub(labels, b.mul(position, b.constant(classes, labels)))
+    iota = b.iota(labels, classes, (1,) * last + (classes,))
+    hit = b.op(graph.CompareOp, b.reshape(local, (*shape[:-1], 1)), iota, predicate="eq")
+    picked = stat(graph.SumOp, b.op(graph.SelectOp, hit, logits, b.constant(0, logits)), "sum")
+    loss = b.reshape(b.sub(b.add(peak, b.op(graph.LogOp, total)), picked), shape[:-1])
+    reduction = op.attrs()["reduction"]
+    if reduction != "none":
+        kind = graph.MeanOp if reduction == "mean" else graph.SumOp
+        loss = b.op(kind, loss, axes=list(range(last)), keepdims=False)
+    return loss if aval(loss).dtype == dtype else b.op(graph.CastOp, loss, dtype=dtype)
 
 
 def check_labels(op: graph.CrossEntropyOp, shape: list[int], labels: torch.Tensor) -> None:
@@ -324,4 +426,5 @@ register(
     reference=_cross_entropy_reference,
     tile=RowReduction(_cross_entropy_row),
     fusion=Fusion.LOSS,
+    partition=Partition(_cross_entropy_partition),
 )

@@ -16,7 +16,10 @@ dialect definition (syntax, verification and shape rule stay on the IRDL class i
   ``tessera.ops.collective.CollectiveReference``);
 - ``tile``: how a kernel computes it (:class:`Pointwise`, :class:`IndexMap`,
   :class:`RowReduction`, or a dedicated :class:`Kernel` class), or why none does;
-- ``fusion``: its class for kernel grouping (:class:`Fusion`).
+- ``fusion``: its class for kernel grouping (:class:`Fusion`);
+- ``partition``: how a rank computes it when its operands' layouts split a factor it
+  reduces internally (a :class:`Partition`: softmax's axis, a gathered axis), or, by
+  default, :data:`LOCAL`: every rank computes the op on its local operands.
 
 A field that does not apply to an op is a :class:`NotApplicable` with the reason, never
 a missing value: :func:`register` rejects ``None``.
@@ -32,11 +35,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 from xdsl.ir import Operation, SSAValue
 
-from tessera.errors import IRError
+from tessera.errors import ExecutionError, IRError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.grad_builder import GradBuilder
-from tessera.ir.sharding import Sharding
+from tessera.ir.sharding import MeshLike, Sharding
 from tessera.ir.sharding_rules import Rule, ShardingRule
 
 if TYPE_CHECKING:
@@ -85,6 +88,24 @@ as integer indices). Rules build the backward ops with ``b``."""
 Reference = Callable[..., Any]  # fn(op, *torch tensors) -> tensor or tuple of tensors
 
 
+Position = Callable[[Sequence[str]], int]  # a rank's index along mesh axes (major first)
+
+
+@dataclass(frozen=True)
+class RankReference:
+    """The reference of an op whose value differs per rank (``graph.axis_index``):
+    ``at(op, position)`` is its function of the operand tensors on the rank whose index
+    along mesh axes is ``position(axes)``. There is no rank in the global view: called
+    like another op's reference, it raises ExecutionError."""
+
+    at: Callable[[Any, Position], Callable[..., Any]]
+
+    def __call__(self, op: graph.GraphOp, *operands: Any) -> Any:
+        raise ExecutionError(
+            f"{op.name} has a value per rank: it runs only in a partitioned (per-rank) program"
+        )
+
+
 @dataclass(frozen=True)
 class LayoutTransition:
     """The layout a collective or a sharding constraint leaves, from its operand's."""
@@ -108,6 +129,12 @@ class IndexMap:
 
 
 @dataclass(frozen=True)
+class RankIndexMap(IndexMap):
+    """An index map that reads this rank's position along the op's ``axes``
+    (``Evaluator.positions``: the kernel takes it as an ``i32`` argument)."""
+
+
+@dataclass(frozen=True)
 class RowReduction:
     """A row reduction's tile code, for the row kernel (``codegen.kernels.lower_reduction``):
     ``fn(ev, op, x, mask, width) -> value`` with ``x`` the operand's block of rows."""
@@ -122,7 +149,22 @@ class Kernel:
     name: str
 
 
-Tile = Pointwise | IndexMap | RowReduction | Kernel | NotApplicable
+@dataclass(frozen=True)
+class Partition:
+    """An op's per-rank form for ``shard-partition``, when the layouts of its operands
+    split a factor it reduces internally (a ``STATISTIC`` factor, a gathered axis):
+    ``fn(b, op, layouts, mesh) -> value or None``. ``b`` builds ops before ``op``, whose
+    operands are already local (per-rank types); ``layouts`` are the operands' global
+    shardings. The value replaces the op's result and takes its sharding annotation;
+    None keeps the op (nothing it reduces is split)."""
+
+    fn: Callable[[GradBuilder, Any, Sequence[Sharding], MeshLike], SSAValue | None]
+
+
+LOCAL: Final = NotApplicable("every rank computes the op on its local operands")
+
+
+Tile = Pointwise | IndexMap | RankIndexMap | RowReduction | Kernel | NotApplicable
 
 
 @dataclass(frozen=True)
@@ -136,6 +178,7 @@ class OpDef:
     reference: Reference
     tile: Tile
     fusion: Fusion
+    partition: Partition | NotApplicable = LOCAL
 
     @property
     def shape_rule(self) -> Callable[..., Any]:
@@ -160,10 +203,18 @@ def register(
     reference: Reference,
     tile: Tile,
     fusion: Fusion,
+    partition: Partition | NotApplicable = LOCAL,
 ) -> None:
-    """Declares the :class:`OpDef` of ``op_types`` (every field is required)."""
+    """Declares the :class:`OpDef` of ``op_types`` (every field but ``partition``, which
+    most ops leave :data:`LOCAL`, is required)."""
     given = dict(
-        sharding=sharding, partial=partial, vjp=vjp, reference=reference, tile=tile, fusion=fusion
+        sharding=sharding,
+        partial=partial,
+        vjp=vjp,
+        reference=reference,
+        tile=tile,
+        fusion=fusion,
+        partition=partition,
     )
     unset = [name for name in _FIELDS if given[name] is None]
     names = ", ".join(t.name for t in op_types)

@@ -3,15 +3,18 @@
 Runs after ``insert-collectives``. Every value's type becomes its per-rank (local) type
 (``Sharding.local_shape``), the function is marked ``graph.partitioned`` so collectives
 verify with local semantics, and ops whose attributes name global sizes are localised
-(a slice's bounds on split dims). A normalisation whose normalised axis is split does
-not gather the tensor: it is expanded into local statistics, an all-reduce of those
-small statistics, and local elementwise math:
+(a slice's bounds on split dims). An op whose operands' layouts split a factor it
+reduces internally does not gather them: its registered :class:`~tessera.ops.Partition`
+rewrites it into local work and all-reduces of small values, for example
 
-- softmax: ``m = all_reduce_max(max(x))``, ``s = all_reduce_sum(sum(exp(x - m)))``,
-  ``exp(x - m) / s`` (log_softmax: ``x - m - log(s)``);
-- layer_norm: ``mean = all_reduce_mean(mean(x))``, ``var = all_reduce_mean(mean(d*d))``
-  with ``d = x - mean``, then ``d * rsqrt(var + eps)``;
-- rms_norm: ``x * rsqrt(all_reduce_mean(mean(x*x)) + eps)``.
+- softmax over a split axis: ``m = all_reduce_max(max(x))``,
+  ``s = all_reduce_sum(sum(exp(x - m)))``, ``exp(x - m) / s`` (layer_norm, rms_norm and
+  log_softmax likewise, see ``tessera.ops.normalization``);
+- cross_entropy over split classes: the row max, the sum of exponentials and the
+  label's logit (picked on the rank holding it) are the all-reduced statistics;
+- gather along a split axis (a vocabulary-parallel embedding): each rank looks up the
+  indices in its slice (``graph.axis_index`` gives its offset), zero rows elsewhere: a
+  partial sum, which ``insert-collectives`` already resolves where it is consumed.
 
 ``graph.sharding`` annotations stay, describing how each local value sits in the global.
 """
@@ -23,20 +26,20 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, FunctionType, ModuleOp, UnitAttr
+from xdsl.dialects.builtin import FunctionType, ModuleOp, UnitAttr
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
-from tessera.errors import ShardingError
+from tessera.errors import IRError, ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.attr_values import to_attr
-from tessera.ir.graph_emitter import GraphEmitter
+from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.sharding import Sharding, arg_sharding, op_shardings
-from tessera.ops import Fusion, fusion_of
+from tessera.ops import Partition, lookup
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class _Partitioner:
     def __init__(self, mesh: Mesh, function: func.FuncOp):
         self.mesh = mesh
         self.function = function
+        self.layouts: dict[SSAValue, Sharding] = {}  # global layouts, for Partition rules
 
     def local(self, value: SSAValue, sharding: Sharding) -> AbstractTensor:
         typ = aval(value)
@@ -63,7 +67,8 @@ class _Partitioner:
         block = self.function.body.block
         for index, arg in enumerate(block.args):
             sharding = arg_sharding(self.function, index) or Sharding.replicated(aval(arg).rank)
-            Rewriter.replace_value_with_new_type(arg, self.local(arg, sharding).to_xdsl())
+            local = Rewriter.replace_value_with_new_type(arg, self.local(arg, sharding).to_xdsl())
+            self.layouts[local] = sharding
         for op in list(block.ops):
             if isinstance(op, func.ReturnOp):
                 continue
@@ -79,13 +84,11 @@ class _Partitioner:
         self.function.function_type = FunctionType.from_lists(arg_types, result_types)
 
     def _localize(self, op: Operation, shardings: Sequence[Sharding]) -> None:
-        if fusion_of(op) is Fusion.NORMALIZATION:  # statistics over a split axis
-            split = self._split_axes(op, shardings[0])
-            if split and aval(op.operands[0]).size:  # an empty tensor has no statistics
-                self._expand_normalization(op, shardings[0], split)
-                return
+        if self._expand(op, shardings):
+            return
         for result, sharding in zip(list(op.results), shardings, strict=True):
-            Rewriter.replace_value_with_new_type(result, self.local(result, sharding).to_xdsl())
+            local = Rewriter.replace_value_with_new_type(result, self.local(result, sharding).to_xdsl())
+            self.layouts[local] = sharding
         if isinstance(op, graph.SliceOp):  # only whole dims can be split: clip them
             attrs = op.attrs()
             limits = [
@@ -94,58 +97,28 @@ class _Partitioner:
             ]
             op.properties["limits"] = to_attr(limits)
 
-    def _split_axes(self, op: graph.GraphOp, sharding: Sharding) -> tuple[str, ...]:
-        attrs = op.attrs()
-        axes = attrs["axes"] if "axes" in attrs else (attrs["axis"],)
-        return tuple(a for d in axes for a in sharding.dims[d])
-
-    def _expand_normalization(
-        self, op: graph.GraphOp, sharding: Sharding, mesh_axes: tuple[str, ...]
-    ) -> None:
-        attrs = op.attrs()
-        axes = tuple(attrs["axes"]) if "axes" in attrs else (attrs["axis"],)
-        x = op.operands[0]  # already local: operands are rewritten before their users
-        emit = _Emitter(op)
-
-        def stat(kind: type[graph.GraphOp], value: SSAValue, reduce: str) -> SSAValue:
-            local = emit(kind, [value], axes=axes, keepdims=True)
-            return emit(graph.AllReduceOp, [local], axes=mesh_axes, kind=reduce)
-
-        if isinstance(op, (graph.SoftmaxOp, graph.LogSoftmaxOp)):
-            peak = stat(graph.MaxOp, x, "max")
-            shifted = emit(graph.SubOp, [x, peak])
-            exps = emit(graph.ExpOp, [shifted])
-            total = stat(graph.SumOp, exps, "sum")
-            if isinstance(op, graph.SoftmaxOp):
-                result = emit(graph.DivOp, [exps, total])
-            else:
-                result = emit(graph.SubOp, [shifted, emit(graph.LogOp, [total])])
-        else:
-            eps = emit.scalar(attrs["eps"], aval(x))
-            if isinstance(op, graph.LayerNormOp):
-                centered = emit(graph.SubOp, [x, stat(graph.MeanOp, x, "mean")])
-                variance = stat(graph.MeanOp, emit(graph.MulOp, [centered, centered]), "mean")
-                result = emit(
-                    graph.MulOp,
-                    [centered, emit(graph.RsqrtOp, [emit(graph.AddOp, [variance, eps])])],
-                )
-            else:
-                square_mean = stat(graph.MeanOp, emit(graph.MulOp, [x, x]), "mean")
-                result = emit(
-                    graph.MulOp, [x, emit(graph.RsqrtOp, [emit(graph.AddOp, [square_mean, eps])])]
-                )
-        op.results[0].replace_all_uses_with(result)
-        result.owner.attributes.update(op.attributes)
+    def _expand(self, op: Operation, shardings: Sequence[Sharding]) -> bool:
+        """Replaces ``op`` by its registered per-rank form, if it has one for its operands'
+        layouts (see :class:`~tessera.ops.Partition`); whether it did."""
+        found = lookup(op)
+        if found is None or not isinstance(found.partition, Partition):
+            return False
+        layouts = [
+            self.layouts.get(v) or Sharding.replicated(aval(v).rank) for v in op.operands
+        ]
+        (result,) = op.results
+        (sharding,) = shardings
+        expected = self.local(result, sharding)
+        replacement = found.partition.fn(GradBuilder(InsertPoint.before(op)), op, layouts, self.mesh)
+        if replacement is None:
+            return False
+        if aval(replacement) != expected:
+            raise IRError(
+                f"shard-partition: the per-rank form of {op.name} gives {aval(replacement)}, "
+                f"expected {expected}"
+            )
+        result.replace_all_uses_with(replacement)
+        replacement.owner.attributes.update(op.attributes)  # type: ignore[union-attr]
+        self.layouts[replacement] = sharding
         Rewriter.erase_op(op)
-
-
-class _Emitter(GraphEmitter):
-    """A GraphEmitter with the constant helpers the partitioned ops need."""
-
-    def scalar(self, value: float, like: AbstractTensor) -> SSAValue:
-        dense = DenseIntOrFPElementsAttr.from_list(
-            AbstractTensor((), like.dtype).to_xdsl(), [value]
-        )
-        op = graph.build(graph.ConstantOp, [], value=dense)
-        Rewriter.insert_op(op, InsertPoint.before(self.anchor))
-        return op.results[0]
+        return True

@@ -218,6 +218,7 @@ UNARY = {
     "sigmoid": (graph.SigmoidOp, op.sigmoid, torch.sigmoid, None),
     "silu": (graph.SiluOp, op.silu, F.silu, None),
     "erf": (graph.ErfOp, op.erf, torch.erf, None),
+    "stop_gradient": (graph.StopGradientOp, op.stop_gradient, lambda x: x, None),
     "gelu": (graph.GeluOp, op.gelu, F.gelu, None),
     "gelu_tanh": (
         graph.GeluOp,
@@ -463,6 +464,32 @@ def test_all_slice_uses_the_rank_argument(dim: int) -> None:
         position, size = KernelContext(mesh, rank).position(("tp",))
         ref = (x.double() * 2.0).chunk(size, dim)[position]
         assert_close(out, ref, F32_POINTWISE, f"rank {rank}")
+
+
+def test_axis_index_is_the_rank_argument() -> None:
+    """A vocabulary-parallel lookup (the table's rows split over tp): each rank's kernel
+    reads its position along tp (graph.axis_index, the i32 rank argument) for the offset
+    of its rows and zeroes the rows it does not hold; the partial results sum to the
+    lookup."""
+    mesh = dist.Mesh(axes=["dp", "tp"], shape=(2, 2))
+    rows = dist.ShardSpec(partition=(0,), mesh_axes=("tp",))
+    whole = dist.ShardSpec(partition=(), mesh_axes=())
+    table, ids = randn((64, 5), 3), torch.tensor([0, 63, -1, 31, 32, -64])
+    compiled = compile_fn(
+        lambda t, i: op.embedding(i, t),
+        table,
+        ids,
+        covers=graph.AxisIndexOp,
+        mesh=mesh,
+        in_shardings=(rows, whole),
+        out_shardings=whole,
+    )
+    assert any("positions" in k.attributes for k in compiled.tile_kernels())
+    pieces = table.chunk(2)
+    rank_args = [[pieces[KernelContext(mesh, r).position(("tp",))[0]], ids] for r in range(mesh.size)]
+    per_rank = compiled.run([table, ids], mesh, rank_args)
+    for rank, (out,) in enumerate(per_rank):
+        assert_close(out, table.double()[ids], F32_POINTWISE, f"rank {rank}")
 
 
 # --- row reductions -----------------------------------------------------------------------

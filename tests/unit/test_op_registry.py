@@ -6,7 +6,7 @@ reason), never left out: ``register`` rejects a missing or None field.
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
 import pytest
 from xdsl.irdl import irdl_op_definition
@@ -16,6 +16,7 @@ from tessera.ir import graph
 from tessera.ir.graph import Graph
 from tessera.ir.sharding_rules import elementwise
 from tessera.ops import (
+    LOCAL,
     NOT_LINEAR,
     Fusion,
     IndexMap,
@@ -23,7 +24,10 @@ from tessera.ops import (
     LayoutTransition,
     NotApplicable,
     OpDef,
+    Partition,
     Pointwise,
+    RankIndexMap,
+    RankReference,
     RowReduction,
     op_def,
     register,
@@ -35,6 +39,7 @@ from tessera.ops.collective import CollectiveReference, on_group
 STRUCTURAL = {graph.MeshOp: "a module-level symbol naming the device mesh; it has no value"}
 
 FIELDS = [f.name for f in fields(OpDef) if f.name != "op_type"]
+REQUIRED = [f.name for f in fields(OpDef) if f.name != "op_type" and f.default is MISSING]
 COMPLETE = dict(
     sharding=elementwise,
     partial=NOT_LINEAR,
@@ -109,7 +114,7 @@ def test_elementwise_ops_have_tile_code_and_reference() -> None:
         assert callable(definition.reference), op_type.name
 
 
-@pytest.mark.parametrize("field", FIELDS)
+@pytest.mark.parametrize("field", REQUIRED)
 def test_register_rejects_an_omitted_field(field: str) -> None:
     given = {k: v for k, v in COMPLETE.items() if k != field}
     with pytest.raises(TypeError, match=field):
@@ -117,6 +122,26 @@ def test_register_rejects_an_omitted_field(field: str) -> None:
     with pytest.raises(TypeError, match=field):
         register(ProbeOp, **given, **{field: None})  # type: ignore[arg-type]
     assert ProbeOp not in registered()
+
+
+def test_partition_defaults_to_local_and_rejects_none() -> None:
+    """Most ops compute their local slice like the global op (LOCAL); a Partition is
+    declared where a split factor needs a per-rank rewrite; None is never a value."""
+    assert [f for f in FIELDS if f != "partition"] == REQUIRED
+    with pytest.raises(TypeError, match="partition"):
+        register(ProbeOp, **COMPLETE, partition=None)  # type: ignore[arg-type]
+    assert ProbeOp not in registered()
+    assert op_def(graph.AddOp).partition is LOCAL
+    expanded = {t for t, d in registered().items() if isinstance(d.partition, Partition)}
+    assert {graph.GatherOp, graph.CrossEntropyOp, graph.SoftmaxOp, graph.LayerNormOp} <= expanded
+
+
+def test_per_rank_ops_read_the_rank_position() -> None:
+    """axis_index and all_slice depend on the rank: their tile code reads its position
+    (a kernel argument); axis_index has no value without a rank."""
+    for op_type in (graph.AxisIndexOp, graph.AllSliceOp):
+        assert isinstance(op_def(op_type).tile, RankIndexMap), op_type.name
+    assert isinstance(op_def(graph.AxisIndexOp).reference, RankReference)
 
 
 def test_register_rejects_a_second_definition() -> None:

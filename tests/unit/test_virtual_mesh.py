@@ -411,3 +411,38 @@ def test_error_for_a_broadcast_source_outside_the_group():
     module = collective_module(mesh, "broadcast", ("x",), {"src": 4}, (2,))
     with pytest.raises(ExecutionError, match="source index 4 is outside the group of 4"):
         run_partitioned(module, "f", mesh, [[torch.zeros(2)]] * 4)
+
+
+@pytest.mark.parametrize("axes", [("tp",), ("dp",), ("dp", "tp"), ("tp", "dp")])
+def test_axis_index_is_each_ranks_position(axes: tuple[str, ...]) -> None:
+    """graph.axis_index on every rank (the graph-level oracle and the scheduled program's
+    reference kernels) is the rank's position in its group along ``axes``, major first:
+    the numpy model's column index of the rank."""
+    from tessera.backends.launch_plan import run_virtual
+    from tessera.backends.schedule_runner import reference_kernel
+    from tessera.passes.lower_graph_to_schedule import LowerGraphToSchedulePass
+
+    mesh = Mesh(["dp", "tp"], (2, 3))
+    module = parse(f"""
+{mesh_decl(mesh)}
+func.func @f(%x: tensor<2xi32>) -> tensor<2xi32> attributes {{graph.partitioned}} {{
+  %r = graph.axis_index {{axes = [{", ".join(axes)}]}} : tensor<i32>
+  %y = graph.add %x, %r : tensor<2xi32>, tensor<i32> -> tensor<2xi32>
+  func.return %y : tensor<2xi32>
+}}""")
+    groups = np_groups(mesh, axes)
+    expected = {int(rank): position for group in groups for position, rank in enumerate(group)}
+    args = [[torch.tensor([10, 20], dtype=torch.int32)] for _ in range(mesh.size)]
+    scheduled = module.clone()
+    LowerGraphToSchedulePass().apply(Context(), scheduled)
+    for per_rank in (run_partitioned(module, "f", mesh, args), run_virtual(scheduled, "f", mesh, args, reference_kernel)):
+        for rank, (y,) in enumerate(per_rank):
+            assert y.tolist() == [10 + expected[rank], 20 + expected[rank]], (axes, rank)
+
+
+def test_axis_index_has_no_value_in_the_global_view() -> None:
+    from tessera.ir import graph
+    from tessera.ops import op_def
+
+    with pytest.raises(ExecutionError, match=r"graph\.axis_index has a value per rank"):
+        op_def(graph.AxisIndexOp).reference(graph.AxisIndexOp.create(result_types=[], properties={}))

@@ -34,5 +34,22 @@ func.func @unused(%x: tensor<2xf32>, %y: tensor<2xf32>) -> tensor<f32> {
   func.return %s : tensor<f32>
 }
 
+// -----
+
+// No gradient flows through graph.stop_gradient: x's gradient is only the direct term
+// (the stopped path's tanh gets no cotangent, so no backward op reads it).
+// CHECK-LABEL: func.func @stopped_grad
+// CHECK:         %[[T:.*]] = graph.tanh %x
+// CHECK:         %[[STOP:.*]] = graph.stop_gradient %[[T]]
+// CHECK-NOT:     graph.mul %[[T]], %[[T]]
+// CHECK:         func.return
+func.func @stopped(%x: tensor<4xf32>) -> tensor<f32> {
+  %t = graph.tanh %x : tensor<4xf32>
+  %c = graph.stop_gradient %t : tensor<4xf32>
+  %p = graph.mul %x, %c : tensor<4xf32>
+  %s = graph.sum %p {axes = [0], keepdims = false} : tensor<4xf32> -> tensor<f32>
+  func.return %s : tensor<f32>
+}
+
 // The loss must be a float scalar.
 // ERR: error: autodiff: @vector_grad: the loss (first result) must be a float scalar to differentiate, found tensor<2xf32>

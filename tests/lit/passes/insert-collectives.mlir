@@ -500,3 +500,62 @@ func.func @slice_before_reduce(%x: tensor<64x512xf32> {graph.sharding = #graph.s
   %z = graph.shard %y {sharding = #graph.sharding<@mesh, [[dp, tp], []]>} : tensor<64x64xf32>
   func.return %z : tensor<64x64xf32>
 }
+
+// -----
+
+// Vocab-parallel lookup: the partial lookup is all-reduced over tp (the 8x16 result, not
+// the 64x16 table), or reduce-scattered straight into a consumer's tp-split layout.
+// CHECK-LABEL: func.func @vocab_parallel_embedding
+// CHECK-NOT:     graph.all_gather
+// CHECK:         %[[E:.*]] = graph.gather
+// CHECK-NEXT:    graph.all_reduce %[[E]] {axes = [tp], kind = sum}
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @vocab_parallel_embedding(%t: tensor<64x16xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
+                                    %i: tensor<8xi64> {graph.sharding = #graph.sharding<@mesh, [[dp]]>}) -> tensor<8x16xf32> {
+  %e = graph.gather %t, %i {axis = 0} : tensor<64x16xf32>, tensor<8xi64> -> tensor<8x16xf32>
+  func.return %e : tensor<8x16xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @vocab_parallel_embedding_scattered
+// CHECK-NOT:     graph.all_gather
+// CHECK:         %[[E:.*]] = graph.gather
+// CHECK-NEXT:    graph.reduce_scatter %[[E]] {axes = [tp], dim = 0, kind = sum} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp], []]>}
+// CHECK-NOT:     graph.all_reduce
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @vocab_parallel_embedding_scattered(%t: tensor<64x16xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
+                                              %i: tensor<8xi64>) -> tensor<8x16xf32> {
+  %e = graph.gather %t, %i {axis = 0} : tensor<64x16xf32>, tensor<8xi64> -> tensor<8x16xf32>
+  %s = graph.shard %e {sharding = #graph.sharding<@mesh, [[tp], []]>} : tensor<8x16xf32>
+  func.return %s : tensor<8x16xf32>
+}
+
+// -----
+
+// A table small next to the lookup is still gathered: all-gathering 4x16 costs less than
+// all-reducing the 64x16 result (the cost model decides, not the rule).
+// CHECK-LABEL: func.func @small_table
+// CHECK:         graph.all_gather %{{.*}} {axes = [tp], dim = 0}
+// CHECK-NOT:     graph.all_reduce
+graph.mesh @mesh axes = [tp = 4]
+func.func @small_table(%t: tensor<4x16xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
+                       %i: tensor<64xi64>) -> tensor<64x16xf32> {
+  %e = graph.gather %t, %i {axis = 0} : tensor<4x16xf32>, tensor<64xi64> -> tensor<64x16xf32>
+  func.return %e : tensor<64x16xf32>
+}
+
+// -----
+
+// Vocab-parallel cross-entropy: no gather of the logits; the loss's mean over dp-split
+// rows is all-reduced over dp (the statistics over tp are shard-partition's).
+// CHECK-LABEL: func.func @vocab_parallel_cross_entropy
+// CHECK-NOT:     graph.all_gather
+// CHECK:         %[[C:.*]] = graph.cross_entropy
+// CHECK-NEXT:    graph.all_reduce %[[C]] {axes = [dp], kind = mean}
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @vocab_parallel_cross_entropy(%x: tensor<8x64xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], [tp]]>},
+                                        %l: tensor<8xi64> {graph.sharding = #graph.sharding<@mesh, [[dp]]>}) -> tensor<f32> {
+  %c = graph.cross_entropy %x, %l {reduction = mean} : tensor<8x64xf32>, tensor<8xi64> -> tensor<f32>
+  func.return %c : tensor<f32>
+}

@@ -329,3 +329,71 @@ func.func @reduce_over_split_dim(%x: tensor<8x16xf32> {graph.sharding = #graph.s
   %s = graph.sum %x {axes = [0], keepdims = false} : tensor<8x16xf32> -> tensor<16xf32>
   func.return %s : tensor<16xf32>
 }
+
+// -----
+
+// Vocab-parallel lookup (Megatron's VocabParallelEmbedding): each tp rank holds 16 of the
+// 64 rows; its offset is axis_index(tp) * 16; negative ids wrap over the whole 64 rows;
+// ids outside the rank's rows are clamped for the local lookup and their rows zeroed.
+// The partial rows are all-reduced over tp.
+// CHECK-LABEL: func.func @vocab_parallel_embedding
+// CHECK-SAME:    %[[T:[^:]*]]: tensor<16x16xf32>
+// CHECK-SAME:    %[[I:[^:]*]]: tensor<4xi64>
+// CHECK-NEXT:    %[[R:.*]] = graph.axis_index {axes = [tp]} : tensor<i32>
+// CHECK-NEXT:    %[[R64:.*]] = graph.cast %[[R]] : tensor<i32> -> tensor<i64>
+// CHECK-NEXT:    %[[N:.*]] = graph.constant dense<16> : tensor<i64>
+// CHECK-NEXT:    %[[OFFSET:.*]] = graph.mul %[[R64]], %[[N]] : tensor<i64>
+// CHECK:         %[[V:.*]] = graph.constant dense<64> : tensor<i64>
+// CHECK:         %[[WRAPPED:.*]] = graph.select
+// CHECK-NEXT:    %[[LOCAL:.*]] = graph.sub %[[WRAPPED]], %[[OFFSET]] : tensor<4xi64>, tensor<i64> -> tensor<4xi64>
+// CHECK:         %[[LOW:.*]] = graph.maximum %[[LOCAL]]
+// CHECK:         %[[LAST:.*]] = graph.constant dense<15> : tensor<i64>
+// CHECK-NEXT:    %[[INSIDE:.*]] = graph.minimum %[[LOW]], %[[LAST]]
+// CHECK-NEXT:    %[[HELD:.*]] = graph.compare %[[INSIDE]], %[[LOCAL]] {predicate = eq}
+// CHECK-NEXT:    %[[ROWS:.*]] = graph.gather %[[T]], %[[INSIDE]] {axis = 0} : tensor<16x16xf32>, tensor<4xi64> -> tensor<4x16xf32>
+// CHECK-NEXT:    %[[HELD2:.*]] = graph.reshape %[[HELD]] : tensor<4xi1> -> tensor<4x1xi1>
+// CHECK-NEXT:    %[[ZERO:.*]] = graph.constant dense<0.000000e+00> : tensor<f32>
+// CHECK-NEXT:    %[[E:.*]] = graph.select %[[HELD2]], %[[ROWS]], %[[ZERO]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}dp], []], partial = sum[tp]>}
+// CHECK-NEXT:    %[[OUT:.*]] = graph.all_reduce %[[E]] {axes = [tp], kind = sum}
+// CHECK-NEXT:    func.return %[[OUT]] : tensor<4x16xf32>
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @vocab_parallel_embedding(%t: tensor<64x16xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
+                                    %i: tensor<8xi64> {graph.sharding = #graph.sharding<@mesh, [[dp]]>}) -> tensor<8x16xf32> {
+  %e = graph.gather %t, %i {axis = 0} : tensor<64x16xf32>, tensor<8xi64> -> tensor<8x16xf32>
+  func.return %e : tensor<8x16xf32>
+}
+
+// -----
+
+// Vocab-parallel cross-entropy (Megatron): per row, the max, the sum of exponentials and
+// the label's logit (picked on the rank holding the label: label - axis_index(tp) * 16
+// against the local iota) are the all-reduced 4x1 statistics; the 4x16 logits never move.
+// CHECK-LABEL: func.func @vocab_parallel_cross_entropy
+// CHECK-SAME:    %[[X:[^:]*]]: tensor<4x16xf32>
+// CHECK-SAME:    %[[L:[^:]*]]: tensor<4xi64>
+// CHECK-NOT:     graph.all_gather
+// CHECK:         %[[M:.*]] = graph.max %[[X]] {axes = [1], keepdims = true} : tensor<4x16xf32> -> tensor<4x1xf32>
+// CHECK-NEXT:    %[[MR:.*]] = graph.all_reduce %[[M]] {axes = [tp], kind = max} : tensor<4x1xf32>
+// CHECK-NEXT:    %[[D:.*]] = graph.sub %[[X]], %[[MR]]
+// CHECK-NEXT:    %[[E:.*]] = graph.exp %[[D]]
+// CHECK-NEXT:    %[[S:.*]] = graph.sum %[[E]] {axes = [1], keepdims = true}
+// CHECK-NEXT:    %[[SR:.*]] = graph.all_reduce %[[S]] {axes = [tp], kind = sum} : tensor<4x1xf32>
+// CHECK-NEXT:    %[[R:.*]] = graph.axis_index {axes = [tp]} : tensor<i32>
+// CHECK:         %[[LOCAL:.*]] = graph.sub %[[L]], %{{.*}} : tensor<4xi64>, tensor<i64> -> tensor<4xi64>
+// CHECK:         %[[HIT:.*]] = graph.compare %{{.*}}, %{{.*}} {predicate = eq} : tensor<4x1xi64>, tensor<1x16xi64> -> tensor<4x16xi1>
+// CHECK:         %[[PICK:.*]] = graph.select %[[HIT]], %[[X]], %{{.*}}
+// CHECK-NEXT:    %[[P:.*]] = graph.sum %[[PICK]] {axes = [1], keepdims = true}
+// CHECK-NEXT:    %[[PR:.*]] = graph.all_reduce %[[P]] {axes = [tp], kind = sum} : tensor<4x1xf32>
+// CHECK-NEXT:    %[[LOG:.*]] = graph.log %[[SR]]
+// CHECK-NEXT:    %[[LSE:.*]] = graph.add %[[MR]], %[[LOG]]
+// CHECK-NEXT:    %[[LOSS:.*]] = graph.sub %[[LSE]], %[[PR]]
+// CHECK-NEXT:    %[[ROWS:.*]] = graph.reshape %[[LOSS]] : tensor<4x1xf32> -> tensor<4xf32>
+// CHECK-NEXT:    %[[MEAN:.*]] = graph.mean %[[ROWS]] {axes = [0], keepdims = false} attributes {graph.sharding = #graph.sharding<@mesh, [], partial = mean[dp]>}
+// CHECK-NEXT:    %[[OUT:.*]] = graph.all_reduce %[[MEAN]] {axes = [dp], kind = mean}
+// CHECK-NEXT:    func.return %[[OUT]] : tensor<f32>
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @vocab_parallel_cross_entropy(%x: tensor<8x64xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], [tp]]>},
+                                        %l: tensor<8xi64> {graph.sharding = #graph.sharding<@mesh, [[dp]]>}) -> tensor<f32> {
+  %c = graph.cross_entropy %x, %l {reduction = mean} : tensor<8x64xf32>, tensor<8xi64> -> tensor<f32>
+  func.return %c : tensor<f32>
+}

@@ -431,3 +431,31 @@ func.func @partial_dropped_by_nonlinear_ops(%x: tensor<16x64xf32> {graph.shardin
   %n = graph.neg %mx : tensor<32xf32>
   func.return %e, %a, %m, %n : tensor<16x32xf32>, tensor<16x32xf32>, tensor<16x32xf32>, tensor<32xf32>
 }
+
+// -----
+
+// Vocab-parallel lookup: the table split over tp on the vocabulary (the gathered axis, a
+// sum-reduction factor) gives a result partial over tp (each rank looks up the rows it
+// holds); dp on the ids rides along. The table is not gathered.
+// CHECK-LABEL: func.func @vocab_parallel_embedding
+// CHECK:         graph.gather %{{.*}}, %{{.*}} {axis = 0} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}dp], []], partial = sum[tp]>}
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @vocab_parallel_embedding(%t: tensor<64x16xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
+                                    %i: tensor<8xi64> {graph.sharding = #graph.sharding<@mesh, [[dp]]>}) -> tensor<8x16xf32> {
+  %e = graph.gather %t, %i {axis = 0} : tensor<64x16xf32>, tensor<8xi64> -> tensor<8x16xf32>
+  func.return %e : tensor<8x16xf32>
+}
+
+// -----
+
+// Vocab-parallel cross-entropy: the class dim split over tp is a statistic (reduced inside
+// the op), so the loss is not partial over tp; the mean over dp-split rows is partial
+// (mean) over dp.
+// CHECK-LABEL: func.func @vocab_parallel_cross_entropy
+// CHECK:         graph.cross_entropy %{{.*}}, %{{.*}} {reduction = mean} attributes {graph.sharding = #graph.sharding<@mesh, [], partial = mean[dp]>}
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @vocab_parallel_cross_entropy(%x: tensor<8x64xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], [tp]]>},
+                                        %l: tensor<8xi64> {graph.sharding = #graph.sharding<@mesh, [[dp]]>}) -> tensor<f32> {
+  %c = graph.cross_entropy %x, %l {reduction = mean} : tensor<8x64xf32>, tensor<8xi64> -> tensor<f32>
+  func.return %c : tensor<f32>
+}

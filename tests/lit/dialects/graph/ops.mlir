@@ -19,7 +19,8 @@
 // CHECK-NEXT: %[[RSQRT:.*]] = graph.rsqrt %[[SQRT]] : tensor<4x8xf32>{{$}}
 // CHECK-NEXT: %[[SILU:.*]] = graph.silu %[[RSQRT]] : tensor<4x8xf32>{{$}}
 // CHECK-NEXT: %[[SIG:.*]] = graph.sigmoid %[[SILU]] : tensor<4x8xf32>{{$}}
-// CHECK-NEXT: func.return %[[SIG]] : tensor<4x8xf32>{{$}}
+// CHECK-NEXT: %[[STOP:.*]] = graph.stop_gradient %[[SIG]] : tensor<4x8xf32>{{$}}
+// CHECK-NEXT: func.return %[[STOP]] : tensor<4x8xf32>{{$}}
 func.func @unary_float(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
   %neg = graph.neg %x : tensor<4x8xf32>
   %abs = graph.abs %neg : tensor<4x8xf32>
@@ -31,7 +32,8 @@ func.func @unary_float(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
   %rsqrt = graph.rsqrt %sqrt : tensor<4x8xf32>
   %silu = graph.silu %rsqrt : tensor<4x8xf32>
   %sig = graph.sigmoid %silu : tensor<4x8xf32>
-  func.return %sig : tensor<4x8xf32>
+  %stop = graph.stop_gradient %sig : tensor<4x8xf32>
+  func.return %stop : tensor<4x8xf32>
 }
 
 
