@@ -59,7 +59,8 @@ def _rule(backward: bool) -> Rule:
             out = [q_dims, k_dims, v_dims]
         else:
             dims, out = [q_dims, k_dims, v_dims, *positions], [o_dims, row_dims]
-        return b.rule(dims, out, "sum", positions=((rows, first), (keys, first + 1)))
+        positions = ((rows, first), (keys, first + 1)) if attrs["causal"] else ()
+        return b.rule(dims, out, "sum", positions)
 
     rule.__doc__ = (
         "Batch and heads parallel, query rows "
@@ -83,11 +84,10 @@ def _grouped(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.repeat_interleave(heads // t.shape[-3], dim=-3)
 
 
-def _probabilities(
+def _scores(
     op: graph.GraphOp, q: torch.Tensor, k: torch.Tensor, positions: tuple[torch.Tensor, ...]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``softmax`` of the masked, scaled scores and their log-sum-exp (-inf, with
-    probabilities 0, for a row that sees no key)."""
+) -> torch.Tensor:
+    """``scale · q kᵀ``, -inf where the causal mask hides a key."""
     attrs = op.attrs()
     scores = q @ k.transpose(-1, -2) * attrs["scale"]
     if attrs["causal"]:
@@ -95,9 +95,13 @@ def _probabilities(
         rows = torch.arange(q.shape[-2]) + q0
         cols = torch.arange(k.shape[-2]) + k0
         scores = scores.masked_fill(rows[:, None] < cols[None, :], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
+    return scores
+
+
+def _probabilities(scores: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """``exp(scores - lse)``: 0 in a row that sees no key (``lse = -inf``)."""
     shift = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
-    return torch.exp(scores - shift[..., None]), lse
+    return torch.exp(scores - shift[..., None])
 
 
 @bound
@@ -108,8 +112,9 @@ def _attention_reference(op: graph.AttentionOp) -> Callable[..., tuple[torch.Ten
         compute = _compute_dtype(q)
         heads = q.shape[-3] if q.dim() > 2 else 0
         qc, kc, vc = (t.to(compute) for t in (q, _grouped(k, heads), _grouped(v, heads)))
-        p, lse = _probabilities(op, qc, kc, positions)
-        return (p @ vc).to(q.dtype), lse
+        scores = _scores(op, qc, kc, positions)
+        lse = torch.logsumexp(scores, dim=-1)  # -inf for a row that sees no key
+        return (_probabilities(scores, lse) @ vc).to(q.dtype), lse
 
     return run
 
@@ -126,7 +131,8 @@ def _ungrouped(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def _attention_backward_reference(
     op: graph.AttentionBackwardOp,
 ) -> Callable[..., tuple[torch.Tensor, ...]]:
-    """``dv = pᵀ do``, ``ds = p (do vᵀ - delta)``, ``dq = scale · ds k``, ``dk = scale · dsᵀ q``."""
+    """With ``p = exp(scale · q kᵀ - lse)`` (masked): ``dv = pᵀ do``, ``ds = p (do vᵀ -
+    delta)``, ``dq = scale · ds k``, ``dk = scale · dsᵀ q``."""
     scale = op.attrs()["scale"]
 
     def run(
@@ -142,7 +148,7 @@ def _attention_backward_reference(
         heads = q.shape[-3] if q.dim() > 2 else 0
         qc, kc, vc = (t.to(compute) for t in (q, _grouped(k, heads), _grouped(v, heads)))
         doc = do.to(compute)
-        p, _ = _probabilities(op, qc, kc, positions)
+        p = _probabilities(_scores(op, qc, kc, positions), lse.to(compute))
         ds = p * (doc @ vc.transpose(-1, -2) - delta.to(compute)[..., None])
         dq = ds @ kc * scale
         dk = _ungrouped(ds.transpose(-1, -2) @ qc * scale, k)
