@@ -77,6 +77,7 @@ class _Partitioner:
         self.gathered: dict[tuple[SSAValue, Sharding], SSAValue] = {}  # context operands
         self.starts: dict[tuple[tuple[str, ...], int], SSAValue] = {}  # rank starts
         self.zero: SSAValue | None = None  # the 0 of position operands created here
+        self.sequence_rules: dict[Operation, ShardingRule] = {}
 
     def local(self, value: SSAValue, sharding: Sharding) -> AbstractTensor:
         typ = aval(value)
@@ -85,6 +86,12 @@ class _Partitioner:
 
     def run(self) -> None:
         block = self.function.body.block
+        # the rules with context factors or position operands, read while types are global
+        for op in block.ops:
+            if has_sharding_rule(op):
+                rule = sharding_rule(op)
+                if rule.has_context or rule.positions:
+                    self.sequence_rules[op] = rule
         for index, arg in enumerate(block.args):
             sharding = arg_sharding(self.function, index) or Sharding.replicated(aval(arg).rank)
             Rewriter.replace_value_with_new_type(arg, self.local(arg, sharding).to_xdsl())
@@ -108,11 +115,10 @@ class _Partitioner:
             if split and aval(op.operands[0]).size:  # an empty tensor has no statistics
                 self._expand_normalization(op, shardings[0], split)
                 return
-        if has_sharding_rule(op):
-            rule = sharding_rule(op)
-            if rule.has_context or rule.positions:
-                self._expand_sequences(op, rule, shardings)
-                return
+        rule = self.sequence_rules.get(op)
+        if rule is not None:
+            self._expand_sequences(op, rule, shardings)
+            return
         for result, sharding in zip(list(op.results), shardings, strict=True):
             Rewriter.replace_value_with_new_type(result, self.local(result, sharding).to_xdsl())
         if isinstance(op, graph.SliceOp):  # only whole dims can be split: clip them

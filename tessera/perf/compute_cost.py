@@ -7,7 +7,7 @@ the launch overhead:
                         bytes / (memory_bandwidth · memory_efficiency))
 
 - flops: ``2·m·n·k`` per matmul (times its batch); attention (a fused ``softmax(q kᵀ) v``
-  or ``graph.attention``) is its two matmuls, its backward five, halved when causal
+  or ``graph.attention``) is its two matmuls, its backward kernel seven, halved when causal
   (the kernels skip masked blocks); other ops are memory-bound, and their arithmetic is
   not counted.
 - bytes: what crosses the kernel's boundary, its inputs and outputs (a fused kernel keeps
@@ -37,11 +37,12 @@ def matmul_flops(op: graph.GraphOp) -> float:
 
 def attention_flops(op: graph.GraphOp) -> float:
     """The matmul FLOPs of ``graph.attention`` (``q kᵀ`` and ``p v``) or of its backward
-    (``q kᵀ`` again, ``do vᵀ``, ``pᵀ do``, ``dsᵀ q``, ``ds k``), halved when causal."""
+    kernel (``q kᵀ`` and ``do vᵀ`` in each of its two loops, ``pᵀ do``, ``dsᵀ q``, ``ds
+    k``: atomic-free, it recomputes two products), halved when causal."""
     q, v = aval(op.operands[0]), aval(op.operands[2])
     d, dv, keys = q.shape[-1], v.shape[-1], v.shape[-2]
-    # per query row: q kᵀ and p v forward; backward q kᵀ, dsᵀ q, ds k (D) and do vᵀ, pᵀ do (Dv)
-    per_row = 2.0 * keys * ((3 * d + 2 * dv) if isinstance(op, graph.AttentionBackwardOp) else d + dv)
+    backward = isinstance(op, graph.AttentionBackwardOp)
+    per_row = 2.0 * keys * ((4 * d + 3 * dv) if backward else d + dv)  # per query row
     flops = prod(q.shape[:-1]) * per_row
     return flops / 2 if op.attrs()["causal"] else flops
 
