@@ -240,3 +240,33 @@ def test_transformer_layer_trains_sequence_sharded() -> None:
     kinds = {(c.kind, c.mesh_axes) for c in step.lower(p, x).collectives()}
     assert ("all_gather", ("cp",)) in kinds and ("reduce_scatter", ("cp",)) in kinds
     assert not any(kind == "all_gather" and "dp" in axes for kind, axes in kinds)
+
+
+def test_the_cost_model_prices_the_expansion() -> None:
+    """shard-propagate's cost of attention_backward with q, k and v split over cp is what
+    its expansion moves: all-gathers of k and v ((cp-1) x the local block each) and
+    reduce-scatters of dk and dv ((cp-1)/cp of the whole each), received per rank; the
+    alternative (k and v gathered, dk and dv left partial) is dearer: an all-reduce."""
+    from tessera.analysis import op_sharding
+    from tessera.analysis.reduction_points import ReductionPoints
+    from tessera.ir import graph
+    from tessera.ir.reshard import ALPHA_BYTES
+    from tessera.ir.sharding import AxisSizes, Sharding
+    from tessera.ir.sharding_rules import FactorKind
+    from tessera.ops import sharding_rule
+
+    batch, heads, seq, dim, cp = 2, 2, 64, 8, 4
+    q, k, v, w = (t.float() for t in _inputs((batch, heads, seq, dim), 4))
+    lowered = ts.jit(ts.grad(_loss(True), argnums=(0, 1, 2))).lower(q, k, v, w)
+    function = next(iter(lowered.module_at("graph").ops))
+    (backward,) = [o for o in function.body.block.ops if isinstance(o, graph.AttentionBackwardOp)]
+    mesh = AxisSizes((("cp", cp),))
+    split, rows = Sharding(((), (), ("cp",), ())), Sharding(((), (), ("cp",)))
+    known = [split, split, split, split, rows, rows]
+    rule, points = sharding_rule(backward), ReductionPoints()
+    assignment = op_sharding.choose(backward, rule, known, mesh, points)
+    local = batch * heads * seq // cp * dim * 4  # one rank's block of k (f32)
+    expected = 2 * (local * (cp - 1) + ALPHA_BYTES) + 2 * (local * cp * (cp - 1) / cp + ALPHA_BYTES)
+    assert op_sharding._cost(backward, rule, assignment, known, mesh, points) == expected
+    without = {f: a for f, a in assignment.items() if rule.kind(f) is not FactorKind.CONTEXT}
+    assert op_sharding._cost(backward, rule, without, known, mesh, points) > expected
