@@ -252,3 +252,61 @@ def test_bad_inputs_are_errors_at_the_users_line() -> None:
     # mixed float dtypes promote as in torch; integers compute in float32
     out = _triton(lambda q, k: op.attention(q, k, k))(q, q.double())
     assert out.dtype == torch.float64
+
+
+# --- the interface ring attention builds on (issue 19, phase 2) -------------------------------
+
+
+def _positions(q0: int, k0: int) -> list:
+    return [op.constant(np.int32(q0)), op.constant(np.int32(k0))]
+
+
+def test_key_blocks_merge_by_their_lse() -> None:
+    """Attention over two blocks of keys (each at its offset), merged by their log-sum-exps,
+    is attention over all keys: ``lse = logaddexp(lse1, lse2)``, ``o = o1 exp(lse1 - lse) +
+    o2 exp(lse2 - lse)``. Causal, so some rows see no key of the second block (0, -inf),
+    and rows 0..3 see no key at all (the queries start 4 before the keys)."""
+    q, k, v, _ = _inputs((2,), 24, 40, 16, 16, torch.float64)
+
+    def blocks(q, k, v):
+        results = []
+        for start in (0, 20):
+            block_k, block_v = k[:, start : start + 20], v[:, start : start + 20]
+            results += current_trace().bind(graph.AttentionOp, [q, block_k, block_v, *_positions(0, start + 4)], causal=True, scale=0.25)
+        return results
+
+    o1, l1, o2, l2 = _triton(blocks)(q, k, v)
+    lse = torch.logaddexp(l1, l2)
+    safe = torch.where(torch.isneginf(lse), 0.0, lse)
+    merged = o1 * torch.exp(l1 - safe)[..., None] + o2 * torch.exp(l2 - safe)[..., None]
+    want_out, want_lse = _reference(q, k, v, True, 0, 4)  # its scale: 1 / sqrt(16) = 0.25
+    assert torch.isneginf(l2[:, :24]).any() and torch.isneginf(lse[:, :4]).all()
+    _close(merged, want_out, 1e-10, "merged output")
+    _close(lse.nan_to_num(neginf=0.0), want_lse.nan_to_num(neginf=0.0), 1e-10, "merged lse")
+
+
+def test_backward_by_key_blocks_sums_to_the_whole() -> None:
+    """attention_backward on each block of keys (its offset), with the whole attention's
+    lse and delta: the dq of the blocks sum to dq, their dk and dv are the blocks of dk
+    and dv (what a ring's backward steps compute)."""
+    q, k, v, do = _inputs((2, 2), 24, 48, 16, 16, torch.float64)
+    scale = 16**-0.5
+
+    def whole_and_blocks(q, k, v, do):
+        out, lse = current_trace().bind(graph.AttentionOp, [q, k, v, *_positions(8, 0)], causal=True, scale=scale)
+        delta = op.sum(out * do, axis=-1)
+        whole = current_trace().bind(graph.AttentionBackwardOp, [q, k, v, do, lse, delta, *_positions(8, 0)], causal=True, scale=scale)
+        parts = []
+        for start in (0, 16, 32):
+            kb, vb = k[:, :, start : start + 16], v[:, :, start : start + 16]
+            parts += current_trace().bind(graph.AttentionBackwardOp, [q, kb, vb, do, lse, delta, *_positions(8, start)], causal=True, scale=scale)
+        return (*whole, *parts)
+
+    dq, dk, dv, *parts = _triton(whole_and_blocks)(q, k, v, do)
+    _close(sum(parts[0::3]), dq, 1e-10, "dq")
+    _close(torch.cat(parts[1::3], dim=-2), dk, 1e-10, "dk")
+    _close(torch.cat(parts[2::3], dim=-2), dv, 1e-10, "dv")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    (_reference(*leaves, True, 8, 0)[0] * do).sum().backward()
+    for got, leaf in zip((dq, dk, dv), leaves, strict=True):
+        _close(got, leaf.grad, 1e-10)
