@@ -1,5 +1,11 @@
 """Flash attention: one kernel for ``softmax(score(q kᵀ)) v`` (FlashAttention-2 forward).
 
+Two sources make the same kernel (:func:`flash_forward`): the ``graph.attention`` op
+(:func:`lower_attention_op`: scores ``scale · q kᵀ``, a causal mask shifted by the op's
+position offsets ``q0 - k0``, evaluated in the kernel, and the per-row log-sum-exp stored
+next to the output; its backward is ``codegen.attention_backward``), and the pattern
+that hand-written attention forms.
+
 The pattern (:func:`find_attention`, on a function's graph ops)::
 
     kt = graph.transpose k            (optional: k's last two dims swapped; else kt is an input)
@@ -30,7 +36,10 @@ where every intermediate has exactly one use. The grouping pass
   j <= i; as ``graph.select(mask, s, fill)`` or as an additive ``0 / fill`` constant) is
   not loaded but computed from the indices, and when the masked scores are so negative
   that ``exp`` of them is 0 (``fill`` <= -1e4 after the later score ops), the key loop
-  stops at the diagonal block.
+  stops at the diagonal block. With the op's offsets (query i sees key j iff
+  ``i + q0 - k0 >= j``, known only at run time) the loop bounds are computed the same
+  way from the shift: blocks every row sees, then the diagonal blocks, masked;
+- the op's ``lse`` is ``max + log(sum)`` per row, ``-inf`` for a row that saw no key.
 
 Block sizes come from the ``BlockConfig``: ``block_m`` query rows and ``block_n`` keys
 per step (each at least 16, as ``tile.dot`` needs); the head dims are padded to powers
