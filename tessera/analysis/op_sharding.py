@@ -75,7 +75,8 @@ def choose(
     """Greedy over all proposals: each round adds the split that moves the fewest bytes.
 
     Every operand proposes the axes on its dims. A round costs each proposal that still
-    fits (its axes unused, its factor divisible) together with the splits already
+    fits (its axes unused, except that a ``CONTEXT`` factor shares axes with the factors
+    it never meets in a tensor; its factor divisible) together with the splits already
     chosen and keeps the cheapest, if it moves no more bytes than before; equal costs
     go to the factor of the largest tensor. Comparing across factors, not factor by
     factor, keeps the choice independent of operand order.
@@ -100,13 +101,15 @@ def choose(
     current = _cost(op, rule, assignment, known, mesh, points)
     while True:
         best: tuple[tuple[float, int], int, tuple[str, ...]] | None = None
+        used = {a for axes in assignment.values() for a in axes}
         for factor, axes in proposals:
-            used = {
-                a
-                for other, taken in assignment.items()
-                if frozenset((factor, other)) not in sharing
-                for a in taken
-            }
+            if sharing:  # a context factor may reuse the axes of factors it never meets
+                used = {
+                    a
+                    for other, taken in assignment.items()
+                    if frozenset((factor, other)) not in sharing
+                    for a in taken
+                }
             if factor in assignment or used & set(axes):
                 continue
             if rule.factors[factor].size % prod(mesh.axis_size(a) for a in axes):

@@ -29,6 +29,7 @@ which each rank evaluates at its own position.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -173,7 +174,6 @@ class _Partitioner:
         result.owner.attributes.update(op.attributes)
         Rewriter.erase_op(op)
 
-
     # --- context parallelism and position operands --------------------------------------
 
     def sharding_of(self, value: SSAValue) -> Sharding:
@@ -238,7 +238,7 @@ class _Partitioner:
             attrs["dim"] = step.dim
         if step.reduction is not None:
             attrs["kind"] = step.reduction
-        group_size = int(np.prod([self.mesh.axis_size(a) for a in step.axes]))
+        group_size = math.prod(self.mesh.axis_size(a) for a in step.axes)
         op = graph.build(_COLLECTIVES[step.kind], [value], **attrs, group_size=group_size)
         Rewriter.insert_op(op, InsertPoint.before(before))
         set_op_shardings(op, self.mesh_name, [after])
@@ -291,7 +291,7 @@ class _Partitioner:
         ``i``'s start ``i * size`` from a constant table, by an all_slice (an i32 scalar)."""
         key = (axes, size)
         if key not in self.starts:
-            ranks = int(np.prod([self.mesh.axis_size(a) for a in axes]))
+            ranks = math.prod(self.mesh.axis_size(a) for a in axes)
             table = np.arange(ranks, dtype=np.int32) * size
             typ = AbstractTensor((ranks,), DType.i32)
             constant = graph.ConstantOp.create(
