@@ -317,9 +317,7 @@ def attention(
     (flash attention forward and backward), and with the sequence split over a mesh
     axis it runs context-parallel (see ``graph.attention``).
     """
-    tensors = _tensors(q, k, v)
-    if not tensors[0].dtype.is_float:
-        tensors = [astype(t, DType.f32) for t in tensors]
+    tensors = _tensors(q, k, v)  # one dtype: mixed floats promote as in torch
     if scale is None:
         head = tensors[0].shape[-1] if tensors[0].ndim else 0
         scale = 1.0 / math.sqrt(head) if head else 1.0

@@ -249,7 +249,9 @@ def test_bad_inputs_are_errors_at_the_users_line() -> None:
         _triton(lambda q: op.attention(q, q, q, causal=True, q_offset=1.5))(q)
     with pytest.raises(ts.ShapeError, match=r"scale must be a Python number"):
         _triton(lambda q: op.attention(q, q, q, scale="big"))(q)
-    # mixed float dtypes promote as in torch; integers compute in float32
+    with pytest.raises(ts.ShapeError, match=r"(?s)expected floating-point q, k and v.*test_attention_op.py:"):
+        _triton(lambda q: op.attention(q, q, q))(torch.ones(2, 8, 16, dtype=torch.int64))
+    # mixed float dtypes promote as in torch
     out = _triton(lambda q, k: op.attention(q, k, k))(q, q.double())
     assert out.dtype == torch.float64
 
