@@ -3,16 +3,15 @@
     python examples/gpt_block.py [--batch 2] [--seq 16] [--dim 64] [--heads 4]
 
 The block is ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``, with causal multi-head
-self-attention. Parameters live in a dict, which ``ts.jit`` takes as a pytree input;
-``n_head`` is a Python int, so it is static (the program is specialised on it).
+self-attention (``op.attention``: one flash-attention kernel). Parameters live in a dict,
+which ``ts.jit`` takes as a pytree input; ``n_head`` is a Python int, so it is static
+(the program is specialised on it).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -35,10 +34,7 @@ def gpt_block(x, params, n_head):
     h = op.layer_norm(x, weight=p["ln1_w"], bias=p["ln1_b"])
     q, k, v = op.chunk(h @ p["attn_w"] + p["attn_b"], 3, axis=-1)
     q, k, v = split_heads(q), split_heads(k), split_heads(v)
-    scores = q @ op.swapaxes(k, -1, -2) / math.sqrt(D)  # [B, H, T, T]
-    causal = np.tril(np.ones((T, T), dtype=bool))  # a numpy array becomes a constant
-    scores = op.where(causal, scores, -1e9)  # exp(-1e9 - max) is exactly 0 in f32
-    attn = op.softmax(scores, axis=-1) @ v  # [B, H, T, D]
+    attn = op.attention(q, k, v, causal=True)  # softmax(q kᵀ / sqrt(D)) v: [B, H, T, D]
     attn = op.reshape(op.transpose(attn, (0, 2, 1, 3)), (B, T, C))
     x = x + (attn @ p["proj_w"] + p["proj_b"])
 

@@ -29,11 +29,9 @@ the same parameters.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -48,13 +46,11 @@ def gpt_loss(p, tokens, targets, n_head: int, n_layer: int):
     C = p["wte"].shape[1]
     D = C // n_head
     x = op.take(p["wte"], tokens, axis=0) + p["wpe"][:T]
-    causal = np.tril(np.ones((T, T), dtype=bool))
     for i in range(n_layer):
         h = op.layer_norm(x, weight=p[f"ln1_w{i}"], bias=p[f"ln1_b{i}"])
         q, k, v = op.chunk(h @ p[f"attn_w{i}"], 3, axis=-1)
         q, k, v = (op.transpose(op.reshape(t, (B, T, n_head, D)), (0, 2, 1, 3)) for t in (q, k, v))
-        scores = op.where(causal, q @ op.swapaxes(k, -1, -2) / math.sqrt(D), -1e9)
-        attn = op.reshape(op.transpose(op.softmax(scores, axis=-1) @ v, (0, 2, 1, 3)), (B, T, C))
+        attn = op.reshape(op.transpose(op.attention(q, k, v, causal=True), (0, 2, 1, 3)), (B, T, C))
         x = x + attn @ p[f"proj_w{i}"]
         h = op.layer_norm(x, weight=p[f"ln2_w{i}"], bias=p[f"ln2_b{i}"])
         x = x + op.gelu(h @ p[f"fc_w{i}"]) @ p[f"out_w{i}"]

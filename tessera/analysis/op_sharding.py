@@ -27,15 +27,21 @@ from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.reshard import reshard_cost
 from tessera.ir.sharding import MeshLike, Sharding
-from tessera.ir.sharding_rules import LINEAR_KINDS, FactorKind, ShardingRule, factor_product
+from tessera.ir.sharding_rules import (
+    LINEAR_KINDS,
+    Assignment,
+    FactorKind,
+    ShardingRule,
+    axis_sharing,
+    context_layouts,
+    factor_product,
+)
 from tessera.ops import LayoutTransition, op_def, sharding_rule
 
 # One multiply-add priced as this many bytes of communication: an H100 does about 495e12
 # dense bf16 multiply-adds per second (989 TFLOP/s) and an NVLink 4 port moves about
 # 450e9 bytes per second each way, about 1100 multiply-adds per byte (rounded to 2**10).
 BYTES_PER_MULTIPLY_ADD = 1 / 1024
-
-Assignment = dict[int, tuple[str, ...]]  # factor -> mesh axes splitting it
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,8 @@ def choose(
     """Greedy over all proposals: each round adds the split that moves the fewest bytes.
 
     Every operand proposes the axes on its dims. A round costs each proposal that still
-    fits (its axes unused, its factor divisible) together with the splits already
+    fits (its axes unused, except that a ``CONTEXT`` factor shares axes with the factors
+    it never meets in a tensor; its factor divisible) together with the splits already
     chosen and keeps the cheapest, if it moves no more bytes than before; equal costs
     go to the factor of the largest tensor. Comparing across factors, not factor by
     factor, keeps the choice independent of operand order.
@@ -90,11 +97,19 @@ def choose(
             if factor in weight:
                 weight[factor] = max(weight[factor], aval(value).nbytes)
     assignment: Assignment = {}
+    sharing = axis_sharing(rule)
     current = _cost(op, rule, assignment, known, mesh, points)
     while True:
-        used = {a for axes in assignment.values() for a in axes}
         best: tuple[tuple[float, int], int, tuple[str, ...]] | None = None
+        used = {a for axes in assignment.values() for a in axes}
         for factor, axes in proposals:
+            if sharing:  # a context factor may reuse the axes of factors it never meets
+                used = {
+                    a
+                    for other, taken in assignment.items()
+                    if frozenset((factor, other)) not in sharing
+                    for a in taken
+                }
             if factor in assignment or used & set(axes):
                 continue
             if rule.factors[factor].size % prod(mesh.axis_size(a) for a in axes):
@@ -120,7 +135,9 @@ def _cost(
     """Bytes received per device: the operands' reshards, plus the all-reduce that a
     split reduction factor's partial result will eventually need (priced on this op's
     result; a later linear op may reduce a smaller tensor, so this is an upper bound),
-    plus a matmul's multiply-adds per device (``BYTES_PER_MULTIPLY_ADD``)."""
+    plus what the expansion of split ``CONTEXT`` factors moves (the gathers of their
+    operands, the reduce-scatters of their results), plus a matmul's multiply-adds per
+    device (``BYTES_PER_MULTIPLY_ADD``)."""
     total = 0.0
     if isinstance(op, graph.MatmulOp):
         ways = prod(mesh.axis_size(a) for axes in assignment.values() for a in axes)
@@ -132,6 +149,8 @@ def _cost(
         typ = aval(value)
         total += reshard_cost(sharding, needed, typ.shape, typ.dtype.itemsize, mesh)
     produced = results(op, rule, assignment, known, points)
+    if rule.has_context:
+        total += _context_cost(op, rule, assignment, known, produced, mesh, points)
     inherited = {a for s in known if s is not None for a, _ in s.partial}
     for result, sharding in zip(op.results, produced, strict=True):
         new_partial = [a for a in sharding.partial_axes if a not in inherited]
@@ -142,6 +161,39 @@ def _cost(
             )
             total += reshard_cost(sharding, resolved, typ.shape, typ.dtype.itemsize, mesh)
     return total
+
+
+def _context_cost(
+    op: graph.GraphOp,
+    rule: ShardingRule,
+    assignment: Assignment,
+    known: Sequence[Sharding | None],
+    produced: Sequence[Sharding],
+    mesh: MeshLike,
+    points: ReductionPoints,
+) -> float:
+    """Bytes the expansion of split ``CONTEXT`` factors moves (``context_layouts``)."""
+    needed = [required(op, rule, assignment, known, i, points) for i in range(len(known))]
+    computed_operands, computed_results = context_layouts(rule, assignment, needed, produced)
+    total = 0.0
+    for value, needs, gathered in zip(op.operands, needed, computed_operands, strict=True):
+        typ = aval(value)
+        total += reshard_cost(needs, gathered, typ.shape, typ.dtype.itemsize, mesh)
+    for value, computed, gives in zip(op.results, computed_results, produced, strict=True):
+        typ = aval(value)
+        total += reshard_cost(computed, gives, typ.shape, typ.dtype.itemsize, mesh)
+    return total
+
+
+def assignment_of(rule: ShardingRule, operands: Sequence[Sharding]) -> Assignment:
+    """The factor splits an op computes with, read from its operands' layouts (which
+    ``insert-collectives`` made what the op requires): every factor an operand has."""
+    assignment: Assignment = {}
+    for sharding, dims in zip(operands, rule.operands, strict=True):
+        for factor, axes in zip(dims, sharding.dims, strict=True):
+            if factor is not None and axes and factor not in assignment:
+                assignment[factor] = axes
+    return assignment
 
 
 def required(
@@ -199,19 +251,28 @@ def results(
     known: Sequence[Sharding | None],
     points: ReductionPoints,
 ) -> list[Sharding]:
-    partial = [
-        (axis, rule.reduction_kind)
-        for factor, axes in assignment.items()
-        if rule.factors[factor].kind == FactorKind.REDUCTION
-        for axis in axes
-    ]
+    """The layouts of the op's results: split as their factors are; partial over the
+    split ``REDUCTION`` factors a result lacks (but over none of the axes of a split
+    ``CONTEXT`` factor it has: the expansion reduce-scatters those), and over the
+    partial axes a linear op passes through."""
     passed = _passthrough(op, known, assignment, points)
     inherited = next(iter(passed.values()), ())
     results = []
     for dims in rule.results:
+        context_axes = {
+            a for f in dims if f is not None and rule.kind(f) is FactorKind.CONTEXT
+            for a in assignment.get(f, ())
+        }
+        partial = [
+            (axis, rule.reduction_kind)
+            for factor, axes in assignment.items()
+            if rule.kind(factor) is FactorKind.REDUCTION and factor not in dims
+            for axis in axes
+            if axis not in context_axes
+        ]
         split = tuple(
             assignment.get(f, ())
-            if f is not None and rule.factors[f].kind != FactorKind.REDUCTION
+            if f is not None and rule.kind(f) is not FactorKind.REPLICATED
             else ()
             for f in dims
         )

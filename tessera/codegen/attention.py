@@ -1,5 +1,11 @@
 """Flash attention: one kernel for ``softmax(score(q kᵀ)) v`` (FlashAttention-2 forward).
 
+Two sources make the same kernel (:func:`flash_forward`): the ``graph.attention`` op
+(:func:`lower_attention_op`: scores ``scale · q kᵀ``, a causal mask shifted by the op's
+position offsets ``q0 - k0``, evaluated in the kernel, and the per-row log-sum-exp stored
+next to the output; its backward is ``codegen.attention_backward``), and the pattern
+that hand-written attention forms.
+
 The pattern (:func:`find_attention`, on a function's graph ops)::
 
     kt = graph.transpose k            (optional: k's last two dims swapped; else kt is an input)
@@ -30,7 +36,10 @@ where every intermediate has exactly one use. The grouping pass
   j <= i; as ``graph.select(mask, s, fill)`` or as an additive ``0 / fill`` constant) is
   not loaded but computed from the indices, and when the masked scores are so negative
   that ``exp`` of them is 0 (``fill`` <= -1e4 after the later score ops), the key loop
-  stops at the diagonal block.
+  stops at the diagonal block. With the op's offsets (query i sees key j iff
+  ``i + q0 - k0 >= j``, known only at run time) the loop bounds are computed the same
+  way from the shift: blocks every row sees, then the diagonal blocks, masked;
+- the op's ``lse`` is ``max + log(sum)`` per row, ``-inf`` for a row that saw no key.
 
 Block sizes come from the ``BlockConfig``: ``block_m`` query rows and ``block_n`` keys
 per step (each at least 16, as ``tile.dot`` needs); the head dims are padded to powers
@@ -41,18 +50,19 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, Float64Type, f32, f64
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 
 from tessera.codegen.builder import TileBuilder, Value, shape
 from tessera.codegen.evaluate import Evaluator, Space, dims_of
 from tessera.codegen.kernels import (
     DEFAULT,
     BlockConfig,
+    Frame,
     batch_offset,
     cdiv,
     new_frame,
@@ -335,89 +345,87 @@ def _plus(b: TileBuilder, base: Value | None, offsets: Value) -> Value:
     return offsets if base is None else b.add(base, offsets)
 
 
+@dataclass(frozen=True)
+class KeyBlock:
+    """One step of the key loop, as a score function sees it."""
+
+    body: TileBuilder
+    qk: Value  # q kᵀ for this block: [bm, bn] in the compute type
+    rows: Value  # query indices [bm, 1]
+    cols: Value  # key indices [1, bn]
+    row_mask: Value | None  # rows < Tq (None: all)
+    col_mask: Value | None  # cols < Tk (None: all)
+    batch_index: Sequence[Value | None]  # this program's batch index (q's batch dims)
+    diagonal: bool  # a block a causal mask cuts (else every key of it is visible)
+
+
+ScoreFn = Callable[[KeyBlock], Value]
+"""The scores of one key block (``[bm, bn]``, compute type) from ``q kᵀ``; on a
+diagonal block of a causal kernel the masked scores are ``-inf`` (or so negative that
+``exp`` of them is 0)."""
+
+
+@dataclass(frozen=True)
+class FlashForward:
+    """A FlashAttention-2 forward kernel, from the pattern or from ``graph.attention``."""
+
+    q: SSAValue  # [..., Tq, D], a kernel input
+    k: SSAValue  # [..., Tk, D], or kᵀ [..., D, Tk] when ``k_transposed``
+    v: SSAValue  # [..., Tk, Dv]
+    k_transposed: bool
+    out_dims: tuple[int, ...]  # [..., Tq, Dv]: the grid is its query blocks x batch
+    groups: int  # query heads per k/v head (grouped-query attention; else 1)
+    scores: ScoreFn
+    causal: bool  # keys past the diagonal contribute nothing: the key loop stops there
+    shift: Value | None  # q0 - k0 of the causal mask (i32; None: 0, known when compiling)
+    output: Value  # pointer of the output
+    lse: Value | None  # pointer of the per-row log-sum-exp, if the kernel stores it
+
+
+def grouped_index(
+    b: TileBuilder, batch_index: Sequence[Value | None], groups: int
+) -> list[Value | None]:
+    """The batch index of k and v for a program at q's ``batch_index``: the heads (the
+    last batch dim) divided by the group size of grouped-query attention."""
+    index = list(batch_index)
+    if groups > 1 and index and index[-1] is not None:
+        index[-1] = b.div(index[-1], b.index(groups))
+    return index
+
+
 def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> tile.KernelOp:
-    """The FlashAttention-2 forward kernel of an attention ``kernel`` (see the module docstring)."""
+    """The FlashAttention-2 forward kernel of an attention ``kernel``: the matched
+    pattern (see the module docstring) or a ``graph.attention`` op (see
+    :func:`lower_attention_op`)."""
+    if any(isinstance(o, graph.AttentionOp) for o in kernel.body.block.ops):
+        return lower_attention_op(kernel, config)
     att = match_attention(kernel)
     if att is None:
         raise IRError(f"@{kernel.kernel_name}: not an attention kernel")
     frame = new_frame(kernel)
-    b = frame.b
     for operand in (att.q, att.k, att.v):
         if operand not in frame.pointers:
             raise IRError(f"@{kernel.kernel_name}: q, k and v must be kernel inputs")
-    q_dims, k_dims, v_dims = dims_of(att.q), dims_of(att.k), dims_of(att.v)
-    out_dims = dims_of(att.output)
-    batch = out_dims[:-2]
-    tq, d = q_dims[-2:]
-    tk = k_dims[-1] if att.k_transposed else k_dims[-2]
-    dv = v_dims[-1]
-    bm = max(16, min(next_pow2(config.block_m), next_pow2(tq)))
-    bn = max(16, min(next_pow2(config.block_n), next_pow2(tk)))
-    bd, bdv = max(16, next_pow2(d)), max(16, next_pow2(dv))
-    element = {v: v.type.element_type for v in (att.q, att.k, att.v, att.output)}  # type: ignore[attr-defined]
-    # scores, softmax statistics and the output accumulate in f32, or f64 for f64 inputs
-    compute = f64 if any(isinstance(e, Float64Type) for e in element.values()) else f32
-    dot_element = element[att.q] if element[att.q] == element[att.k] else compute
-    pv_element = element[att.v] if compute == f32 else f64
-
-    pid_m = b.program_id(0)
-    batch_index = b.unflatten(b.program_id(1), batch) if batch else []
-    rows = b.add(b.mul(pid_m, b.index(bm)), b.expand_dims(b.arange(bm), 1))  # [bm, 1]
-    row_mask = None if tq % bm == 0 else b.cmp("lt", rows, b.index(tq))
-    d_cols = b.expand_dims(b.arange(bd), 0)  # [1, bd]
-    d_mask = None if d == bd else b.cmp("lt", d_cols, b.index(d))
-    d_rows = b.expand_dims(b.arange(bd), 1)  # [bd, 1]
-    d_row_mask = None if d == bd else b.cmp("lt", d_rows, b.index(d))
-    dv_cols = b.expand_dims(b.arange(bdv), 0)  # [1, bdv]
-    dv_mask = None if dv == bdv else b.cmp("lt", dv_cols, b.index(dv))
-    key_range = b.arange(bn)
-
-    bases: dict[tuple[int, ...], Value | None] = {}
-
-    def base(dims: tuple[int, ...]) -> Value | None:  # this program's batch offset (once per shape)
-        if dims not in bases:
-            bases[dims] = batch_offset(b, dims, batch_index)
-        return bases[dims]
-
-    q_offsets = _plus(b, base(q_dims), b.add(b.mul(rows, b.index(d)), d_cols))
-    q_block = b.convert(
-        b.load(frame.pointers[att.q], q_offsets, b.and_(row_mask, d_mask)), dot_element
-    )
-    k_base, v_base = base(k_dims), base(v_dims)
-    # kᵀ [bd, bn]: head dim along rows (kᵀ given: stride tk; k given: stride 1)
-    k_rows = _plus(b, k_base, d_rows if not att.k_transposed else b.mul(d_rows, b.index(tk)))
-
-    # a splat of a scalar -inf: xDSL re-parses a dense<0xff800000> block constant wrongly
-    m0 = b.broadcast(b.constant(float("-inf"), compute), (bm, 1))
-    l0 = b.constant(0.0, compute, (bm, 1))
-    acc0 = b.constant(0.0, compute, (bm, bdv))
     causal = att.causal_mask
     score_dims = dims_of(att.scores)
-    score_batch = batch_index[len(batch_index) - (len(score_dims) - 2) :]
     logits = att.softmax.operands[0]
 
-    def key_block(
-        body: TileBuilder, start: Value, m_i: Value, l_i: Value, acc: Value, diagonal: bool
-    ) -> list[Value]:
-        """One block of ``bn`` keys: scores, online-softmax update, ``p @ v``. Off the
+    def scores(block: KeyBlock) -> Value:
+        """The score ops on this block, evaluated at (batch, rows, cols). Off the
         diagonal of a causal mask every key is visible, so no mask is computed there."""
-        keys = body.add(key_range, start)  # [bn]
-        cols = body.expand_dims(keys, 0)  # [1, bn]
-        col_mask = None if tk % bn == 0 else body.cmp("lt", cols, body.index(tk))
-        k_cols = cols if att.k_transposed else body.mul(cols, body.index(d))
-        kt_block = body.load(
-            frame.pointers[att.k], body.add(k_rows, k_cols), body.and_(d_row_mask, col_mask)
+        body = block.body
+        score_batch = block.batch_index[len(block.batch_index) - (len(score_dims) - 2) :]
+        space = Space(
+            score_dims,
+            (*score_batch, block.rows, block.cols),
+            shape(block.qk),
+            [block.row_mask, block.col_mask],
         )
-        qk = body.dot(
-            q_block, body.convert(kt_block, dot_element), body.constant(0.0, compute, (bm, bn))
-        )
-        # the score ops on this block, evaluated at (batch, rows, cols)
-        space = Space(score_dims, (*score_batch, rows, cols), (bm, bn), [row_mask, col_mask])
         ev = Evaluator(body, space, dict(frame.pointers), dict(frame.positions))
-        ev.bound[att.scores] = qk
+        ev.bound[att.scores] = block.qk
         if causal is not None:
-            if diagonal:
-                visible = body.cmp("le", cols, rows)  # [bm, bn]
+            if block.diagonal:
+                visible = body.cmp("le", block.cols, block.rows)  # [bm, bn]
                 ev.bound[causal.value] = (
                     body.select(visible, body.constant(0.0), body.constant(causal.fill))
                     if causal.additive
@@ -431,7 +439,137 @@ def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
                     else next(o for o in masking.operands if o is not causal.value)
                 )
                 ev.bound[masking.results[0]] = ev.at(kept, ev.full_index(kept))
-        s = body.convert(ev.at(logits, ev.full_index(logits)), compute)
+        return ev.at(logits, ev.full_index(logits))
+
+    spec = FlashForward(
+        att.q, att.k, att.v, att.k_transposed, dims_of(att.output), 1, scores,
+        causal=causal is not None and causal.skip, shift=None,
+        output=frame.outputs[0], lse=None,
+    )  # fmt: skip
+    return flash_forward(frame, spec, config)
+
+
+def lower_attention_op(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> tile.KernelOp:
+    """The forward kernel of ``graph.attention``: scores ``scale · q kᵀ``, the causal
+    mask computed from the indices and the position offsets (``q0 + i >= k0 + j``), the
+    key loop stopping at the diagonal, and the log-sum-exp stored next to the output.
+    The offsets are evaluated in the kernel (a kernel input, or the rank's offset that
+    ``shard-partition`` computes from its position in the mesh)."""
+    op = next(o for o in kernel.body.block.ops if isinstance(o, graph.AttentionOp))
+    frame = new_frame(kernel)
+    for operand in (op.q, op.k, op.v):
+        if operand not in frame.pointers:
+            raise IRError(f"@{kernel.kernel_name}: q, k and v must be kernel inputs")
+    if max(dims_of(op.q)[-1], dims_of(op.v)[-1]) > MAX_HEAD_DIM:
+        raise IRError(
+            f"@{kernel.kernel_name}: head dims above {MAX_HEAD_DIM} are not supported by "
+            f"the attention kernel, found {dims_of(op.q)[-1]} and {dims_of(op.v)[-1]}"
+        )
+    attrs = op.attrs()
+    causal, scale = attrs["causal"], attrs["scale"]
+    shift = position_shift(frame, op.positions) if causal else None
+    outputs = dict(zip(yielded(kernel), frame.outputs, strict=True))
+
+    def scores(block: KeyBlock) -> Value:
+        body = block.body
+        s = body.mul(block.qk, body.constant(scale))
+        if causal and block.diagonal:
+            seen = block.rows if shift is None else body.add(block.rows, shift)
+            s = body.select(body.cmp("le", block.cols, seen), s, body.constant(float("-inf")))
+        return s
+
+    spec = FlashForward(
+        op.q, op.k, op.v, False, dims_of(op.output), head_groups(op.q, op.k), scores,
+        causal=causal, shift=shift, output=outputs[op.output], lse=outputs.get(op.lse),
+    )  # fmt: skip
+    return flash_forward(frame, spec, config)
+
+
+def head_groups(q: SSAValue, k: SSAValue) -> int:
+    """Query heads per k/v head: 1, or more for grouped-query attention."""
+    q_dims, k_dims = dims_of(q), dims_of(k)
+    if len(q_dims) < 3 or not k_dims[-3]:
+        return 1
+    return q_dims[-3] // k_dims[-3]
+
+
+def position_shift(frame: Frame, positions: Sequence[SSAValue]) -> Value | None:
+    """``q0 - k0`` (an i32 scalar) from the op's position operands; None without them."""
+    if not positions:
+        return None
+    ev = frame.evaluator(Space((), (), (), []))
+    q0, k0 = (ev.at(p, ()) for p in positions)
+    return frame.b.sub(q0, k0)
+
+
+def flash_forward(frame: Frame, spec: FlashForward, config: BlockConfig) -> tile.KernelOp:
+    """Builds the forward kernel of ``spec`` in ``frame`` (see the module docstring)."""
+    b = frame.b
+    q_dims, k_dims, v_dims = dims_of(spec.q), dims_of(spec.k), dims_of(spec.v)
+    out_dims = spec.out_dims
+    batch = out_dims[:-2]
+    tq, d = q_dims[-2:]
+    tk = k_dims[-1] if spec.k_transposed else k_dims[-2]
+    dv = v_dims[-1]
+    bm = max(16, min(next_pow2(config.block_m), next_pow2(tq)))
+    bn = max(16, min(next_pow2(config.block_n), next_pow2(tk)))
+    bd, bdv = max(16, next_pow2(d)), max(16, next_pow2(dv))
+    element = {v: v.type.element_type for v in (spec.q, spec.k, spec.v)}  # type: ignore[attr-defined]
+    # scores, softmax statistics and the output accumulate in f32, or f64 for f64 inputs
+    compute = f64 if any(isinstance(e, Float64Type) for e in element.values()) else f32
+    dot_element = element[spec.q] if element[spec.q] == element[spec.k] else compute
+    pv_element = element[spec.v] if compute == f32 else f64
+
+    pid_m = b.program_id(0)
+    batch_index = b.unflatten(b.program_id(1), batch) if batch else []
+    kv_index = grouped_index(b, batch_index, spec.groups)
+    rows = b.add(b.mul(pid_m, b.index(bm)), b.expand_dims(b.arange(bm), 1))  # [bm, 1]
+    row_mask = None if tq % bm == 0 else b.cmp("lt", rows, b.index(tq))
+    d_cols = b.expand_dims(b.arange(bd), 0)  # [1, bd]
+    d_mask = None if d == bd else b.cmp("lt", d_cols, b.index(d))
+    d_rows = b.expand_dims(b.arange(bd), 1)  # [bd, 1]
+    d_row_mask = None if d == bd else b.cmp("lt", d_rows, b.index(d))
+    dv_cols = b.expand_dims(b.arange(bdv), 0)  # [1, bdv]
+    dv_mask = None if dv == bdv else b.cmp("lt", dv_cols, b.index(dv))
+    key_range = b.arange(bn)
+
+    bases: dict[tuple[tuple[int, ...], bool], Value | None] = {}
+
+    def base(dims: tuple[int, ...], kv: bool = False) -> Value | None:
+        """This program's batch offset in a tensor of ``dims`` (once per shape)."""
+        if (dims, kv) not in bases:
+            bases[dims, kv] = batch_offset(b, dims, kv_index if kv else batch_index)
+        return bases[dims, kv]
+
+    q_offsets = _plus(b, base(q_dims), b.add(b.mul(rows, b.index(d)), d_cols))
+    q_block = b.convert(
+        b.load(frame.pointers[spec.q], q_offsets, b.and_(row_mask, d_mask)), dot_element
+    )
+    k_base, v_base = base(k_dims, True), base(v_dims, True)
+    # kᵀ [bd, bn]: head dim along rows (kᵀ given: stride tk; k given: stride 1)
+    k_rows = _plus(b, k_base, d_rows if not spec.k_transposed else b.mul(d_rows, b.index(tk)))
+
+    # a splat of a scalar -inf: xDSL re-parses a dense<0xff800000> block constant wrongly
+    m0 = b.broadcast(b.constant(float("-inf"), compute), (bm, 1))
+    l0 = b.constant(0.0, compute, (bm, 1))
+    acc0 = b.constant(0.0, compute, (bm, bdv))
+
+    def key_block(
+        body: TileBuilder, start: Value, m_i: Value, l_i: Value, acc: Value, diagonal: bool
+    ) -> list[Value]:
+        """One block of ``bn`` keys: scores, online-softmax update, ``p @ v``."""
+        keys = body.add(key_range, start)  # [bn]
+        cols = body.expand_dims(keys, 0)  # [1, bn]
+        col_mask = None if tk % bn == 0 else body.cmp("lt", cols, body.index(tk))
+        k_cols = cols if spec.k_transposed else body.mul(cols, body.index(d))
+        kt_block = body.load(
+            frame.pointers[spec.k], body.add(k_rows, k_cols), body.and_(d_row_mask, col_mask)
+        )
+        qk = body.dot(
+            q_block, body.convert(kt_block, dot_element), body.constant(0.0, compute, (bm, bn))
+        )
+        block = KeyBlock(body, qk, rows, cols, row_mask, col_mask, batch_index, diagonal)
+        s = body.convert(spec.scores(block), compute)
         s = body.broadcast(s, (bm, bn)) if shape(s) != (bm, bn) else s
         neg_inf = body.constant(float("-inf"))
         if col_mask is not None:
@@ -445,7 +583,7 @@ def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
         key_rows = body.expand_dims(keys, 1)  # [bn, 1]
         key_row_mask = None if tk % bn == 0 else body.cmp("lt", key_rows, body.index(tk))
         v_offsets = _plus(body, v_base, body.add(body.mul(key_rows, body.index(dv)), dv_cols))
-        v_block = body.load(frame.pointers[att.v], v_offsets, body.and_(key_row_mask, dv_mask))
+        v_block = body.load(frame.pointers[spec.v], v_offsets, body.and_(key_row_mask, dv_mask))
         p_block, v_block = body.convert(p, pv_element), body.convert(v_block, pv_element)
         acc_new = body.dot(p_block, v_block, body.mul(acc, alpha))
         return [m_new, l_new, acc_new]
@@ -456,24 +594,55 @@ def lower_attention(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) ->
         return list(loop.results)
 
     carried = [m0, l0, acc0]
-    if causal is not None and causal.skip and bm % bn == 0:
+    first_row = b.mul(pid_m, b.index(bm))
+    if spec.causal and spec.shift is not None:
+        # row r sees keys j <= r + shift: those below the block's first row's last key
+        # (aligned down to a block) are visible to every row, blocks up to the last
+        # row's last key take the mask, later ones are all masked
+        seen = b.add(first_row, spec.shift)
+        below = b.mul(
+            b.div(_clamp(b, b.add(seen, b.index(1)), tk), b.index(bn)), b.index(bn)
+        )
+        carried = key_loop(b.index(0), below, carried, diagonal=False)
+        diagonal_end = _clamp(b, b.add(seen, b.index(bm)), tk)
+        loop_results = key_loop(below, diagonal_end, carried, diagonal=True)
+    elif spec.causal and bm % bn == 0:
         # keys below this row block's first row are visible to all of its rows; the
         # diagonal blocks take the mask; blocks past the last row are all masked
-        first_row = b.mul(pid_m, b.index(bm))
         below = b.minimum(first_row, b.index(tk))
         carried = key_loop(b.index(0), below, carried, diagonal=False)
         diagonal_end = b.minimum(b.index(tk), b.add(first_row, b.index(bm)))
         loop_results = key_loop(below, diagonal_end, carried, diagonal=True)
     else:
         upper = b.index(tk)
-        if causal is not None and causal.skip:
+        if spec.causal:
             upper = b.minimum(upper, b.mul(b.add(pid_m, b.index(1)), b.index(bm)))
         loop_results = key_loop(b.index(0), upper, carried, diagonal=True)
 
-    _, l_final, acc_final = loop_results
-    l_safe = b.select(b.cmp("eq", l_final, b.constant(0.0)), b.constant(1.0), l_final)
-    out = b.convert(b.div(acc_final, l_safe), element[att.output])
+    m_final, l_final, acc_final = loop_results
+    zero = b.cmp("eq", l_final, b.constant(0.0))
+    l_safe = b.select(zero, b.constant(1.0), l_final)
+    out = b.convert(b.div(acc_final, l_safe), out_element(spec))
     out_offsets = _plus(b, base(out_dims), b.add(b.mul(rows, b.index(dv)), dv_cols))
-    b.store(frame.outputs[0], out_offsets, out, b.and_(row_mask, dv_mask))
+    stores = [(spec.output, out_offsets, out, b.and_(row_mask, dv_mask))]
+    if spec.lse is not None:  # -inf for a row that saw no key
+        neg_inf = b.constant(float("-inf"))
+        m_safe = b.select(b.cmp("eq", m_final, neg_inf), b.constant(0.0), m_final)
+        lse = b.select(zero, neg_inf, b.add(m_safe, b.log(l_safe)))
+        flat_batch = b.program_id(1) if batch else None
+        lse_offsets = rows if flat_batch is None else b.add(b.mul(flat_batch, b.index(tq)), rows)
+        stores.append((spec.lse, lse_offsets, lse, row_mask))
+    for pointer, offsets, value, mask in stores:
+        b.store(pointer, offsets, value, mask)
     grid = [cdiv(tq, bm), math.prod(batch), 1]  # no programs when empty
     return frame.finish(grid, config)
+
+
+def out_element(spec: FlashForward) -> Attribute:
+    """The output's element type (the output pointer's)."""
+    return spec.output.type.element_type  # type: ignore[attr-defined]
+
+
+def _clamp(b: TileBuilder, value: Value, upper: int) -> Value:
+    """``value`` clamped into ``[0, upper]``."""
+    return b.minimum(b.maximum(value, b.index(0)), b.index(upper))

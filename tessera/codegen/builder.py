@@ -105,6 +105,10 @@ class TileBuilder:
     def expand_dims(self, value: Value, axis: int) -> Value:
         return self.insert(tile.ExpandDimsOp(value, axis))
 
+    def trans(self, value: Value) -> Value:
+        """The transpose of a 2-D block."""
+        return self.insert(tile.TransOp(value))
+
     # --- indices -------------------------------------------------------------------------
 
     def unflatten(self, flat: Value, dims: Sequence[int]) -> list[Value | None]:

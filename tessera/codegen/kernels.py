@@ -16,7 +16,9 @@
   a kernel input is loaded directly; one the body computes (a prologue: layout ops read
   in place, such as a transposed weight or split heads, or elementwise ops) is evaluated
   per ``block_m x block_k`` or ``block_k x block_n`` tile, lanes past its edges being 0.
-- *attention* (``codegen.attention``): flash attention for softmax(Q Kᵀ) V.
+- *attention* (``codegen.attention``): flash attention for softmax(Q Kᵀ) V, the pattern
+  or ``graph.attention``; *attention_backward* (``codegen.attention_backward``): its
+  FlashAttention-2 backward.
 
 Every kernel computes all its outputs before it stores the first (an output may take the
 place of an input it reads, see ``plan-memory``). The tile kernel's arguments are the
@@ -477,4 +479,8 @@ def lower_kernel(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> ti
         from tessera.codegen.attention import lower_attention
 
         return lower_attention(kernel, config)
+    if kind == "attention_backward":
+        from tessera.codegen.attention_backward import lower_attention_backward
+
+        return lower_attention_backward(kernel, config)
     return LOWERINGS[kind](kernel, config)

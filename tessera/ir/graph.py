@@ -431,6 +431,64 @@ class CrossEntropyOp(GraphOp):
     shape_rule = staticmethod(shape_rules.cross_entropy)
 
 
+# --- attention --------------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class AttentionOp(GraphOp):
+    """Scaled dot-product attention and its per-row log-sum-exp::
+
+        %o, %lse = graph.attention %q, %k, %v {causal = true, scale = 0.125}
+            : tensor<2x4x64x16xf32>, tensor<2x4x64x16xf32>, tensor<2x4x64x16xf32>
+            -> (tensor<2x4x64x16xf32>, tensor<2x4x64xf32>)
+
+    ``o = softmax(scale · q kᵀ) v`` over the keys, ``lse = logsumexp(scale · q kᵀ)``
+    (f32; f64 for f64 inputs), both never materialising the ``[Tq, Tk]`` scores. With
+    ``causal``, query ``i`` sees key ``j`` iff ``q0 + i >= k0 + j``, where the optional
+    i32 scalar operands ``q0, k0`` (``positions``) are the global positions of the
+    first query and key (0 without them): a block of a longer sequence, as context
+    parallelism computes. A row that sees no key gives 0 and an lse of -inf. k and v may
+    have fewer heads than q (grouped-query attention, heads in dim -3)."""
+
+    name = "graph.attention"
+    q = operand_def(TensorType)
+    k = operand_def(TensorType)
+    v = operand_def(TensorType)
+    positions = var_operand_def(TensorType)
+    output = result_def(TensorType)
+    lse = result_def(TensorType)
+    causal = prop_def(BoolAttr)
+    scale = prop_def(FloatAttr)
+    shape_rule = staticmethod(shape_rules.attention)
+
+
+@irdl_op_definition
+class AttentionBackwardOp(GraphOp):
+    """The gradients of :class:`AttentionOp` (FlashAttention-2's backward)::
+
+        %dq, %dk, %dv = graph.attention_backward %q, %k, %v, %do, %lse, %delta
+            {causal = true, scale = 0.125} : ... -> (q's type, k's type, v's type)
+
+    from the output's cotangent ``do``, the forward's ``lse`` and ``delta =
+    rowsum(do * o)`` (``[..., Tq]``, the lse's dtype); the probabilities are recomputed
+    block by block from ``lse``. ``positions``, ``causal`` and ``scale`` as the forward's."""
+
+    name = "graph.attention_backward"
+    q = operand_def(TensorType)
+    k = operand_def(TensorType)
+    v = operand_def(TensorType)
+    do = operand_def(TensorType)
+    lse = operand_def(TensorType)
+    delta = operand_def(TensorType)
+    positions = var_operand_def(TensorType)
+    dq = result_def(TensorType)
+    dk = result_def(TensorType)
+    dv = result_def(TensorType)
+    causal = prop_def(BoolAttr)
+    scale = prop_def(FloatAttr)
+    shape_rule = staticmethod(shape_rules.attention_backward)
+
+
 # --- layout ----------------------------------------------------------------------------------
 
 
@@ -738,8 +796,8 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     StopGradientOp, GeluOp,
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
     CastOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, SoftmaxOp, LogSoftmaxOp, LayerNormOp,
-    RmsNormOp, CrossEntropyOp, ReshapeOp, BroadcastToOp, TransposeOp, SliceOp, ConcatOp,
-    SplitOp, GatherOp,
+    RmsNormOp, CrossEntropyOp, AttentionOp, AttentionBackwardOp, ReshapeOp, BroadcastToOp,
+    TransposeOp, SliceOp, ConcatOp, SplitOp, GatherOp,
 )  # fmt: skip
 
 def _earlier(op: Operation) -> Iterator[Operation]:

@@ -8,6 +8,7 @@ graph dialect's verifiers and the tracer both call these rules.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from math import prod
 
@@ -204,6 +205,104 @@ def cross_entropy(logits: AbstractTensor, labels: AbstractTensor, reduction: str
     if reduction not in REDUCTION_KINDS:
         raise ShapeError(f"reduction must be one of {REDUCTION_KINDS}, found {reduction!r}")
     return labels.with_dtype(logits.dtype) if reduction == "none" else logits.with_shape(())
+
+
+# --- attention -----------------------------------------------------------------------------
+
+
+def attention_statistics_dtype(x: AbstractTensor) -> DType:
+    """The dtype of attention's per-row log-sum-exp (and of the backward's row sums):
+    f32, or f64 for f64 inputs (it is computed in the kernel's accumulator type)."""
+    return DType.f64 if x.dtype == DType.f64 else DType.f32
+
+
+def _check_positions(positions: Sequence[AbstractTensor]) -> None:
+    """Causal position offsets: none, or the query's and the key's, each an i32 scalar."""
+    if len(positions) not in (0, 2):
+        raise ShapeError(
+            f"expected no position offsets or two (the queries' and the keys'), "
+            f"found {len(positions)}"
+        )
+    for role, p in zip(("query", "key"), positions, strict=False):
+        if p.shape != () or p.dtype != DType.i32:
+            raise ShapeError(f"expected the {role} position offset to be an i32 scalar, found {p}")
+
+
+def _check_attention_operands(
+    q: AbstractTensor, k: AbstractTensor, v: AbstractTensor, scale: float
+) -> None:
+    """``q [..., Tq, D]``, ``k [..., Tk, D]``, ``v [..., Tk, Dv]`` of one float dtype; k
+    and v share their batch dims, q's match them but for the last (the heads), which may
+    be a multiple of theirs (grouped-query attention)."""
+    dtype = _require_same_dtype(q, k, v)
+    if not dtype.is_float:
+        raise ShapeError(f"expected floating-point q, k and v, found {q}, {k} and {v}")
+    if q.rank < 2 or not q.rank == k.rank == v.rank:
+        raise ShapeError(
+            f"expected q [..., Tq, D], k [..., Tk, D] and v [..., Tk, Dv] of one rank >= 2, "
+            f"found {q}, {k} and {v}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ShapeError(f"q and k must have one head dim (D), found {q} and {k}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ShapeError(
+            f"k and v must agree on every dim but the last (batch dims and Tk), found {k} and {v}"
+        )
+    if q.shape[:-3] != k.shape[:-3]:
+        raise ShapeError(f"q and k must have the same batch dims, found {q} and {k}")
+    if q.rank > 2:
+        heads, kv_heads = q.shape[-3], k.shape[-3]
+        grouped = heads % kv_heads == 0 if kv_heads else heads == 0
+        if not grouped:
+            raise ShapeError(
+                f"the query heads (dim {q.rank - 3}: {heads}) must be a multiple of the key "
+                f"and value heads ({kv_heads}), found q {q} and k {k}"
+            )
+    if not math.isfinite(scale):
+        raise ShapeError(f"expected a finite scale, found {scale}")
+
+
+def attention(
+    q: AbstractTensor,
+    k: AbstractTensor,
+    v: AbstractTensor,
+    *positions: AbstractTensor,
+    causal: bool,
+    scale: float,
+) -> tuple[AbstractTensor, AbstractTensor]:
+    """``softmax(scale · q kᵀ [masked]) v`` and its per-row log-sum-exp ``[..., Tq]``.
+
+    ``positions`` are the optional causal offsets ``q0, k0`` (i32 scalars): query ``i``
+    sees key ``j`` iff ``q0 + i >= k0 + j``."""
+    _check_attention_operands(q, k, v, scale)
+    _check_positions(positions)
+    out = q.with_shape((*q.shape[:-1], v.shape[-1]))
+    return out, AbstractTensor(q.shape[:-1], attention_statistics_dtype(q))
+
+
+def attention_backward(
+    q: AbstractTensor,
+    k: AbstractTensor,
+    v: AbstractTensor,
+    do: AbstractTensor,
+    lse: AbstractTensor,
+    delta: AbstractTensor,
+    *positions: AbstractTensor,
+    causal: bool,
+    scale: float,
+) -> tuple[AbstractTensor, AbstractTensor, AbstractTensor]:
+    """``dq, dk, dv`` of :func:`attention` from the output's cotangent ``do``, the
+    forward's ``lse`` and ``delta = rowsum(do * o)`` (both ``[..., Tq]``)."""
+    _check_attention_operands(q, k, v, scale)
+    _check_positions(positions)
+    want = q.with_shape((*q.shape[:-1], v.shape[-1]))
+    if do != want:
+        raise ShapeError(f"expected the output cotangent to be {want}, found {do}")
+    rows = AbstractTensor(q.shape[:-1], attention_statistics_dtype(q))
+    for role, x in (("lse", lse), ("delta", delta)):
+        if x != rows:
+            raise ShapeError(f"expected {role} to be {rows}, found {x}")
+    return q, k, v
 
 
 # --- layout ------------------------------------------------------------------------------

@@ -6,13 +6,28 @@ factor's kind says what splitting it over a mesh axis means (as in Shardy's
 ``OpShardingRule`` and MLIR's ``ShardingInterface``):
 
 - ``PARALLEL``: every rank computes its own slice of the results (matmul's m and n).
-- ``REDUCTION``: the op sums (max, min) over it: results become *partial* (matmul's k;
-  a gathered axis, where each rank looks up only the indices in its slice).
+- ``REDUCTION``: the op sums (max, min) over it: results without it become *partial*
+  (matmul's k; a gathered axis, where each rank looks up only the indices in its slice);
+  a result that has it is split (attention's backward: dq keeps the query rows, dk and
+  dv sum over them).
 - ``STATISTIC``: the op reduces over it internally but its results keep the dim
   (softmax's axis, layer_norm's axes) or do not show it (cross_entropy's classes):
   splitting it needs an all-reduce of per-row statistics inside the op, never a gather
   of the tensor.
 - ``REPLICATED``: the op needs the dim whole (concat's axis, a sliced dim).
+- ``CONTEXT``: a sequence the op attends over (attention's keys and values): a split
+  stays on the tensors that have it, and ``shard-partition`` expands the op so that each
+  rank sees the whole sequence (context parallelism): the operands with the factor are
+  all-gathered along it before the op, the results with it (dk, dv) come out whole and
+  partial over the query rows' axes and are reduce-scattered back to their split
+  (:func:`context_layouts`). A ring of collective permutes is the other expansion of
+  the same rule (issue 19, phase 2). Its mesh axes may also split factors that no
+  tensor of the op has together with it: the queries' rows, so that each rank keeps
+  its queries and sees every key.
+
+A rule may also name *position operands* (``ShardingRule.positions``): i32 scalars
+holding the global index of a factor's first element (attention's causal offsets).
+When the factor's slices differ per rank, ``shard-partition`` adds this rank's start.
 
 This module is the rules' vocabulary and the builders shared by several ops; each op's
 rule is declared with the op in :mod:`tessera.ops` (see ``tessera.ops.sharding_rule``).
@@ -27,6 +42,7 @@ from math import prod
 from typing import Any
 
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.sharding import Sharding
 
 
 class FactorKind(enum.Enum):
@@ -34,6 +50,7 @@ class FactorKind(enum.Enum):
     REDUCTION = "reduction"
     STATISTIC = "statistic"
     REPLICATED = "replicated"
+    CONTEXT = "context"
 
 
 @dataclass(frozen=True)
@@ -43,6 +60,7 @@ class Factor:
 
 
 Dims = tuple[int | None, ...]  # factor index per tensor dim
+Assignment = dict[int, tuple[str, ...]]  # factor -> mesh axes splitting it
 
 
 @dataclass(frozen=True)
@@ -52,6 +70,16 @@ class ShardingRule:
     results: tuple[Dims, ...]
     reduction_kind: str = "sum"  # the partial kind a split REDUCTION factor produces:
     # sum, mean (each rank holds the mean of its slice: the value is their average), max, min
+    positions: tuple[tuple[int, int], ...] = ()  # (factor, operand index) of each
+    # position operand (see the module docstring); the indices past the op's operands
+    # when it has none (shard-partition appends them, 0 plus this rank's start)
+
+    def kind(self, factor: int) -> FactorKind:
+        return self.factors[factor].kind
+
+    @property
+    def has_context(self) -> bool:
+        return any(f.kind is FactorKind.CONTEXT for f in self.factors)
 
     def __str__(self) -> str:
         names = [chr(ord("i") + i) if i < 18 else f"f{i}" for i in range(len(self.factors))]
@@ -90,9 +118,15 @@ class RuleBuilder:
         )
 
     def rule(
-        self, operands: Sequence[Dims], results: Sequence[Dims], kind: str = "sum"
+        self,
+        operands: Sequence[Dims],
+        results: Sequence[Dims],
+        kind: str = "sum",
+        positions: Sequence[tuple[int, int]] = (),
     ) -> ShardingRule:
-        return ShardingRule(tuple(self.factors), tuple(operands), tuple(results), kind)
+        return ShardingRule(
+            tuple(self.factors), tuple(operands), tuple(results), kind, tuple(positions)
+        )
 
 
 Rule = Callable[[list[AbstractTensor], list[AbstractTensor], dict[str, Any]], ShardingRule]
@@ -155,3 +189,71 @@ def factor_product(rule: ShardingRule) -> int:
 
 
 LINEAR_KINDS = ("sum", "mean")  # partial kinds that stay partial through linear ops
+
+
+# --- context factors -----------------------------------------------------------------------
+
+
+def axis_sharing(rule: ShardingRule) -> frozenset[frozenset[int]]:
+    """The pairs of factors that may be split over the same mesh axes: a ``CONTEXT``
+    factor and any factor that no operand or result has together with it."""
+    context = [f for f, factor in enumerate(rule.factors) if factor.kind is FactorKind.CONTEXT]
+    if not context:
+        return frozenset()
+    together = {
+        frozenset((a, b))
+        for dims in (*rule.operands, *rule.results)
+        for a in dims
+        for b in dims
+        if a is not None and b is not None and a != b
+    }
+    return frozenset(
+        pair
+        for c in context
+        for f in range(len(rule.factors))
+        if f != c and (pair := frozenset((c, f))) not in together
+    )
+
+
+def context_layouts(
+    rule: ShardingRule,
+    assignment: Assignment,
+    operands: Sequence[Sharding],
+    results: Sequence[Sharding],
+) -> tuple[list[Sharding], list[Sharding]]:
+    """The layouts in which each rank computes an op whose ``CONTEXT`` factors are split
+    (``operands`` and ``results`` are the layouts the op takes and gives): every operand
+    with such a factor gathered along it; every result with it whole along it and
+    partial over the axes it shares with the ``REDUCTION`` factors the result lacks
+    (each rank summed over its own query rows). The expansion reshards from these to
+    the given layouts; without a split ``CONTEXT`` factor they are the given ones."""
+    context = {
+        f: axes for f, axes in assignment.items() if axes and rule.kind(f) is FactorKind.CONTEXT
+    }
+    if not context:
+        return list(operands), list(results)
+
+    def whole(sharding: Sharding, dims: Dims) -> tuple[tuple[str, ...], ...]:
+        return tuple(
+            () if f in context else axes for f, axes in zip(dims, sharding.dims, strict=True)
+        )
+
+    computed_operands = [
+        Sharding(whole(s, dims), s.partial) if any(f in context for f in dims) else s
+        for s, dims in zip(operands, rule.operands, strict=True)
+    ]
+    computed_results = []
+    for sharding, dims in zip(results, rule.results, strict=True):
+        shared = {a for f in dims if f in context for a in context[f]}
+        if not shared:
+            computed_results.append(sharding)
+            continue
+        summed = tuple(
+            (a, rule.reduction_kind)
+            for f, axes in assignment.items()
+            if rule.kind(f) is FactorKind.REDUCTION and f not in dims
+            for a in axes
+            if a in shared
+        )
+        computed_results.append(Sharding(whole(sharding, dims), (*sharding.partial, *summed)))
+    return computed_operands, computed_results

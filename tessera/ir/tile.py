@@ -23,6 +23,7 @@ Triton adds::
   (three program counts), ``warps`` and ``stages`` (software-pipelining depth).
 - ``tile.program_id``: the program's index along grid axis 0, 1 or 2.
 - ``tile.arange``: ``[0, 1, ..., n-1]`` as a 1-D ``i32`` block (``n`` a power of two).
+- ``tile.trans``: the transpose of a 2-D block.
 - ``tile.splat`` / ``tile.broadcast`` / ``tile.expand_dims``: shape changes (scalar to
   block; size-1 dims to n; a new size-1 dim).
 - ``tile.load`` / ``tile.store``: element ``offsets`` from a pointer, with an optional
@@ -429,6 +430,31 @@ class ExpandDimsOp(IRDLOperation):
             )
 
 
+@irdl_op_definition
+class TransOp(IRDLOperation):
+    """The transpose of a 2-D block (``MxN -> NxM``)."""
+
+    name = "tile.trans"
+    traits = traits_def(Pure())
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, value: SSAValue):
+        rows, cols = block_shape(value.type)
+        super().__init__(
+            operands=[value], result_types=[TensorType(element_type(value.type), [cols, rows])]
+        )
+
+    def verify_(self) -> None:
+        shape = block_shape(self.input.type)
+        if len(shape) != 2:
+            raise VerifyException(f"tile.trans: expected a 2-D block, found {self.input.type}")
+        want = TensorType(element_type(self.input.type), [shape[1], shape[0]])
+        if self.result.type != want:
+            raise VerifyException(f"tile.trans: expected result {want}, found {self.result.type}")
+
+
 # --- memory --------------------------------------------------------------------------------
 
 
@@ -667,7 +693,7 @@ Tile = Dialect(
     "tile",
     [
         KernelOp, ReturnOp, ProgramIdOp, ArangeOp, SplatOp, BroadcastOp, ExpandDimsOp,
-        LoadOp, StoreOp, DotOp, ReduceOp, CmpOp, SelectOp, ConvertOp,
+        TransOp, LoadOp, StoreOp, DotOp, ReduceOp, CmpOp, SelectOp, ConvertOp,
     ],
     [PointerType],
 )  # fmt: skip

@@ -301,6 +301,59 @@ def matmul(a: Operand, b: Operand) -> Tensor:
     return result
 
 
+def attention(
+    q: Operand,
+    k: Operand,
+    v: Operand,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    q_offset: Operand | None = None,
+    k_offset: Operand | None = None,
+) -> Tensor:
+    """Scaled dot-product attention, ``softmax(scale · q kᵀ) v`` over the keys, as one
+    fused op (torch's ``F.scaled_dot_product_attention``, ``jax.nn.dot_product_attention``).
+
+    ``q [..., Tq, D]``, ``k [..., Tk, D]``, ``v [..., Tk, Dv]`` -> ``[..., Tq, Dv]``; k
+    and v may have fewer heads (dim -3) than q, each serving a group of query heads
+    (grouped-query attention). ``scale`` defaults to ``1 / sqrt(D)``. With ``causal``,
+    query ``i`` sees key ``j`` iff ``q_offset + i >= k_offset + j`` (offsets: ints or
+    traced i32 scalars, 0 by default: torch's ``is_causal`` for ``Tq == Tk``); a query
+    that sees no key gives 0. Neither direction materialises the ``[Tq, Tk]`` scores
+    (flash attention forward and backward), and with the sequence split over a mesh
+    axis it runs context-parallel (see ``graph.attention``).
+    """
+    tensors = _tensors(q, k, v)  # one dtype: mixed floats promote as in torch
+    if scale is None:
+        head = tensors[0].shape[-1] if tensors[0].ndim else 0
+        scale = 1.0 / math.sqrt(head) if head else 1.0
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise ShapeError(
+            f"graph.attention: scale must be a Python number, found {scale!r}, at {user_location()}"
+        )
+    positions = []
+    if q_offset is not None or k_offset is not None:
+        positions = [_position(q_offset, "q_offset"), _position(k_offset, "k_offset")]
+    out, _ = current_trace().bind(
+        graph.AttentionOp, [*tensors, *positions], causal=bool(causal), scale=float(scale)
+    )
+    return out
+
+
+def _position(offset: Operand | None, what: str) -> Tensor:
+    """A causal position offset as an i32 scalar tensor (an int becomes a constant)."""
+    if offset is None:
+        offset = 0
+    if isinstance(offset, (int, np.integer)) and not isinstance(offset, bool):
+        return constant(np.int32(offset))
+    if isinstance(offset, Tensor) and offset.ndim == 0 and offset.dtype.is_int:
+        return astype(offset, DType.i32)
+    raise ShapeError(
+        f"graph.attention: {what} must be an int or an integer scalar tensor, found "
+        f"{getattr(offset, 'aval', offset)!r}, at {user_location()}"
+    )
+
+
 # --- reductions ------------------------------------------------------------------------------
 
 
@@ -646,6 +699,7 @@ __all__ = [
     "abs",
     "add",
     "astype",
+    "attention",
     "broadcast_to",
     "cast",
     "cat",

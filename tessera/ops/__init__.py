@@ -9,6 +9,7 @@ this package registers every op. Passes, codegen, backends and autodiff look ops
 from __future__ import annotations
 
 from tessera.ops import (  # noqa: F401  (registers the ops)
+    attention,
     collective,
     constant,
     contraction,

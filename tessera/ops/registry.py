@@ -55,6 +55,7 @@ class Fusion(enum.Enum):
     NORMALIZATION = "normalization"  # a row reduction whose result keeps the operand's shape
     LOSS = "loss"  # a row reduction to one loss per row (cross-entropy)
     MATMUL = "matmul"  # starts a matmul kernel (reads layout ops in place), takes epilogues
+    ATTENTION = "attention"  # a flash-attention kernel of its own (forward or backward)
     LAYOUT = "layout"  # maps indices (read in place by its users, else a kernel of its own)
     CONSTANT = "constant"  # joins no kernel: each kernel using it gets a copy
     COLLECTIVE = "collective"  # communicates: a schedule.start / schedule.wait pair

@@ -16,7 +16,9 @@ operands re-viewed as ``[M, batch·K]`` and ``[batch·K, N]`` by layout ops). Th
      optional transpose of k, the two matmuls, the elementwise score ops such as a scale,
      a mask select or an additive bias, the softmax and an optional cast, every
      intermediate used once) becomes an ``attention`` group: one flash-attention kernel.
-     It takes no other op.
+     It takes no other op. So does each ``graph.attention`` and
+     ``graph.attention_backward`` op (fusion class ``attention``), which reads the
+     layout ops making its scalar position offsets in place.
    - An elementwise op joins the group of the first operand it may: an elementwise group
      (the chain; the space may grow by broadcasting), a matmul's (epilogue: bias,
      activation, residual add) or a row reduction's (prologue or epilogue). Otherwise it
@@ -185,8 +187,11 @@ def _short(op: Operation) -> str:
 
 
 def _kernel_kind(group: _Group) -> str:
-    """The last part of a kernel's name: ``attention``, else its anchor op's short name."""
-    return "attention" if group.kind == "attention" else _short(group.anchor())
+    """The last part of a kernel's name: ``attention`` for the matched pattern, else its
+    anchor op's short name (``attention``, ``attention_backward`` for the ops)."""
+    if group.kind == "attention" and isinstance(group.anchor(), graph.SoftmaxOp):
+        return "attention"
+    return _short(group.anchor())
 
 
 SIBLING_WINDOW = 8  # recent reduction groups over the same rows a new one may merge with,
@@ -213,6 +218,8 @@ def _kind(op: Operation) -> str:
         return "reduction"
     if _is(op, Fusion.MATMUL):
         return "matmul"
+    if _is(op, Fusion.ATTENTION):
+        return "attention"
     return "layout"
 
 
@@ -311,6 +318,8 @@ class _Lowering:
             group.space, group.anchor_op = _dims(op.results[0]), op
         elif kind == "reduction":
             (group.space, group.axes), group.anchor_op = _reduction_space(op), op
+        elif kind == "attention":
+            group.anchor_op = op
         self.groups.append(group)
         self.group_of[op] = group
         return group
@@ -486,10 +495,13 @@ class _Lowering:
         other.ops = []  # dropped from ``groups`` after grouping
 
     def _absorb(self, group: _Group, op: Operation) -> None:
-        """Clones the chains of absorbable layout ops ``op`` reads into ``group``."""
+        """Clones the chains of absorbable layout ops ``op`` reads into ``group``. An
+        attention kernel reads its tensors as kernel inputs and evaluates only its
+        scalars in place (the position offsets: this rank's, from an all_slice)."""
+        operands = list(op.operands)
         if group.kind == "attention":
-            return
-        for operand in op.operands:
+            operands = [v for v in operands if not _dims(v)]
+        for operand in operands:
             owner = operand.owner
             while owner in self.deferred and owner not in self.group_of:
                 if owner in group.absorbed:

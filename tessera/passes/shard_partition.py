@@ -16,30 +16,49 @@ rewrites it into local work and all-reduces of small values, for example
   indices in its slice (``graph.axis_index`` gives its offset), zero rows elsewhere: a
   partial sum, which ``insert-collectives`` already resolves where it is consumed.
 
+An op whose sharding rule has a split ``CONTEXT`` factor (attention with the sequence
+split over ``cp``: context parallelism) is expanded as the rule says
+(``sharding_rules.context_layouts``): its operands with the factor are all-gathered
+along it before the op (once per value, so a backward reuses its forward's gathers),
+it computes whole along it, and its results with the factor, partial over the query
+rows' axes, are reduce-scattered back to their layout. An op with *position operands*
+(``ShardingRule.positions``: attention's causal offsets) whose factor is split gets this
+rank's start added to them (created as 0 + start when the op has none): the start is
+``graph.axis_index`` over the factor's axes times the local size.
+
 ``graph.sharding`` annotations stay, describing how each local value sits in the global.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import FunctionType, ModuleOp, UnitAttr
-from xdsl.ir import Operation, SSAValue
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, FunctionType, ModuleOp, UnitAttr
+from xdsl.ir import BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
+from tessera.analysis.op_sharding import assignment_of
+from tessera.dtypes import DType
 from tessera.errors import IRError, ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.attr_values import to_attr
 from tessera.ir.grad_builder import GradBuilder
+from tessera.ir.graph_emitter import GraphEmitter
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
-from tessera.ir.sharding import Sharding, arg_sharding, op_shardings
-from tessera.ops import Partition, lookup
+from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard
+from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
+from tessera.ir.sharding_rules import FactorKind, ShardingRule, context_layouts
+from tessera.ops import Partition, has_sharding_rule, lookup, sharding_rule
+
+# the collective op of each reshard step kind (``graph.all_gather`` for "all_gather", ...)
+_COLLECTIVES = {t.name.removeprefix("graph."): t for t in graph.COLLECTIVE_OPS}
 
 
 @dataclass(frozen=True)
@@ -47,16 +66,21 @@ class ShardPartitionPass(ModulePass):
     name = "shard-partition"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for _, mesh, function in sharded_functions(op):
+        for mesh_name, mesh, function in sharded_functions(op):
             if graph.PARTITIONED not in function.attributes:
-                _Partitioner(mesh, function).run()
+                _Partitioner(mesh, mesh_name, function).run()
 
 
 class _Partitioner:
-    def __init__(self, mesh: Mesh, function: func.FuncOp):
+    def __init__(self, mesh: Mesh, mesh_name: str, function: func.FuncOp):
         self.mesh = mesh
+        self.mesh_name = mesh_name
         self.function = function
         self.layouts: dict[SSAValue, Sharding] = {}  # global layouts, for Partition rules
+        self.gathered: dict[tuple[SSAValue, Sharding], SSAValue] = {}  # context operands
+        self.starts: dict[tuple[tuple[str, ...], int], SSAValue] = {}  # rank starts
+        self.zero: SSAValue | None = None  # the 0 of position operands created here
+        self.sequence_rules: dict[Operation, ShardingRule] = {}
 
     def local(self, value: SSAValue, sharding: Sharding) -> AbstractTensor:
         typ = aval(value)
@@ -65,6 +89,12 @@ class _Partitioner:
 
     def run(self) -> None:
         block = self.function.body.block
+        # the rules with context factors or position operands, read while types are global
+        for op in block.ops:
+            if has_sharding_rule(op):
+                rule = sharding_rule(op)
+                if rule.has_context or rule.positions:
+                    self.sequence_rules[op] = rule
         for index, arg in enumerate(block.args):
             sharding = arg_sharding(self.function, index) or Sharding.replicated(aval(arg).rank)
             local = Rewriter.replace_value_with_new_type(arg, self.local(arg, sharding).to_xdsl())
@@ -86,6 +116,10 @@ class _Partitioner:
     def _localize(self, op: Operation, shardings: Sequence[Sharding]) -> None:
         if self._expand(op, shardings):
             return
+        rule = self.sequence_rules.get(op)
+        if rule is not None:
+            self._expand_sequences(op, rule, shardings)
+            return
         for result, sharding in zip(list(op.results), shardings, strict=True):
             local = Rewriter.replace_value_with_new_type(result, self.local(result, sharding).to_xdsl())
             self.layouts[local] = sharding
@@ -103,9 +137,7 @@ class _Partitioner:
         found = lookup(op)
         if found is None or not isinstance(found.partition, Partition):
             return False
-        layouts = [
-            self.layouts.get(v) or Sharding.replicated(aval(v).rank) for v in op.operands
-        ]
+        layouts = [self.layouts.get(v) or self.sharding_of(v) for v in op.operands]
         (result,) = op.results
         (sharding,) = shardings
         expected = self.local(result, sharding)
@@ -122,3 +154,145 @@ class _Partitioner:
         self.layouts[replacement] = sharding
         Rewriter.erase_op(op)
         return True
+
+    # --- context parallelism and position operands --------------------------------------
+
+    def sharding_of(self, value: SSAValue) -> Sharding:
+        """How ``value`` lies over the mesh (its producer's annotation)."""
+        if isinstance(value, BlockArgument):
+            found = arg_sharding(self.function, value.index)
+        else:
+            annotated = op_shardings(value.owner)  # type: ignore[arg-type]
+            found = annotated[value.index] if annotated else None  # type: ignore[attr-defined]
+        return found or Sharding.replicated(aval(value).rank)
+
+    def _expand_sequences(
+        self, op: graph.GraphOp, rule: ShardingRule, shardings: Sequence[Sharding]
+    ) -> None:
+        """Gathers the operands of split ``CONTEXT`` factors, adds this rank's starts to
+        the position operands, and reshards the results from the layouts the op computes
+        in to their own (see the module docstring)."""
+        have = [self.sharding_of(v) for v in op.operands]
+        assignment = assignment_of(rule, have)
+        operands, computed = context_layouts(rule, assignment, have, shardings)
+        for index, (current, needed) in enumerate(zip(have, operands, strict=True)):
+            if current != needed:
+                op.operands[index] = self._gathered(op.operands[index], current, needed, op)
+        self._localize_positions(op, rule, assignment)
+        for result, layout in zip(op.results, computed, strict=True):
+            Rewriter.replace_value_with_new_type(result, self.local(result, layout).to_xdsl())
+        set_op_shardings(op, self.mesh_name, computed)
+        anchor = op.next_op
+        assert anchor is not None
+        for result, layout, target in zip(list(op.results), computed, shardings, strict=True):
+            if layout == target:
+                continue
+            value = result
+            uses = list(result.uses)
+            for step in plan_reshard(layout, target):
+                layout = apply_step(layout, step)
+                value = self._emit_step(step, value, layout, anchor)
+            for use in uses:
+                use.operation.operands[use.index] = value
+
+    def _gathered(
+        self, value: SSAValue, current: Sharding, needed: Sharding, before: Operation
+    ) -> SSAValue:
+        """``value`` resharded from ``current`` to ``needed`` (once per value and layout)."""
+        key = (value, needed)
+        if key not in self.gathered:
+            result, layout = value, current
+            for step in plan_reshard(current, needed):
+                layout = apply_step(layout, step)
+                result = self._emit_step(step, result, layout, before)
+            self.gathered[key] = result
+        return self.gathered[key]
+
+    def _emit_step(
+        self, step: ReshardStep, value: SSAValue, after: Sharding, before: Operation
+    ) -> SSAValue:
+        """The collective of one reshard step, in local (per-rank) types."""
+        attrs: dict[str, object] = {"axes": step.axes}
+        if step.kind == "all_to_all":
+            attrs |= {"split_dim": step.dim, "concat_dim": step.concat_dim}
+        elif step.dim is not None:
+            attrs["dim"] = step.dim
+        if step.reduction is not None:
+            attrs["kind"] = step.reduction
+        group_size = math.prod(self.mesh.axis_size(a) for a in step.axes)
+        op = graph.build(_COLLECTIVES[step.kind], [value], **attrs, group_size=group_size)
+        Rewriter.insert_op(op, InsertPoint.before(before))
+        set_op_shardings(op, self.mesh_name, [after])
+        return op.results[0]
+
+    def _localize_positions(
+        self, op: graph.GraphOp, rule: ShardingRule, assignment: dict[int, tuple[str, ...]]
+    ) -> None:
+        """Adds this rank's start of each split factor to its position operand."""
+        if not rule.positions:
+            return
+        split = [
+            assignment.get(f, ()) if rule.kind(f) is not FactorKind.CONTEXT else ()
+            for f, _ in rule.positions
+        ]
+        if not any(split):
+            return
+        first = rule.positions[0][1]
+        present = len(op.operands) > first
+        emit = _Emitter(op)
+        values = []
+        for (factor, index), axes in zip(rule.positions, split, strict=True):
+            current = op.operands[index] if present else None
+            if not axes:
+                values.append(current if current is not None else self._zero_position(op))
+                continue
+            start = self._rank_start(axes, self._local_size(op, rule, factor), op)
+            if current is not None:
+                start = emit(graph.AddOp, [current, start])
+                set_op_shardings(start.owner, self.mesh_name, [Sharding(())])  # type: ignore[arg-type]
+            values.append(start)
+        op.operands = [*op.operands[:first], *values]
+
+    def _zero_position(self, before: Operation) -> SSAValue:
+        """An i32 scalar 0 (one per function)."""
+        if self.zero is None:
+            self.zero = _Emitter(before).scalar(0, _I32)
+            set_op_shardings(self.zero.owner, self.mesh_name, [Sharding(())])  # type: ignore[arg-type]
+        return self.zero
+
+    def _local_size(self, op: Operation, rule: ShardingRule, factor: int) -> int:
+        """The local size of ``factor`` (from an operand that has it)."""
+        for value, dims in zip(op.operands, rule.operands, strict=False):
+            if factor in dims:
+                return aval(value).shape[dims.index(factor)]
+        raise ShardingError(f"{op.name}: no operand has the position operand's factor")
+
+    def _rank_start(self, axes: tuple[str, ...], size: int, before: Operation) -> SSAValue:
+        """This rank's first index of a dim of local ``size`` split over ``axes``:
+        ``axis_index(axes) * size`` (an i32 scalar, once per axes and size)."""
+        key = (axes, size)
+        if key not in self.starts:
+            position = graph.build(graph.AxisIndexOp, [], axes=axes)
+            Rewriter.insert_op(position, InsertPoint.before(before))
+            emit = _Emitter(before)
+            block_size = emit.scalar(size, _I32)
+            start = emit(graph.MulOp, [position.results[0], block_size])
+            for value in (position.results[0], block_size, start):
+                set_op_shardings(value.owner, self.mesh_name, [Sharding(())])  # type: ignore[arg-type]
+            self.starts[key] = start
+        return self.starts[key]
+
+
+_I32 = AbstractTensor((), DType.i32)
+
+
+class _Emitter(GraphEmitter):
+    """A GraphEmitter with the constant helpers the partitioned ops need."""
+
+    def scalar(self, value: float, like: AbstractTensor) -> SSAValue:
+        dense = DenseIntOrFPElementsAttr.from_list(
+            AbstractTensor((), like.dtype).to_xdsl(), [value]
+        )
+        op = graph.build(graph.ConstantOp, [], value=dense)
+        Rewriter.insert_op(op, InsertPoint.before(self.anchor))
+        return op.results[0]

@@ -6,9 +6,10 @@ the launch overhead:
     time = launch + max(flops / (peak[dtype] · matmul_efficiency),
                         bytes / (memory_bandwidth · memory_efficiency))
 
-- flops: ``2·m·n·k`` per matmul (times its batch); attention (a fused ``softmax(q kᵀ) v``)
-  is its two matmuls, halved when causal (the kernel skips masked blocks); other ops
-  are memory-bound, and their arithmetic is not counted.
+- flops: ``2·m·n·k`` per matmul (times its batch); attention (a fused ``softmax(q kᵀ) v``
+  or ``graph.attention``) is its two matmuls, its backward kernel seven, halved when causal
+  (the kernels skip masked blocks); other ops are memory-bound, and their arithmetic is
+  not counted.
 - bytes: what crosses the kernel's boundary, its inputs and outputs (a fused kernel keeps
   its intermediates in registers and shared memory), plus constants passed by pointer.
 
@@ -34,11 +35,29 @@ def matmul_flops(op: graph.GraphOp) -> float:
     return 2.0 * prod(aval(op.results[0]).shape) * lhs.shape[-1]
 
 
+def attention_flops(op: graph.GraphOp) -> float:
+    """The matmul FLOPs of ``graph.attention`` (``q kᵀ`` and ``p v``) or of its backward
+    kernel (``q kᵀ`` and ``do vᵀ`` in each of its two loops, ``pᵀ do``, ``dsᵀ q``, ``ds
+    k``: atomic-free, it recomputes two products), halved when causal."""
+    q, v = aval(op.operands[0]), aval(op.operands[2])
+    d, dv, keys = q.shape[-1], v.shape[-1], v.shape[-2]
+    backward = isinstance(op, graph.AttentionBackwardOp)
+    per_row = 2.0 * keys * ((4 * d + 3 * dv) if backward else d + dv)  # per query row
+    flops = prod(q.shape[:-1]) * per_row
+    return flops / 2 if op.attrs()["causal"] else flops
+
+
 def kernel_flops(kernel: schedule.KernelOp) -> float:
     """The matmul FLOPs of a kernel's body (half for a causal attention kernel)."""
     from tessera.codegen.attention import match_attention
 
-    flops = sum(matmul_flops(op) for op in kernel.body.block.ops if isinstance(op, graph.MatmulOp))
+    ops = kernel.body.block.ops
+    flops = sum(matmul_flops(op) for op in ops if isinstance(op, graph.MatmulOp))
+    flops += sum(
+        attention_flops(op)
+        for op in ops
+        if isinstance(op, graph.AttentionOp | graph.AttentionBackwardOp)
+    )
     attention = match_attention(kernel)
     return flops / 2 if attention is not None and attention.causal else flops
 
@@ -115,6 +134,10 @@ def kernel_time(device: Device, kernel: schedule.KernelOp) -> float:
     """Modelled time of one ``schedule.kernel`` on ``device`` (0 for a view)."""
     if is_view(kernel):
         return 0.0
-    matmuls = [op for op in kernel.body.block.ops if isinstance(op, graph.MatmulOp)]
+    matmuls = [
+        op
+        for op in kernel.body.block.ops
+        if isinstance(op, graph.MatmulOp | graph.AttentionOp | graph.AttentionBackwardOp)
+    ]
     dtype = str(aval(matmuls[0].operands[0]).dtype) if matmuls else "f32"
     return compute_time(device, kernel_flops(kernel), kernel_bytes(kernel), dtype)

@@ -22,7 +22,7 @@ from xdsl.ir import Operation, SSAValue
 from tessera.errors import TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
-from tessera.perf.compute_cost import compute_time, matmul_flops
+from tessera.perf.compute_cost import attention_flops, compute_time, matmul_flops
 from tessera.perf.topology import Topology
 
 
@@ -94,7 +94,12 @@ def _op_time(op: Operation, topology: Topology) -> float:
     """The roofline time of one forward op alone (no launch overhead)."""
     values = [*op.operands, *op.results]
     nbytes = sum(aval(v).nbytes for v in values)
-    flops = matmul_flops(op) if isinstance(op, graph.MatmulOp) else 0.0  # type: ignore[arg-type]
+    if isinstance(op, graph.MatmulOp):
+        flops = matmul_flops(op)
+    elif isinstance(op, graph.AttentionOp):
+        flops = attention_flops(op)
+    else:
+        flops = 0.0
     dtype = aval(op.results[0]).dtype.value if op.results else "f32"
     device = topology.device
     return compute_time(device, flops, nbytes, dtype) - device.launch_overhead_s

@@ -1,7 +1,8 @@
 """The torch.distributed backend in real processes (gloo on 127.0.0.1) and ``tessera run``.
 
 The scripts under ``tests/unit/multiprocess/`` run as 2 or 4 ranks: each rank checks its
-``.full()`` results against the virtual mesh and torch eager; or one misbehaves on
+``.full()`` results against the virtual mesh and torch eager (or, for context-parallel
+attention, torch autograd); or one misbehaves on
 purpose (raises, exits with or without a code, is killed, hangs, runs a different
 program) and the run must end in bounded time naming it first; or rank 0 saves the
 trained model, which must equal the virtual mesh's. A few fast checks of the failure
@@ -73,6 +74,15 @@ def test_vocab_parallel_programs_over_four_processes() -> None:
     for rank in range(4):
         assert f"rank {rank} OK" in result.stdout
         assert f"rank {rank}: vocab-parallel cross-entropy gradient: max error vs eager" in result.stdout
+
+
+def test_context_parallel_attention_over_two_processes() -> None:
+    """Sequence split over cp = 2, one rank per process (gloo): the forward's k and v
+    all-gathers and the backward's dk and dv reduce-scatters, each rank's causal offset
+    from its position, through the Triton kernels; results match torch autograd."""
+    result = tessera_run(2, SCRIPTS / "context_parallel.py", kernels="triton", limit=180.0)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 0 OK" in result.stdout and "rank 1 OK" in result.stdout
 
 
 def test_readme_example_with_the_console_script() -> None:

@@ -87,6 +87,7 @@ def test_fusion_matches_tile_code(op_type: type[graph.GraphOp]) -> None:
         Fusion.NORMALIZATION: RowReduction,
         Fusion.LOSS: RowReduction,
         Fusion.MATMUL: Kernel,
+        Fusion.ATTENTION: Kernel,
         Fusion.LAYOUT: IndexMap,
         Fusion.CONSTANT: IndexMap,
         Fusion.COLLECTIVE: NotApplicable,

@@ -67,7 +67,7 @@ def _triton_source(out: str) -> None:
 
 
 def _gpt_block(out: str) -> None:
-    assert "graph.softmax" in out and "graph.layer_norm" in out, out[-3000:]
+    assert "graph.attention" in out and "graph.layer_norm" in out, out[-3000:]
 
 
 def _megatron_mlp(out: str) -> None:

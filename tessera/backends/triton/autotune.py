@@ -55,6 +55,7 @@ MATMUL_TILES = (
 )
 POINTWISE_BLOCKS = (512, 1024, 2048, 4096, 8192)
 ATTENTION_BLOCKS = (64, 128)
+ATTENTION_BACKWARD_BLOCKS = (32, 64, 128)
 WARPS = (2, 4, 8, 16)
 POINTWISE_PER_THREAD = (4, 16)  # elements per thread of the pointwise configs tried
 REDUCTION_PER_THREAD = (2, 64)  # elements per thread of the reduction configs tried
@@ -124,6 +125,14 @@ def config_space(
             for n in ATTENTION_BLOCKS
             for w in (4, 8)
             for s in (2, 3)
+        ]
+    if kind == "attention_backward":  # dk, dv and dq accumulators: smaller blocks
+        return [
+            BlockConfig(block_m=m, block_n=n, num_warps=w, num_stages=s)
+            for m in ATTENTION_BACKWARD_BLOCKS
+            for n in ATTENTION_BACKWARD_BLOCKS
+            for w in (4, 8)
+            for s in (1, 2)
         ]
     raise TesseraError(f"no configuration space for kernel class {kind!r}")
 

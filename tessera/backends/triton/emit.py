@@ -169,6 +169,7 @@ EXPRESSIONS: dict[type[Operation], Callable[..., str]] = {
     tile.SplatOp: lambda op, a: f"tl.full({tile.block_shape(op.result.type)}, {a[0]}, {triton_dtype(op.result.type)})",
     tile.BroadcastOp: lambda op, a: f"tl.broadcast_to({a[0]}, {tile.block_shape(op.result.type)})",
     tile.ExpandDimsOp: lambda op, a: f"tl.expand_dims({a[0]}, {op.axis.value.data})",
+    tile.TransOp: _call("tl.trans"),
     tile.LoadOp: _load,
     tile.DotOp: _dot,
     tile.ReduceOp: lambda op, a: f"{_REDUCE[op.kind.data]}({a[0]}, axis={op.axis.value.data})",

@@ -31,6 +31,7 @@
 // CHECK-NEXT:    s0 = tl.load(x + pid)
 // CHECK-NEXT:    row = tl.expand_dims(off, 1)
 // CHECK-NEXT:    col = tl.expand_dims(r, 0)
+// CHECK-NEXT:    rowt = tl.trans(row)
 // CHECK-NEXT:    rows = tl.broadcast_to(row, (16, 16))
 // CHECK-NEXT:    cols = tl.broadcast_to(col, (16, 16))
 // CHECK-NEXT:    o2 = rows + cols
@@ -132,6 +133,7 @@ tile.kernel @every_op(%x: !tile.ptr<f32>, %w: !tile.ptr<bf16>, %out: !tile.ptr<f
   %s0 = tile.load %x[%pid] : !tile.ptr<f32>, i32 -> f32
   %row = tile.expand_dims %off, 1 : tensor<16xi32> -> tensor<16x1xi32>
   %col = tile.expand_dims %r, 0 : tensor<16xi32> -> tensor<1x16xi32>
+  %rowt = tile.trans %row : tensor<16x1xi32> -> tensor<1x16xi32>
   %rows = tile.broadcast %row : tensor<16x1xi32> -> tensor<16x16xi32>
   %cols = tile.broadcast %col : tensor<1x16xi32> -> tensor<16x16xi32>
   %o2 = arith.addi %rows, %cols : tensor<16x16xi32>

@@ -670,3 +670,95 @@ func.func @too_many_results(%x: tensor<4xf32>) {
   %0:2 = "graph.add"(%x, %x) : (tensor<4xf32>, tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
   func.return
 }
+
+// -----
+
+// --- attention -----------------------------------------------------------------------
+
+// q and k share the head dim D.
+func.func @attention_head_dims_differ(%q: tensor<2x16x8xf32>, %k: tensor<2x16x4xf32>) {
+  // CHECK: graph.attention: q and k must have one head dim (D), found tensor<2x16x8xf32> and tensor<2x16x4xf32>{{$}}
+  %o, %l = graph.attention %q, %k, %k {causal = false, scale = 1.0} : tensor<2x16x8xf32>, tensor<2x16x4xf32>, tensor<2x16x4xf32> -> (tensor<2x16x4xf32>, tensor<2x16xf32>)
+  func.return
+}
+
+// -----
+
+// Query heads are a multiple of the key and value heads.
+func.func @attention_heads_not_grouped(%q: tensor<3x16x8xf32>, %k: tensor<2x16x8xf32>) {
+  // CHECK: graph.attention: the query heads (dim 0: 3) must be a multiple of the key and value heads (2), found q tensor<3x16x8xf32> and k tensor<2x16x8xf32>{{$}}
+  %o, %l = graph.attention %q, %k, %k {causal = false, scale = 1.0} : tensor<3x16x8xf32>, tensor<2x16x8xf32>, tensor<2x16x8xf32> -> (tensor<3x16x8xf32>, tensor<3x16xf32>)
+  func.return
+}
+
+// -----
+
+// k and v have one sequence length.
+func.func @attention_kv_lengths_differ(%q: tensor<16x8xf32>, %k: tensor<16x8xf32>, %v: tensor<12x8xf32>) {
+  // CHECK: graph.attention: k and v must agree on every dim but the last (batch dims and Tk), found tensor<16x8xf32> and tensor<12x8xf32>{{$}}
+  %o, %l = graph.attention %q, %k, %v {causal = false, scale = 1.0} : tensor<16x8xf32>, tensor<16x8xf32>, tensor<12x8xf32> -> (tensor<16x8xf32>, tensor<16xf32>)
+  func.return
+}
+
+// -----
+
+// Attention computes in floating point.
+func.func @attention_of_integers(%q: tensor<16x8xi32>) {
+  // CHECK: graph.attention: expected floating-point q, k and v, found tensor<16x8xi32>, tensor<16x8xi32> and tensor<16x8xi32>{{$}}
+  %o, %l = graph.attention %q, %q, %q {causal = false, scale = 1.0} : tensor<16x8xi32>, tensor<16x8xi32>, tensor<16x8xi32> -> (tensor<16x8xi32>, tensor<16xf32>)
+  func.return
+}
+
+// -----
+
+// The position offsets come in a pair.
+func.func @attention_one_offset(%q: tensor<16x8xf32>, %q0: tensor<i32>) {
+  // CHECK: graph.attention: expected no position offsets or two (the queries' and the keys'), found 1{{$}}
+  %o, %l = graph.attention %q, %q, %q, %q0 {causal = true, scale = 1.0} : tensor<16x8xf32>, tensor<16x8xf32>, tensor<16x8xf32>, tensor<i32> -> (tensor<16x8xf32>, tensor<16xf32>)
+  func.return
+}
+
+// -----
+
+// A position offset is an i32 scalar.
+func.func @attention_offset_not_i32(%q: tensor<16x8xf32>, %q0: tensor<i64>) {
+  // CHECK: graph.attention: expected the query position offset to be an i32 scalar, found tensor<i64>{{$}}
+  %o, %l = graph.attention %q, %q, %q, %q0, %q0 {causal = true, scale = 1.0} : tensor<16x8xf32>, tensor<16x8xf32>, tensor<16x8xf32>, tensor<i64>, tensor<i64> -> (tensor<16x8xf32>, tensor<16xf32>)
+  func.return
+}
+
+// -----
+
+// The log-sum-exp is f32 for f32 inputs.
+func.func @attention_lse_type(%q: tensor<16x8xf32>) {
+  // CHECK: graph.attention: result 1 type mismatch: expected tensor<16xf32>, found tensor<16xf16>{{$}}
+  %o, %l = graph.attention %q, %q, %q {causal = false, scale = 1.0} : tensor<16x8xf32>, tensor<16x8xf32>, tensor<16x8xf32> -> (tensor<16x8xf32>, tensor<16xf16>)
+  func.return
+}
+
+// -----
+
+// The backward's output cotangent has the output's type.
+func.func @attention_backward_cotangent(%q: tensor<16x8xf32>, %do: tensor<16x4xf32>, %l: tensor<16xf32>) {
+  // CHECK: graph.attention_backward: expected the output cotangent to be tensor<16x8xf32>, found tensor<16x4xf32>{{$}}
+  %dq, %dk, %dv = graph.attention_backward %q, %q, %q, %do, %l, %l {causal = false, scale = 1.0} : tensor<16x8xf32>, tensor<16x8xf32>, tensor<16x8xf32>, tensor<16x4xf32>, tensor<16xf32>, tensor<16xf32> -> (tensor<16x8xf32>, tensor<16x8xf32>, tensor<16x8xf32>)
+  func.return
+}
+
+// -----
+
+// lse and delta have one value per query row.
+func.func @attention_backward_statistics(%q: tensor<16x8xf32>, %l: tensor<16xf32>, %d: tensor<8xf32>) {
+  // CHECK: graph.attention_backward: expected delta to be tensor<16xf32>, found tensor<8xf32>{{$}}
+  %dq, %dk, %dv = graph.attention_backward %q, %q, %q, %q, %l, %d {causal = false, scale = 1.0} : tensor<16x8xf32>, tensor<16x8xf32>, tensor<16x8xf32>, tensor<16x8xf32>, tensor<16xf32>, tensor<8xf32> -> (tensor<16x8xf32>, tensor<16x8xf32>, tensor<16x8xf32>)
+  func.return
+}
+
+// -----
+
+// The scale is finite.
+func.func @attention_scale_not_finite(%q: tensor<16x8xf32>) {
+  // CHECK: graph.attention: expected a finite scale, found inf{{$}}
+  %o, %l = "graph.attention"(%q, %q, %q) <{causal = false, scale = 0x7FF0000000000000 : f64}> : (tensor<16x8xf32>, tensor<16x8xf32>, tensor<16x8xf32>) -> (tensor<16x8xf32>, tensor<16xf32>)
+  func.return
+}

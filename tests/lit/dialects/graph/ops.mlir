@@ -496,6 +496,26 @@ func.func @gather(%table: tensor<100x16xf32>, %ids: tensor<4x8xi32>, %x: tensor<
 }
 
 
+
+// attention: q, k, v (k and v with half of q's heads: grouped-query attention), the
+// optional i32 position offsets of a causal block; two results (the output and the
+// f32 log-sum-exp per query row; f64 for f64 inputs). Its backward takes the output's
+// cotangent, lse and delta = rowsum(do * o), and gives q's, k's and v's types.
+// CHECK-LABEL: func.func @attention
+// CHECK-SAME: (%[[Q:.*]]: tensor<2x4x16x8xf32>, %[[K:.*]]: tensor<2x2x24x8xf32>, %[[V:.*]]: tensor<2x2x24x16xf32>, %[[Q0:.*]]: tensor<i32>, %[[K0:.*]]: tensor<i32>, %[[D:.*]]: tensor<5x4xf64>, %[[DO:.*]]: tensor<2x4x16x16xf32>, %[[L:.*]]: tensor<2x4x16xf32>) {
+// CHECK-NEXT: %{{.*}}, %{{.*}} = graph.attention %[[Q]], %[[K]], %[[V]] {causal = false, scale = 0.125} : tensor<2x4x16x8xf32>, tensor<2x2x24x8xf32>, tensor<2x2x24x16xf32> -> (tensor<2x4x16x16xf32>, tensor<2x4x16xf32>){{$}}
+// CHECK-NEXT: %{{.*}}, %{{.*}} = graph.attention %[[Q]], %[[K]], %[[V]], %[[Q0]], %[[K0]] {causal = true, scale = 0.35} : tensor<2x4x16x8xf32>, tensor<2x2x24x8xf32>, tensor<2x2x24x16xf32>, tensor<i32>, tensor<i32> -> (tensor<2x4x16x16xf32>, tensor<2x4x16xf32>){{$}}
+// CHECK-NEXT: %{{.*}}, %{{.*}} = graph.attention %[[D]], %[[D]], %[[D]] {causal = true, scale = 1.0} : tensor<5x4xf64>, tensor<5x4xf64>, tensor<5x4xf64> -> (tensor<5x4xf64>, tensor<5xf64>){{$}}
+// CHECK-NEXT: %{{.*}}, %{{.*}}, %{{.*}} = graph.attention_backward %[[Q]], %[[K]], %[[V]], %[[DO]], %[[L]], %[[L]], %[[Q0]], %[[K0]] {causal = true, scale = 0.35} : tensor<2x4x16x8xf32>, tensor<2x2x24x8xf32>, tensor<2x2x24x16xf32>, tensor<2x4x16x16xf32>, tensor<2x4x16xf32>, tensor<2x4x16xf32>, tensor<i32>, tensor<i32> -> (tensor<2x4x16x8xf32>, tensor<2x2x24x8xf32>, tensor<2x2x24x16xf32>){{$}}
+// CHECK-NEXT: func.return
+func.func @attention(%q: tensor<2x4x16x8xf32>, %k: tensor<2x2x24x8xf32>, %v: tensor<2x2x24x16xf32>, %q0: tensor<i32>, %k0: tensor<i32>, %d: tensor<5x4xf64>, %do: tensor<2x4x16x16xf32>, %lse: tensor<2x4x16xf32>) {
+  %o, %l = graph.attention %q, %k, %v {causal = false, scale = 0.125} : tensor<2x4x16x8xf32>, tensor<2x2x24x8xf32>, tensor<2x2x24x16xf32> -> (tensor<2x4x16x16xf32>, tensor<2x4x16xf32>)
+  %o1, %l1 = graph.attention %q, %k, %v, %q0, %k0 {causal = true, scale = 0.35} : tensor<2x4x16x8xf32>, tensor<2x2x24x8xf32>, tensor<2x2x24x16xf32>, tensor<i32>, tensor<i32> -> (tensor<2x4x16x16xf32>, tensor<2x4x16xf32>)
+  %o2, %l2 = graph.attention %d, %d, %d {causal = true, scale = 1.0} : tensor<5x4xf64>, tensor<5x4xf64>, tensor<5x4xf64> -> (tensor<5x4xf64>, tensor<5xf64>)
+  %dq, %dk, %dv = graph.attention_backward %q, %k, %v, %do, %lse, %lse, %q0, %k0 {causal = true, scale = 0.35} : tensor<2x4x16x8xf32>, tensor<2x2x24x8xf32>, tensor<2x2x24x16xf32>, tensor<2x4x16x16xf32>, tensor<2x4x16xf32>, tensor<2x4x16xf32>, tensor<i32>, tensor<i32> -> (tensor<2x4x16x8xf32>, tensor<2x2x24x8xf32>, tensor<2x2x24x16xf32>)
+  func.return
+}
+
 // Discardable attributes print after the properties with the `attributes` keyword
 // (before the value for a constant) and survive both round trips.
 // CHECK-LABEL: func.func @discardable_attributes

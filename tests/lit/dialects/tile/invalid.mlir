@@ -246,6 +246,27 @@ tile.kernel @k() grid [1, 1, 1] warps 4 stages 1 {
   tile.return
 }
 
+// -----
+
+// trans swaps the two dims of a 2-D block.
+// CHECK: tile.trans: expected result tensor<1x4xi32>, found tensor<4x1xi32>{{$}}
+tile.kernel @k() grid [1, 1, 1] warps 4 stages 1 {
+  %r = tile.arange : tensor<4xi32>
+  %e = tile.expand_dims %r, 1 : tensor<4xi32> -> tensor<4x1xi32>
+  %t = tile.trans %e : tensor<4x1xi32> -> tensor<4x1xi32>
+  tile.return
+}
+
+// -----
+
+// ...and only a 2-D block.
+// CHECK: tile.trans: expected a 2-D block, found tensor<4xi32>{{$}}
+tile.kernel @k() grid [1, 1, 1] warps 4 stages 1 {
+  %r = tile.arange : tensor<4xi32>
+  %t = tile.trans %r : tensor<4xi32> -> tensor<4xi32>
+  tile.return
+}
+
 // --- memory ----------------------------------------------------------------------------
 
 // -----

@@ -8,7 +8,7 @@
 // and the generic form. Op lines end in {{$}} so that a printer adding anything fails.
 
 // Every tile op, on scalars and blocks: index arithmetic, masked and unmasked loads and
-// stores (block and scalar offsets), shape changes, a bf16 dot into an f32 accumulator,
+// stores (block and scalar offsets), shape changes (a transpose too), a bf16 dot into an f32 accumulator,
 // the three reductions (to a block and to a scalar), comparison, selection, conversion.
 // CHECK-LABEL: tile.kernel @all_ops
 // CHECK-SAME:  (%[[X:.*]]: !tile.ptr<f32>, %[[W:.*]]: !tile.ptr<bf16>, %[[Y:.*]]: !tile.ptr<f32>, %[[N:.*]]: i32, %[[S:.*]]: f32) grid [4, 2, 1] warps 8 stages 3 {{{$}}
@@ -25,6 +25,7 @@
 // CHECK-NEXT:    %[[SC:.*]] = tile.load %[[X]][%[[PID1]]] : !tile.ptr<f32>, i32 -> f32{{$}}
 // CHECK-NEXT:    %[[ROW:.*]] = tile.expand_dims %[[OFF]], 1 : tensor<16xi32> -> tensor<16x1xi32>{{$}}
 // CHECK-NEXT:    %[[COL:.*]] = tile.expand_dims %[[R]], 0 : tensor<16xi32> -> tensor<1x16xi32>{{$}}
+// CHECK-NEXT:    %{{.*}} = tile.trans %[[ROW]] : tensor<16x1xi32> -> tensor<1x16xi32>{{$}}
 // CHECK-NEXT:    %[[ROWS:.*]] = tile.broadcast %[[ROW]] : tensor<16x1xi32> -> tensor<16x16xi32>{{$}}
 // CHECK-NEXT:    %[[COLS:.*]] = tile.broadcast %[[COL]] : tensor<1x16xi32> -> tensor<16x16xi32>{{$}}
 // CHECK-NEXT:    %[[O2:.*]] = arith.addi %[[ROWS]], %[[COLS]] : tensor<16x16xi32>{{$}}
@@ -63,6 +64,7 @@ tile.kernel @all_ops(%x: !tile.ptr<f32>, %w: !tile.ptr<bf16>, %y: !tile.ptr<f32>
   %sc = tile.load %x[%pid1] : !tile.ptr<f32>, i32 -> f32
   %row = tile.expand_dims %off, 1 : tensor<16xi32> -> tensor<16x1xi32>
   %col = tile.expand_dims %r, 0 : tensor<16xi32> -> tensor<1x16xi32>
+  %tr = tile.trans %row : tensor<16x1xi32> -> tensor<1x16xi32>
   %rows = tile.broadcast %row : tensor<16x1xi32> -> tensor<16x16xi32>
   %cols = tile.broadcast %col : tensor<1x16xi32> -> tensor<16x16xi32>
   %o2 = arith.addi %rows, %cols : tensor<16x16xi32>
