@@ -327,8 +327,17 @@ def per_device(collectives: Sequence[Collective], num_devices: int, ring: bool =
     return max(totals)
 
 
-def tessera_collectives(lowered: ts.compiled.Lowered) -> list[Collective]:
-    return [Collective(c.kind, c.group_size, c.nbytes) for c in lowered.collectives()]
+def tessera_collectives(lowered: ts.compiled.Lowered, mesh: dist.Mesh) -> list[Collective]:
+    """Tessera's collectives; a collective_permute received by the devices at its
+    targets (of another device's data) in every group over its axes."""
+    found = []
+    for c in lowered.collectives():
+        receivers = None
+        if c.receivers is not None:
+            groups = mesh.groups(c.mesh_axes)
+            receivers = frozenset(group[p] for group in groups for p in c.receivers)
+        found.append(Collective(c.kind, c.group_size, c.nbytes, receivers))
+    return found
 
 
 _HLO_COLLECTIVE = re.compile(
@@ -456,7 +465,7 @@ def measure(
     jax_lines = [line.strip() for line in hlo.splitlines() if _HLO_COLLECTIVE.search(line)]
     return Row(
         program.name,
-        tessera_collectives(lowered),
+        tessera_collectives(lowered, ts_mesh),
         hlo_collectives(hlo, jax_mesh.size),
         error,
         lowered.as_text("partitioned"),

@@ -4,9 +4,10 @@ The decision shared by ``shard-propagate`` (which writes the result layouts) and
 ``insert-collectives`` (which makes the operands match what the op needs):
 
 - :func:`choose` picks how the op's factors (see ``sharding_rules``) are split over mesh
-  axes, at the least cost: the bytes moved (``reshard_cost``) plus, for a matmul, its
-  multiply-adds per device priced in bytes (so that leaving a split operand's factor
-  unsplit, which repeats the same products on every rank, is not free);
+  axes, at the least cost: the bytes moved (``reshard_cost``, and the block moves of a
+  split BLOCKS factor, :func:`block_move_bytes`) plus, for a matmul, its multiply-adds
+  per device priced in bytes (so that leaving a split operand's factor unsplit, which
+  repeats the same products on every rank, is not free);
 - :func:`required` is the layout an operand must have under that choice;
 - :func:`results` are the layouts the op then produces (split reduction factors make
   results partial; partial operands stay partial through linear ops, unless
@@ -25,7 +26,8 @@ from xdsl.ir import Operation
 from tessera.analysis.reduction_points import ReductionPoints
 from tessera.ir import graph
 from tessera.ir.abstract import aval
-from tessera.ir.reshard import reshard_cost
+from tessera.ir.block_moves import Window, communicating_moves, plan_block_moves, received_elements
+from tessera.ir.reshard import ALPHA_BYTES, reshard_cost
 from tessera.ir.sharding import MeshLike, Sharding
 from tessera.ir.sharding_rules import LINEAR_KINDS, FactorKind, ShardingRule, factor_product
 from tessera.ops import LayoutTransition, op_def, sharding_rule
@@ -97,7 +99,7 @@ def choose(
         for factor, axes in proposals:
             if factor in assignment or used & set(axes):
                 continue
-            if rule.factors[factor].size % prod(mesh.axis_size(a) for a in axes):
+            if not rule.divides(factor, prod(mesh.axis_size(a) for a in axes)):
                 continue
             trial = {**assignment, factor: axes}
             key = (_cost(op, rule, trial, known, mesh, points), -weight[factor])
@@ -132,6 +134,7 @@ def _cost(
         typ = aval(value)
         total += reshard_cost(sharding, needed, typ.shape, typ.dtype.itemsize, mesh)
     produced = results(op, rule, assignment, known, points)
+    total += block_move_bytes(op, rule, assignment, produced, mesh)
     inherited = {a for s in known if s is not None for a, _ in s.partial}
     for result, sharding in zip(op.results, produced, strict=True):
         new_partial = [a for a in sharding.partial_axes if a not in inherited]
@@ -141,6 +144,38 @@ def _cost(
                 sharding.dims, tuple(p for p in sharding.partial if p[0] not in new_partial)
             )
             total += reshard_cost(sharding, resolved, typ.shape, typ.dtype.itemsize, mesh)
+    return total
+
+
+def block_move_bytes(
+    op: graph.GraphOp,
+    rule: ShardingRule,
+    assignment: Assignment,
+    produced: Sequence[Sharding],
+    mesh: MeshLike,
+) -> float:
+    """Bytes the busiest rank receives when the op's split BLOCKS factors move blocks
+    (:mod:`tessera.ir.block_moves`), plus ``ALPHA_BYTES`` per permute that sends."""
+    total = 0.0
+    for windows in rule.windows:
+        axes = assignment.get(windows.factor)
+        if not axes:
+            continue
+        ranks = prod(mesh.axis_size(a) for a in axes)
+        plan = plan_block_moves(
+            [Window(*w) for w in windows.operands if w is not None],
+            [Window(*w) for w in windows.results if w is not None],
+            ranks,
+        )
+        targets = [j for j, w in enumerate(windows.results) if w is not None]
+        per_rank = [0.0] * ranks
+        for j, received in zip(targets, received_elements(plan, ranks), strict=True):
+            typ = aval(op.results[j])
+            local = produced[j].local_shape(mesh, typ.shape)
+            dim = rule.results[j].index(windows.factor)
+            row = prod(size for d, size in enumerate(local) if d != dim) * typ.dtype.itemsize
+            per_rank = [have + count * row for have, count in zip(per_rank, received, strict=True)]
+        total += max(per_rank) + ALPHA_BYTES * communicating_moves(plan)
     return total
 
 

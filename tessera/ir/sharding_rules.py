@@ -10,7 +10,13 @@ factor's kind says what splitting it over a mesh axis means (as in Shardy's
 - ``STATISTIC``: the op reduces over it internally but its results keep the dim
   (softmax's axis, layer_norm's axes): splitting it needs an all-reduce of per-row
   statistics inside the op, never a gather of the tensor.
-- ``REPLICATED``: the op needs the dim whole (concat's axis, a sliced dim).
+- ``BLOCKS``: the op takes *windows* of the factor's index space on some tensors (a
+  split's pieces, a concat's operands, a slice's result; :class:`FactorWindows`). The
+  dim may stay split: each rank then holds its block of every window, and the blocks
+  that live on another rank move there by collective permutes
+  (:mod:`tessera.ir.block_moves`), priced by the cost model like any reshard.
+- ``REPLICATED``: the op needs the dim whole (a reshape's merged minor dims, a gathered
+  axis).
 
 This module is the rules' vocabulary and the builders shared by several ops; each op's
 rule is declared with the op in :mod:`tessera.ops` (see ``tessera.ops.sharding_rule``).
@@ -31,6 +37,7 @@ class FactorKind(enum.Enum):
     PARALLEL = "parallel"
     REDUCTION = "reduction"
     STATISTIC = "statistic"
+    BLOCKS = "blocks"
     REPLICATED = "replicated"
 
 
@@ -44,12 +51,38 @@ Dims = tuple[int | None, ...]  # factor index per tensor dim
 
 
 @dataclass(frozen=True)
+class FactorWindows:
+    """Where the tensors of a BLOCKS factor lie along its index space: operand ``i``'s
+    dim is the window ``operands[i]`` (``(offset, size)``, None for an operand without
+    the factor), and likewise for the results."""
+
+    factor: int
+    operands: tuple[tuple[int, int] | None, ...]
+    results: tuple[tuple[int, int] | None, ...]
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(w[1] for w in (*self.operands, *self.results) if w is not None)
+
+
+@dataclass(frozen=True)
 class ShardingRule:
     factors: tuple[Factor, ...]
     operands: tuple[Dims, ...]
     results: tuple[Dims, ...]
     reduction_kind: str = "sum"  # the partial kind a split REDUCTION factor produces:
     # sum, mean (each rank holds the mean of its slice: the value is their average), max, min
+    windows: tuple[FactorWindows, ...] = ()  # one per BLOCKS factor
+
+    def windows_of(self, factor: int) -> FactorWindows | None:
+        return next((w for w in self.windows if w.factor == factor), None)
+
+    def divides(self, factor: int, ways: int) -> bool:
+        """Whether ``factor`` can be split ``ways`` ways: its size and, for a BLOCKS
+        factor, every window's size divide evenly."""
+        windows = self.windows_of(factor)
+        sizes = windows.sizes if windows is not None else ()
+        return all(size % ways == 0 for size in (self.factors[factor].size, *sizes))
 
     def __str__(self) -> str:
         names = [chr(ord("i") + i) if i < 18 else f"f{i}" for i in range(len(self.factors))]
@@ -88,9 +121,15 @@ class RuleBuilder:
         )
 
     def rule(
-        self, operands: Sequence[Dims], results: Sequence[Dims], kind: str = "sum"
+        self,
+        operands: Sequence[Dims],
+        results: Sequence[Dims],
+        kind: str = "sum",
+        windows: Sequence[FactorWindows] = (),
     ) -> ShardingRule:
-        return ShardingRule(tuple(self.factors), tuple(operands), tuple(results), kind)
+        return ShardingRule(
+            tuple(self.factors), tuple(operands), tuple(results), kind, tuple(windows)
+        )
 
 
 Rule = Callable[[list[AbstractTensor], list[AbstractTensor], dict[str, Any]], ShardingRule]

@@ -19,6 +19,7 @@ Values never reached are replicated. The result sharding is written on each op
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 
 from xdsl.context import Context
 from xdsl.dialects import func
@@ -122,8 +123,10 @@ class _Propagation:
             if sharding is None:
                 continue
             for factor, axes in zip(dims, sharding.dims, strict=True):
-                if factor is not None and axes and factor not in assignment:
-                    assignment[factor] = axes
+                if factor is None or not axes or factor in assignment:
+                    continue
+                if rule.divides(factor, prod(self.mesh.axis_size(a) for a in axes)):
+                    assignment[factor] = axes  # (a concat's operands may not divide)
         # factors no result shows (a contraction's k) split as the forward choice splits them
         known = [self.shardings.get(v) for v in op.operands]
         shown = {f for dims in rule.results for f in dims}

@@ -409,21 +409,20 @@ func.func @partial_used_many_times_reduced_once(%x: tensor<16x64xf32> {graph.sha
 
 // -----
 
-// A split value concatenated along its split dim by two consumers is gathered once.
+// A split value that two consumers need whole (strided slices of its split dim) is
+// gathered once.
 // CHECK-LABEL: func.func @gather_shared_by_two_consumers
 // CHECK-SAME:    %[[X:[^:]*]]: tensor<8x16xf32>
-// CHECK-SAME:    %[[Y:[^:]*]]: tensor<8x16xf32>
 // CHECK-NEXT:    %[[G:.*]] = graph.all_gather %[[X]] {axes = [tp], dim = 1}
-// CHECK-NEXT:    %[[A:.*]] = graph.concat %[[G]], %[[Y]] {axis = 1}
-// CHECK-NEXT:    %[[B:.*]] = graph.concat %[[Y]], %[[G]] {axis = 1}
+// CHECK-NEXT:    %[[A:.*]] = graph.slice %[[G]] {starts = [0, 0], limits = [8, 16], strides = [1, 2]}
+// CHECK-NEXT:    %[[B:.*]] = graph.slice %[[G]] {starts = [0, 1], limits = [8, 16], strides = [1, 2]}
 // CHECK-NEXT:    func.return %[[A]], %[[B]]
 graph.mesh @mesh axes = [tp = 4]
-func.func @gather_shared_by_two_consumers(%x: tensor<8x16xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
-                                          %y: tensor<8x16xf32> {graph.sharding = #graph.sharding<@mesh, [[], []]>})
-    -> (tensor<8x32xf32>, tensor<8x32xf32>) {
-  %a = graph.concat %x, %y {axis = 1} : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x32xf32>
-  %b = graph.concat %y, %x {axis = 1} : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x32xf32>
-  func.return %a, %b : tensor<8x32xf32>, tensor<8x32xf32>
+func.func @gather_shared_by_two_consumers(%x: tensor<8x16xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>})
+    -> (tensor<8x8xf32>, tensor<8x8xf32>) {
+  %a = graph.slice %x {starts = [0, 0], limits = [8, 16], strides = [1, 2]} : tensor<8x16xf32> -> tensor<8x8xf32>
+  %b = graph.slice %x {starts = [0, 1], limits = [8, 16], strides = [1, 2]} : tensor<8x16xf32> -> tensor<8x8xf32>
+  func.return %a, %b : tensor<8x8xf32>, tensor<8x8xf32>
 }
 
 // -----

@@ -431,3 +431,35 @@ func.func @partial_dropped_by_nonlinear_ops(%x: tensor<16x64xf32> {graph.shardin
   %n = graph.neg %mx : tensor<32xf32>
   func.return %e, %a, %m, %n : tensor<16x32xf32>, tensor<16x32xf32>, tensor<16x32xf32>, tensor<32xf32>
 }
+
+// -----
+
+// split / concat / slice along a split dim keep it split (a BLOCKS factor): each rank
+// holds its block of every piece, and shard-partition moves the blocks into place,
+// which moves less than gathering the dim.
+// CHECK-LABEL: func.func @blocks_stay_split
+// CHECK-NEXT:    %[[G:.*]], %[[U:.*]] = graph.split %{{.*}} {axis = 1} attributes {graph.sharding = [#graph.sharding<@mesh, {{\[\[}}], [tp]]>, #graph.sharding<@mesh, {{\[\[}}], [tp]]>]}
+// CHECK-NEXT:    %[[C:.*]] = graph.concat %[[U]], %[[G]] {axis = 1} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], [tp]]>}
+// CHECK-NEXT:    %[[S:.*]] = graph.slice %[[C]] {starts = [0, 16], limits = [8, 48], strides = [1, 1]} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], [tp]]>}
+// CHECK-NEXT:    func.return %[[S]]
+graph.mesh @mesh axes = [tp = 4]
+func.func @blocks_stay_split(%h: tensor<8x64xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>}) -> tensor<8x32xf32> {
+  %g, %u = graph.split %h {axis = 1} : tensor<8x64xf32> -> (tensor<8x32xf32>, tensor<8x32xf32>)
+  %c = graph.concat %u, %g {axis = 1} : tensor<8x32xf32>, tensor<8x32xf32> -> tensor<8x64xf32>
+  %s = graph.slice %c {starts = [0, 16], limits = [8, 48], strides = [1, 1]} : tensor<8x64xf32> -> tensor<8x32xf32>
+  func.return %s : tensor<8x32xf32>
+}
+
+// -----
+
+// Pieces that cannot be split among the ranks (chunks of 2 columns over tp = 4) need the
+// dim whole; so does a strided slice.
+// CHECK-LABEL: func.func @blocks_that_do_not_divide
+// CHECK-NEXT:    graph.split %{{.*}} {axis = 1} attributes {graph.sharding = [#graph.sharding<@mesh, {{\[\[}}], []]>, #graph.sharding<@mesh, {{\[\[}}], []]>, #graph.sharding<@mesh, {{\[\[}}], []]>, #graph.sharding<@mesh, {{\[\[}}], []]>]}
+// CHECK-NEXT:    graph.slice %{{.*}} {starts = [0, 0], limits = [8, 8], strides = [1, 2]} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []]>}
+graph.mesh @mesh axes = [tp = 4]
+func.func @blocks_that_do_not_divide(%h: tensor<8x8xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>}) -> (tensor<8x2xf32>, tensor<8x4xf32>) {
+  %a, %b, %c, %d = graph.split %h {axis = 1} : tensor<8x8xf32> -> (tensor<8x2xf32>, tensor<8x2xf32>, tensor<8x2xf32>, tensor<8x2xf32>)
+  %s = graph.slice %h {starts = [0, 0], limits = [8, 8], strides = [1, 2]} : tensor<8x8xf32> -> tensor<8x4xf32>
+  func.return %a, %s : tensor<8x2xf32>, tensor<8x4xf32>
+}
