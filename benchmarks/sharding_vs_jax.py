@@ -93,6 +93,9 @@ def _namespaces() -> tuple[SimpleNamespace, SimpleNamespace]:
         transpose=op.transpose,
         where=op.where,
         chunk=lambda x, n, axis: op.chunk(x, n, axis=axis),
+        concat=lambda xs, axis: op.concat(xs, axis=axis),
+        silu=op.silu,
+        tanh=op.tanh,
     )
     jax_ns = SimpleNamespace(
         gelu=functools.partial(jax.nn.gelu, approximate=False),
@@ -103,6 +106,9 @@ def _namespaces() -> tuple[SimpleNamespace, SimpleNamespace]:
         transpose=jnp.transpose,
         where=jnp.where,
         chunk=lambda x, n, axis: jnp.split(x, n, axis=axis),
+        concat=lambda xs, axis: jnp.concatenate(xs, axis=axis),
+        silu=jax.nn.silu,
+        tanh=jnp.tanh,
     )
     return tessera_ns, jax_ns
 
@@ -183,12 +189,38 @@ def linear_gelu(m: SimpleNamespace, x: Any, w: Any) -> Any:
     return m.gelu(x @ w)
 
 
+# --- blocks along a sharded dim (issue 19: collective permutes) ----------------------------
+
+
+def chunk2_product(m: SimpleNamespace, x: Any) -> Any:
+    a, b = m.chunk(x, 2, axis=-1)
+    return a * b
+
+
+def chunk3_combine(m: SimpleNamespace, x: Any) -> Any:
+    a, b, c = m.chunk(x, 3, axis=-1)
+    return a * b + c
+
+
+def concat_branches(m: SimpleNamespace, x: Any, a: Any, b: Any) -> Any:
+    return m.tanh(m.concat([x @ a, x @ b], axis=-1))
+
+
+def swiglu_mlp(m: SimpleNamespace, x: Any, w_gate_up: Any, w_down: Any) -> Any:
+    gate, up = m.chunk(x @ w_gate_up, 2, axis=-1)
+    return (m.silu(gate) * up) @ w_down
+
+
+# --- the table --------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Program:
     name: str
     fn: Callable[..., Any]
     inputs: tuple[tuple[tuple[int, ...], Spec], ...]  # (global shape, sharding) per argument
     out: Spec
+    mesh: tuple[tuple[str, ...], tuple[int, ...]] = (MESH_AXES, MESH_SHAPE)  # axes, sizes
 
 
 B, T, C, F = 8, 16, 128, 512  # batch, sequence, hidden, MLP width: f32, small enough for CPU
@@ -279,6 +311,31 @@ PROGRAMS = [
         ("dp", "tp"),
     ),
     Program("2-D: sum over both axes", sum_all, (((64, 256), ("dp", "tp")),), ()),
+]
+
+# blocks along a sharded dim (issue 19: collective permutes)
+PROGRAMS += [
+    Program("chunk(2) along sharded dim", chunk2_product, (((64, 256), (None, "tp")),), (None, "tp")),
+    Program("chunk(3) along sharded dim", chunk3_combine, (((64, 384), (None, "tp")),), (None, "tp")),
+    Program(
+        "concat along sharded dim",
+        concat_branches,
+        (((64, C), ("dp", None)), ((C, 128), (None, "tp")), ((C, 256), (None, "tp"))),
+        ("dp", "tp"),
+    ),
+    Program(
+        "SwiGLU MLP, fused gate/up + chunk",
+        swiglu_mlp,
+        (((64, C), ("dp", None)), ((C, 2 * F), (None, "tp")), ((F, C), ("tp", None))),
+        ("dp", None),
+    ),
+    Program(
+        "3-D: SwiGLU, gate/up over (tp,sp)",
+        swiglu_mlp,
+        (((64, C), ("dp", None)), ((C, 2 * F), (None, ("tp", "sp"))), ((F, C), (("tp", "sp"), None))),
+        ("dp", None),
+        mesh=(("dp", "tp", "sp"), (2, 2, 2)),
+    ),
 ]
 
 
@@ -421,6 +478,7 @@ class Row:
     error: float
     tessera_ir: str
     jax_lines: list[str]
+    devices: int = math.prod(MESH_SHAPE)
 
 
 def measure(
@@ -433,7 +491,8 @@ def measure(
     ]
     specs = [spec for _, spec in program.inputs]
 
-    ts_mesh = dist.Mesh(axes=list(MESH_AXES), shape=MESH_SHAPE)
+    axes, shape = program.mesh
+    ts_mesh = dist.Mesh(axes=list(axes), shape=shape)
     compiled = ts.jit(
         functools.partial(program.fn, tessera_ns),
         mesh=ts_mesh,
@@ -444,7 +503,7 @@ def measure(
     lowered = compiled.lower(*torch_args)
     tessera_out = compiled(*torch_args).numpy()
 
-    jax_mesh = Mesh(np.array(jax.devices()[: math.prod(MESH_SHAPE)]).reshape(MESH_SHAPE), MESH_AXES)
+    jax_mesh = Mesh(np.array(jax.devices()[: math.prod(shape)]).reshape(shape), axes)
     in_shardings = tuple(NamedSharding(jax_mesh, PartitionSpec(*s)) for s in specs)
     out_sharding = NamedSharding(jax_mesh, PartitionSpec(*program.out))
     jitted = jax.jit(
@@ -470,6 +529,7 @@ def measure(
         error,
         lowered.as_text("partitioned"),
         jax_lines,
+        jax_mesh.size,
     )
 
 
@@ -486,7 +546,7 @@ def table(rows: Sequence[Row]) -> str:
         "|---|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        n = math.prod(MESH_SHAPE)
+        n = row.devices
         tb, jb = per_device(row.tessera, n), per_device(row.jax, n)
         tr, jr = per_device(row.tessera, n, ring=True), per_device(row.jax, n, ring=True)
         lines.append(
@@ -500,7 +560,7 @@ def versions() -> str:
     return (
         f"date {datetime.date.today().isoformat()}; jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
         f"torch {torch.__version__}, python {platform.python_version()}; "
-        f"mesh dp×tp = {MESH_SHAPE[0]}×{MESH_SHAPE[1]}, f32"
+        f"mesh dp×tp = {MESH_SHAPE[0]}×{MESH_SHAPE[1]} (3-D rows: dp×tp×sp = 2×2×2), f32"
     )
 
 
