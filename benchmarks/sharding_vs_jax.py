@@ -206,6 +206,14 @@ def concat_branches(m: SimpleNamespace, x: Any, a: Any, b: Any) -> Any:
     return m.tanh(m.concat([x @ a, x @ b], axis=-1))
 
 
+def gelu_matmul(m: SimpleNamespace, a: Any, b: Any) -> Any:
+    return m.gelu(a @ b)
+
+
+def tanh_gelu_matmul(m: SimpleNamespace, a: Any, b: Any) -> Any:
+    return m.tanh(m.gelu(a @ b))
+
+
 def swiglu_mlp(m: SimpleNamespace, x: Any, w_gate_up: Any, w_down: Any) -> Any:
     gate, up = m.chunk(x @ w_gate_up, 2, axis=-1)
     return (m.silu(gate) * up) @ w_down
@@ -335,6 +343,19 @@ PROGRAMS += [
         (((64, C), ("dp", None)), ((C, 2 * F), (None, ("tp", "sp"))), ((F, C), (("tp", "sp"), None))),
         ("dp", None),
         mesh=(("dp", "tp", "sp"), (2, 2, 2)),
+    ),
+    # a partial sum reduce-scattered straight into the layout its (elementwise) users want
+    Program(
+        "gelu(matmul k split) -> rows(tp)",
+        gelu_matmul,
+        (((64, 256), (None, "tp")), ((256, C), ("tp", None))),
+        ("tp", None),
+    ),
+    Program(
+        "tanh(gelu(matmul k split)) -> cols(tp)",
+        tanh_gelu_matmul,
+        (((64, 256), (None, "tp")), ((256, C), ("tp", None))),
+        (None, "tp"),
     ),
 ]
 

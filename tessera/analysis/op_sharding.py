@@ -29,7 +29,7 @@ from tessera.ir.abstract import aval
 from tessera.ir.block_moves import Window, communicating_moves, plan_block_moves, received_elements
 from tessera.ir.reshard import ALPHA_BYTES, reshard_cost
 from tessera.ir.sharding import MeshLike, Sharding
-from tessera.ir.sharding_rules import LINEAR_KINDS, FactorKind, ShardingRule, factor_product
+from tessera.ir.sharding_rules import LINEAR_KINDS, Dims, FactorKind, ShardingRule, factor_product
 from tessera.ops import LayoutTransition, op_def, sharding_rule
 
 # One multiply-add priced as this many bytes of communication: an H100 does about 495e12
@@ -50,11 +50,16 @@ class OpLayout:
 
 
 def decide(
-    op: graph.GraphOp, known: Sequence[Sharding], mesh: MeshLike, points: ReductionPoints
+    op: graph.GraphOp,
+    known: Sequence[Sharding],
+    mesh: MeshLike,
+    points: ReductionPoints,
+    wanted: Sequence[Sharding | None] = (),
 ) -> OpLayout:
-    """The full decision for ``op`` whose operands have the layouts ``known``."""
+    """The full decision for ``op`` whose operands have the layouts ``known`` (and whose
+    users want its results laid out as ``wanted``, where given)."""
     rule = sharding_rule(op)
-    assignment = choose(op, rule, known, mesh, points)
+    assignment = choose(op, rule, known, mesh, points, wanted)
     operands = tuple(
         required(op, rule, assignment, known, i, points) for i in range(len(op.operands))
     )
@@ -67,17 +72,45 @@ def choose(
     known: Sequence[Sharding | None],
     mesh: MeshLike,
     points: ReductionPoints,
+    wanted: Sequence[Sharding | None] = (),
 ) -> Assignment:
-    """Greedy over all proposals: each round adds the split that moves the fewest bytes.
+    """Greedy over proposals: each round adds the split that moves the fewest bytes.
 
     Every operand proposes the axes on its dims. A round costs each proposal that still
     fits (its axes unused, its factor divisible) together with the splits already
     chosen and keeps the cheapest, if it moves no more bytes than before; equal costs
     go to the factor of the largest tensor. Comparing across factors, not factor by
     factor, keeps the choice independent of operand order.
+
+    Results the users want laid out some way (``wanted``: a constraint's layout, or what
+    the consumer's choice requires) propose their splits too: a reshape whose merged dims
+    cannot carry its operand's split may take the split its user wants (by an
+    all-to-all), a partial sum may be reduce-scattered into it. As one greedy pass can be
+    led astray by such a proposal (taken early, it can block a pair of operand splits
+    that only pay together), the choice is the cheaper of the greedy passes without and
+    with them (at equal cost, the one that splits the work more, as a round does).
     """
+    operand_side = _proposals(rule, known, rule.operands)
+    assignment, cost = _greedy(op, rule, known, mesh, points, wanted, operand_side)
+    result_side = [p for p in _proposals(rule, wanted, rule.results) if p not in operand_side]
+    if result_side:
+        trial, trial_cost = _greedy(op, rule, known, mesh, points, wanted, operand_side + result_side)
+        if (trial_cost, -_ways(trial, mesh)) < (cost, -_ways(assignment, mesh)):
+            return trial
+    return assignment
+
+
+def _ways(assignment: Assignment, mesh: MeshLike) -> int:
+    """Into how many pieces ``assignment`` splits the op's work."""
+    return prod(mesh.axis_size(a) for axes in assignment.values() for a in axes)
+
+
+def _proposals(
+    rule: ShardingRule, layouts: Sequence[Sharding | None], dims_of: Sequence[Dims]
+) -> list[tuple[int, tuple[str, ...]]]:
+    """The (factor, axes) splits that the given tensors' layouts show."""
     proposals: list[tuple[int, tuple[str, ...]]] = []
-    for sharding, dims in zip(known, rule.operands, strict=True):
+    for sharding, dims in zip(layouts, dims_of, strict=False):
         if sharding is None:
             continue
         for factor, axes in zip(dims, sharding.dims, strict=True):
@@ -86,13 +119,28 @@ def choose(
             )
             if splittable and (factor, axes) not in proposals:
                 proposals.append((factor, axes))
-    weight = {f: 0 for f, _ in proposals}
-    for value, dims in zip(op.operands, rule.operands, strict=True):
-        for factor in dims:
-            if factor in weight:
-                weight[factor] = max(weight[factor], aval(value).nbytes)
+    return proposals
+
+
+def _greedy(
+    op: graph.GraphOp,
+    rule: ShardingRule,
+    known: Sequence[Sharding | None],
+    mesh: MeshLike,
+    points: ReductionPoints,
+    wanted: Sequence[Sharding | None],
+    proposals: Sequence[tuple[int, tuple[str, ...]]],
+) -> tuple[Assignment, float]:
+    """The greedy pass of :func:`choose` over ``proposals``, and its cost."""
+    weight = {f: 0 for f, _ in proposals}  # the largest operand (else result) with it
+    for tensors in (zip(rule.operands, op.operands, strict=True), zip(rule.results, op.results, strict=True)):
+        unweighed = {f for f, w in weight.items() if w == 0}
+        for dims, value in tensors:
+            for factor in dims:
+                if factor in unweighed:
+                    weight[factor] = max(weight[factor], aval(value).nbytes)
     assignment: Assignment = {}
-    current = _cost(op, rule, assignment, known, mesh, points)
+    current = _cost(op, rule, assignment, known, mesh, points, wanted)
     while True:
         used = {a for axes in assignment.values() for a in axes}
         best: tuple[tuple[float, int], int, tuple[str, ...]] | None = None
@@ -102,11 +150,11 @@ def choose(
             if not rule.divides(factor, prod(mesh.axis_size(a) for a in axes)):
                 continue
             trial = {**assignment, factor: axes}
-            key = (_cost(op, rule, trial, known, mesh, points), -weight[factor])
+            key = (_cost(op, rule, trial, known, mesh, points, wanted), -weight[factor])
             if best is None or key < best[0]:
                 best = (key, factor, axes)
         if best is None or best[0][0] > current:
-            return assignment
+            return assignment, current
         (current, _), factor, axes = best
         assignment[factor] = axes
 
@@ -118,15 +166,16 @@ def _cost(
     known: Sequence[Sharding | None],
     mesh: MeshLike,
     points: ReductionPoints,
+    wanted: Sequence[Sharding | None] = (),
 ) -> float:
-    """Bytes received per device: the operands' reshards, plus the all-reduce that a
-    split reduction factor's partial result will eventually need (priced on this op's
-    result; a later linear op may reduce a smaller tensor, so this is an upper bound),
-    plus a matmul's multiply-adds per device (``BYTES_PER_MULTIPLY_ADD``)."""
+    """Bytes received per device: the operands' reshards, the results' moves to the
+    splits their users want, plus the all-reduce that a split reduction factor's partial
+    result will eventually need (priced on this op's result; a later linear op may
+    reduce a smaller tensor, so this is an upper bound), plus a matmul's multiply-adds
+    per device (``BYTES_PER_MULTIPLY_ADD``)."""
     total = 0.0
     if isinstance(op, graph.MatmulOp):
-        ways = prod(mesh.axis_size(a) for axes in assignment.values() for a in axes)
-        total += factor_product(rule) / ways * BYTES_PER_MULTIPLY_ADD
+        total += factor_product(rule) / _ways(assignment, mesh) * BYTES_PER_MULTIPLY_ADD
     for index, (value, sharding) in enumerate(zip(op.operands, known, strict=True)):
         if sharding is None:
             continue
@@ -136,14 +185,15 @@ def _cost(
     produced = results(op, rule, assignment, known, points)
     total += block_move_bytes(op, rule, assignment, produced, mesh)
     inherited = {a for s in known if s is not None for a, _ in s.partial}
-    for result, sharding in zip(op.results, produced, strict=True):
-        new_partial = [a for a in sharding.partial_axes if a not in inherited]
-        if new_partial:
+    wants = [*wanted, *[None] * (len(produced) - len(wanted))]
+    for result, sharding, want in zip(op.results, produced, wants, strict=True):
+        # new partial axes are resolved (reduce-scattered where the users' split allows)
+        kept = tuple(p for p in sharding.partial if p[0] in inherited)
+        dims = want.dims if want is not None else sharding.dims
+        target = Sharding(tuple(tuple(a for a in d if a not in dict(kept)) for d in dims), kept)
+        if target != sharding:
             typ = aval(result)
-            resolved = Sharding(
-                sharding.dims, tuple(p for p in sharding.partial if p[0] not in new_partial)
-            )
-            total += reshard_cost(sharding, resolved, typ.shape, typ.dtype.itemsize, mesh)
+            total += reshard_cost(sharding, target, typ.shape, typ.dtype.itemsize, mesh)
     return total
 
 

@@ -35,7 +35,7 @@ from tessera.ir.abstract import aval
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard
-from tessera.ir.sharding import Sharding, arg_sharding, set_op_shardings
+from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
 from tessera.ops import has_sharding_rule
 
 _STEP_OPS: dict[str, type[graph.GraphOp]] = {
@@ -79,7 +79,10 @@ class _Inserter:
                 replicated = [Sharding.replicated(aval(r).rank) for r in op.results]
                 self._record(op, replicated)
             elif has_sharding_rule(op):
-                layout = decide(op, [self.of(v) for v in op.operands], self.mesh, self.points)
+                # the results' layouts shard-propagate chose (with its users' wishes)
+                wanted = [Sharding(s.dims) for s in op_shardings(op) or ()]
+                known = [self.of(v) for v in op.operands]
+                layout = decide(op, known, self.mesh, self.points, wanted)
                 for index, (value, needed) in enumerate(
                     zip(op.operands, layout.operands, strict=True)
                 ):

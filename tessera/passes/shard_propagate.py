@@ -10,7 +10,12 @@ The pass sweeps forward and backward to a fixed point:
   (so a free local slice always beats communication); split reduction factors make
   results partial, and partial operands stay partial through linear ops;
 - backward, an open operand takes the layout its consumer's result implies, and on
-  factors no result shows (a contraction's k) the split the op uses going forward.
+  factors no result shows (a contraction's k) the split the op uses going forward;
+  every operand also records the split its consumer wants of it (a constraint's, or
+  what the consumer's choice requires), which its producer weighs going forward as
+  proposals and as the cost of moving its results there (a *result-side* proposal: a
+  reshape whose merged dims cannot carry its operand's split takes its user's split
+  by an all-to-all, a partial sum is reduce-scattered into the split its user wants).
 
 Values never reached are replicated. The result sharding is written on each op
 (``graph.sharding``) and on every function argument.
@@ -27,7 +32,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
-from tessera.analysis.op_sharding import Assignment, after_collective, choose, results
+from tessera.analysis.op_sharding import Assignment, after_collective, choose, required, results
 from tessera.analysis.reduction_points import ReductionPoints
 from tessera.ir import graph
 from tessera.ir.abstract import aval
@@ -56,6 +61,7 @@ class _Propagation:
         self.function = function
         self.shardings: dict[SSAValue, Sharding] = {}
         self.closed: set[SSAValue] = set()
+        self.wanted: dict[SSAValue, Sharding] = {}  # the split a value's users want
         self.points = ReductionPoints()
         for index, arg in enumerate(function.args):
             sharding = arg_sharding(function, index)
@@ -97,7 +103,8 @@ class _Propagation:
         if all(k is None for k in known):
             return False
         rule = sharding_rule(op)
-        assignment = choose(op, rule, known, self.mesh, self.points)
+        wanted = [self.wanted.get(r) for r in op.results]
+        assignment = choose(op, rule, known, self.mesh, self.points, wanted)
         changed = False
         for result, sharding in zip(op.results, results(op, rule, assignment, known, self.points), strict=True):
             changed |= self._set(result, sharding)
@@ -106,6 +113,7 @@ class _Propagation:
     # --- backward ---------------------------------------------------------------------------
 
     def _backward(self, op: graph.GraphOp) -> bool:
+        self._want(op)
         open_operands = [v for v in op.operands if v not in self.shardings]
         if not open_operands:
             return False
@@ -131,7 +139,8 @@ class _Propagation:
         known = [self.shardings.get(v) for v in op.operands]
         shown = {f for dims in rule.results for f in dims}
         used = {a for axes in assignment.values() for a in axes}
-        for factor, axes in choose(op, rule, known, self.mesh, self.points).items():
+        wanted = [self.wanted.get(r) for r in op.results]
+        for factor, axes in choose(op, rule, known, self.mesh, self.points, wanted).items():
             if factor not in shown and not used & set(axes):
                 assignment[factor] = axes
                 used |= set(axes)
@@ -147,6 +156,24 @@ class _Propagation:
             )
             changed |= self._set(value, Sharding(dims))
         return changed
+
+    def _want(self, op: graph.GraphOp) -> None:
+        """Records the splits ``op`` wants of its operands (a constraint's, or what its
+        forward choice requires), for their producers to weigh; the first user in program
+        order wins (this sweep runs backward)."""
+        if isinstance(op, graph.ShardOp):
+            self.wanted[op.input] = Sharding(op.sharding.sharding.dims)
+            return
+        if not has_sharding_rule(op) or not op.operands:
+            return
+        known = [self.shardings.get(v) for v in op.operands]
+        if all(k is None for k in known):
+            return
+        rule = sharding_rule(op)
+        wanted = [self.wanted.get(r) for r in op.results]
+        assignment = choose(op, rule, known, self.mesh, self.points, wanted)
+        for index, value in enumerate(op.operands):
+            self.wanted[value] = Sharding(required(op, rule, assignment, known, index, self.points).dims)
 
     # --- state ------------------------------------------------------------------------------
 

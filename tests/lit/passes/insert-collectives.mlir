@@ -499,3 +499,41 @@ func.func @slice_before_reduce(%x: tensor<64x512xf32> {graph.sharding = #graph.s
   %z = graph.shard %y {sharding = #graph.sharding<@mesh, [[dp, tp], []]>} : tensor<64x64xf32>
   func.return %z : tensor<64x64xf32>
 }
+
+// -----
+
+// The layout a user wants reaches the reshape that makes the value: the split moves from
+// the transposed minor dim to the major one by an all-to-all (a quarter of the bytes of
+// gathering it), and the constraint then has nothing to do.
+// CHECK-LABEL: func.func @transpose_flatten
+// CHECK-NEXT:    %[[T:.*]] = graph.transpose
+// CHECK-NEXT:    %[[A:.*]] = graph.all_to_all %[[T]] {axes = [tp], split_dim = 0, concat_dim = 1} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp], []]>}
+// CHECK-NEXT:    %[[F:.*]] = graph.reshape %[[A]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp]]>}
+// CHECK-NEXT:    func.return %[[F]]
+graph.mesh @mesh axes = [tp = 4]
+func.func @transpose_flatten(%x: tensor<64x128xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>}) -> tensor<8192xf32> {
+  %t = graph.transpose %x {perm = [1, 0]} : tensor<64x128xf32> -> tensor<128x64xf32>
+  %f = graph.reshape %t : tensor<128x64xf32> -> tensor<8192xf32>
+  %s = graph.shard %f {sharding = #graph.sharding<@mesh, [[tp]]>} : tensor<8192xf32>
+  func.return %s : tensor<8192xf32>
+}
+
+// -----
+
+// A partial sum is reduce-scattered straight into the split its (non-linear) users
+// want, rather than all-reduced and then sliced.
+// CHECK-LABEL: func.func @partial_into_split_users
+// CHECK-NEXT:    %[[Y:.*]] = graph.matmul
+// CHECK-NEXT:    %[[R:.*]] = graph.reduce_scatter %[[Y]] {axes = [tp], dim = 0, kind = sum} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp], []]>}
+// CHECK-NEXT:    %[[G:.*]] = graph.gelu %[[R]]
+// CHECK-NEXT:    %[[T:.*]] = graph.tanh %[[G]]
+// CHECK-NEXT:    func.return %[[T]]
+graph.mesh @mesh axes = [tp = 4]
+func.func @partial_into_split_users(%a: tensor<64x256xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
+                                    %b: tensor<256x128xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>}) -> tensor<64x128xf32> {
+  %y = graph.matmul %a, %b : tensor<64x256xf32>, tensor<256x128xf32> -> tensor<64x128xf32>
+  %g = graph.gelu %y {approximate = none} : tensor<64x128xf32>
+  %t = graph.tanh %g : tensor<64x128xf32>
+  %s = graph.shard %t {sharding = #graph.sharding<@mesh, [[tp], []]>} : tensor<64x128xf32>
+  func.return %s : tensor<64x128xf32>
+}

@@ -463,3 +463,38 @@ func.func @blocks_that_do_not_divide(%h: tensor<8x8xf32> {graph.sharding = #grap
   %s = graph.slice %h {starts = [0, 0], limits = [8, 8], strides = [1, 2]} : tensor<8x8xf32> -> tensor<8x4xf32>
   func.return %a, %s : tensor<8x2xf32>, tensor<8x4xf32>
 }
+
+// -----
+
+// Result-side proposals: the split a value's user wants reaches its producer. The
+// flatten cannot carry its operand's split (on the minor dim it merges), but it takes
+// the split the constraint wants on its major dim (insert-collectives moves it there
+// by one all-to-all instead of a gather).
+// CHECK-LABEL: func.func @transpose_flatten
+// CHECK-NEXT:    %[[T:.*]] = graph.transpose %{{.*}} {perm = [1, 0]} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], [tp]]>}
+// CHECK-NEXT:    %[[F:.*]] = graph.reshape %[[T]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp]]>}
+graph.mesh @mesh axes = [tp = 4]
+func.func @transpose_flatten(%x: tensor<64x128xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>}) -> tensor<8192xf32> {
+  %t = graph.transpose %x {perm = [1, 0]} : tensor<64x128xf32> -> tensor<128x64xf32>
+  %f = graph.reshape %t : tensor<128x64xf32> -> tensor<8192xf32>
+  %s = graph.shard %f {sharding = #graph.sharding<@mesh, [[tp]]>} : tensor<8192xf32>
+  func.return %s : tensor<8192xf32>
+}
+
+// -----
+
+// A partial sum whose users are not linear takes, through them, the split the last
+// one's constraint wants: gelu and tanh run on rows, so the sum can be reduce-scattered.
+// CHECK-LABEL: func.func @partial_into_split_users
+// CHECK-NEXT:    %[[Y:.*]] = graph.matmul {{.*}} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []], partial = sum[tp]>}
+// CHECK-NEXT:    %[[G:.*]] = graph.gelu %[[Y]] {approximate = none} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp], []]>}
+// CHECK-NEXT:    %[[T:.*]] = graph.tanh %[[G]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp], []]>}
+graph.mesh @mesh axes = [tp = 4]
+func.func @partial_into_split_users(%a: tensor<64x256xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
+                                    %b: tensor<256x128xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>}) -> tensor<64x128xf32> {
+  %y = graph.matmul %a, %b : tensor<64x256xf32>, tensor<256x128xf32> -> tensor<64x128xf32>
+  %g = graph.gelu %y {approximate = none} : tensor<64x128xf32>
+  %t = graph.tanh %g : tensor<64x128xf32>
+  %s = graph.shard %t {sharding = #graph.sharding<@mesh, [[tp], []]>} : tensor<64x128xf32>
+  func.return %s : tensor<64x128xf32>
+}
