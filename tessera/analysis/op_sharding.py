@@ -38,6 +38,7 @@ from tessera.ops import LayoutTransition, op_def, sharding_rule
 BYTES_PER_MULTIPLY_ADD = 1 / 1024
 
 Assignment = dict[int, tuple[str, ...]]  # factor -> mesh axes splitting it
+Passed = dict[int, tuple[tuple[str, str], ...]]  # operand -> the partial axes it keeps
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,12 @@ def decide(
     users want its results laid out as ``wanted``, where given)."""
     rule = sharding_rule(op)
     assignment = choose(op, rule, known, mesh, points, wanted)
+    passed = _passthrough(op, known, assignment, points)
     operands = tuple(
-        required(op, rule, assignment, known, i, points) for i in range(len(op.operands))
+        required(op, rule, assignment, known, i, points, passed) for i in range(len(op.operands))
     )
-    return OpLayout(assignment, operands, tuple(results(op, rule, assignment, known, points)))
+    produced = results(op, rule, assignment, known, points, passed)
+    return OpLayout(assignment, operands, tuple(produced))
 
 
 def choose(
@@ -176,13 +179,14 @@ def _cost(
     total = 0.0
     if isinstance(op, graph.MatmulOp):
         total += factor_product(rule) / _ways(assignment, mesh) * BYTES_PER_MULTIPLY_ADD
+    passed = _passthrough(op, known, assignment, points)
     for index, (value, sharding) in enumerate(zip(op.operands, known, strict=True)):
         if sharding is None:
             continue
-        needed = required(op, rule, assignment, known, index, points)
+        needed = required(op, rule, assignment, known, index, points, passed)
         typ = aval(value)
         total += reshard_cost(sharding, needed, typ.shape, typ.dtype.itemsize, mesh)
-    produced = results(op, rule, assignment, known, points)
+    produced = results(op, rule, assignment, known, points, passed)
     total += block_move_bytes(op, rule, assignment, produced, mesh)
     inherited = {a for s in known if s is not None for a, _ in s.partial}
     wants = [*wanted, *[None] * (len(produced) - len(wanted))]
@@ -236,15 +240,20 @@ def required(
     known: Sequence[Sharding | None],
     index: int,
     points: ReductionPoints,
+    passed: Passed | None = None,
 ) -> Sharding:
-    """The layout operand ``index`` must have under ``assignment``."""
+    """The layout operand ``index`` must have under ``assignment`` (``passed``: the
+    op's ``_passthrough``, when already known)."""
     dims = tuple(
         assignment.get(f, ())
         if f is not None and rule.factors[f].kind != FactorKind.REPLICATED
         else ()
         for f in rule.operands[index]
     )
-    return Sharding(dims, _passthrough(op, known, assignment, points).get(index, ()))
+    if passed is None:
+        passed = _passthrough(op, known, assignment, points)
+    return Sharding(dims, passed.get(index, ()))
+
 
 
 def _passthrough(
@@ -252,7 +261,7 @@ def _passthrough(
     known: Sequence[Sharding | None],
     assignment: Assignment,
     points: ReductionPoints,
-) -> dict[int, tuple[tuple[str, str], ...]]:
+) -> Passed:
     """Partial (sum/mean) axes each operand may keep because the op is linear in it."""
     definition = op_def(op)
     policy = definition.partial
@@ -283,14 +292,17 @@ def results(
     assignment: Assignment,
     known: Sequence[Sharding | None],
     points: ReductionPoints,
+    passed: Passed | None = None,
 ) -> list[Sharding]:
+    """The layouts the op's results have under ``assignment``."""
     partial = [
         (axis, rule.reduction_kind)
         for factor, axes in assignment.items()
         if rule.factors[factor].kind == FactorKind.REDUCTION
         for axis in axes
     ]
-    passed = _passthrough(op, known, assignment, points)
+    if passed is None:
+        passed = _passthrough(op, known, assignment, points)
     inherited = next(iter(passed.values()), ())
     results = []
     for dims in rule.results:

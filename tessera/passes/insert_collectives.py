@@ -3,7 +3,8 @@
 Runs after ``shard-propagate`` (values without a ``graph.sharding`` count as
 replicated). Walking each function in order, for every op:
 
-- a graph op needs its operands laid out as ``op_sharding.decide`` says; where an
+- a graph op needs its operands laid out as ``op_sharding.decide`` says (weighing the
+  result layouts ``shard-propagate`` chose, as it did); where an
   operand's layout differs, the reshard steps of ``reshard.plan_reshard`` are inserted
   before the op as collective ops (all_reduce, reduce_scatter, all_slice, all_to_all,
   all_gather), each annotated with the layout it leaves;

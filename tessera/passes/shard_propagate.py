@@ -29,7 +29,7 @@ from math import prod
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import SSAValue
+from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from tessera.analysis.op_sharding import Assignment, after_collective, choose, required, results
@@ -39,7 +39,7 @@ from tessera.ir.abstract import aval
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.sharding import Sharding, arg_sharding, set_arg_sharding, set_op_shardings
-from tessera.ir.sharding_rules import FactorKind
+from tessera.ir.sharding_rules import FactorKind, ShardingRule
 from tessera.ops import has_sharding_rule, sharding_rule
 
 
@@ -62,6 +62,7 @@ class _Propagation:
         self.shardings: dict[SSAValue, Sharding] = {}
         self.closed: set[SSAValue] = set()
         self.wanted: dict[SSAValue, Sharding] = {}  # the split a value's users want
+        self.choices: dict[Operation, tuple[tuple[object, ...], Assignment]] = {}
         self.points = ReductionPoints()
         for index, arg in enumerate(function.args):
             sharding = arg_sharding(function, index)
@@ -103,8 +104,7 @@ class _Propagation:
         if all(k is None for k in known):
             return False
         rule = sharding_rule(op)
-        wanted = [self.wanted.get(r) for r in op.results]
-        assignment = choose(op, rule, known, self.mesh, self.points, wanted)
+        assignment = self._choose(op, rule, known)
         changed = False
         for result, sharding in zip(op.results, results(op, rule, assignment, known, self.points), strict=True):
             changed |= self._set(result, sharding)
@@ -139,8 +139,7 @@ class _Propagation:
         known = [self.shardings.get(v) for v in op.operands]
         shown = {f for dims in rule.results for f in dims}
         used = {a for axes in assignment.values() for a in axes}
-        wanted = [self.wanted.get(r) for r in op.results]
-        for factor, axes in choose(op, rule, known, self.mesh, self.points, wanted).items():
+        for factor, axes in self._choose(op, rule, known).items():
             if factor not in shown and not used & set(axes):
                 assignment[factor] = axes
                 used |= set(axes)
@@ -170,10 +169,25 @@ class _Propagation:
         if all(k is None for k in known):
             return
         rule = sharding_rule(op)
-        wanted = [self.wanted.get(r) for r in op.results]
-        assignment = choose(op, rule, known, self.mesh, self.points, wanted)
+        # the choice of this sweep's forward step (the next one weighs new wishes)
+        cached = self.choices.get(op)
+        assignment = cached[1] if cached is not None else self._choose(op, rule, known)
         for index, value in enumerate(op.operands):
             self.wanted[value] = Sharding(required(op, rule, assignment, known, index, self.points).dims)
+
+    def _choose(
+        self, op: graph.GraphOp, rule: ShardingRule, known: list[Sharding | None]
+    ) -> Assignment:
+        """``op_sharding.choose`` for the current operand layouts and wishes, computed again
+        only when they changed (each sweep asks for every op's choice more than once)."""
+        wanted = [self.wanted.get(r) for r in op.results]
+        key = (*known, None, *wanted)  # None: operands end, wishes start
+        cached = self.choices.get(op)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        assignment = choose(op, rule, known, self.mesh, self.points, wanted)
+        self.choices[op] = (key, assignment)
+        return assignment
 
     # --- state ------------------------------------------------------------------------------
 

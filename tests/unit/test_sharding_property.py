@@ -147,6 +147,8 @@ def programs(draw: st.DrawFn) -> Program:
                 shapes.append(sa)
         elif choice == "split":  # numpy's split points: uneven pieces
             axis = draw(st.integers(0, len(sa) - 1))
+            if sa[axis] < 2:
+                continue  # nothing to split
             points = sorted(draw(st.sets(st.integers(1, sa[axis] - 1), min_size=1, max_size=2)))
             index = draw(st.integers(0, len(points)))
             bounds = [0, *points, sa[axis]]
@@ -162,6 +164,8 @@ def programs(draw: st.DrawFn) -> Program:
             shapes.append(tuple(x + shapes[b][axis] if d == axis else x for d, x in enumerate(sa)))
         elif choice == "slice":  # a contiguous range of one dim
             axis = draw(st.integers(0, len(sa) - 1))
+            if sa[axis] < 1:
+                continue
             low = draw(st.integers(0, sa[axis] - 1))
             high = draw(st.integers(low + 1, sa[axis]))
             index = (slice(None),) * axis + (slice(low, high),)
