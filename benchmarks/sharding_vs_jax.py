@@ -93,6 +93,9 @@ def _namespaces() -> tuple[SimpleNamespace, SimpleNamespace]:
         transpose=op.transpose,
         where=op.where,
         chunk=lambda x, n, axis: op.chunk(x, n, axis=axis),
+        concat=lambda xs, axis: op.concat(xs, axis=axis),
+        silu=op.silu,
+        tanh=op.tanh,
     )
     jax_ns = SimpleNamespace(
         gelu=functools.partial(jax.nn.gelu, approximate=False),
@@ -103,6 +106,9 @@ def _namespaces() -> tuple[SimpleNamespace, SimpleNamespace]:
         transpose=jnp.transpose,
         where=jnp.where,
         chunk=lambda x, n, axis: jnp.split(x, n, axis=axis),
+        concat=lambda xs, axis: jnp.concatenate(xs, axis=axis),
+        silu=jax.nn.silu,
+        tanh=jnp.tanh,
     )
     _add_vocab_parallel_ops(tessera_ns, jax_ns)
     return tessera_ns, jax_ns
@@ -184,6 +190,39 @@ def linear_gelu(m: SimpleNamespace, x: Any, w: Any) -> Any:
     return m.gelu(x @ w)
 
 
+# --- blocks along a sharded dim (issue 19: collective permutes) ----------------------------
+
+
+def chunk2_product(m: SimpleNamespace, x: Any) -> Any:
+    a, b = m.chunk(x, 2, axis=-1)
+    return a * b
+
+
+def chunk3_combine(m: SimpleNamespace, x: Any) -> Any:
+    a, b, c = m.chunk(x, 3, axis=-1)
+    return a * b + c
+
+
+def concat_branches(m: SimpleNamespace, x: Any, a: Any, b: Any) -> Any:
+    return m.tanh(m.concat([x @ a, x @ b], axis=-1))
+
+
+def gelu_matmul(m: SimpleNamespace, a: Any, b: Any) -> Any:
+    return m.gelu(a @ b)
+
+
+def tanh_gelu_matmul(m: SimpleNamespace, a: Any, b: Any) -> Any:
+    return m.tanh(m.gelu(a @ b))
+
+
+def swiglu_mlp(m: SimpleNamespace, x: Any, w_gate_up: Any, w_down: Any) -> Any:
+    gate, up = m.chunk(x @ w_gate_up, 2, axis=-1)
+    return (m.silu(gate) * up) @ w_down
+
+
+# --- the table --------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Program:
     name: str
@@ -191,6 +230,7 @@ class Program:
     inputs: tuple[tuple[tuple[int, ...], Spec], ...]  # (global shape, sharding) per argument
     out: Spec
     ids: tuple[tuple[int, int], ...] = ()  # (argument, vocabulary): int32 ids in [0, vocabulary)
+    mesh: tuple[tuple[str, ...], tuple[int, ...]] = (MESH_AXES, MESH_SHAPE)  # axes, sizes
 
 
 B, T, C, F = 8, 16, 128, 512  # batch, sequence, hidden, MLP width: f32, small enough for CPU
@@ -281,6 +321,44 @@ PROGRAMS = [
         ("dp", "tp"),
     ),
     Program("2-D: sum over both axes", sum_all, (((64, 256), ("dp", "tp")),), ()),
+]
+
+# blocks along a sharded dim (issue 19: collective permutes)
+PROGRAMS += [
+    Program("chunk(2) along sharded dim", chunk2_product, (((64, 256), (None, "tp")),), (None, "tp")),
+    Program("chunk(3) along sharded dim", chunk3_combine, (((64, 384), (None, "tp")),), (None, "tp")),
+    Program(
+        "concat along sharded dim",
+        concat_branches,
+        (((64, C), ("dp", None)), ((C, 128), (None, "tp")), ((C, 256), (None, "tp"))),
+        ("dp", "tp"),
+    ),
+    Program(
+        "SwiGLU MLP, fused gate/up + chunk",
+        swiglu_mlp,
+        (((64, C), ("dp", None)), ((C, 2 * F), (None, "tp")), ((F, C), ("tp", None))),
+        ("dp", None),
+    ),
+    Program(
+        "3-D: SwiGLU, gate/up over (tp,sp)",
+        swiglu_mlp,
+        (((64, C), ("dp", None)), ((C, 2 * F), (None, ("tp", "sp"))), ((F, C), (("tp", "sp"), None))),
+        ("dp", None),
+        mesh=(("dp", "tp", "sp"), (2, 2, 2)),
+    ),
+    # a partial sum reduce-scattered straight into the layout its (elementwise) users want
+    Program(
+        "gelu(matmul k split) -> rows(tp)",
+        gelu_matmul,
+        (((64, 256), (None, "tp")), ((256, C), ("tp", None))),
+        ("tp", None),
+    ),
+    Program(
+        "tanh(gelu(matmul k split)) -> cols(tp)",
+        tanh_gelu_matmul,
+        (((64, 256), (None, "tp")), ((256, C), ("tp", None))),
+        (None, "tp"),
+    ),
 ]
 
 
@@ -445,8 +523,17 @@ def per_device(collectives: Sequence[Collective], num_devices: int, ring: bool =
     return max(totals)
 
 
-def tessera_collectives(lowered: ts.compiled.Lowered) -> list[Collective]:
-    return [Collective(c.kind, c.group_size, c.nbytes) for c in lowered.collectives()]
+def tessera_collectives(lowered: ts.compiled.Lowered, mesh: dist.Mesh) -> list[Collective]:
+    """Tessera's collectives; a collective_permute received by the devices at its
+    targets (of another device's data) in every group over its axes."""
+    found = []
+    for c in lowered.collectives():
+        receivers = None
+        if c.receivers is not None:
+            groups = mesh.groups(c.mesh_axes)
+            receivers = frozenset(group[p] for group in groups for p in c.receivers)
+        found.append(Collective(c.kind, c.group_size, c.nbytes, receivers))
+    return found
 
 
 _HLO_COLLECTIVE = re.compile(
@@ -530,6 +617,7 @@ class Row:
     error: float
     tessera_ir: str
     jax_lines: list[str]
+    devices: int = math.prod(MESH_SHAPE)
 
 
 def measure(
@@ -544,7 +632,8 @@ def measure(
         data[argument] = rng.integers(0, vocabulary, program.inputs[argument][0], dtype=np.int32)
     specs = [spec for _, spec in program.inputs]
 
-    ts_mesh = dist.Mesh(axes=list(MESH_AXES), shape=MESH_SHAPE)
+    axes, shape = program.mesh
+    ts_mesh = dist.Mesh(axes=list(axes), shape=shape)
     compiled = ts.jit(
         functools.partial(program.fn, tessera_ns),
         mesh=ts_mesh,
@@ -555,7 +644,7 @@ def measure(
     lowered = compiled.lower(*torch_args)
     tessera_out = compiled(*torch_args).numpy()
 
-    jax_mesh = Mesh(np.array(jax.devices()[: math.prod(MESH_SHAPE)]).reshape(MESH_SHAPE), MESH_AXES)
+    jax_mesh = Mesh(np.array(jax.devices()[: math.prod(shape)]).reshape(shape), axes)
     in_shardings = tuple(NamedSharding(jax_mesh, PartitionSpec(*s)) for s in specs)
     out_sharding = NamedSharding(jax_mesh, PartitionSpec(*program.out))
     jitted = jax.jit(
@@ -576,11 +665,12 @@ def measure(
     jax_lines = [line.strip() for line in hlo.splitlines() if _HLO_COLLECTIVE.search(line)]
     return Row(
         program.name,
-        tessera_collectives(lowered),
+        tessera_collectives(lowered, ts_mesh),
         hlo_collectives(hlo, jax_mesh.size),
         error,
         lowered.as_text("partitioned"),
         jax_lines,
+        jax_mesh.size,
     )
 
 
@@ -597,7 +687,7 @@ def table(rows: Sequence[Row]) -> str:
         "|---|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        n = math.prod(MESH_SHAPE)
+        n = row.devices
         tb, jb = per_device(row.tessera, n), per_device(row.jax, n)
         tr, jr = per_device(row.tessera, n, ring=True), per_device(row.jax, n, ring=True)
         lines.append(
@@ -611,7 +701,7 @@ def versions() -> str:
     return (
         f"date {datetime.date.today().isoformat()}; jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
         f"torch {torch.__version__}, python {platform.python_version()}; "
-        f"mesh dp×tp = {MESH_SHAPE[0]}×{MESH_SHAPE[1]}, f32"
+        f"mesh dp×tp = {MESH_SHAPE[0]}×{MESH_SHAPE[1]} (3-D rows: dp×tp×sp = 2×2×2), f32"
     )
 
 

@@ -4,9 +4,10 @@ The decision shared by ``shard-propagate`` (which writes the result layouts) and
 ``insert-collectives`` (which makes the operands match what the op needs):
 
 - :func:`choose` picks how the op's factors (see ``sharding_rules``) are split over mesh
-  axes, at the least cost: the bytes moved (``reshard_cost``) plus, for a matmul, its
-  multiply-adds per device priced in bytes (so that leaving a split operand's factor
-  unsplit, which repeats the same products on every rank, is not free);
+  axes, at the least cost: the bytes moved (``reshard_cost``, and the block moves of a
+  split BLOCKS factor, :func:`block_move_bytes`) plus, for a matmul, its multiply-adds
+  per device priced in bytes (so that leaving a split operand's factor unsplit, which
+  repeats the same products on every rank, is not free);
 - :func:`required` is the layout an operand must have under that choice;
 - :func:`results` are the layouts the op then produces (split reduction factors make
   results partial; partial operands stay partial through linear ops, unless
@@ -25,11 +26,13 @@ from xdsl.ir import Operation
 from tessera.analysis.reduction_points import ReductionPoints
 from tessera.ir import graph
 from tessera.ir.abstract import aval
-from tessera.ir.reshard import reshard_cost
+from tessera.ir.block_moves import Window, communicating_moves, plan_block_moves, received_elements
+from tessera.ir.reshard import ALPHA_BYTES, reshard_cost
 from tessera.ir.sharding import MeshLike, Sharding
 from tessera.ir.sharding_rules import (
     LINEAR_KINDS,
     Assignment,
+    Dims,
     FactorKind,
     ShardingRule,
     axis_sharing,
@@ -43,6 +46,8 @@ from tessera.ops import LayoutTransition, op_def, sharding_rule
 # 450e9 bytes per second each way, about 1100 multiply-adds per byte (rounded to 2**10).
 BYTES_PER_MULTIPLY_ADD = 1 / 1024
 
+Passed = dict[int, tuple[tuple[str, str], ...]]  # operand -> the partial axes it keeps
+
 
 @dataclass(frozen=True)
 class OpLayout:
@@ -54,15 +59,22 @@ class OpLayout:
 
 
 def decide(
-    op: graph.GraphOp, known: Sequence[Sharding], mesh: MeshLike, points: ReductionPoints
+    op: graph.GraphOp,
+    known: Sequence[Sharding],
+    mesh: MeshLike,
+    points: ReductionPoints,
+    wanted: Sequence[Sharding | None] = (),
 ) -> OpLayout:
-    """The full decision for ``op`` whose operands have the layouts ``known``."""
+    """The full decision for ``op`` whose operands have the layouts ``known`` (and whose
+    users want its results laid out as ``wanted``, where given)."""
     rule = sharding_rule(op)
-    assignment = choose(op, rule, known, mesh, points)
+    assignment = choose(op, rule, known, mesh, points, wanted)
+    passed = _passthrough(op, known, assignment, points)
     operands = tuple(
-        required(op, rule, assignment, known, i, points) for i in range(len(op.operands))
+        required(op, rule, assignment, known, i, points, passed) for i in range(len(op.operands))
     )
-    return OpLayout(assignment, operands, tuple(results(op, rule, assignment, known, points)))
+    produced = results(op, rule, assignment, known, points, passed)
+    return OpLayout(assignment, operands, tuple(produced))
 
 
 def choose(
@@ -71,8 +83,9 @@ def choose(
     known: Sequence[Sharding | None],
     mesh: MeshLike,
     points: ReductionPoints,
+    wanted: Sequence[Sharding | None] = (),
 ) -> Assignment:
-    """Greedy over all proposals: each round adds the split that moves the fewest bytes.
+    """Greedy over proposals: each round adds the split that moves the fewest bytes.
 
     Every operand proposes the axes on its dims. A round costs each proposal that still
     fits (its axes unused, except that a ``CONTEXT`` factor shares axes with the factors
@@ -80,9 +93,36 @@ def choose(
     chosen and keeps the cheapest, if it moves no more bytes than before; equal costs
     go to the factor of the largest tensor. Comparing across factors, not factor by
     factor, keeps the choice independent of operand order.
+
+    Results the users want laid out some way (``wanted``: a constraint's layout, or what
+    the consumer's choice requires) propose their splits too: a reshape whose merged dims
+    cannot carry its operand's split may take the split its user wants (by an
+    all-to-all), a partial sum may be reduce-scattered into it. As one greedy pass can be
+    led astray by such a proposal (taken early, it can block a pair of operand splits
+    that only pay together), the choice is the cheaper of the greedy passes without and
+    with them (at equal cost, the one that splits the work more, as a round does).
     """
+    operand_side = _proposals(rule, known, rule.operands)
+    assignment, cost = _greedy(op, rule, known, mesh, points, wanted, operand_side)
+    result_side = [p for p in _proposals(rule, wanted, rule.results) if p not in operand_side]
+    if result_side:
+        trial, trial_cost = _greedy(op, rule, known, mesh, points, wanted, operand_side + result_side)
+        if (trial_cost, -_ways(trial, mesh)) < (cost, -_ways(assignment, mesh)):
+            return trial
+    return assignment
+
+
+def _ways(assignment: Assignment, mesh: MeshLike) -> int:
+    """Into how many pieces ``assignment`` splits the op's work."""
+    return prod(mesh.axis_size(a) for axes in assignment.values() for a in axes)
+
+
+def _proposals(
+    rule: ShardingRule, layouts: Sequence[Sharding | None], dims_of: Sequence[Dims]
+) -> list[tuple[int, tuple[str, ...]]]:
+    """The (factor, axes) splits that the given tensors' layouts show."""
     proposals: list[tuple[int, tuple[str, ...]]] = []
-    for sharding, dims in zip(known, rule.operands, strict=True):
+    for sharding, dims in zip(layouts, dims_of, strict=False):
         if sharding is None:
             continue
         for factor, axes in zip(dims, sharding.dims, strict=True):
@@ -91,18 +131,33 @@ def choose(
             )
             if splittable and (factor, axes) not in proposals:
                 proposals.append((factor, axes))
-    weight = {f: 0 for f, _ in proposals}
-    for value, dims in zip(op.operands, rule.operands, strict=True):
-        for factor in dims:
-            if factor in weight:
-                weight[factor] = max(weight[factor], aval(value).nbytes)
+    return proposals
+
+
+def _greedy(
+    op: graph.GraphOp,
+    rule: ShardingRule,
+    known: Sequence[Sharding | None],
+    mesh: MeshLike,
+    points: ReductionPoints,
+    wanted: Sequence[Sharding | None],
+    proposals: Sequence[tuple[int, tuple[str, ...]]],
+) -> tuple[Assignment, float]:
+    """The greedy pass of :func:`choose` over ``proposals``, and its cost."""
+    weight = {f: 0 for f, _ in proposals}  # the largest operand (else result) with it
+    for tensors in (zip(rule.operands, op.operands, strict=True), zip(rule.results, op.results, strict=True)):
+        unweighed = {f for f, w in weight.items() if w == 0}
+        for dims, value in tensors:
+            for factor in dims:
+                if factor in unweighed:
+                    weight[factor] = max(weight[factor], aval(value).nbytes)
     assignment: Assignment = {}
     sharing = axis_sharing(rule)
-    current = _cost(op, rule, assignment, known, mesh, points)
+    current = _cost(op, rule, assignment, known, mesh, points, wanted)
     while True:
         best: tuple[tuple[float, int], int, tuple[str, ...]] | None = None
-        used = {a for axes in assignment.values() for a in axes}
         for factor, axes in proposals:
+            used = {a for axes in assignment.values() for a in axes}
             if sharing:  # a context factor may reuse the axes of factors it never meets
                 used = {
                     a
@@ -112,14 +167,14 @@ def choose(
                 }
             if factor in assignment or used & set(axes):
                 continue
-            if rule.factors[factor].size % prod(mesh.axis_size(a) for a in axes):
+            if not rule.divides(factor, prod(mesh.axis_size(a) for a in axes)):
                 continue
             trial = {**assignment, factor: axes}
-            key = (_cost(op, rule, trial, known, mesh, points), -weight[factor])
+            key = (_cost(op, rule, trial, known, mesh, points, wanted), -weight[factor])
             if best is None or key < best[0]:
                 best = (key, factor, axes)
         if best is None or best[0][0] > current:
-            return assignment
+            return assignment, current
         (current, _), factor, axes = best
         assignment[factor] = axes
 
@@ -131,35 +186,39 @@ def _cost(
     known: Sequence[Sharding | None],
     mesh: MeshLike,
     points: ReductionPoints,
+    wanted: Sequence[Sharding | None] = (),
 ) -> float:
-    """Bytes received per device: the operands' reshards, plus the all-reduce that a
-    split reduction factor's partial result will eventually need (priced on this op's
-    result; a later linear op may reduce a smaller tensor, so this is an upper bound),
-    plus what the expansion of split ``CONTEXT`` factors moves (the gathers of their
-    operands, the reduce-scatters of their results), plus a matmul's multiply-adds per
-    device (``BYTES_PER_MULTIPLY_ADD``)."""
+    """Bytes received per device: the operands' reshards, the results' moves to the
+    splits their users want, plus the all-reduce that a split reduction factor's partial
+    result will eventually need (priced on this op's result; a later linear op may
+    reduce a smaller tensor, so this is an upper bound), plus what the expansion of split
+    ``CONTEXT`` factors moves (the gathers of their operands, the reduce-scatters of
+    their results), plus a matmul's multiply-adds per device
+    (``BYTES_PER_MULTIPLY_ADD``)."""
     total = 0.0
     if isinstance(op, graph.MatmulOp):
-        ways = prod(mesh.axis_size(a) for axes in assignment.values() for a in axes)
-        total += factor_product(rule) / ways * BYTES_PER_MULTIPLY_ADD
+        total += factor_product(rule) / _ways(assignment, mesh) * BYTES_PER_MULTIPLY_ADD
+    passed = _passthrough(op, known, assignment, points)
     for index, (value, sharding) in enumerate(zip(op.operands, known, strict=True)):
         if sharding is None:
             continue
-        needed = required(op, rule, assignment, known, index, points)
+        needed = required(op, rule, assignment, known, index, points, passed)
         typ = aval(value)
         total += reshard_cost(sharding, needed, typ.shape, typ.dtype.itemsize, mesh)
-    produced = results(op, rule, assignment, known, points)
+    produced = results(op, rule, assignment, known, points, passed)
+    total += block_move_bytes(op, rule, assignment, produced, mesh)
     if rule.has_context:
         total += _context_cost(op, rule, assignment, known, produced, mesh, points)
     inherited = {a for s in known if s is not None for a, _ in s.partial}
-    for result, sharding in zip(op.results, produced, strict=True):
-        new_partial = [a for a in sharding.partial_axes if a not in inherited]
-        if new_partial:
+    wants = [*wanted, *[None] * (len(produced) - len(wanted))]
+    for result, sharding, want in zip(op.results, produced, wants, strict=True):
+        # new partial axes are resolved (reduce-scattered where the users' split allows)
+        kept = tuple(p for p in sharding.partial if p[0] in inherited)
+        dims = want.dims if want is not None else sharding.dims
+        target = Sharding(tuple(tuple(a for a in d if a not in dict(kept)) for d in dims), kept)
+        if target != sharding:
             typ = aval(result)
-            resolved = Sharding(
-                sharding.dims, tuple(p for p in sharding.partial if p[0] not in new_partial)
-            )
-            total += reshard_cost(sharding, resolved, typ.shape, typ.dtype.itemsize, mesh)
+            total += reshard_cost(sharding, target, typ.shape, typ.dtype.itemsize, mesh)
     return total
 
 
@@ -196,6 +255,38 @@ def assignment_of(rule: ShardingRule, operands: Sequence[Sharding]) -> Assignmen
     return assignment
 
 
+def block_move_bytes(
+    op: graph.GraphOp,
+    rule: ShardingRule,
+    assignment: Assignment,
+    produced: Sequence[Sharding],
+    mesh: MeshLike,
+) -> float:
+    """Bytes the busiest rank receives when the op's split BLOCKS factors move blocks
+    (:mod:`tessera.ir.block_moves`), plus ``ALPHA_BYTES`` per permute that sends."""
+    total = 0.0
+    for windows in rule.windows:
+        axes = assignment.get(windows.factor)
+        if not axes:
+            continue
+        ranks = prod(mesh.axis_size(a) for a in axes)
+        plan = plan_block_moves(
+            [Window(*w) for w in windows.operands if w is not None],
+            [Window(*w) for w in windows.results if w is not None],
+            ranks,
+        )
+        targets = [j for j, w in enumerate(windows.results) if w is not None]
+        per_rank = [0.0] * ranks
+        for j, received in zip(targets, received_elements(plan, ranks), strict=True):
+            typ = aval(op.results[j])
+            local = produced[j].local_shape(mesh, typ.shape)
+            dim = rule.results[j].index(windows.factor)
+            row = prod(size for d, size in enumerate(local) if d != dim) * typ.dtype.itemsize
+            per_rank = [have + count * row for have, count in zip(per_rank, received, strict=True)]
+        total += max(per_rank) + ALPHA_BYTES * communicating_moves(plan)
+    return total
+
+
 def required(
     op: graph.GraphOp,
     rule: ShardingRule,
@@ -203,15 +294,20 @@ def required(
     known: Sequence[Sharding | None],
     index: int,
     points: ReductionPoints,
+    passed: Passed | None = None,
 ) -> Sharding:
-    """The layout operand ``index`` must have under ``assignment``."""
+    """The layout operand ``index`` must have under ``assignment`` (``passed``: the
+    op's ``_passthrough``, when already known)."""
     dims = tuple(
         assignment.get(f, ())
         if f is not None and rule.factors[f].kind != FactorKind.REPLICATED
         else ()
         for f in rule.operands[index]
     )
-    return Sharding(dims, _passthrough(op, known, assignment, points).get(index, ()))
+    if passed is None:
+        passed = _passthrough(op, known, assignment, points)
+    return Sharding(dims, passed.get(index, ()))
+
 
 
 def _passthrough(
@@ -219,7 +315,7 @@ def _passthrough(
     known: Sequence[Sharding | None],
     assignment: Assignment,
     points: ReductionPoints,
-) -> dict[int, tuple[tuple[str, str], ...]]:
+) -> Passed:
     """Partial (sum/mean) axes each operand may keep because the op is linear in it."""
     definition = op_def(op)
     policy = definition.partial
@@ -250,12 +346,14 @@ def results(
     assignment: Assignment,
     known: Sequence[Sharding | None],
     points: ReductionPoints,
+    passed: Passed | None = None,
 ) -> list[Sharding]:
-    """The layouts of the op's results: split as their factors are; partial over the
-    split ``REDUCTION`` factors a result lacks (but over none of the axes of a split
-    ``CONTEXT`` factor it has: the expansion reduce-scatters those), and over the
-    partial axes a linear op passes through."""
-    passed = _passthrough(op, known, assignment, points)
+    """The layouts of the op's results under ``assignment``: split as their factors are;
+    partial over the split ``REDUCTION`` factors a result lacks (but over none of the
+    axes of a split ``CONTEXT`` factor it has: the expansion reduce-scatters those), and
+    over the partial axes a linear op passes through."""
+    if passed is None:
+        passed = _passthrough(op, known, assignment, points)
     inherited = next(iter(passed.values()), ())
     results = []
     for dims in rule.results:

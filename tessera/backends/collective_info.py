@@ -1,9 +1,11 @@
 """What a partitioned program communicates: one :class:`CollectiveInfo` per collective.
 
 ``low.collectives()`` reports these. ``nbytes`` is the local operand size for
-all_reduce / all_to_all / broadcast (and send / recv), the gathered result for
-all_gather and the unscattered input for reduce_scatter. ``all_slice`` moves no data
-and is not listed.
+all_reduce / all_to_all / collective_permute / broadcast (and send / recv), the gathered
+result for all_gather and the unscattered input for reduce_scatter. ``all_slice`` moves
+no data and is not listed, nor is a collective_permute whose pairs all keep a rank's
+own value (``[[r, r], ...]``). A collective_permute's ``pairs`` say which group
+positions receive (the targets of its pairs whose source is another rank).
 """
 
 from __future__ import annotations
@@ -17,17 +19,52 @@ from xdsl.dialects.builtin import ModuleOp
 from tessera.ir import graph, schedule
 from tessera.ir.abstract import AbstractTensor
 
+Pairs = tuple[tuple[int, int], ...]
+
 
 @dataclass(frozen=True)
 class CollectiveInfo:
     """One communicating collective of a partitioned function."""
 
-    kind: str  # all_reduce, all_gather, reduce_scatter, all_to_all, broadcast
+    kind: str  # all_reduce, all_gather, reduce_scatter, all_to_all, collective_permute, broadcast
     mesh_axes: tuple[str, ...]
     group_size: int
     shape: tuple[int, ...]  # the local operand shape
     dtype: str  # f32, bf16...
     nbytes: int
+    pairs: Pairs = ()  # collective_permute: (source, target) positions in each group
+
+    @property
+    def receivers(self) -> tuple[int, ...] | None:
+        """Group positions that receive data: a collective_permute's targets of another
+        rank's value; None for a collective every member takes part in."""
+        if self.kind != "collective_permute":
+            return None
+        return tuple(sorted(t for s, t in self.pairs if s != t))
+
+
+def describe(op: graph.CollectiveOp | schedule.StartOp, group_size: int) -> CollectiveInfo | None:
+    """The :class:`CollectiveInfo` of a graph collective or a ``schedule.start`` over a
+    group of ``group_size`` ranks, or None when it moves no data."""
+    if isinstance(op, schedule.StartOp):
+        kind, result = op.collective_name, op.handle.type.tensor
+    else:
+        kind, result = op.name.removeprefix("graph."), op.result.type
+    attrs = op.attrs()
+    pairs: Pairs = tuple((int(s), int(t)) for s, t in attrs.get("pairs", ()))
+    if kind == "all_slice" or (kind == "collective_permute" and all(s == t for s, t in pairs)):
+        return None
+    operand = AbstractTensor.from_xdsl(op.input.type)
+    moved = AbstractTensor.from_xdsl(result) if kind == "all_gather" else operand
+    return CollectiveInfo(
+        kind=kind,
+        mesh_axes=tuple(attrs["axes"]),
+        group_size=group_size,
+        shape=operand.shape,
+        dtype=operand.dtype.value,
+        nbytes=moved.nbytes,
+        pairs=pairs,
+    )
 
 
 def collectives(module: ModuleOp) -> list[CollectiveInfo]:
@@ -39,23 +76,11 @@ def collectives(module: ModuleOp) -> list[CollectiveInfo]:
         if not isinstance(function, func.FuncOp) or graph.PARTITIONED not in function.attributes:
             continue
         for op in function.walk():
-            if isinstance(op, schedule.StartOp) and op.input is not None:
-                kind, result = op.collective_name, op.handle.type.tensor
-            elif isinstance(op, graph.CollectiveOp) and not isinstance(op, graph.AllSliceOp):
-                kind, result = op.name.removeprefix("graph."), op.result.type
-            else:
+            started = isinstance(op, schedule.StartOp) and op.input is not None  # not a recv
+            if not started and not isinstance(op, graph.CollectiveOp):
                 continue
-            operand = AbstractTensor.from_xdsl(op.input.type)
-            moved = AbstractTensor.from_xdsl(result) if kind == "all_gather" else operand
-            axes = tuple(op.attrs()["axes"])
-            infos.append(
-                CollectiveInfo(
-                    kind=kind,
-                    mesh_axes=axes,
-                    group_size=math.prod(mesh.get(a, 1) for a in axes),
-                    shape=operand.shape,
-                    dtype=operand.dtype.value,
-                    nbytes=moved.nbytes,
-                )
-            )
+            group_size = math.prod(mesh.get(a, 1) for a in op.attrs()["axes"])
+            info = describe(op, group_size)
+            if info is not None:
+                infos.append(info)
     return infos

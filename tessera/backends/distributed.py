@@ -48,7 +48,7 @@ from xdsl.ir import Attribute
 
 from tessera import environment
 from tessera.backends import hierarchical, liveness
-from tessera.backends.collective_info import CollectiveInfo, collectives
+from tessera.backends.collective_info import CollectiveInfo, collectives, describe
 from tessera.backends.launch_plan import LaunchPlan, build_plan
 from tessera.backends.layout import assemble
 from tessera.backends.schedule_runner import (
@@ -638,7 +638,34 @@ def _issue(
         buffer = x.clone().contiguous()
         work = tdist.broadcast(buffer, src=group.members[src], group=pg, async_op=True)
         return _Pending(work, lambda: buffer, op, group.members)
+    if kind == "collective_permute":
+        return _issue_permute(op, x, group, position)
     raise ExecutionError(f"the distributed backend cannot run {kind}")
+
+
+def _issue_permute(
+    op: _Start, x: torch.Tensor, group: _Group, position: int
+) -> _Pending | torch.Tensor:
+    """A collective_permute as point-to-point messages, all issued before any is
+    waited for (so no order of ranks can deadlock): this rank sends its value to the
+    target of the pair it is the source of and receives from the source of the pair it
+    is the target of; a pair of a rank with itself is a copy, and a rank that is no
+    target gets zeros."""
+    pairs = op.attrs()["pairs"]
+    target = next((t for s, t in pairs if s == position), None)
+    source = next((s for s, t in pairs if t == position), None)
+    if source == position:
+        received = x.clone()
+    else:
+        received = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    works = []
+    if target is not None and target != position:
+        works.append(tdist.isend(x.contiguous(), dst=group.members[target], group=group.handle))
+    if source is not None and source != position:
+        works.append(tdist.irecv(received, src=group.members[source], group=group.handle))
+    if not works:
+        return received
+    return _Pending(_AllOf(works), lambda: received, op, group.members)
 
 
 def _communicates(op: schedule.StartOp, group_size: int) -> bool:
@@ -891,20 +918,8 @@ def collectives_of(
     op: graph.CollectiveOp | schedule.StartOp, group_size: int
 ) -> list[CollectiveInfo]:
     """The :class:`CollectiveInfo` of one communicating op (as ``collectives()`` reports)."""
-    operand = AbstractTensor.from_xdsl(op.input.type)
-    result = op.handle.type.tensor if isinstance(op, schedule.StartOp) else op.result.type
-    kind = _kind(op)
-    moved = AbstractTensor.from_xdsl(result) if kind == "all_gather" else operand
-    return [
-        CollectiveInfo(
-            kind=kind,
-            mesh_axes=tuple(op.attrs()["axes"]),
-            group_size=group_size,
-            shape=operand.shape,
-            dtype=operand.dtype.value,
-            nbytes=moved.nbytes,
-        )
-    ]
+    info = describe(op, group_size)
+    return [info] if info is not None else []
 
 
 __all__ = [

@@ -3,7 +3,8 @@
 Graph ops keep their parameters (axes, eps, predicate...) as xDSL properties. Shape
 rules and kernels want plain Python values, and the custom syntax prints them without
 type noise: ``{axes = [1], keepdims = true, eps = 1.0e-05, approximate = tanh}``;
-lists of names (mesh axes) print as ``[tp, dp]``.
+lists of names (mesh axes) print as ``[tp, dp]``, lists of int lists (a
+collective_permute's source-target pairs) as ``[[0, 1], [1, 0]]``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")
 
 
 def to_attr(value: Any) -> Attribute:
-    """Python value -> property attribute (bool, int, float, str, int sequence)."""
+    """Python value -> property attribute (bool, int, float, str, a sequence of ints, of
+    strs or of int sequences)."""
     if isinstance(value, Attribute):
         return value
     if isinstance(value, bool):
@@ -46,6 +48,11 @@ def to_attr(value: Any) -> Attribute:
         return DenseArrayBase.from_list(i64, [int(v) for v in value])
     if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
         return ArrayAttr([StringAttr(v) for v in value])
+    if isinstance(value, Sequence) and all(
+        isinstance(v, Sequence) and not isinstance(v, str) and all(isinstance(i, int) for i in v)
+        for v in value
+    ):
+        return ArrayAttr([DenseArrayBase.from_list(i64, [int(i) for i in v]) for v in value])
     raise TypeError(f"cannot store {value!r} as an op property")
 
 
@@ -63,6 +70,8 @@ def to_python(attr: Attribute) -> Any:
         return tuple(int(v) for v in attr.get_values())
     if isinstance(attr, ArrayAttr) and all(isinstance(a, StringAttr) for a in attr.data):
         return tuple(a.data for a in attr.data)
+    if isinstance(attr, ArrayAttr) and all(isinstance(a, DenseArrayBase) for a in attr.data):
+        return tuple(tuple(int(v) for v in a.get_values()) for a in attr.data)
     return attr
 
 
@@ -88,6 +97,8 @@ def print_value(printer: Printer, attr: Attribute) -> None:
             printer.print_string(value)
         else:
             printer.print_string_literal(value)
+    elif isinstance(value, tuple) and value and all(isinstance(v, tuple) for v in value):
+        printer.print_string("[" + ", ".join(f"[{', '.join(map(str, v))}]" for v in value) + "]")
     elif isinstance(value, tuple) and all(
         isinstance(v, int) or _IDENTIFIER.fullmatch(v) for v in value
     ):
@@ -101,6 +112,13 @@ def parse_value(parser: Parser) -> Attribute:
     if parser.parse_optional_punctuation("[") is not None:
         if parser.parse_optional_punctuation("]") is not None:
             return DenseArrayBase.from_list(i64, [])
+        if parser.parse_optional_punctuation("[") is not None:  # a list of int lists
+            lists = [_parse_int_list_rest(parser)]
+            while parser.parse_optional_punctuation(",") is not None:
+                parser.parse_punctuation("[")
+                lists.append(_parse_int_list_rest(parser))
+            parser.parse_punctuation("]")
+            return ArrayAttr([DenseArrayBase.from_list(i64, v) for v in lists])
         if (name := parser.parse_optional_identifier()) is not None:  # a list of names
             names = [name]
             while parser.parse_optional_punctuation(",") is not None:
@@ -124,6 +142,17 @@ def parse_value(parser: Parser) -> Attribute:
     if text is not None:
         return StringAttr(text)
     return parser.parse_attribute()
+
+
+def _parse_int_list_rest(parser: Parser) -> list[int]:
+    """The ints of an int list whose ``[`` is parsed, and its ``]``."""
+    if parser.parse_optional_punctuation("]") is not None:
+        return []
+    values = parser.parse_comma_separated_list(
+        parser.Delimiter.NONE, lambda: parser.parse_integer(context_msg=" in an integer list")
+    )
+    parser.parse_punctuation("]")
+    return values
 
 
 def print_properties(

@@ -708,6 +708,47 @@ class AxisIndexOp(GraphOp):
 
 
 @irdl_op_definition
+class CollectivePermuteOp(CollectiveOp):
+    """Sends each ``[source, target]`` pair's source value to its target (positions in
+    every group over ``axes``, as XLA's ``source_target_pairs``); a rank that is no
+    target receives zeros. It moves blocks between ranks, so it has per-rank semantics
+    only: it appears in partitioned functions (``shard-partition`` makes it)."""
+
+    name = "graph.collective_permute"
+    pairs = prop_def(Attribute)  # [[source, target], ...]; an empty list is ``[]``
+    shape_rule = staticmethod(shape_rules.collective_permute)
+
+    def rule_attrs(self) -> dict[str, Any]:
+        group_size = self.group_size()
+        if group_size is None:
+            raise VerifyException(
+                f"{self.name}: moves blocks between ranks, so it belongs in a partitioned "
+                f"function ({PARTITIONED}); found in a global one"
+            )
+        try:
+            pairs = self.source_target_pairs()
+        except VerifyException as error:
+            raise VerifyException(f"{self.name}: {error}") from None
+        return {**self.attrs(), "pairs": pairs, "group_size": group_size}
+
+    def source_target_pairs(self) -> tuple[tuple[int, int], ...]:
+        """The pairs as ``(source, target)`` positions."""
+        return permute_pairs(self.properties["pairs"])
+
+
+def permute_pairs(attr: Attribute) -> tuple[tuple[int, int], ...]:
+    """A ``pairs`` property as ``(source, target)`` tuples (``[]`` parses as no pairs)."""
+    value = to_python(attr)
+    if not isinstance(value, tuple) or not all(
+        isinstance(p, tuple) and len(p) == 2 for p in value
+    ):
+        raise VerifyException(
+            f"expected [source, target] pairs like [[0, 1], [1, 0]], found {shape_rules.pairs_text(value)}"
+        )
+    return tuple((int(s), int(t)) for s, t in value)
+
+
+@irdl_op_definition
 class ShardOp(UnaryGraphOp):
     """A sharding constraint (``dist.shard``): the value must have ``sharding`` here."""
 
@@ -785,6 +826,7 @@ class MeshOp(IRDLOperation):
 
 COLLECTIVE_OPS: tuple[type[GraphOp], ...] = (
     AllReduceOp, AllGatherOp, AllSliceOp, ReduceScatterOp, AllToAllOp, BroadcastOp,
+    CollectivePermuteOp,
 )  # fmt: skip
 
 
@@ -799,6 +841,7 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     RmsNormOp, CrossEntropyOp, AttentionOp, AttentionBackwardOp, ReshapeOp, BroadcastToOp,
     TransposeOp, SliceOp, ConcatOp, SplitOp, GatherOp,
 )  # fmt: skip
+
 
 def _earlier(op: Operation) -> Iterator[Operation]:
     previous = op.prev_op

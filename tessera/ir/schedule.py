@@ -21,8 +21,8 @@ its result is waited for) and *placement* (streams, buffers, microbatches, stage
   inputs (``%a = %x``) and nothing inside uses a value from outside (isolated from
   above). ``stream`` is ``compute`` (the default when absent) or ``comm``.
 - ``schedule.start`` / ``schedule.wait``: an asynchronous collective. The start names the
-  collective (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send, recv)
-  and carries the properties of the matching graph op (``send``/``recv`` name their peer:
+  collective (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast,
+  collective_permute, send, recv) and carries the properties of the matching graph op (``send``/``recv`` name their peer:
   one mesh axis in ``axes`` and an ``offset`` along it); its handle
   ``!schedule.handle<T>`` carries the type ``T`` the wait produces, which is checked with
   the graph op's shape rule and local (per-rank) semantics. Every handle is waited for
@@ -126,11 +126,12 @@ COLLECTIVES: dict[str, type[graph.CollectiveOp] | None] = {
     "reduce_scatter": graph.ReduceScatterOp,
     "all_to_all": graph.AllToAllOp,
     "broadcast": graph.BroadcastOp,
+    "collective_permute": graph.CollectivePermuteOp,
     "send": None,
     "recv": None,
 }
 _PEER_PROPERTIES = ("axes", "offset")
-_START_PROPERTIES = ("axes", "kind", "dim", "split_dim", "concat_dim", "src", "offset")
+_START_PROPERTIES = ("axes", "kind", "dim", "split_dim", "concat_dim", "src", "pairs", "offset")
 # how a start runs, not what it computes: kept out of ``StartOp.attrs()``
 _PLACEMENT_PROPERTIES = ("stream", "algorithm", "domain")
 # collectives that a hierarchical (domain, then across domains) algorithm can run
@@ -418,6 +419,7 @@ class StartOp(IRDLOperation):
     split_dim = opt_prop_def(IntegerAttr)
     concat_dim = opt_prop_def(IntegerAttr)
     src = opt_prop_def(IntegerAttr)
+    pairs = opt_prop_def(Attribute)
     offset = opt_prop_def(IntegerAttr)
     stream = opt_prop_def(StringAttr)
     algorithm = opt_prop_def(StringAttr)

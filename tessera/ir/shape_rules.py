@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from math import prod
+from typing import Any
 
 from tessera.dtypes import DType
 from tessera.errors import ShapeError
@@ -486,3 +487,41 @@ def axis_index(axes: Sequence[str], group_size: int | None = None) -> AbstractTe
     """This rank's linear position along mesh ``axes`` (major first): an i32 scalar."""
     _check_mesh_axes(axes)
     return AbstractTensor((), DType.i32)
+
+
+def collective_permute(
+    x: AbstractTensor,
+    axes: Sequence[str],
+    pairs: Sequence[Sequence[int]],
+    group_size: int | None = None,
+) -> AbstractTensor:
+    """Each ``[source, target]`` pair (positions in a group over ``axes``) sends the
+    source's value to the target; ranks that are no target receive zeros. No rank is a
+    source twice or a target twice; with ``group_size`` known, positions are below it."""
+    _check_mesh_axes(axes)
+    sources: set[int] = set()
+    targets: set[int] = set()
+    for pair in pairs:
+        if not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ShapeError(f"expected [source, target] pairs, found {pairs_text(pairs)}")
+        source, target = pair
+        for role, position in (("source", source), ("target", target)):
+            if position < 0 or (group_size is not None and position >= group_size):
+                bound = f" (the group over {list(axes)} has {group_size} ranks)" if group_size else ""
+                raise ShapeError(
+                    f"{role} position {position} of pair [{source}, {target}] is out of range{bound}"
+                )
+        if source in sources:
+            raise ShapeError(f"rank position {source} is the source of more than one pair")
+        if target in targets:
+            raise ShapeError(f"rank position {target} is the target of more than one pair")
+        sources.add(source)
+        targets.add(target)
+    return x
+
+
+def pairs_text(pairs: Any) -> str:
+    """Pairs as written in the IR (``[[0, 1], [1, 0]]``)."""
+    if isinstance(pairs, Sequence):
+        return "[" + ", ".join(pairs_text(p) for p in pairs) + "]"
+    return str(pairs)

@@ -14,7 +14,12 @@ factor's kind says what splitting it over a mesh axis means (as in Shardy's
   (softmax's axis, layer_norm's axes) or do not show it (cross_entropy's classes):
   splitting it needs an all-reduce of per-row statistics inside the op, never a gather
   of the tensor.
-- ``REPLICATED``: the op needs the dim whole (concat's axis, a sliced dim).
+- ``BLOCKS``: the op takes *windows* of the factor's index space on some tensors (a
+  split's pieces, a concat's operands, a slice's result; :class:`FactorWindows`). The
+  dim may stay split: each rank then holds its block of every window, and the blocks
+  that live on another rank move there by collective permutes
+  (:mod:`tessera.ir.block_moves`), priced by the cost model like any reshard.
+- ``REPLICATED``: the op needs the dim whole (a reshape's merged minor dims).
 - ``CONTEXT``: a sequence the op attends over (attention's keys and values): a split
   stays on the tensors that have it, and ``shard-partition`` expands the op so that each
   rank sees the whole sequence (context parallelism): the operands with the factor are
@@ -49,6 +54,7 @@ class FactorKind(enum.Enum):
     PARALLEL = "parallel"
     REDUCTION = "reduction"
     STATISTIC = "statistic"
+    BLOCKS = "blocks"
     REPLICATED = "replicated"
     CONTEXT = "context"
 
@@ -61,6 +67,21 @@ class Factor:
 
 Dims = tuple[int | None, ...]  # factor index per tensor dim
 Assignment = dict[int, tuple[str, ...]]  # factor -> mesh axes splitting it
+
+
+@dataclass(frozen=True)
+class FactorWindows:
+    """Where the tensors of a BLOCKS factor lie along its index space: operand ``i``'s
+    dim is the window ``operands[i]`` (``(offset, size)``, None for an operand without
+    the factor), and likewise for the results."""
+
+    factor: int
+    operands: tuple[tuple[int, int] | None, ...]
+    results: tuple[tuple[int, int] | None, ...]
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(w[1] for w in (*self.operands, *self.results) if w is not None)
 
 
 @dataclass(frozen=True)
@@ -80,6 +101,17 @@ class ShardingRule:
     @property
     def has_context(self) -> bool:
         return any(f.kind is FactorKind.CONTEXT for f in self.factors)
+    windows: tuple[FactorWindows, ...] = ()  # one per BLOCKS factor
+
+    def windows_of(self, factor: int) -> FactorWindows | None:
+        return next((w for w in self.windows if w.factor == factor), None)
+
+    def divides(self, factor: int, ways: int) -> bool:
+        """Whether ``factor`` can be split ``ways`` ways: its size and, for a BLOCKS
+        factor, every window's size divide evenly."""
+        windows = self.windows_of(factor)
+        sizes = windows.sizes if windows is not None else ()
+        return all(size % ways == 0 for size in (self.factors[factor].size, *sizes))
 
     def __str__(self) -> str:
         names = [chr(ord("i") + i) if i < 18 else f"f{i}" for i in range(len(self.factors))]
@@ -123,9 +155,15 @@ class RuleBuilder:
         results: Sequence[Dims],
         kind: str = "sum",
         positions: Sequence[tuple[int, int]] = (),
+        windows: Sequence[FactorWindows] = (),
     ) -> ShardingRule:
         return ShardingRule(
-            tuple(self.factors), tuple(operands), tuple(results), kind, tuple(positions)
+            tuple(self.factors),
+            tuple(operands),
+            tuple(results),
+            kind,
+            positions=tuple(positions),
+            windows=tuple(windows),
         )
 
 

@@ -5,9 +5,13 @@ global value is unchanged (its reference and VJP are the identity), only how it 
 the mesh changes (its :class:`LayoutTransition`). A constraint states the layout its
 value must have. In a partitioned (per-rank) program a collective's semantics are its
 :class:`CollectiveReference`'s ``group``: every member's result from every member's
-operand (the virtual mesh and the schedule runner compute collectives with it). Communicating collectives become ``schedule.start`` / ``schedule.wait``
-pairs; ``all_slice`` communicates nothing (each rank keeps its slice), so kernels
-evaluate it like a layout op, at this rank's offset.
+operand (the virtual mesh and the schedule runner compute collectives with it).
+Communicating collectives become ``schedule.start`` / ``schedule.wait`` pairs;
+``all_slice`` communicates nothing (each rank keeps its slice), so kernels evaluate it
+like a layout op, at this rank's offset. ``collective_permute`` moves one rank's block
+to another (XLA's source-target pairs; ranks that are no target receive zeros): it
+exists only in partitioned programs, where ``shard-partition`` builds block moves of it
+(:mod:`tessera.ir.block_moves`); on a global value it has no meaning.
 """
 
 from __future__ import annotations
@@ -75,14 +79,16 @@ def _identity_reference(op: graph.GraphOp, x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class CollectiveReference:
-    """A collective's torch semantics: the identity on the global value (calling it, as
-    every op's reference is called) and ``group(op, xs)``, every group member's result
-    from every member's operand (``op`` is the graph op or a ``schedule.start``)."""
+    """A collective's torch semantics: on the global value (calling it, as every op's
+    reference is called; the identity for a layout transition) and ``group(op, xs)``,
+    every group member's result from every member's operand (``op`` is the graph op or
+    a ``schedule.start``)."""
 
     group: GroupFn
+    global_view: Callable[[graph.GraphOp, torch.Tensor], torch.Tensor] = _identity_reference
 
     def __call__(self, op: graph.GraphOp, x: torch.Tensor) -> torch.Tensor:
-        return x
+        return self.global_view(op, x)
 
 
 def on_group(op: Any) -> GroupFn:
@@ -148,6 +154,33 @@ def _broadcast_group(op: Any, xs: Values) -> Values:
             f"{op.name}: source index {src} is outside the group of {len(xs)} ranks"
         )
     return [xs[src]] * len(xs)
+
+
+def _collective_permute_group(op: Any, xs: Values) -> Values:
+    """Each pair's target takes its source's value; ranks that are no target get zeros."""
+    received = [torch.zeros_like(x) for x in xs]
+    for source, target in op.attrs()["pairs"]:
+        received[target] = xs[source]
+    return received
+
+
+def _per_rank_only(op: graph.GraphOp, x: torch.Tensor) -> torch.Tensor:
+    raise ExecutionError(
+        f"{op.name} moves blocks between ranks: it has per-rank semantics only (in a "
+        "partitioned function), not on a global value"
+    )
+
+
+def _collective_permute_vjp(
+    b: GradBuilder, op: graph.CollectivePermuteOp, cts: Cotangents
+) -> Cotangents:
+    """The inverse permutation: each source gets its target's cotangent (a rank that is
+    no source sent nothing, so its cotangent is zero)."""
+    ct = cts[0]
+    if ct is None or not aval(op.input).dtype.is_float:
+        return [None]
+    inverse = [[target, source] for source, target in op.source_target_pairs()]
+    return [b.op(graph.CollectivePermuteOp, ct, axes=op.attrs()["axes"], pairs=inverse)]
 
 
 def _transition(edit: Callable[[graph.CollectiveOp, Dims], None]) -> LayoutTransition:
@@ -218,6 +251,17 @@ _register(graph.AllGatherOp, _gather_dim, _all_gather_group, ASYNC)
 _register(graph.ReduceScatterOp, _split_dim, _reduce_scatter_group, ASYNC)
 _register(graph.AllToAllOp, _move_split, _all_to_all_group, ASYNC)
 _register(graph.AllSliceOp, _split_dim, _all_slice_group, RankIndexMap(_all_slice_tile))
+
+register(
+    graph.CollectivePermuteOp,
+    # each rank's block stays the shape it was, and it lies where its layout says
+    sharding=LayoutTransition(lambda op, source: source),
+    partial=NO_PARTIAL_PASSTHROUGH,
+    vjp=_collective_permute_vjp,
+    reference=CollectiveReference(_collective_permute_group, _per_rank_only),
+    tile=ASYNC,
+    fusion=Fusion.COLLECTIVE,
+)
 
 register(
     graph.ShardOp,

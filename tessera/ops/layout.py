@@ -23,6 +23,7 @@ from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import (
     FactorKind,
+    FactorWindows,
     Rule,
     RuleBuilder,
     ShardingRule,
@@ -246,19 +247,31 @@ _register(
 def _slice_sharding(
     operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
 ) -> ShardingRule:
-    """Untouched dims are parallel; dims that are cut must be whole."""
+    """Untouched dims are parallel. One dim cut with stride 1 is a BLOCKS factor (the
+    result is a window of the operand: split, each rank's result block is moved from
+    the operand's blocks); dims cut otherwise, or beside another cut, must be whole."""
     (x,) = operands
     b = RuleBuilder()
+    cut = [
+        d
+        for d, size in enumerate(x.shape)
+        if (attrs["starts"][d], attrs["limits"][d], attrs["strides"][d]) != (0, size, 1)
+    ]
+    window = cut[0] if len(cut) == 1 and attrs["strides"][cut[0]] == 1 else None
     dims = []
     for d, size in enumerate(x.shape):
-        whole = (attrs["starts"][d], attrs["limits"][d], attrs["strides"][d]) == (0, size, 1)
-        dims.append(b.new(size, FactorKind.PARALLEL if whole else FactorKind.REPLICATED))
+        kind = FactorKind.BLOCKS if d == window else FactorKind.REPLICATED
+        dims.append(b.new(size, FactorKind.PARALLEL if d not in cut else kind))
     in_dims = tuple(dims)
     out_dims = tuple(
-        f if b.factors[f].kind == FactorKind.PARALLEL else b.new(results[0].shape[d])
+        f if d not in cut or d == window else b.new(results[0].shape[d])
         for d, f in enumerate(in_dims)
     )
-    return b.rule([in_dims], [out_dims])
+    windows = []
+    if window is not None:
+        start, size = attrs["starts"][window], results[0].shape[window]
+        windows.append(FactorWindows(in_dims[window], ((0, x.shape[window]),), ((start, size),)))
+    return b.rule([in_dims], [out_dims], windows=windows)
 
 
 def _with_dim(shape: Sequence[int], dim: int, size: int) -> tuple[int, ...]:
@@ -349,17 +362,30 @@ _register(
 # --- concat ----------------------------------------------------------------------------------
 
 
+def _offsets(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """``(offset, size)`` of consecutive pieces of the given sizes."""
+    windows, offset = [], 0
+    for size in sizes:
+        windows.append((offset, size))
+        offset += size
+    return windows
+
+
 def _concat_sharding(
     operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
 ) -> ShardingRule:
-    """All operands share every factor; the concatenation axis must be whole."""
+    """All operands share every factor; along the axis each operand is a window of the
+    result (a BLOCKS factor: split, each rank's result block is moved together from the
+    operands' blocks)."""
     b = RuleBuilder()
-    out = results[0].shape
+    axis, out = attrs["axis"], results[0].shape
     dims = tuple(
-        b.new(s, FactorKind.REPLICATED if d == attrs["axis"] else FactorKind.PARALLEL)
+        b.new(s, FactorKind.BLOCKS if d == axis else FactorKind.PARALLEL)
         for d, s in enumerate(out)
     )
-    return b.rule([dims] * len(operands), [dims])
+    pieces = tuple(_offsets([x.shape[axis] for x in operands]))
+    windows = FactorWindows(dims[axis], pieces, ((0, out[axis]),))
+    return b.rule([dims] * len(operands), [dims], windows=[windows])
 
 
 def _concat_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
@@ -414,14 +440,19 @@ _register(
 def _split_sharding(
     operands: list[AbstractTensor], results: list[AbstractTensor], attrs: dict[str, Any]
 ) -> ShardingRule:
-    """Pieces keep every dim but the split axis, which must be whole."""
+    """Pieces keep every dim; along the axis each piece is a window of the operand (a
+    BLOCKS factor: split, each rank's block of each piece is moved from the operand's
+    blocks)."""
     (x,) = operands
     b = RuleBuilder()
+    axis = attrs["axis"]
     dims = tuple(
-        b.new(s, FactorKind.REPLICATED if d == attrs["axis"] else FactorKind.PARALLEL)
+        b.new(s, FactorKind.BLOCKS if d == axis else FactorKind.PARALLEL)
         for d, s in enumerate(x.shape)
     )
-    return b.rule([dims], [dims] * len(results))
+    pieces = tuple(_offsets([r.shape[axis] for r in results]))
+    windows = FactorWindows(dims[axis], ((0, x.shape[axis]),), pieces)
+    return b.rule([dims], [dims] * len(results), windows=[windows])
 
 
 def _split_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:

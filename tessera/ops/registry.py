@@ -261,14 +261,21 @@ def has_sharding_rule(op: OpOrType) -> bool:
     return found is not None and not isinstance(found.sharding, LayoutTransition)
 
 
-def sharding_rule(op: Operation) -> ShardingRule:
-    """The sharding rule of a graph op instance."""
+def sharding_rule(
+    op: Operation,
+    operands: Sequence[AbstractTensor] | None = None,
+    results: Sequence[AbstractTensor] | None = None,
+) -> ShardingRule:
+    """The sharding rule of a graph op instance, for its operand and result types or
+    the (global) types given."""
     found = lookup(op)
     if found is None or isinstance(found.sharding, LayoutTransition):
         raise KeyError(f"no sharding rule for {op.name}")
-    operands = [AbstractTensor.from_xdsl(v.type) for v in op.operands]
-    results = [AbstractTensor.from_xdsl(r.type) for r in op.results]
-    return found.sharding(operands, results, op.attrs())  # type: ignore[attr-defined]
+    if operands is None:
+        operands = [AbstractTensor.from_xdsl(v.type) for v in op.operands]
+    if results is None:
+        results = [AbstractTensor.from_xdsl(r.type) for r in op.results]
+    return found.sharding(list(operands), list(results), op.attrs())  # type: ignore[attr-defined]
 
 
 def on_operands(fn: Callable[..., Any]) -> Reference:

@@ -3,7 +3,8 @@
 Runs after ``shard-propagate`` (values without a ``graph.sharding`` count as
 replicated). Walking each function in order, for every op:
 
-- a graph op needs its operands laid out as ``op_sharding.decide`` says; where an
+- a graph op needs its operands laid out as ``op_sharding.decide`` says (weighing the
+  result layouts ``shard-propagate`` chose, as it did); where an
   operand's layout differs, the reshard steps of ``reshard.plan_reshard`` are inserted
   before the op as collective ops (all_reduce, reduce_scatter, all_slice, all_to_all,
   all_gather), each annotated with the layout it leaves;
@@ -35,7 +36,7 @@ from tessera.ir.abstract import aval
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard
-from tessera.ir.sharding import Sharding, arg_sharding, set_op_shardings
+from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
 from tessera.ops import has_sharding_rule
 
 _STEP_OPS: dict[str, type[graph.GraphOp]] = {
@@ -79,7 +80,10 @@ class _Inserter:
                 replicated = [Sharding.replicated(aval(r).rank) for r in op.results]
                 self._record(op, replicated)
             elif has_sharding_rule(op):
-                layout = decide(op, [self.of(v) for v in op.operands], self.mesh, self.points)
+                # the results' layouts shard-propagate chose (with its users' wishes)
+                wanted = [Sharding(s.dims) for s in op_shardings(op) or ()]
+                known = [self.of(v) for v in op.operands]
+                layout = decide(op, known, self.mesh, self.points, wanted)
                 for index, (value, needed) in enumerate(
                     zip(op.operands, layout.operands, strict=True)
                 ):

@@ -16,6 +16,11 @@ rewrites it into local work and all-reduces of small values, for example
   indices in its slice (``graph.axis_index`` gives its offset), zero rows elsewhere: a
   partial sum, which ``insert-collectives`` already resolves where it is consumed.
 
+A split, concat or slice whose windowed dim stays split (a BLOCKS factor, see
+``sharding_rules``) does not gather it either: each result block is built from the
+operand blocks where it lies by local slices, ``collective_permute``s (ranks that are no
+target receive zeros), their sum and a concat (:mod:`tessera.ir.block_moves`).
+
 An op whose sharding rule has a split ``CONTEXT`` factor (attention with the sequence
 split over ``cp``: context parallelism) is expanded as the rule says
 (``sharding_rules.context_layouts``): its operands with the factor are all-gathered
@@ -48,13 +53,14 @@ from tessera.errors import IRError, ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.attr_values import to_attr
+from tessera.ir.block_moves import Window, plan_block_moves
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.graph_emitter import GraphEmitter
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard
 from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
-from tessera.ir.sharding_rules import FactorKind, ShardingRule, context_layouts
+from tessera.ir.sharding_rules import FactorKind, FactorWindows, ShardingRule, context_layouts
 from tessera.ops import Partition, has_sharding_rule, lookup, sharding_rule
 
 # the collective op of each reshard step kind (``graph.all_gather`` for "all_gather", ...)
@@ -80,7 +86,7 @@ class _Partitioner:
         self.gathered: dict[tuple[SSAValue, Sharding], SSAValue] = {}  # context operands
         self.starts: dict[tuple[tuple[str, ...], int], SSAValue] = {}  # rank starts
         self.zero: SSAValue | None = None  # the 0 of position operands created here
-        self.sequence_rules: dict[Operation, ShardingRule] = {}
+        self.rules: dict[Operation, ShardingRule] = {}  # read while the types are global
 
     def local(self, value: SSAValue, sharding: Sharding) -> AbstractTensor:
         typ = aval(value)
@@ -89,12 +95,8 @@ class _Partitioner:
 
     def run(self) -> None:
         block = self.function.body.block
-        # the rules with context factors or position operands, read while types are global
-        for op in block.ops:
-            if has_sharding_rule(op):
-                rule = sharding_rule(op)
-                if rule.has_context or rule.positions:
-                    self.sequence_rules[op] = rule
+        # the ops' sharding rules, read while the types are global
+        self.rules = {op: sharding_rule(op) for op in block.ops if has_sharding_rule(op)}
         for index, arg in enumerate(block.args):
             sharding = arg_sharding(self.function, index) or Sharding.replicated(aval(arg).rank)
             local = Rewriter.replace_value_with_new_type(arg, self.local(arg, sharding).to_xdsl())
@@ -116,10 +118,17 @@ class _Partitioner:
     def _localize(self, op: Operation, shardings: Sequence[Sharding]) -> None:
         if self._expand(op, shardings):
             return
-        rule = self.sequence_rules.get(op)
-        if rule is not None:
+        rule = self.rules.get(op)
+        if rule is not None and (rule.has_context or rule.positions):
             self._expand_sequences(op, rule, shardings)
             return
+        if rule is not None:  # windows of a split dim: blocks move between ranks
+            for windows in rule.windows:
+                j = next(j for j, w in enumerate(windows.results) if w is not None)
+                axes = shardings[j].dims[rule.results[j].index(windows.factor)]
+                if axes:
+                    self._move_blocks(op, rule, windows, axes, shardings)  # type: ignore[arg-type]
+                    return
         for result, sharding in zip(list(op.results), shardings, strict=True):
             local = Rewriter.replace_value_with_new_type(result, self.local(result, sharding).to_xdsl())
             self.layouts[local] = sharding
@@ -154,6 +163,69 @@ class _Partitioner:
         self.layouts[replacement] = sharding
         Rewriter.erase_op(op)
         return True
+
+    def _move_blocks(
+        self,
+        op: graph.GraphOp,
+        rule: ShardingRule,
+        windows: FactorWindows,
+        mesh_axes: tuple[str, ...],
+        shardings: Sequence[Sharding],
+    ) -> None:
+        """Builds each result window's local block from the operand windows' blocks by
+        local slices, collective permutes, sums and a concat (:mod:`tessera.ir.block_moves`),
+        instead of gathering the dim. Every op made is annotated with the layout of the
+        result it builds."""
+        ranks = math.prod(self.mesh.axis_size(a) for a in mesh_axes)
+        sources = [i for i, w in enumerate(windows.operands) if w is not None]
+        targets = [j for j, w in enumerate(windows.results) if w is not None]
+        plan = plan_block_moves(
+            [Window(*windows.operands[i]) for i in sources],  # type: ignore[misc]
+            [Window(*windows.results[j]) for j in targets],  # type: ignore[misc]
+            ranks,
+        )
+        emit = _Emitter(op)
+        cuts: dict[tuple[SSAValue, int, int], SSAValue] = {}  # one slice per source range
+        for j, segments in zip(targets, plan, strict=True):
+            dim = rule.results[j].index(windows.factor)
+
+            def annotated(value: SSAValue, j: int = j) -> SSAValue:
+                set_op_shardings(value.owner, self.mesh_name, [shardings[j]])  # type: ignore[arg-type]
+                return value
+
+            pieces = []
+            for segment in segments:
+                terms = []
+                for move in segment.moves:
+                    index = sources[move.source]
+                    source, source_dim = op.operands[index], rule.operands[index].index(windows.factor)
+                    key = (source, move.start, segment.length)
+                    if key not in cuts:
+                        cuts[key] = _cut(emit, source, source_dim, move.start, segment.length)
+                        if cuts[key] is not source:
+                            annotated(cuts[key])
+                    piece = cuts[key]
+                    if not segment.is_local_slice(ranks):
+                        pairs = [list(pair) for pair in move.pairs]
+                        piece = annotated(
+                            emit(graph.CollectivePermuteOp, [piece], axes=mesh_axes, pairs=pairs)
+                        )
+                    terms.append(piece)
+                combine = graph.MaximumOp if aval(terms[0]).dtype == DType.i1 else graph.AddOp
+                total = terms[0]  # each rank takes one term: the others are zeros there
+                for term in terms[1:]:
+                    total = annotated(emit(combine, [total, term]))
+                pieces.append(total)
+            if not pieces:  # an empty window: an empty slice of an operand
+                first = sources[0]
+                source_dim = rule.operands[first].index(windows.factor)
+                pieces.append(annotated(_cut(emit, op.operands[first], source_dim, 0, 0)))
+            result = pieces[0] if len(pieces) == 1 else annotated(emit(graph.ConcatOp, pieces, axis=dim))
+            expected = self.local(op.results[j], shardings[j])
+            assert aval(result) == expected, f"{op.name}: built {aval(result)}, expected {expected}"
+            op.results[j].replace_all_uses_with(result)
+            self.layouts[result] = shardings[j]
+        Rewriter.erase_op(op)
 
     # --- context parallelism and position operands --------------------------------------
 
@@ -284,6 +356,31 @@ class _Partitioner:
 
 
 _I32 = AbstractTensor((), DType.i32)
+
+
+class _Emitter(GraphEmitter):
+    """A GraphEmitter with the constant helpers the partitioned ops need."""
+
+    def scalar(self, value: float, like: AbstractTensor) -> SSAValue:
+        dense = DenseIntOrFPElementsAttr.from_list(
+            AbstractTensor((), like.dtype).to_xdsl(), [value]
+        )
+        op = graph.build(graph.ConstantOp, [], value=dense)
+        Rewriter.insert_op(op, InsertPoint.before(self.anchor))
+        return op.results[0]
+
+
+def _cut(emit: GraphEmitter, value: SSAValue, dim: int, start: int, length: int) -> SSAValue:
+    """``value[start:start + length]`` along ``dim`` (the value itself when that is all
+    of it)."""
+    shape = aval(value).shape
+    if (start, length) == (0, shape[dim]):
+        return value
+    limits = list(shape)
+    limits[dim] = start + length
+    starts = [0] * len(shape)
+    starts[dim] = start
+    return emit(graph.SliceOp, [value], starts=starts, limits=limits, strides=[1] * len(shape))
 
 
 class _Emitter(GraphEmitter):

@@ -10,7 +10,12 @@ The pass sweeps forward and backward to a fixed point:
   (so a free local slice always beats communication); split reduction factors make
   results partial, and partial operands stay partial through linear ops;
 - backward, an open operand takes the layout its consumer's result implies, and on
-  factors no result shows (a contraction's k) the split the op uses going forward.
+  factors no result shows (a contraction's k) the split the op uses going forward;
+  every operand also records the split its consumer wants of it (a constraint's, or
+  what the consumer's choice requires), which its producer weighs going forward as
+  proposals and as the cost of moving its results there (a *result-side* proposal: a
+  reshape whose merged dims cannot carry its operand's split takes its user's split
+  by an all-to-all, a partial sum is reduce-scattered into the split its user wants).
 
 Values never reached are replicated. The result sharding is written on each op
 (``graph.sharding``) and on every function argument.
@@ -19,21 +24,22 @@ Values never reached are replicated. The result sharding is written on each op
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import SSAValue
+from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 
-from tessera.analysis.op_sharding import Assignment, after_collective, choose, results
+from tessera.analysis.op_sharding import Assignment, after_collective, choose, required, results
 from tessera.analysis.reduction_points import ReductionPoints
 from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.sharding import Sharding, arg_sharding, set_arg_sharding, set_op_shardings
-from tessera.ir.sharding_rules import FactorKind
+from tessera.ir.sharding_rules import FactorKind, ShardingRule
 from tessera.ops import has_sharding_rule, sharding_rule
 
 
@@ -55,6 +61,8 @@ class _Propagation:
         self.function = function
         self.shardings: dict[SSAValue, Sharding] = {}
         self.closed: set[SSAValue] = set()
+        self.wanted: dict[SSAValue, Sharding] = {}  # the split a value's users want
+        self.choices: dict[Operation, tuple[tuple[object, ...], Assignment]] = {}
         self.points = ReductionPoints()
         for index, arg in enumerate(function.args):
             sharding = arg_sharding(function, index)
@@ -96,7 +104,7 @@ class _Propagation:
         if all(k is None for k in known):
             return False
         rule = sharding_rule(op)
-        assignment = choose(op, rule, known, self.mesh, self.points)
+        assignment = self._choose(op, rule, known)
         changed = False
         for result, sharding in zip(op.results, results(op, rule, assignment, known, self.points), strict=True):
             changed |= self._set(result, sharding)
@@ -105,6 +113,7 @@ class _Propagation:
     # --- backward ---------------------------------------------------------------------------
 
     def _backward(self, op: graph.GraphOp) -> bool:
+        self._want(op)
         open_operands = [v for v in op.operands if v not in self.shardings]
         if not open_operands:
             return False
@@ -122,13 +131,15 @@ class _Propagation:
             if sharding is None:
                 continue
             for factor, axes in zip(dims, sharding.dims, strict=True):
-                if factor is not None and axes and factor not in assignment:
-                    assignment[factor] = axes
+                if factor is None or not axes or factor in assignment:
+                    continue
+                if rule.divides(factor, prod(self.mesh.axis_size(a) for a in axes)):
+                    assignment[factor] = axes  # (a concat's operands may not divide)
         # factors no result shows (a contraction's k) split as the forward choice splits them
         known = [self.shardings.get(v) for v in op.operands]
         shown = {f for dims in rule.results for f in dims}
         used = {a for axes in assignment.values() for a in axes}
-        for factor, axes in choose(op, rule, known, self.mesh, self.points).items():
+        for factor, axes in self._choose(op, rule, known).items():
             if factor not in shown and not used & set(axes):
                 assignment[factor] = axes
                 used |= set(axes)
@@ -144,6 +155,39 @@ class _Propagation:
             )
             changed |= self._set(value, Sharding(dims))
         return changed
+
+    def _want(self, op: graph.GraphOp) -> None:
+        """Records the splits ``op`` wants of its operands (a constraint's, or what its
+        forward choice requires), for their producers to weigh; the first user in program
+        order wins (this sweep runs backward)."""
+        if isinstance(op, graph.ShardOp):
+            self.wanted[op.input] = Sharding(op.sharding.sharding.dims)
+            return
+        if not has_sharding_rule(op) or not op.operands:
+            return
+        known = [self.shardings.get(v) for v in op.operands]
+        if all(k is None for k in known):
+            return
+        rule = sharding_rule(op)
+        # the choice of this sweep's forward step (the next one weighs new wishes)
+        cached = self.choices.get(op)
+        assignment = cached[1] if cached is not None else self._choose(op, rule, known)
+        for index, value in enumerate(op.operands):
+            self.wanted[value] = Sharding(required(op, rule, assignment, known, index, self.points).dims)
+
+    def _choose(
+        self, op: graph.GraphOp, rule: ShardingRule, known: list[Sharding | None]
+    ) -> Assignment:
+        """``op_sharding.choose`` for the current operand layouts and wishes, computed again
+        only when they changed (each sweep asks for every op's choice more than once)."""
+        wanted = [self.wanted.get(r) for r in op.results]
+        key = (*known, None, *wanted)  # None: operands end, wishes start
+        cached = self.choices.get(op)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        assignment = choose(op, rule, known, self.mesh, self.points, wanted)
+        self.choices[op] = (key, assignment)
+        return assignment
 
     # --- state ------------------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 A group of ``n`` ranks talks over the smallest level holding it all (``Topology.level_of``),
 with latency α and per-device, per-direction bandwidth B. ``S`` is: for all_reduce the
 operand (= result) size; all_gather the gathered result; reduce_scatter the operand before
-scattering; all_to_all the operand; broadcast, send and recv the message. A group of one
+scattering; all_to_all the operand; broadcast, send, recv and collective_permute the
+message (a collective_permute's ranks are those of its pairs that move data: every target
+receives its message at once). A group of one
 rank costs nothing (``"direct"``). The closed forms (Thakur, Rabenseifner & Gropp,
 "Optimization of Collective Communication Operations in MPICH", IJHPCA 19(1), 2005; NCCL's
 "bus bandwidth" factors, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md)::
@@ -20,6 +22,8 @@ rank costs nothing (``"direct"``). The closed forms (Thakur, Rabenseifner & Grop
     all_to_all  direct        (n-1)α + (n-1)/n · S/B          (pairwise exchange)
     broadcast   tree          ⌈log2 n⌉α + S/B
     send, recv  direct        α + S/B                         (ranks: the two peers)
+    collective_permute
+                direct        α + S/B                         (ranks: sources and targets)
 
 Hierarchical applies when the group spans level ``L > 0`` as ``n2 > 1`` inner groups of
 ``n1 > 1`` members each (``Topology.group_counts``); its inner phases use ``levels[L-1]`` and
@@ -41,6 +45,7 @@ COLLECTIVE_KINDS = (
     "reduce_scatter",
     "all_to_all",
     "broadcast",
+    "collective_permute",
     "send",
     "recv",
 )
@@ -90,7 +95,7 @@ def algorithms_for(
         return {"direct": 0.0}
     level = topology.level_of(ranks)
     link = topology.levels[level]
-    if kind in ("send", "recv"):
+    if kind in ("send", "recv", "collective_permute"):
         return {"direct": link.latency_s + nbytes / link.bandwidth}
     if kind == "broadcast":
         return {"tree": _steps(n) * link.latency_s + nbytes / link.bandwidth}

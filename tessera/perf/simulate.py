@@ -206,7 +206,7 @@ class _Run:
         free_at = self.streams[stream]
         ends = [0.0] * self.ranks
         label = op.label
-        for group, priced in self._groups(axes, kind, attrs.get("offset")):
+        for group, priced in self._groups(axes, kind, attrs.get("offset"), attrs.get("pairs")):
             begin = max(
                 max(free_at[r], self.compute[r], *self._operand_ready(op, r)) for r in group
             )
@@ -236,9 +236,15 @@ class _Run:
         return [self._ready(v, rank) for v in op.operands]
 
     def _groups(
-        self, axes: Sequence[str], kind: str, offset: int | None
+        self,
+        axes: Sequence[str],
+        kind: str,
+        offset: int | None,
+        pairs: Sequence[tuple[int, int]] | None,
     ) -> list[tuple[list[int], list[int]]]:
-        """(ranks that start together, ranks the cost is priced over) per group."""
+        """(ranks that start together, ranks the cost is priced over) per group: a
+        collective_permute is priced over the ranks of its pairs that move data (none:
+        it costs nothing)."""
         if self.mesh is None or not axes:
             return [([r], [r]) for r in range(self.ranks)]
         if kind in ("send", "recv"):  # point to point, each rank with its peer
@@ -250,7 +256,11 @@ class _Run:
                 coords[axis] = (coords[axis] + (offset or 0)) % size
                 pairs.append(([r], [r, self.mesh.rank(coords)]))
             return pairs
-        return [(list(g), list(g)) for g in self.mesh.groups(tuple(axes))]
+        groups = self.mesh.groups(tuple(axes))
+        if kind == "collective_permute":
+            moving = sorted({p for s, t in pairs or () if s != t for p in (s, t)})
+            return [(list(g), [g[p] for p in moving] or [g[0]]) for g in groups]
+        return [(list(g), list(g)) for g in groups]
 
     def _wait(self, op: schedule.WaitOp) -> None:
         done = self.ready.get(op.handle, [0.0] * self.ranks)

@@ -85,6 +85,18 @@ def test_context_parallel_attention_over_two_processes() -> None:
     assert "rank 0 OK" in result.stdout and "rank 1 OK" in result.stdout
 
 
+def test_collective_permutes_and_block_moves_over_four_processes() -> None:
+    """Collective permutes (shifts, swaps, single pairs) per rank equal to numpy and the
+    virtual mesh; chunk / concat along a sharded dim (blocks moved by permutes, nothing
+    gathered) equal to torch eager."""
+    result = tessera_run(4, SCRIPTS / "permute.py", limit=180.0)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in range(4):
+        assert f"rank {rank} OK" in result.stdout
+        assert f"rank {rank}: collective permutes over ['dp', 'tp'] of Mesh(dp=2, tp=2) match numpy" in result.stdout
+        assert f"rank {rank}: block moves on Mesh(dp=2, tp=2) match torch eager" in result.stdout
+
+
 def test_readme_example_with_the_console_script() -> None:
     """``tessera run -n 4 examples/distributed_mlp.py``, as the README shows it (Triton kernels)."""
     console = Path(sys.executable).parent / "tessera"

@@ -130,3 +130,66 @@ def test_schedule_stage_and_memory() -> None:
     assert 0 < sharded.memory().peak_bytes < unsharded.memory().peak_bytes / 2
     weights = (w1.numel() + w2.numel()) * 4
     assert unsharded.memory().peak_bytes >= weights
+
+
+# --- blocks along a sharded dim ---------------------------------------------------------------
+
+
+def _block_bytes_received(lowered: ts.compiled.Lowered, mesh: dist.Mesh) -> int:
+    """The busiest device's bytes received by collective permutes."""
+    received = [0] * mesh.size
+    for c in lowered.collectives():
+        assert c.kind == "collective_permute", c
+        for group in mesh.groups(c.mesh_axes):
+            for position in c.receivers:
+                received[group[position]] += c.nbytes
+    return max(received)
+
+
+def test_swiglu_with_a_fused_gate_up_projection_moves_blocks_not_the_whole_dim() -> None:
+    """chunk(x @ w_fused, 2) with w_fused split by columns over tp = 4 (x @ w_fused is
+    16 x 128: blocks of 32 columns; gate's and up's blocks of 16): rank r's gate block
+    lies on rank r // 2, its up block on rank 2 + r // 2, so ranks receive 1, 2, 2, 1
+    blocks of 16 x 16; nothing is gathered, and the down projection's partial sum is
+    reduced once."""
+
+    def swiglu(x: torch.Tensor, w_fused: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+        gate, up = op.chunk(x @ w_fused, 2, axis=-1)
+        return (op.silu(gate) * up) @ w_down
+
+    g = torch.Generator().manual_seed(4)
+    x, w_fused, w_down = torch.randn(16, 32, generator=g), torch.randn(32, 128, generator=g), torch.randn(64, 32, generator=g)
+    mesh = dist.Mesh(axes=["tp"], shape=(4,))
+    f = ts.jit(swiglu, mesh=mesh, in_shardings=(None, COLS_TP, ROWS_TP))
+    lowered = f.lower(x, w_fused, w_down)
+    kinds = [c.kind for c in lowered.collectives()]
+    assert "all_gather" not in kinds and kinds.count("all_reduce") == 1, kinds
+    permutes = [c for c in lowered.collectives() if c.kind == "collective_permute"]
+    received = [0] * 4
+    for c in permutes:
+        for position in c.receivers:
+            received[position] += c.nbytes
+    assert received == [16 * 16 * 4 * blocks for blocks in (1, 2, 2, 1)]
+    gate, up = (x @ w_fused).chunk(2, -1)
+    torch.testing.assert_close(f(x, w_fused, w_down), (torch.nn.functional.silu(gate) * up) @ w_down, rtol=1e-4, atol=1e-4)
+
+
+def test_concat_of_column_split_branches_keeps_the_split() -> None:
+    """concat([x @ a, x @ b]) of two column-split branches stays split over tp: blocks
+    move into place, nothing is gathered."""
+    g = torch.Generator().manual_seed(5)
+    x, a, b = torch.randn(8, 16, generator=g), torch.randn(16, 32, generator=g), torch.randn(16, 64, generator=g)
+    f = ts.jit(lambda x, a, b: op.concat([x @ a, x @ b], axis=1), mesh=MESH, in_shardings=(ROWS_DP, COLS_TP, COLS_TP), out_shardings=dist.ShardSpec(partition=(0, 1), mesh_axes=("dp", "tp")))
+    lowered = f.lower(x, a, b)
+    assert 0 < _block_bytes_received(lowered, MESH) <= 2 * 24 * 4 * 4  # at most this rank's result block
+    torch.testing.assert_close(f(x, a, b), torch.cat([x @ a, x @ b], 1), rtol=1e-5, atol=1e-5)
+
+
+def test_pieces_that_do_not_divide_among_the_ranks_are_cut_from_the_whole_dim() -> None:
+    """chunk(x, 4) of 8 columns split over tp = 4: pieces of 2 columns cannot be split 4
+    ways, so the dim is gathered and each rank cuts its piece."""
+    x = torch.randn(4, 8)
+    mesh = dist.Mesh(axes=["tp"], shape=(4,))
+    uneven = ts.jit(lambda x: op.chunk(x, 4, axis=1)[1] * 2, mesh=mesh, in_shardings=(COLS_TP,))
+    assert [c.kind for c in uneven.lower(x).collectives()] == ["all_gather"]
+    torch.testing.assert_close(uneven(x), x.chunk(4, 1)[1] * 2)

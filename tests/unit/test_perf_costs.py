@@ -61,6 +61,17 @@ def test_point_to_point_uses_the_link_between_the_peers(kind: str):
     )
 
 
+def test_collective_permute_costs_one_message_over_the_ranks_of_its_pairs():
+    """Every target receives its message at once: α + S/B on the smallest level holding
+    the pairs' ranks; no pair that moves data (one rank) costs nothing."""
+    topology = dgx_h100(nodes=2)
+    inside = collective_time(topology, "collective_permute", 4 * MiB, [0, 1, 2, 3])
+    assert (inside.algorithm, inside.time_s) == ("direct", approx(NVLINK_A + 4 * MiB / NVLINK_B))
+    across = collective_time(topology, "collective_permute", 4 * MiB, [1, 9, 3, 11])
+    assert across.time_s == approx(IB_A + 4 * MiB / IB_B)
+    assert collective_time(topology, "collective_permute", 4 * MiB, [5]).time_s == 0.0
+
+
 def test_hierarchical_closed_forms_on_four_nodes():
     topology, S = dgx_h100(nodes=4), 64 * MiB
     intra = 7 * NVLINK_A + 7 / 8 * S / NVLINK_B  # reduce_scatter or all_gather within a node

@@ -2,7 +2,8 @@
 
 Hypothesis draws a mesh, input tensors with random shardings, and a random program over
 them (elementwise ops with broadcasting, matmuls, reductions, normalisations over any
-axis, transposes, reshapes, sharding constraints). The program runs twice: unsharded
+axis, transposes, reshapes, sharding constraints, and chunks, splits, slices and concats
+along any dim, sharded or not: their blocks move between ranks by collective permutes). The program runs twice: unsharded
 through the reference executor, and sharded — shard-propagate, insert-collectives,
 shard-partition, every rank on the virtual mesh, the global result assembled. Results
 must agree to f32 rounding (rtol 1e-4, atol 1e-4: sharded sums add in another order).
@@ -14,12 +15,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from xdsl.context import Context
+from xdsl.dialects.builtin import Builtin
+from xdsl.dialects.func import Func
+from xdsl.parser import Parser
+from xdsl.rewriter import InsertPoint
 
 import tessera as ts
 from tessera import dist, op
+from tessera.backends.virtual import run_partitioned
+from tessera.ir.grad_builder import GradBuilder
+from tessera.ir.graph import Graph
+from tessera.ir.mesh import Mesh
+from tessera.ops import op_def
 
 MESHES = [(("x",), (4,)), (("x", "y"), (2, 2)), (("x", "y"), (2, 3)), (("x", "y"), (3, 2))]
 SIZES = (12, 24)  # divisible by every axis size and product used here (4 and 6)
@@ -73,11 +86,12 @@ def programs(draw: st.DrawFn) -> Program:
     for _ in range(draw(st.integers(2, 6))):
         last = len(shapes) - 1
         choice = draw(st.sampled_from(
-            ["matmul", "add", "mul", "unary", "reduce", "norm", "transpose", "reshape", "constrain", "bias"]
+            ["matmul", "add", "mul", "unary", "reduce", "norm", "transpose", "reshape", "constrain", "bias",
+             "chunk", "split", "rotate", "concat", "slice"]
         ))  # fmt: skip
         a = draw(st.integers(0, last))
         sa = shapes[a]
-        if not sa and choice in ("bias", "reduce", "norm", "constrain"):
+        if not sa and choice in ("bias", "reduce", "norm", "constrain", "chunk", "split", "rotate", "concat", "slice"):
             continue  # a scalar (a whole reduction's result) has no axis to use
         if choice == "matmul":
             partners = [i for i, s in enumerate(shapes) if len(s) == 2 and len(sa) == 2 and s[0] == sa[1]]
@@ -118,6 +132,45 @@ def programs(draw: st.DrawFn) -> Program:
             target = (2, sa[0] // 2, sa[1]) if split_rows else (sa[0] * sa[1],)
             steps.append((f"reshape{target}", lambda v, a=a, target=target: op.reshape(v[a], target)))
             shapes.append(target)
+        elif choice in ("chunk", "rotate"):  # a piece, or the pieces in another order
+            axis = draw(st.integers(0, len(sa) - 1))
+            pieces = draw(st.integers(2, 4))
+            if sa[axis] % pieces:
+                continue
+            if choice == "chunk":
+                index = draw(st.integers(0, pieces - 1))
+                steps.append((f"chunk{pieces}[{index}]@{axis}", lambda v, a=a, n=pieces, i=index, axis=axis: op.chunk(v[a], n, axis=axis)[i]))
+                shapes.append(tuple(s // pieces if d == axis else s for d, s in enumerate(sa)))
+            else:
+                order = draw(st.permutations(range(pieces)))
+                steps.append((f"rotate{list(order)}@{axis}", lambda v, a=a, n=pieces, order=order, axis=axis: op.concat([op.chunk(v[a], n, axis=axis)[i] for i in order], axis=axis)))
+                shapes.append(sa)
+        elif choice == "split":  # numpy's split points: uneven pieces
+            axis = draw(st.integers(0, len(sa) - 1))
+            if sa[axis] < 2:
+                continue  # nothing to split
+            points = sorted(draw(st.sets(st.integers(1, sa[axis] - 1), min_size=1, max_size=2)))
+            index = draw(st.integers(0, len(points)))
+            bounds = [0, *points, sa[axis]]
+            steps.append((f"split{points}[{index}]@{axis}", lambda v, a=a, p=points, i=index, axis=axis: op.split(v[a], p, axis=axis)[i]))
+            shapes.append(tuple(bounds[index + 1] - bounds[index] if d == axis else s for d, s in enumerate(sa)))
+        elif choice == "concat":
+            axis = draw(st.integers(0, len(sa) - 1))
+            partners = [i for i, s in enumerate(shapes) if len(s) == len(sa) and all(x == y for d, (x, y) in enumerate(zip(s, sa, strict=True)) if d != axis)]
+            b = draw(st.sampled_from(partners))
+            if sa[axis] + shapes[b][axis] > 48:
+                continue  # keep the tensors small
+            steps.append((f"concat@{axis}", lambda v, a=a, b=b, axis=axis: op.concat([v[a], v[b]], axis=axis)))
+            shapes.append(tuple(x + shapes[b][axis] if d == axis else x for d, x in enumerate(sa)))
+        elif choice == "slice":  # a contiguous range of one dim
+            axis = draw(st.integers(0, len(sa) - 1))
+            if sa[axis] < 1:
+                continue
+            low = draw(st.integers(0, sa[axis] - 1))
+            high = draw(st.integers(low + 1, sa[axis]))
+            index = (slice(None),) * axis + (slice(low, high),)
+            steps.append((f"slice{low}:{high}@{axis}", lambda v, a=a, index=index: v[a][index]))
+            shapes.append(tuple(high - low if d == axis else s for d, s in enumerate(sa)))
         elif choice == "constrain":
             spec = draw(specs(mesh, len(sa)))
             try:
@@ -263,3 +316,130 @@ def test_logsumexp_over_a_split_axis_equals_unsharded(case: VocabCase) -> None:
     for compiled, args in ((forward, (x,)), (grad, (x,))):
         kinds = {c.kind for c in compiled.lower(*args).collectives()}
         assert kinds <= {"all_reduce"}, kinds
+
+
+# --- blocks along a sharded dim, and collective permutes ----------------------------------------
+
+BLOCK_MESHES = [(("x",), (2,)), (("x",), (3,)), (("x",), (4,)), (("x",), (6,)), (("x", "y"), (2, 3)), (("x", "y"), (2, 2))]
+
+
+@st.composite
+def block_programs(draw: st.DrawFn) -> tuple[dist.Mesh, list[torch.Tensor], list[dist.ShardSpec], Callable[..., Any], str]:
+    """One chunk / split / concat / slice (or a chunk rotated and concatenated back) along
+    a dim split over one or two mesh axes, the other dim maybe split too."""
+    names, sizes = draw(st.sampled_from(BLOCK_MESHES))
+    mesh = dist.Mesh(axes=list(names), shape=sizes)
+    axes = tuple(draw(st.permutations(names))[: draw(st.integers(1, len(names)))])
+    ways = 1
+    for a in axes:
+        ways *= mesh.axis_size(a)
+    axis = draw(st.integers(0, 1))
+    pieces = draw(st.integers(1, 4))
+    size = ways * pieces * draw(st.integers(1, 2))
+    other = draw(st.sampled_from([2, 6]))
+    shape = (size, other) if axis == 0 else (other, size)
+    spec = dist.ShardSpec(partition=(axis,), mesh_axes=(axes,))
+    kind = draw(st.sampled_from(["chunk", "split", "rotate", "concat", "slice"]))
+    inputs = [torch.randn(shape, dtype=torch.float64)]
+    specs = [spec]
+    if kind == "chunk":
+        index = draw(st.integers(0, pieces - 1))
+        fn = lambda x: op.chunk(x, pieces, axis=axis)[index]  # noqa: E731
+        label = f"chunk({pieces})[{index}]"
+    elif kind == "split":
+        points = sorted(draw(st.sets(st.integers(1, size - 1), min_size=1, max_size=3)))
+        fn = lambda x: op.split(x, points, axis=axis)  # noqa: E731
+        label = f"split({points})"
+    elif kind == "rotate":
+        order = draw(st.permutations(range(pieces)))
+        fn = lambda x: op.concat([op.chunk(x, pieces, axis=axis)[i] for i in order], axis=axis)  # noqa: E731
+        label = f"rotate({list(order)})"
+    elif kind == "concat":
+        second = list(shape)
+        second[axis] = ways * draw(st.integers(1, 3))
+        inputs.append(torch.randn(second, dtype=torch.float64))
+        specs.append(draw(st.sampled_from([spec, dist.ShardSpec(replicate=True)])))
+        fn = lambda x, y: op.concat([y, x, y], axis=axis)  # noqa: E731
+        label = "concat(y, x, y)"
+    else:
+        low = draw(st.integers(0, size - 1))
+        high = draw(st.integers(low + 1, size))
+        index = (slice(None),) * axis + (slice(low, high),)
+        fn = lambda x: x[index]  # noqa: E731
+        label = f"slice({low}:{high})"
+    return mesh, inputs, specs, fn, f"{label} of {shape} on axis {axis} split over {axes} of {mesh}"
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(block_programs(), st.booleans())
+def test_blocks_along_a_sharded_dim_equal_unsharded(case: tuple, keep_split: bool) -> None:
+    """The result (kept split when it can be, else whole) equals the unsharded result
+    exactly: blocks only move (whether they move or the dim is gathered is the cost
+    model's choice; tests/unit/test_jit_sharding.py checks it on model-sized cases)."""
+    mesh, inputs, specs, fn, label = case
+    reference = ts.jit(fn)(*inputs)
+    out = specs[0] if keep_split else dist.ShardSpec(replicate=True)
+    flat = reference if isinstance(reference, torch.Tensor) else reference[0]
+    try:
+        out.to_sharding(mesh, tuple(flat.shape))
+    except ts.ShardingError:
+        out = dist.ShardSpec(replicate=True)
+    outs = out if isinstance(reference, torch.Tensor) else None
+    sharded = ts.jit(fn, mesh=mesh, in_shardings=tuple(specs), out_shardings=outs)
+    result = sharded(*inputs)
+    kinds = sorted({c.kind for c in sharded.lower(*inputs).collectives()})
+    event(f"collectives: {kinds}")
+    for got, want in zip(result if isinstance(result, tuple) else (result,), reference if isinstance(reference, tuple) else (reference,), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=label)
+
+
+@st.composite
+def permutes(draw: st.DrawFn) -> tuple[Any, tuple[str, ...], list[list[int]]]:
+    names, sizes = draw(st.sampled_from(BLOCK_MESHES))
+    mesh = Mesh(list(names), sizes)
+    axes = tuple(draw(st.permutations(names))[: draw(st.integers(1, len(names)))])
+    n = 1
+    for a in axes:
+        n *= mesh.axis_size(a)
+    sources = draw(st.permutations(range(n)))
+    targets = draw(st.permutations(range(n)))
+    count = draw(st.integers(0, n))
+    return mesh, axes, [[sources[i], targets[i]] for i in range(count)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(permutes())
+def test_collective_permute_and_its_vjp(case: tuple) -> None:
+    """A random partial permutation on the virtual mesh equals numpy's, and its VJP (the
+    inverse permutation) is its adjoint: <P x, y> = <x, Pᵀ y> summed over all ranks."""
+    mesh, axes, pairs = case
+    mesh_text = ", ".join(f"{a} = {s}" for a, s in zip(mesh.axis_names, mesh.shape, strict=True))
+    text = f"""
+    graph.mesh @mesh axes = [{mesh_text}]
+    func.func @f(%x: tensor<3x2xf64>, %y: tensor<3x2xf64>) -> (tensor<3x2xf64>, tensor<3x2xf64>) attributes {{graph.partitioned}} {{
+      %p = graph.collective_permute %x {{axes = [{", ".join(axes)}], pairs = {pairs}}} : tensor<3x2xf64>
+      func.return %p, %y : tensor<3x2xf64>, tensor<3x2xf64>
+    }}
+    """
+    context = Context()
+    for dialect in (Builtin, Func, Graph):
+        context.load_dialect(dialect)
+    module = Parser(context, text).parse_module()
+    function = next(o for o in module.ops if o.name == "func.func")
+    permute = next(o for o in function.walk() if o.name == "graph.collective_permute")
+    (transposed,) = op_def(permute).vjp(GradBuilder(InsertPoint.before(function.body.block.last_op)), permute, [function.args[1]])
+    function.body.block.last_op.operands[1] = transposed
+    module.verify()
+    rng = np.random.default_rng(len(pairs))
+    xs = [rng.standard_normal((3, 2)) for _ in range(mesh.size)]
+    ys = [rng.standard_normal((3, 2)) for _ in range(mesh.size)]
+    results = run_partitioned(module, "f", mesh, [[torch.from_numpy(x), torch.from_numpy(y)] for x, y in zip(xs, ys, strict=True)])
+    expected = [np.zeros((3, 2)) for _ in xs]
+    for group in mesh.groups(axes):
+        for source, target in pairs:
+            expected[group[target]] = xs[group[source]]
+    for rank, (permuted, _) in enumerate(results):
+        np.testing.assert_array_equal(permuted.numpy(), expected[rank])
+    forward = sum(float((p.numpy() * y).sum()) for (p, _), y in zip(results, ys, strict=True))
+    backward = sum(float((x * t.numpy()).sum()) for x, (_, t) in zip(xs, results, strict=True))
+    assert forward == pytest.approx(backward, rel=1e-12, abs=1e-12)

@@ -191,3 +191,20 @@ def test_dp_gradient_all_reduces_hide_under_the_backward() -> None:
     assert serial.exposed_fraction == pytest.approx(1.0, abs=1e-12)
     assert overlapped.exposed_fraction <= 1 / layers + 0.05
     assert overlapped.step_time_s < serial.step_time_s
+
+
+def test_collective_permutes_take_one_message_each() -> None:
+    """chunk(x, 3) of columns split over tp = 4 keeps them split (the split makes all
+    three pieces): 7 of its 9 collective permutes send a block (the other 2 keep a
+    rank's own block, free), each priced α + S/B for its block of S bytes, one after the
+    other on the comm stream."""
+    mesh = dist.mesh({"tp": 4})
+    x = torch.empty(1024, 3 * 1024)
+    fn = lambda x: op.tanh(op.chunk(x, 3, axis=1)[0] + op.chunk(x, 3, axis=1)[2])  # noqa: E731
+    with schedule.all_reduce_overlap(False):
+        lowered = ts.jit(fn, mesh=mesh, in_shardings=(COL,), kernels="reference").lower(x)
+        sim = lowered.simulate(FLAT8)
+    permutes = [c for c in lowered.collectives() if c.kind == "collective_permute"]
+    block = 1024 * 1024 // 4 * 4  # a 1024 x 256 f32 block
+    assert [c.nbytes for c in permutes] == [block] * 7
+    assert sim.comm_time_s == pytest.approx(len(permutes) * (ALPHA + block / BANDWIDTH), rel=1e-12)

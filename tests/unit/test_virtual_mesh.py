@@ -16,12 +16,15 @@ from xdsl.dialects.func import Func
 from xdsl.parser import Parser
 
 from tessera.backends.collective_info import CollectiveInfo, collectives
+from tessera.backends.launch_plan import run_virtual
 from tessera.backends.layout import assemble, scatter
 from tessera.backends.virtual import run_partitioned
 from tessera.errors import ExecutionError, ShardingError
 from tessera.ir.graph import Graph
 from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
+from tessera.ops import op_def
+from tessera.passes.lower_graph_to_schedule import LowerGraphToSchedulePass
 
 
 def parse(text: str) -> ModuleOp:
@@ -361,6 +364,78 @@ def test_collective_info_for_each_kind():
         CollectiveInfo("all_to_all", ("dp",), 2, (6, 4), "f32", 6 * 4 * 4),
         CollectiveInfo("broadcast", ("dp",), 2, (4, 6), "bf16", 4 * 6 * 2),
     ]
+
+
+# --- collective_permute ------------------------------------------------------------------------
+
+
+def np_permute(pairs: list[list[int]], xs: list[np.ndarray]) -> list[np.ndarray]:
+    """One group's results: each target takes its source's operand, others zeros."""
+    out = [np.zeros_like(x) for x in xs]
+    for source, target in pairs:
+        out[target] = xs[source]
+    return out
+
+
+def permute_patterns(n: int) -> list[list[list[int]]]:
+    """Pairs to test in a group of ``n``: a cyclic shift, its inverse, a swap of the ends
+    with the rest keeping their own values, one pair (the rest get zeros), none."""
+    return [
+        [[p, (p + 1) % n] for p in range(n)],
+        [[p, (p - 1) % n] for p in range(n)],
+        [[0, n - 1], [n - 1, 0], *([[p, p] for p in range(1, n - 1)])],
+        [[n - 1, 0]],
+        [],
+    ]
+
+
+@pytest.mark.parametrize(("mesh", "axes"), MESHES_AND_AXES, ids=lambda v: str(v))
+@pytest.mark.parametrize("pattern", range(5))
+def test_collective_permute_matches_numpy(mesh, axes, pattern):
+    n = prod(mesh.axis_size(a) for a in axes)
+    pairs = permute_patterns(n)[pattern]
+    module = collective_module(mesh, "collective_permute", axes, {"pairs": pairs}, LOCAL_SHAPE)
+    rng = np.random.default_rng(pattern)
+    inputs = [rng.standard_normal(LOCAL_SHAPE).astype(np.float32) for _ in range(mesh.size)]
+    results = run_partitioned(module, "f", mesh, [[torch.from_numpy(x)] for x in inputs])
+    scheduled = module.clone()
+    LowerGraphToSchedulePass().apply(Context(), scheduled)
+    from_plan = run_virtual(scheduled, "f", mesh, [[torch.from_numpy(x)] for x in inputs])
+    expected: list = [None] * mesh.size
+    for group in np_groups(mesh, axes):
+        for rank, value in zip(group, np_permute(pairs, [inputs[r] for r in group]), strict=True):
+            expected[rank] = value
+    for rank in range(mesh.size):
+        np.testing.assert_array_equal(results[rank][0].numpy(), expected[rank], err_msg=f"rank {rank}")
+        np.testing.assert_array_equal(from_plan[rank][0].numpy(), expected[rank], err_msg=f"rank {rank}")
+
+
+def test_collective_permute_info_counts_only_moving_permutes():
+    mesh = Mesh(["dp", "tp"], (2, 4))
+    module = parse(
+        mesh_decl(mesh)
+        + """
+        func.func @f(%x: tensor<4x6xf32>) -> tensor<4x6xf32> attributes {graph.partitioned} {
+          %a = graph.collective_permute %x {axes = [tp], pairs = [[0, 1], [2, 2]]} : tensor<4x6xf32>
+          %b = graph.collective_permute %a {axes = [tp], pairs = [[2, 2]]} : tensor<4x6xf32>
+          %c = graph.collective_permute %b {axes = [dp, tp], pairs = [[7, 0], [3, 3]]} : tensor<4x6xf32>
+          func.return %c : tensor<4x6xf32>
+        }
+        """
+    )
+    infos = collectives(module)
+    assert infos == [  # %b keeps rank 2's own value and moves nothing: not listed
+        CollectiveInfo("collective_permute", ("tp",), 4, (4, 6), "f32", 4 * 6 * 4, ((0, 1), (2, 2))),
+        CollectiveInfo("collective_permute", ("dp", "tp"), 8, (4, 6), "f32", 4 * 6 * 4, ((7, 0), (3, 3))),
+    ]
+    assert [i.receivers for i in infos] == [(1,), (0,)]
+
+
+def test_collective_permute_has_no_global_value():
+    with pytest.raises(ExecutionError, match="per-rank semantics only"):
+        module = collective_module(Mesh(["x"], (2,)), "collective_permute", ("x",), {"pairs": [[0, 1]]}, (2,))
+        (permute,) = [o for o in module.walk() if o.name == "graph.collective_permute"]
+        op_def(permute).reference(permute, torch.zeros(2))
 
 
 # --- errors --------------------------------------------------------------------------------------

@@ -409,21 +409,20 @@ func.func @partial_used_many_times_reduced_once(%x: tensor<16x64xf32> {graph.sha
 
 // -----
 
-// A split value concatenated along its split dim by two consumers is gathered once.
+// A split value that two consumers need whole (strided slices of its split dim) is
+// gathered once.
 // CHECK-LABEL: func.func @gather_shared_by_two_consumers
 // CHECK-SAME:    %[[X:[^:]*]]: tensor<8x16xf32>
-// CHECK-SAME:    %[[Y:[^:]*]]: tensor<8x16xf32>
 // CHECK-NEXT:    %[[G:.*]] = graph.all_gather %[[X]] {axes = [tp], dim = 1}
-// CHECK-NEXT:    %[[A:.*]] = graph.concat %[[G]], %[[Y]] {axis = 1}
-// CHECK-NEXT:    %[[B:.*]] = graph.concat %[[Y]], %[[G]] {axis = 1}
+// CHECK-NEXT:    %[[A:.*]] = graph.slice %[[G]] {starts = [0, 0], limits = [8, 16], strides = [1, 2]}
+// CHECK-NEXT:    %[[B:.*]] = graph.slice %[[G]] {starts = [0, 1], limits = [8, 16], strides = [1, 2]}
 // CHECK-NEXT:    func.return %[[A]], %[[B]]
 graph.mesh @mesh axes = [tp = 4]
-func.func @gather_shared_by_two_consumers(%x: tensor<8x16xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
-                                          %y: tensor<8x16xf32> {graph.sharding = #graph.sharding<@mesh, [[], []]>})
-    -> (tensor<8x32xf32>, tensor<8x32xf32>) {
-  %a = graph.concat %x, %y {axis = 1} : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x32xf32>
-  %b = graph.concat %y, %x {axis = 1} : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x32xf32>
-  func.return %a, %b : tensor<8x32xf32>, tensor<8x32xf32>
+func.func @gather_shared_by_two_consumers(%x: tensor<8x16xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>})
+    -> (tensor<8x8xf32>, tensor<8x8xf32>) {
+  %a = graph.slice %x {starts = [0, 0], limits = [8, 16], strides = [1, 2]} : tensor<8x16xf32> -> tensor<8x8xf32>
+  %b = graph.slice %x {starts = [0, 1], limits = [8, 16], strides = [1, 2]} : tensor<8x16xf32> -> tensor<8x8xf32>
+  func.return %a, %b : tensor<8x8xf32>, tensor<8x8xf32>
 }
 
 // -----
@@ -547,6 +546,24 @@ func.func @small_table(%t: tensor<4x16xf32> {graph.sharding = #graph.sharding<@m
 
 // -----
 
+// The layout a user wants reaches the reshape that makes the value: the split moves from
+// the transposed minor dim to the major one by an all-to-all (a quarter of the bytes of
+// gathering it), and the constraint then has nothing to do.
+// CHECK-LABEL: func.func @transpose_flatten
+// CHECK-NEXT:    %[[T:.*]] = graph.transpose
+// CHECK-NEXT:    %[[A:.*]] = graph.all_to_all %[[T]] {axes = [tp], split_dim = 0, concat_dim = 1} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp], []]>}
+// CHECK-NEXT:    %[[F:.*]] = graph.reshape %[[A]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp]]>}
+// CHECK-NEXT:    func.return %[[F]]
+graph.mesh @mesh axes = [tp = 4]
+func.func @transpose_flatten(%x: tensor<64x128xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>}) -> tensor<8192xf32> {
+  %t = graph.transpose %x {perm = [1, 0]} : tensor<64x128xf32> -> tensor<128x64xf32>
+  %f = graph.reshape %t : tensor<128x64xf32> -> tensor<8192xf32>
+  %s = graph.shard %f {sharding = #graph.sharding<@mesh, [[tp]]>} : tensor<8192xf32>
+  func.return %s : tensor<8192xf32>
+}
+
+// -----
+
 // Vocab-parallel cross-entropy: no gather of the logits; the loss's mean over dp-split
 // rows is all-reduced over dp (the statistics over tp are shard-partition's).
 // CHECK-LABEL: func.func @vocab_parallel_cross_entropy
@@ -558,4 +575,24 @@ func.func @vocab_parallel_cross_entropy(%x: tensor<8x64xf32> {graph.sharding = #
                                         %l: tensor<8xi64> {graph.sharding = #graph.sharding<@mesh, [[dp]]>}) -> tensor<f32> {
   %c = graph.cross_entropy %x, %l {reduction = mean} : tensor<8x64xf32>, tensor<8xi64> -> tensor<f32>
   func.return %c : tensor<f32>
+}
+
+// -----
+
+// A partial sum is reduce-scattered straight into the split its (non-linear) users
+// want, rather than all-reduced and then sliced.
+// CHECK-LABEL: func.func @partial_into_split_users
+// CHECK-NEXT:    %[[Y:.*]] = graph.matmul
+// CHECK-NEXT:    %[[R:.*]] = graph.reduce_scatter %[[Y]] {axes = [tp], dim = 0, kind = sum} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp], []]>}
+// CHECK-NEXT:    %[[G:.*]] = graph.gelu %[[R]]
+// CHECK-NEXT:    %[[T:.*]] = graph.tanh %[[G]]
+// CHECK-NEXT:    func.return %[[T]]
+graph.mesh @mesh axes = [tp = 4]
+func.func @partial_into_split_users(%a: tensor<64x256xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
+                                    %b: tensor<256x128xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>}) -> tensor<64x128xf32> {
+  %y = graph.matmul %a, %b : tensor<64x256xf32>, tensor<256x128xf32> -> tensor<64x128xf32>
+  %g = graph.gelu %y {approximate = none} : tensor<64x128xf32>
+  %t = graph.tanh %g : tensor<64x128xf32>
+  %s = graph.shard %t {sharding = #graph.sharding<@mesh, [[tp], []]>} : tensor<64x128xf32>
+  func.return %s : tensor<64x128xf32>
 }

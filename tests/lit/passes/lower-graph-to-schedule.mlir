@@ -473,3 +473,43 @@ func.func @no_prologue_through_merge(%x: tensor<8x8xf32>, %w: tensor<8x8xf32>) -
   %b = graph.add %a, %m : tensor<8x8xf32>
   func.return %b : tensor<8x8xf32>
 }
+
+// -----
+
+// A block move (shard-partition's chunk of a split dim): each local half is a kernel of
+// its own (it leaves for a collective), each collective_permute a start/wait pair, and
+// the sums of the permuted halves join their consumer's kernel.
+// CHECK-LABEL: func.func @block_move
+// CHECK-NEXT:    %[[L:.*]] = schedule.kernel @block_move_k0_slice(%{{.*}} = %h)
+// CHECK-NEXT:      graph.slice %{{.*}} {starts = [0, 0], limits = [8, 8], strides = [1, 1]}
+// CHECK-NEXT:      schedule.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[S0:.*]] = schedule.start collective_permute %[[L]] {axes = [tp], pairs = {{\[\[}}0, 0], [1, 2]]} : tensor<8x8xf32> -> !schedule.handle<tensor<8x8xf32>>
+// CHECK-NEXT:    %[[W0:.*]] = schedule.wait %[[S0]] : !schedule.handle<tensor<8x8xf32>> -> tensor<8x8xf32>
+// CHECK-NEXT:    %[[S1:.*]] = schedule.start collective_permute %[[L]] {axes = [tp], pairs = {{\[\[}}2, 0], [3, 2]]}
+// CHECK-NEXT:    %[[W1:.*]] = schedule.wait %[[S1]]
+// CHECK-NEXT:    %[[R:.*]] = schedule.kernel @block_move_k1_slice(%{{.*}} = %h)
+// CHECK-NEXT:      graph.slice %{{.*}} {starts = [0, 8], limits = [8, 16], strides = [1, 1]}
+// CHECK-NEXT:      schedule.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[S2:.*]] = schedule.start collective_permute %[[R]] {axes = [tp], pairs = {{\[\[}}0, 1], [1, 3]]}
+// CHECK-NEXT:    %[[W2:.*]] = schedule.wait %[[S2]]
+// CHECK-NEXT:    %[[S3:.*]] = schedule.start collective_permute %[[R]] {axes = [tp], pairs = {{\[\[}}2, 1], [3, 3]]}
+// CHECK-NEXT:    %[[W3:.*]] = schedule.wait %[[S3]]
+// CHECK-NEXT:    %[[Y:.*]] = schedule.kernel @block_move_k2_add(%[[A:.*]] = %[[W0]], %[[B:.*]] = %[[W2]], %[[C:.*]] = %[[W1]], %[[D:.*]] = %[[W3]])
+// CHECK-NEXT:      %[[G:.*]] = graph.add %[[A]], %[[B]] : tensor<8x8xf32>
+// CHECK-NEXT:      %[[U:.*]] = graph.add %[[C]], %[[D]] : tensor<8x8xf32>
+// CHECK-NEXT:      graph.mul %[[G]], %[[U]] : tensor<8x8xf32>
+graph.mesh @mesh axes = [tp = 4]
+func.func @block_move(%h: tensor<8x16xf32>) -> tensor<8x8xf32> attributes {graph.partitioned} {
+  %0 = graph.slice %h {starts = [0, 0], limits = [8, 8], strides = [1, 1]} : tensor<8x16xf32> -> tensor<8x8xf32>
+  %1 = graph.collective_permute %0 {axes = [tp], pairs = [[0, 0], [1, 2]]} : tensor<8x8xf32>
+  %2 = graph.slice %h {starts = [0, 8], limits = [8, 16], strides = [1, 1]} : tensor<8x16xf32> -> tensor<8x8xf32>
+  %3 = graph.collective_permute %2 {axes = [tp], pairs = [[0, 1], [1, 3]]} : tensor<8x8xf32>
+  %g = graph.add %1, %3 : tensor<8x8xf32>
+  %4 = graph.collective_permute %0 {axes = [tp], pairs = [[2, 0], [3, 2]]} : tensor<8x8xf32>
+  %5 = graph.collective_permute %2 {axes = [tp], pairs = [[2, 1], [3, 3]]} : tensor<8x8xf32>
+  %u = graph.add %4, %5 : tensor<8x8xf32>
+  %y = graph.mul %g, %u : tensor<8x8xf32>
+  func.return %y : tensor<8x8xf32>
+}

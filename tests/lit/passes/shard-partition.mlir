@@ -397,3 +397,69 @@ func.func @vocab_parallel_cross_entropy(%x: tensor<8x64xf32> {graph.sharding = #
   %c = graph.cross_entropy %x, %l {reduction = mean} : tensor<8x64xf32>, tensor<8xi64> -> tensor<f32>
   func.return %c : tensor<f32>
 }
+
+// -----
+
+// A fused gate/up projection chunked in 2 along its tp split (64 columns over tp = 4:
+// blocks of 16, the pieces' blocks of 8): rank r's gate block is the half [8 (r % 2),
+// + 8) of rank r / 2's block, its up block the same half of rank 2 + r / 2's. Each
+// piece is the sum of two collective permutes of local halves (every rank is the
+// target of one of them; the other gives it zeros); the same halves serve both pieces.
+// Nothing is gathered.
+// CHECK-LABEL: func.func @fused_gate_up
+// CHECK-SAME:    (%[[H:[^:]*]]: tensor<8x16xf32>
+// CHECK-NOT:     graph.all_gather
+// CHECK:         %[[L:.*]] = graph.slice %[[H]] {starts = [0, 0], limits = [8, 8], strides = [1, 1]} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], [tp]]>} : tensor<8x16xf32> -> tensor<8x8xf32>
+// CHECK-NEXT:    %[[P0:.*]] = graph.collective_permute %[[L]] {axes = [tp], pairs = {{\[\[}}0, 0], [1, 2]]} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], [tp]]>} : tensor<8x8xf32>
+// CHECK-NEXT:    %[[R:.*]] = graph.slice %[[H]] {starts = [0, 8], limits = [8, 16], strides = [1, 1]}
+// CHECK-NEXT:    %[[P1:.*]] = graph.collective_permute %[[R]] {axes = [tp], pairs = {{\[\[}}0, 1], [1, 3]]}
+// CHECK-NEXT:    %[[G:.*]] = graph.add %[[P0]], %[[P1]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], [tp]]>} : tensor<8x8xf32>
+// CHECK-NEXT:    %[[P2:.*]] = graph.collective_permute %[[L]] {axes = [tp], pairs = {{\[\[}}2, 0], [3, 2]]}
+// CHECK-NEXT:    %[[P3:.*]] = graph.collective_permute %[[R]] {axes = [tp], pairs = {{\[\[}}2, 1], [3, 3]]}
+// CHECK-NEXT:    %[[U:.*]] = graph.add %[[P2]], %[[P3]]
+// CHECK-NEXT:    %[[Y:.*]] = graph.mul %[[G]], %[[U]] {{.*}} : tensor<8x8xf32>
+// CHECK-NEXT:    func.return %[[Y]] : tensor<8x8xf32>
+graph.mesh @mesh axes = [tp = 4]
+func.func @fused_gate_up(%h: tensor<8x64xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>}) -> tensor<8x32xf32> {
+  %g, %u = graph.split %h {axis = 1} : tensor<8x64xf32> -> (tensor<8x32xf32>, tensor<8x32xf32>)
+  %y = graph.mul %g, %u : tensor<8x32xf32>
+  func.return %y : tensor<8x32xf32>
+}
+
+// -----
+
+// Concatenated branches (16 + 32 columns over tp = 4: blocks of 4 and 8, result blocks
+// of 12) stay split: each result block is three segments of 4 columns, each the sum of
+// the permutes that bring it from the operand blocks where it lies, then concatenated.
+// CHECK-LABEL: func.func @concat_branches
+// CHECK-SAME:    (%[[A:[^:]*]]: tensor<8x4xf32> {{.*}}, %[[B:[^:]*]]: tensor<8x8xf32>
+// CHECK-NOT:     graph.all_gather
+// CHECK:         %[[A0:.*]] = graph.collective_permute %[[A]] {axes = [tp], pairs = {{\[\[}}0, 0], [3, 1]]}
+// CHECK:         %[[C:.*]] = graph.concat %{{.*}}, %{{.*}}, %{{.*}} {axis = 1} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], [tp]]>} : tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32> -> tensor<8x12xf32>
+// CHECK-NEXT:    %[[T:.*]] = graph.tanh %[[C]]
+graph.mesh @mesh axes = [tp = 4]
+func.func @concat_branches(%a: tensor<8x16xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
+                           %b: tensor<8x32xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>}) -> tensor<8x48xf32> {
+  %c = graph.concat %a, %b {axis = 1} : tensor<8x16xf32>, tensor<8x32xf32> -> tensor<8x48xf32>
+  %t = graph.tanh %c : tensor<8x48xf32>
+  func.return %t : tensor<8x48xf32>
+}
+
+// -----
+
+// A slice [4, 12) of 16 columns over tp = 2: each rank's result block lies on itself,
+// at offsets 4 (rank 0) and 0 (rank 1), so each rank keeps its own data: two permutes
+// that send nothing (each keeps one rank's slice, the other gets zeros) and their sum.
+// CHECK-LABEL: func.func @slice_window
+// CHECK-SAME:    (%[[X:[^:]*]]: tensor<8x8xf32>
+// CHECK-NEXT:    %[[R:.*]] = graph.slice %[[X]] {starts = [0, 4], limits = [8, 8], strides = [1, 1]}
+// CHECK-NEXT:    %[[P0:.*]] = graph.collective_permute %[[R]] {axes = [tp], pairs = {{\[\[}}0, 0]]}
+// CHECK-NEXT:    %[[L:.*]] = graph.slice %[[X]] {starts = [0, 0], limits = [8, 4], strides = [1, 1]}
+// CHECK-NEXT:    %[[P1:.*]] = graph.collective_permute %[[L]] {axes = [tp], pairs = {{\[\[}}1, 1]]}
+// CHECK-NEXT:    %[[S:.*]] = graph.add %[[P0]], %[[P1]]
+graph.mesh @mesh axes = [tp = 2]
+func.func @slice_window(%x: tensor<8x16xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>}) -> tensor<8x8xf32> {
+  %s = graph.slice %x {starts = [0, 4], limits = [8, 12], strides = [1, 1]} : tensor<8x16xf32> -> tensor<8x8xf32>
+  %t = graph.tanh %s : tensor<8x8xf32>
+  func.return %t : tensor<8x8xf32>
+}

@@ -448,6 +448,24 @@ func.func @vocab_parallel_embedding(%t: tensor<64x16xf32> {graph.sharding = #gra
 
 // -----
 
+// split / concat / slice along a split dim keep it split (a BLOCKS factor): each rank
+// holds its block of every piece, and shard-partition moves the blocks into place,
+// which moves less than gathering the dim.
+// CHECK-LABEL: func.func @blocks_stay_split
+// CHECK-NEXT:    %[[G:.*]], %[[U:.*]] = graph.split %{{.*}} {axis = 1} attributes {graph.sharding = [#graph.sharding<@mesh, {{\[\[}}], [tp]]>, #graph.sharding<@mesh, {{\[\[}}], [tp]]>]}
+// CHECK-NEXT:    %[[C:.*]] = graph.concat %[[U]], %[[G]] {axis = 1} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], [tp]]>}
+// CHECK-NEXT:    %[[S:.*]] = graph.slice %[[C]] {starts = [0, 16], limits = [8, 48], strides = [1, 1]} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], [tp]]>}
+// CHECK-NEXT:    func.return %[[S]]
+graph.mesh @mesh axes = [tp = 4]
+func.func @blocks_stay_split(%h: tensor<8x64xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>}) -> tensor<8x32xf32> {
+  %g, %u = graph.split %h {axis = 1} : tensor<8x64xf32> -> (tensor<8x32xf32>, tensor<8x32xf32>)
+  %c = graph.concat %u, %g {axis = 1} : tensor<8x32xf32>, tensor<8x32xf32> -> tensor<8x64xf32>
+  %s = graph.slice %c {starts = [0, 16], limits = [8, 48], strides = [1, 1]} : tensor<8x64xf32> -> tensor<8x32xf32>
+  func.return %s : tensor<8x32xf32>
+}
+
+// -----
+
 // Vocab-parallel cross-entropy: the class dim split over tp is a statistic (reduced inside
 // the op), so the loss is not partial over tp; the mean over dp-split rows is partial
 // (mean) over dp.
@@ -458,4 +476,53 @@ func.func @vocab_parallel_cross_entropy(%x: tensor<8x64xf32> {graph.sharding = #
                                         %l: tensor<8xi64> {graph.sharding = #graph.sharding<@mesh, [[dp]]>}) -> tensor<f32> {
   %c = graph.cross_entropy %x, %l {reduction = mean} : tensor<8x64xf32>, tensor<8xi64> -> tensor<f32>
   func.return %c : tensor<f32>
+}
+
+// -----
+
+// Pieces that cannot be split among the ranks (chunks of 2 columns over tp = 4) need the
+// dim whole; so does a strided slice.
+// CHECK-LABEL: func.func @blocks_that_do_not_divide
+// CHECK-NEXT:    graph.split %{{.*}} {axis = 1} attributes {graph.sharding = [#graph.sharding<@mesh, {{\[\[}}], []]>, #graph.sharding<@mesh, {{\[\[}}], []]>, #graph.sharding<@mesh, {{\[\[}}], []]>, #graph.sharding<@mesh, {{\[\[}}], []]>]}
+// CHECK-NEXT:    graph.slice %{{.*}} {starts = [0, 0], limits = [8, 8], strides = [1, 2]} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []]>}
+graph.mesh @mesh axes = [tp = 4]
+func.func @blocks_that_do_not_divide(%h: tensor<8x8xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>}) -> (tensor<8x2xf32>, tensor<8x4xf32>) {
+  %a, %b, %c, %d = graph.split %h {axis = 1} : tensor<8x8xf32> -> (tensor<8x2xf32>, tensor<8x2xf32>, tensor<8x2xf32>, tensor<8x2xf32>)
+  %s = graph.slice %h {starts = [0, 0], limits = [8, 8], strides = [1, 2]} : tensor<8x8xf32> -> tensor<8x4xf32>
+  func.return %a, %s : tensor<8x2xf32>, tensor<8x4xf32>
+}
+
+// -----
+
+// Result-side proposals: the split a value's user wants reaches its producer. The
+// flatten cannot carry its operand's split (on the minor dim it merges), but it takes
+// the split the constraint wants on its major dim (insert-collectives moves it there
+// by one all-to-all instead of a gather).
+// CHECK-LABEL: func.func @transpose_flatten
+// CHECK-NEXT:    %[[T:.*]] = graph.transpose %{{.*}} {perm = [1, 0]} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], [tp]]>}
+// CHECK-NEXT:    %[[F:.*]] = graph.reshape %[[T]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp]]>}
+graph.mesh @mesh axes = [tp = 4]
+func.func @transpose_flatten(%x: tensor<64x128xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>}) -> tensor<8192xf32> {
+  %t = graph.transpose %x {perm = [1, 0]} : tensor<64x128xf32> -> tensor<128x64xf32>
+  %f = graph.reshape %t : tensor<128x64xf32> -> tensor<8192xf32>
+  %s = graph.shard %f {sharding = #graph.sharding<@mesh, [[tp]]>} : tensor<8192xf32>
+  func.return %s : tensor<8192xf32>
+}
+
+// -----
+
+// A partial sum whose users are not linear takes, through them, the split the last
+// one's constraint wants: gelu and tanh run on rows, so the sum can be reduce-scattered.
+// CHECK-LABEL: func.func @partial_into_split_users
+// CHECK-NEXT:    %[[Y:.*]] = graph.matmul {{.*}} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []], partial = sum[tp]>}
+// CHECK-NEXT:    %[[G:.*]] = graph.gelu %[[Y]] {approximate = none} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp], []]>}
+// CHECK-NEXT:    %[[T:.*]] = graph.tanh %[[G]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp], []]>}
+graph.mesh @mesh axes = [tp = 4]
+func.func @partial_into_split_users(%a: tensor<64x256xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
+                                    %b: tensor<256x128xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>}) -> tensor<64x128xf32> {
+  %y = graph.matmul %a, %b : tensor<64x256xf32>, tensor<256x128xf32> -> tensor<64x128xf32>
+  %g = graph.gelu %y {approximate = none} : tensor<64x128xf32>
+  %t = graph.tanh %g : tensor<64x128xf32>
+  %s = graph.shard %t {sharding = #graph.sharding<@mesh, [[tp], []]>} : tensor<64x128xf32>
+  func.return %s : tensor<64x128xf32>
 }

@@ -83,3 +83,76 @@ func.func @no_mesh(%x: tensor<8xf32>) -> tensor<8xf32> attributes {graph.partiti
 }
 // CHECK: graph.all_reduce: a partitioned function needs exactly one graph.mesh
 
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @permute_target_outside_group(%x: tensor<8xf32>) -> tensor<8xf32> attributes {graph.partitioned} {
+  %a = graph.collective_permute %x {axes = [tp], pairs = [[0, 4]]} : tensor<8xf32>
+  func.return %a : tensor<8xf32>
+}
+// CHECK: graph.collective_permute: target position 4 of pair [0, 4] is out of range (the group over ['tp'] has 4 ranks)
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @permute_negative_source(%x: tensor<8xf32>) -> tensor<8xf32> attributes {graph.partitioned} {
+  %a = graph.collective_permute %x {axes = [dp, tp], pairs = [[-1, 1]]} : tensor<8xf32>
+  func.return %a : tensor<8xf32>
+}
+// CHECK: graph.collective_permute: source position -1 of pair [-1, 1] is out of range (the group over ['dp', 'tp'] has 8 ranks)
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @permute_source_twice(%x: tensor<8xf32>) -> tensor<8xf32> attributes {graph.partitioned} {
+  %a = graph.collective_permute %x {axes = [tp], pairs = [[0, 1], [0, 2]]} : tensor<8xf32>
+  func.return %a : tensor<8xf32>
+}
+// CHECK: graph.collective_permute: rank position 0 is the source of more than one pair
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @permute_target_twice(%x: tensor<8xf32>) -> tensor<8xf32> attributes {graph.partitioned} {
+  %a = graph.collective_permute %x {axes = [tp], pairs = [[0, 1], [2, 1]]} : tensor<8xf32>
+  func.return %a : tensor<8xf32>
+}
+// CHECK: graph.collective_permute: rank position 1 is the target of more than one pair
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @permute_not_pairs(%x: tensor<8xf32>) -> tensor<8xf32> attributes {graph.partitioned} {
+  %a = graph.collective_permute %x {axes = [tp], pairs = [[0, 1, 2]]} : tensor<8xf32>
+  func.return %a : tensor<8xf32>
+}
+// CHECK: graph.collective_permute: expected [source, target] pairs like {{\[\[}}0, 1], [1, 0]], found {{\[\[}}0, 1, 2]]
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @permute_flat_list(%x: tensor<8xf32>) -> tensor<8xf32> attributes {graph.partitioned} {
+  %a = graph.collective_permute %x {axes = [tp], pairs = [0, 1]} : tensor<8xf32>
+  func.return %a : tensor<8xf32>
+}
+// CHECK: graph.collective_permute: expected [source, target] pairs like {{\[\[}}0, 1], [1, 0]], found [0, 1]
+
+// -----
+
+// A permute moves blocks between ranks: it has no meaning on a global value.
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @permute_in_global_function(%x: tensor<8xf32>) -> tensor<8xf32> {
+  %a = graph.collective_permute %x {axes = [tp], pairs = [[0, 1]]} : tensor<8xf32>
+  func.return %a : tensor<8xf32>
+}
+// CHECK: graph.collective_permute: moves blocks between ranks, so it belongs in a partitioned function (graph.partitioned); found in a global one
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @permute_type_changes(%x: tensor<8xf32>) -> tensor<4xf32> attributes {graph.partitioned} {
+  %a = graph.collective_permute %x {axes = [tp], pairs = [[0, 1]]} : tensor<8xf32> -> tensor<4xf32>
+  func.return %a : tensor<4xf32>
+}
+// CHECK: graph.collective_permute: result 0 type mismatch: expected tensor<8xf32>, found tensor<4xf32>

@@ -60,3 +60,20 @@ func.func @local_view(%x: tensor<8x16xf32>) -> tensor<2x8xf32> attributes {graph
   %e = graph.all_reduce %d {axes = [dp], kind = max} : tensor<2x8xf32>
   func.return %e : tensor<2x8xf32>
 }
+
+// -----
+
+// collective_permute: each [source, target] pair names positions in a group over its
+// axes; a rank that is no target receives zeros, and `[]` moves nothing. It exists in
+// partitioned functions only and keeps the type.
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+// CHECK-LABEL: func.func @permute
+func.func @permute(%x: tensor<8x16xf32>) -> tensor<8x16xf32> attributes {graph.partitioned} {
+  // CHECK: graph.collective_permute %{{.*}} {axes = [tp], pairs = {{\[\[}}0, 1], [1, 2], [2, 3], [3, 0]]} : tensor<8x16xf32>
+  %a = graph.collective_permute %x {axes = [tp], pairs = [[0, 1], [1, 2], [2, 3], [3, 0]]} : tensor<8x16xf32>
+  // CHECK: graph.collective_permute %{{.*}} {axes = [tp, dp], pairs = {{\[\[}}7, 0], [2, 2]]} : tensor<8x16xf32>
+  %b = graph.collective_permute %a {axes = [tp, dp], pairs = [[7, 0], [2, 2]]} : tensor<8x16xf32>
+  // CHECK: graph.collective_permute %{{.*}} {axes = [dp], pairs = []} : tensor<8x16xf32>
+  %c = graph.collective_permute %b {axes = [dp], pairs = []} : tensor<8x16xf32>
+  func.return %c : tensor<8x16xf32>
+}

@@ -88,7 +88,7 @@ func.func @yield_outside() {
 graph.mesh @mesh axes = [tp = 4]
 // The collective must be one the schedule knows.
 func.func @unknown_collective(%x: tensor<8xf32>) {
-  // CHECK: schedule.start: collective must be one of ('all_reduce', 'all_gather', 'reduce_scatter', 'all_to_all', 'broadcast', 'send', 'recv'), found 'all_slice'{{$}}
+  // CHECK: schedule.start: collective must be one of ('all_reduce', 'all_gather', 'reduce_scatter', 'all_to_all', 'broadcast', 'collective_permute', 'send', 'recv'), found 'all_slice'{{$}}
   %h = schedule.start all_slice %x {axes = [tp], dim = 0} : tensor<8xf32> -> !schedule.handle<tensor<2xf32>>
   %r = schedule.wait %h : !schedule.handle<tensor<2xf32>> -> tensor<2xf32>
   func.return
@@ -728,5 +728,36 @@ func.func @pipeline_weight_before_input_gradient() {
       schedule.action backward_input {microbatch = 0, stage = 0}
     }
   }
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+// A collective_permute's pairs are checked as the graph op's are.
+func.func @start_permute_two_targets(%x: tensor<8xf32>) {
+  // CHECK: schedule.start collective_permute: rank position 1 is the target of more than one pair{{$}}
+  %h = schedule.start collective_permute %x {axes = [tp], pairs = [[0, 1], [3, 1]]} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @start_permute_out_of_group(%x: tensor<8xf32>) {
+  // CHECK: schedule.start collective_permute: source position 8 of pair [8, 0] is out of range (the group over ['dp', 'tp'] has 8 ranks){{$}}
+  %h = schedule.start collective_permute %x {axes = [dp, tp], pairs = [[8, 0]]} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  func.return
+}
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @start_permute_without_pairs(%x: tensor<8xf32>) {
+  // CHECK: schedule.start collective_permute: expected properties ['axes', 'pairs'], found ['axes']{{$}}
+  %h = schedule.start collective_permute %x {axes = [tp]} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
   func.return
 }

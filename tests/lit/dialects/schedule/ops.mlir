@@ -41,7 +41,8 @@ func.func @kernels(%x: tensor<8x64xf32>, %w: tensor<64x64xf32>) -> (tensor<8x64x
 }
 
 // Every collective as a start/wait pair, with per-rank types: all_gather grows dim 0 by
-// tp = 4, reduce_scatter shrinks it; send's wait gives nothing, recv has no operand.
+// tp = 4, reduce_scatter shrinks it; send's wait gives nothing, recv has no operand;
+// collective_permute keeps the type.
 // CHECK-LABEL: func.func @collectives
 // CHECK-SAME:  (%[[X:.*]]: tensor<8x64xf32>)
 // CHECK-NEXT:    %[[H0:.*]] = schedule.start all_reduce %[[X]] {axes = [tp], kind = sum} : tensor<8x64xf32> -> !schedule.handle<tensor<8x64xf32>>{{$}}
@@ -51,6 +52,7 @@ func.func @kernels(%x: tensor<8x64xf32>, %w: tensor<64x64xf32>) -> (tensor<8x64x
 // CHECK-NEXT:    %[[H4:.*]] = schedule.start broadcast %[[X]] {axes = [dp, tp], src = 0} : tensor<8x64xf32> -> !schedule.handle<tensor<8x64xf32>>{{$}}
 // CHECK-NEXT:    %[[H5:.*]] = schedule.start send %[[X]] {axes = [dp], offset = 1} : tensor<8x64xf32> -> !schedule.handle<tensor<8x64xf32>>{{$}}
 // CHECK-NEXT:    %[[H6:.*]] = schedule.start recv {axes = [dp], offset = -1} : !schedule.handle<tensor<8x64xf32>>{{$}}
+// CHECK-NEXT:    %[[H7:.*]] = schedule.start collective_permute %[[X]] {axes = [tp], pairs = {{\[\[}}0, 1], [1, 0], [2, 2]]} : tensor<8x64xf32> -> !schedule.handle<tensor<8x64xf32>>{{$}}
 // CHECK-NEXT:    %{{.*}} = schedule.wait %[[H0]] : !schedule.handle<tensor<8x64xf32>> -> tensor<8x64xf32>{{$}}
 // CHECK-NEXT:    %{{.*}} = schedule.wait %[[H1]] : !schedule.handle<tensor<32x64xf32>> -> tensor<32x64xf32>{{$}}
 // CHECK-NEXT:    %{{.*}} = schedule.wait %[[H2]] : !schedule.handle<tensor<2x64xf32>> -> tensor<2x64xf32>{{$}}
@@ -58,6 +60,7 @@ func.func @kernels(%x: tensor<8x64xf32>, %w: tensor<64x64xf32>) -> (tensor<8x64x
 // CHECK-NEXT:    %{{.*}} = schedule.wait %[[H4]] : !schedule.handle<tensor<8x64xf32>> -> tensor<8x64xf32>{{$}}
 // CHECK-NEXT:    schedule.wait %[[H5]] : !schedule.handle<tensor<8x64xf32>>{{$}}
 // CHECK-NEXT:    %{{.*}} = schedule.wait %[[H6]] : !schedule.handle<tensor<8x64xf32>> -> tensor<8x64xf32>{{$}}
+// CHECK-NEXT:    %{{.*}} = schedule.wait %[[H7]] : !schedule.handle<tensor<8x64xf32>> -> tensor<8x64xf32>{{$}}
 func.func @collectives(%x: tensor<8x64xf32>) attributes {graph.partitioned} {
   %h0 = schedule.start all_reduce %x {axes = [tp], kind = sum} : tensor<8x64xf32> -> !schedule.handle<tensor<8x64xf32>>
   %h1 = schedule.start all_gather %x {axes = [tp], dim = 0, stream = comm} : tensor<8x64xf32> -> !schedule.handle<tensor<32x64xf32>>
@@ -66,6 +69,7 @@ func.func @collectives(%x: tensor<8x64xf32>) attributes {graph.partitioned} {
   %h4 = schedule.start broadcast %x {axes = [dp, tp], src = 0} : tensor<8x64xf32> -> !schedule.handle<tensor<8x64xf32>>
   %h5 = schedule.start send %x {axes = [dp], offset = 1} : tensor<8x64xf32> -> !schedule.handle<tensor<8x64xf32>>
   %h6 = schedule.start recv {axes = [dp], offset = -1} : !schedule.handle<tensor<8x64xf32>>
+  %h7 = schedule.start collective_permute %x {axes = [tp], pairs = [[0, 1], [1, 0], [2, 2]]} : tensor<8x64xf32> -> !schedule.handle<tensor<8x64xf32>>
   %r0 = schedule.wait %h0 : !schedule.handle<tensor<8x64xf32>> -> tensor<8x64xf32>
   %r1 = schedule.wait %h1 : !schedule.handle<tensor<32x64xf32>> -> tensor<32x64xf32>
   %r2 = schedule.wait %h2 : !schedule.handle<tensor<2x64xf32>> -> tensor<2x64xf32>
@@ -73,6 +77,7 @@ func.func @collectives(%x: tensor<8x64xf32>) attributes {graph.partitioned} {
   %r4 = schedule.wait %h4 : !schedule.handle<tensor<8x64xf32>> -> tensor<8x64xf32>
   schedule.wait %h5 : !schedule.handle<tensor<8x64xf32>>
   %r6 = schedule.wait %h6 : !schedule.handle<tensor<8x64xf32>> -> tensor<8x64xf32>
+  %r7 = schedule.wait %h7 : !schedule.handle<tensor<8x64xf32>> -> tensor<8x64xf32>
   func.return
 }
 
