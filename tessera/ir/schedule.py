@@ -115,6 +115,7 @@ from tessera.ir import graph
 from tessera.ir import pipeline_actions as actions
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.attr_values import parse_properties, print_properties, to_python
+from tessera.ir.limits import MAX_BYTES
 
 STREAMS = ("compute", "comm")
 ALGORITHMS = ("ring", "tree", "hierarchical", "nvls")  # how a collective may run
@@ -188,9 +189,10 @@ class BufferType(ParametrizedAttribute, TypeAttribute):
         return (IntAttr(size),)
 
     def verify(self) -> None:
-        if self.bytes.data <= 0:
+        if not 0 < self.bytes.data <= MAX_BYTES:
             raise VerifyException(
-                f"!schedule.buffer: expected a positive size in bytes, found {self.bytes.data}"
+                f"!schedule.buffer: expected a positive size in bytes of at most {MAX_BYTES} "
+                f"(2**48, what can be addressed), found {self.bytes.data}"
             )
 
 
@@ -653,10 +655,17 @@ class AllocOp(IRDLOperation):
         )
 
     def verify_(self) -> None:
-        if self.offset is not None and self.offset.value.data < 0:
-            raise VerifyException(
-                f"schedule.alloc: expected a non-negative offset, found {self.offset.value.data}"
-            )
+        if self.offset is not None:
+            offset, size = self.offset.value.data, self.buffer.type.bytes.data
+            if offset < 0:
+                raise VerifyException(
+                    f"schedule.alloc: expected a non-negative offset, found {offset}"
+                )
+            if offset + size > MAX_BYTES:
+                raise VerifyException(
+                    f"schedule.alloc: the buffer ends at byte {offset + size}, beyond the "
+                    f"{MAX_BYTES} (2**48) that can be addressed"
+                )
         frees = [u.operation for u in self.buffer.uses if isinstance(u.operation, FreeOp)]
         if len(frees) > 1:
             raise VerifyException(

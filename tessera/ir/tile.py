@@ -82,6 +82,8 @@ from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
+from tessera.ir.limits import MAX_GRID
+
 REDUCE_KINDS = ("sum", "max", "min")
 
 # ops of the upstream dialects a tile kernel may contain
@@ -221,6 +223,11 @@ class KernelOp(IRDLOperation):
         if len(grid) != 3 or any(g < 1 for g in grid):
             raise VerifyException(
                 f"{what}: expected a grid of three positive counts, found {list(grid)}"
+            )
+        if any(g > limit for g, limit in zip(grid, MAX_GRID, strict=True)):
+            raise VerifyException(
+                f"{what}: expected at most {list(MAX_GRID)} programs (CUDA's grid limits), "
+                f"found {list(grid)}"
             )
         for key in ("num_warps", "num_stages"):
             value = getattr(self, key).value.data

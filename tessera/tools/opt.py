@@ -13,13 +13,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from importlib.metadata import version
-from typing import IO, Any
+from typing import IO
 
 from xdsl.dialects.builtin import Builtin, ModuleOp
 from xdsl.dialects.func import Func
+from xdsl.passes import ModulePass
+from xdsl.printer import Printer
 from xdsl.utils.arg_spec import parse_pipeline
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
@@ -29,8 +32,15 @@ from tessera.errors import TesseraError
 from tessera.ir.graph import Graph
 from tessera.ir.schedule import Schedule
 from tessera.ir.tile import TILE_DIALECTS
+from tessera.ir.verifier import verify_module
 from tessera.passes import get_all_passes, pass_summaries
-from tessera.tools.diagnostics import LocatingParser, format_parse_error, format_verify_error
+from tessera.tools.diagnostics import (
+    LocatingParser,
+    SpannedVerifyException,
+    format_parse_error,
+    format_spanned_error,
+    format_verify_error,
+)
 
 
 class ToolError(Exception):
@@ -97,16 +107,36 @@ class TesseraOptMain(xDSLOptMain):
                     f"tessera-opt: error: invalid options for pass '{spec.name}': {error}"
                 ) from None
         super().setup_pipeline()
-        inner = self.pipeline.callback
-
-        def track(previous: Any, module: ModuleOp, following: Any) -> None:
-            self.running = None  # verifying between passes
-            if inner is not None:
-                inner(previous, module, following)
-            self.running = following.name if following is not None else None
-
         self.running: str | None = None  # the pass being applied, for internal errors
-        self.pipeline = dataclasses.replace(self.pipeline, callback=track)
+        self.pipeline = dataclasses.replace(self.pipeline, callback=self._between_passes)
+        self._pass_started = time.perf_counter()
+
+    def _between_passes(
+        self, previous: ModulePass | None, module: ModuleOp, following: ModulePass | None
+    ) -> None:
+        """xDSL's callback (timing, verification, printing), verifying as Tessera does
+        (:func:`tessera.ir.verifier.verify_module`); IR that a pass made and that does not
+        verify is the pass's internal error."""
+        self.running = None
+        if self.args.time_passes and previous is not None:
+            print(f"Pass {previous.name} took {time.perf_counter() - self._pass_started} seconds")
+        if not self.args.disable_verify:
+            try:
+                verify_module(module)
+            except DiagnosticException as error:
+                if previous is None or self.args.verify_diagnostics:
+                    raise
+                where = format_verify_error(error, module, self.get_input_name())
+                raise ToolError(
+                    f"tessera-opt: internal error in pass '{previous.name}': it made IR "
+                    f"that does not verify:\n{where}"
+                ) from None
+        if previous and following and self.args.print_between_passes:
+            print(f"IR after {previous.name}:")
+            Printer(stream=sys.stdout).print_op(module)
+            print("\n\n\n")
+        self.running = following.name if following is not None else None
+        self._pass_started = time.perf_counter()
 
     def parse_chunk(
         self, chunk: IO[bytes], file_extension: str, start_offset: int = 0
@@ -144,6 +174,8 @@ class TesseraOptMain(xDSLOptMain):
                 "tessera-opt: error: a size or number in the input is too large to handle"
                 + (f" ({error})" if str(error) else "")
             ) from None
+        except SpannedVerifyException as error:  # an attribute's verifier, while parsing
+            raise ToolError(format_spanned_error(error)) from None
         except DiagnosticException as error:  # a verifier, outside the pass pipeline
             raise ToolError(f"tessera-opt: error: {error}") from None
         except (ToolError, OSError, SystemExit, KeyboardInterrupt):

@@ -294,7 +294,7 @@ func.func @start_hierarchical_broadcast(%x: tensor<8xf32>) {
 
 // Buffer sizes are positive.
 func.func @empty_buffer() {
-  // CHECK: !schedule.buffer: expected a positive size in bytes, found 0{{$}}
+// CHECK: !schedule.buffer: expected a positive size in bytes of at most 281474976710656 (2**48, what can be addressed), found 0{{$}}
   %b = schedule.alloc : !schedule.buffer<0>
   func.return
 }
