@@ -24,11 +24,16 @@ def module_mesh(module: ModuleOp) -> tuple[str, Mesh] | None:
 
 
 def sharded_functions(module: ModuleOp) -> Iterator[tuple[str, Mesh, func.FuncOp]]:
-    """(mesh symbol, mesh, function) for every function with a body, when the module
-    has a mesh; nothing otherwise."""
+    """(mesh symbol, mesh, function) for every global function with a body (not one
+    already partitioned: its types are per rank), when the module has a mesh; nothing
+    otherwise."""
     found = module_mesh(module)
     if found is None:
         return
     for function in list(module.ops):
-        if isinstance(function, func.FuncOp) and function.body.blocks:
+        if (
+            isinstance(function, func.FuncOp)
+            and function.body.blocks
+            and graph.PARTITIONED not in function.attributes
+        ):
             yield found[0], found[1], function

@@ -88,6 +88,7 @@ from xdsl.utils.exceptions import PassFailedException
 from tessera.codegen.attention import find_attention
 from tessera.codegen.kernels import reduced_axes
 from tessera.ir import graph, schedule
+from tessera.ir.located_error import LocatedPassFailure
 from tessera.ops import Fusion, fusion_of
 
 
@@ -118,6 +119,7 @@ class LowerGraphToSchedulePass(ModulePass):
                 and function.body.blocks
                 and _has_graph_ops(function)
             ):
+                _check_graph_function(function)
                 if graph.PARTITIONED not in function.attributes and _has_collectives(function):
                     raise PassFailedException(
                         f"lower-graph-to-schedule: @{function.sym_name.data} has collectives with global "
@@ -174,6 +176,17 @@ def _fold_batch_sums(function: func.FuncOp) -> None:
 
 def _has_graph_ops(function: func.FuncOp) -> bool:
     return any(isinstance(o, graph.GraphOp) for o in function.body.block.ops)
+
+
+def _check_graph_function(function: func.FuncOp) -> None:
+    """The pass lowers functions of graph ops (and their return) only."""
+    for op in function.body.block.ops:
+        if not isinstance(op, graph.GraphOp | func.ReturnOp):
+            raise LocatedPassFailure(
+                op,
+                f"lower-graph-to-schedule: @{function.sym_name.data}: expected only graph "
+                f"ops and func.return in a function to lower, found {op.name}",
+            )
 
 
 def _has_collectives(function: func.FuncOp) -> bool:

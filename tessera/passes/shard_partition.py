@@ -27,12 +27,14 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, FunctionType, Module
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl.utils.exceptions import VerifyException
 
 from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.attr_values import to_attr
 from tessera.ir.graph_emitter import GraphEmitter
+from tessera.ir.located_error import LocatedPassFailure
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.sharding import Sharding, arg_sharding, op_shardings
@@ -61,6 +63,7 @@ class _Partitioner:
 
     def run(self) -> None:
         block = self.function.body.block
+        self.function.attributes[graph.PARTITIONED] = UnitAttr()  # collectives: local rules
         for index, arg in enumerate(block.args):
             sharding = arg_sharding(self.function, index) or Sharding.replicated(aval(arg).rank)
             Rewriter.replace_value_with_new_type(arg, self.local(arg, sharding).to_xdsl())
@@ -73,7 +76,6 @@ class _Partitioner:
                     "shard-partition needs insert-collectives first: found a graph.shard"
                 )
             self._localize(op, shardings)
-        self.function.attributes[graph.PARTITIONED] = UnitAttr()
         arg_types = [a.type for a in block.args]
         result_types = [v.type for v in block.last_op.operands] if block.last_op else []
         self.function.function_type = FunctionType.from_lists(arg_types, result_types)
@@ -93,6 +95,14 @@ class _Partitioner:
                 for limit, size in zip(attrs["limits"], aval(op.input).shape, strict=True)
             ]
             op.properties["limits"] = to_attr(limits)
+        try:  # its operands are local already: the local types must fit its rule
+            op.verify_()
+        except VerifyException as error:
+            raise LocatedPassFailure(
+                op,
+                f"shard-partition: the layouts of {op.name}'s operands do not give its "
+                f"result's (run shard-propagate and insert-collectives first): {error}",
+            ) from None
 
     def _split_axes(self, op: graph.GraphOp, sharding: Sharding) -> tuple[str, ...]:
         attrs = op.attrs()

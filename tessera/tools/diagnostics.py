@@ -25,7 +25,7 @@ from xdsl.utils.exceptions import (
 )
 from xdsl.utils.lexer import Span
 
-from tessera.ir.located_error import LocatedVerifyException
+from tessera.ir.located_error import LocatedPassFailure, LocatedVerifyException
 
 
 class LocatingParser(Parser):
@@ -115,13 +115,13 @@ def _with_context(span: Span, kind: str, msg: str) -> str:
 def format_verify_error(error: DiagnosticException, module: ModuleOp, file: str) -> str:
     """``FILE:LINE:COL: error: MESSAGE`` at the op that fails to verify.
 
-    A :class:`LocatedVerifyException` names its op. Otherwise the exception does not
+    A :class:`LocatedVerifyException` or :class:`LocatedPassFailure` names its op. Otherwise the exception does not
     say which op raised it, so the ops are verified again, inner ops first as xDSL does,
     and the first failure is reported (``error`` itself, at ``FILE:1:1``, if none is
     found: a pass failed). Ops created by passes have no location of their own; they
     are reported at their nearest located ancestor.
     """
-    if isinstance(error, LocatedVerifyException):
+    if isinstance(error, LocatedVerifyException | LocatedPassFailure):
         return f"{_location(error.op, file)}: error: {error}"
     for op in module.walk(region_first=True):
         try:
