@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 from tessera.tools.fuzz import Report, fuzz, load_seeds
@@ -22,7 +23,8 @@ def main() -> int:
     parser.add_argument("--inputs", type=int, default=1000, help="how many inputs to run")
     parser.add_argument("--seed", type=int, default=0, help="random seed")
     parser.add_argument("--deadline", type=float, default=10.0, help="seconds per input")
-    parser.add_argument("--findings", type=Path, default=Path("fuzz-findings"),
+    parser.add_argument("--findings", type=Path,
+                        default=Path(tempfile.gettempdir()) / "tessera-fuzz-findings",
                         help="where to write the inputs that crash or hang")  # fmt: skip
     parser.add_argument("--corpus", type=Path, default=ROOT / "tests" / "lit",
                         help="the lit tests whose IR inputs are the seeds")  # fmt: skip
@@ -40,6 +42,8 @@ def main() -> int:
 
     report = fuzz(seeds, args.inputs, args.seed, args.deadline, args.findings, progress)
     print(report.table())
+    if report.sites["traceback"] or report.sites["hang"]:
+        print(f"\nInputs and outputs of the tracebacks and hangs: {args.findings}")
     return 1 if report.sites["traceback"] or report.sites["hang"] else 0
 
 

@@ -17,9 +17,9 @@ its result is waited for) and *placement* (streams, buffers, microbatches, stage
     schedule.microbatch {index = 0, count = 4} { ... schedule.yield }
     %o = schedule.stage {index = 1, count = 2} -> tensor<8x64xf32> { ... schedule.yield %v : tensor<8x64xf32> }
 
-- ``schedule.kernel``: a named group of graph ops; its block arguments are bound to its
-  inputs (``%a = %x``) and nothing inside uses a value from outside (isolated from
-  above). ``stream`` is ``compute`` (the default when absent) or ``comm``.
+- ``schedule.kernel``: a named group of graph ops with at least one result; its block
+  arguments are bound to its inputs (``%a = %x``) and nothing inside uses a value from
+  outside (isolated from above). ``stream`` is ``compute`` (the default when absent) or ``comm``.
 - ``schedule.start`` / ``schedule.wait``: an asynchronous collective. The start names the
   collective (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send, recv)
   and carries the properties of the matching graph op (``send``/``recv`` name their peer:
@@ -341,6 +341,11 @@ class KernelOp(IRDLOperation):
                     f"schedule.kernel @{repeated[0]}: expected a unique kernel name, found "
                     f"{counts[repeated[0]]} kernels named so"
                 )
+        if not self.outputs:  # its ops are pure: without results it computes nothing
+            raise VerifyException(
+                f"{what}: expected at least one result (a kernel without results computes "
+                f"nothing)"
+            )
 
     def _first_kernel_of_block(self) -> bool:
         """Whether no kernel precedes this one in its block (the walk back stops at the

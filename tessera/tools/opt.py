@@ -33,7 +33,7 @@ from tessera.ir.graph import Graph
 from tessera.ir.schedule import Schedule
 from tessera.ir.tile import TILE_DIALECTS
 from tessera.ir.verifier import verify_module
-from tessera.passes import get_all_passes, pass_summaries
+from tessera.passes import get_all_passes, pass_options, pass_summaries
 from tessera.tools.diagnostics import (
     LocatingParser,
     SpannedVerifyException,
@@ -78,10 +78,13 @@ class TesseraOptMain(xDSLOptMain):
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
         arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
-        width = max(map(len, self.available_passes), default=0) + 2
-        arg_parser.epilog = "Tessera passes (-p 'flag1,flag2{option=value}'):\n" + "\n".join(
-            f"  {flag:<{width}}{summary}" for flag, summary in pass_summaries().items()
-        )
+        format_help = arg_parser.format_help
+
+        def format_help_with_passes() -> str:  # built on demand: it imports every pass
+            arg_parser.epilog = _passes_help()
+            return format_help()
+
+        arg_parser.format_help = format_help_with_passes  # type: ignore[method-assign]
 
     def setup_pipeline(self) -> None:
         """Checks pass names and options first, so that mistakes get a one-line error."""
@@ -189,6 +192,17 @@ class TesseraOptMain(xDSLOptMain):
             else:
                 message += "\n(set TESSERA_DEBUG=1 for the traceback)"
             raise ToolError(message) from None
+
+
+def _passes_help() -> str:
+    """The epilog of ``--help``: each pass with its summary and options (with defaults)."""
+    summaries, options = pass_summaries(), pass_options()
+    width = max(map(len, summaries), default=0) + 2
+    lines = ["Tessera passes (-p 'flag1,flag2{option=value option=value}'):"]
+    for flag, summary in summaries.items():
+        lines.append(f"  {flag:<{width}}{summary}")
+        lines += [f"  {'':<{width}}  {option}" for option in options.get(flag, [])]
+    return "\n".join(lines)
 
 
 def _debug() -> bool:
