@@ -75,6 +75,8 @@ def _message(op: Operation, index: int, operand: SSAValue) -> str:
     what = f"{op.name}: operand #{index}{_name(operand)}"
     if isinstance(operand, OpResult) and operand.op is op:
         return f"{what} is the op's own result"
+    if not isinstance(operand, OpResult | BlockArgument):  # the parser's forward reference
+        return f"{what} is never defined"
     block = operand.block if isinstance(operand, BlockArgument) else operand.op.parent_block()
     ancestor = block.find_ancestor_op_in_block(op) if block is not None else None
     if ancestor is None:

@@ -44,6 +44,13 @@ class LowerScheduleToTilePass(ModulePass):
     block_k: int = BlockConfig.block_k
     num_warps: int = BlockConfig.num_warps
 
+    def __post_init__(self) -> None:
+        for option in ("block", "row_elements", "block_m", "block_n", "block_k"):
+            if getattr(self, option) < 1:
+                raise ValueError(f"{option} must be positive, found {getattr(self, option)}")
+        if self.num_warps not in tile.NUM_WARPS:
+            raise ValueError(f"num_warps must be one of {tile.NUM_WARPS}, found {self.num_warps}")
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         config = BlockConfig(
             block=self.block,

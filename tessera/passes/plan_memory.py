@@ -47,6 +47,12 @@ class PlanMemoryPass(ModulePass):
     name = "plan-memory"
     alignment: int = 256
 
+    def __post_init__(self) -> None:
+        if self.alignment < 1 or self.alignment & (self.alignment - 1):
+            raise ValueError(
+                f"alignment must be a positive power of two (bytes), found {self.alignment}"
+            )
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for function in op.ops:
             if isinstance(function, func.FuncOp) and function.body.blocks:
