@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import compile_time
 import comm_volume
+import compile_time
 
 from tessera.ir.dominance import check_dominance
 from tessera.ir.limits import check_sizes
@@ -100,7 +100,11 @@ def main() -> None:
             row = measure(text, args.repeat)
             checks = row["dominance s"] + row["sizes s"] + row["shardings s"]
             cells = [f"{row[c]:.0f}" if c == "ops" else f"{row[c]:.3f}" for c in columns]
-            print(f"| {layers} | {stage} | " + " | ".join(cells) + f" | {checks / row['parse s']:.1%} |")
+            print(
+                f"| {layers} | {stage} | "
+                + " | ".join(cells)
+                + f" | {checks / row['parse s']:.1%} |"
+            )
 
 
 if __name__ == "__main__":
