@@ -30,7 +30,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     TensorType,
 )
-from xdsl.dialects.func import FuncOp
+from xdsl.dialects.func import FuncOp, ReturnOp
 from xdsl.ir import Attribute, Dialect, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
@@ -53,6 +53,7 @@ from tessera.ir import shape_rules
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.attr_values import parse_properties, print_properties, to_attr, to_python
 from tessera.ir.limits import MAX_MESH_DEVICES
+from tessera.ir.located_error import LocatedPassFailure
 from tessera.ir.sharding import ShardingAttr
 
 ShapeRule = Callable[..., AbstractTensor | tuple[AbstractTensor, ...]]
@@ -523,6 +524,25 @@ class GatherOp(GraphOp):
 
 PARTITIONED = "graph.partitioned"  # unit attribute of a func.func with per-rank types
 DONATED = "graph.donated"  # unit argument attribute: the program may reuse its buffer
+
+
+def is_graph_function(function: FuncOp, pass_name: str) -> bool:
+    """Whether ``function`` is what the graph passes rewrite: a body of graph ops and
+    its return. A body without graph ops (a scheduled function) is not; one that mixes
+    graph ops with others is an error at the first other op."""
+    if not function.body.blocks:
+        return False
+    ops = list(function.body.block.ops)
+    foreign = next((o for o in ops if not isinstance(o, GraphOp | ReturnOp)), None)
+    if foreign is None:
+        return True
+    if any(isinstance(o, GraphOp) for o in ops):
+        raise LocatedPassFailure(
+            foreign,
+            f"{pass_name}: @{function.sym_name.data}: expected only graph ops and func.return "
+            f"in a function to rewrite, found {foreign.name}",
+        )
+    return False
 
 
 class CollectiveOp(UnaryGraphOp):

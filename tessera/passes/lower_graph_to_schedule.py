@@ -88,7 +88,6 @@ from xdsl.utils.exceptions import PassFailedException
 from tessera.codegen.attention import find_attention
 from tessera.codegen.kernels import reduced_axes
 from tessera.ir import graph, schedule
-from tessera.ir.located_error import LocatedPassFailure
 from tessera.ops import Fusion, fusion_of
 
 
@@ -114,12 +113,7 @@ class LowerGraphToSchedulePass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for function in op.ops:
-            if (
-                isinstance(function, func.FuncOp)
-                and function.body.blocks
-                and _has_graph_ops(function)
-            ):
-                _check_graph_function(function)
+            if isinstance(function, func.FuncOp) and graph.is_graph_function(function, self.name):
                 if graph.PARTITIONED not in function.attributes and _has_collectives(function):
                     raise PassFailedException(
                         f"lower-graph-to-schedule: @{function.sym_name.data} has collectives with global "
@@ -172,21 +166,6 @@ def _fold_batch_sums(function: func.FuncOp) -> None:
         product = graph.build(graph.MatmulOp, [a.results[0], b.results[0]])
         Rewriter.replace_op(op, [moved, a, b, product])
         Rewriter.erase_op(source)
-
-
-def _has_graph_ops(function: func.FuncOp) -> bool:
-    return any(isinstance(o, graph.GraphOp) for o in function.body.block.ops)
-
-
-def _check_graph_function(function: func.FuncOp) -> None:
-    """The pass lowers functions of graph ops (and their return) only."""
-    for op in function.body.block.ops:
-        if not isinstance(op, graph.GraphOp | func.ReturnOp):
-            raise LocatedPassFailure(
-                op,
-                f"lower-graph-to-schedule: @{function.sym_name.data}: expected only graph "
-                f"ops and func.return in a function to lower, found {op.name}",
-            )
 
 
 def _has_collectives(function: func.FuncOp) -> bool:

@@ -46,7 +46,7 @@ class ShardPartitionPass(ModulePass):
     name = "shard-partition"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for _, mesh, function in sharded_functions(op):
+        for _, mesh, function in sharded_functions(op, self.name):
             if graph.PARTITIONED not in function.attributes:
                 _Partitioner(mesh, function).run()
 

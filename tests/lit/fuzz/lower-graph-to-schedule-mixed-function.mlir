@@ -5,7 +5,7 @@
 // (ValueError). The pass lowers functions of graph ops only and says so at the op.
 // CHECK-NOT: Traceback
 // CHECK-NOT: internal error
-// CHECK:     lower-graph-to-schedule-mixed-function.mlir:[[# @LINE + 4]]:3: error: lower-graph-to-schedule: @mixed: expected only graph ops and func.return in a function to lower, found schedule.microbatch
+// CHECK:     lower-graph-to-schedule-mixed-function.mlir:[[# @LINE + 4]]:3: error: lower-graph-to-schedule: @mixed: expected only graph ops and func.return in a function to rewrite, found schedule.microbatch
 graph.mesh @mesh axes = [dp = 2]
 func.func @mixed(%x: tensor<4xf32>) -> tensor<4xf32> {
   %y = graph.neg %x : tensor<4xf32>
