@@ -29,7 +29,6 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import VerifyException
 
-from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.attr_values import to_attr
@@ -72,8 +71,8 @@ class _Partitioner:
                 continue
             shardings = op_shardings(op) or [Sharding.replicated(aval(r).rank) for r in op.results]
             if isinstance(op, graph.ShardOp):
-                raise ShardingError(
-                    "shard-partition needs insert-collectives first: found a graph.shard"
+                raise LocatedPassFailure(
+                    op, "shard-partition needs insert-collectives first: found a graph.shard"
                 )
             self._localize(op, shardings)
         arg_types = [a.type for a in block.args]

@@ -149,6 +149,11 @@ def format_verify_error(error: DiagnosticException, module: ModuleOp, file: str)
     return f"{file}:1:1: error: {error}"
 
 
+def format_op_error(op: Operation, file: str, message: str) -> str:
+    """``FILE:LINE:COL: error: MESSAGE`` at ``op`` (or its nearest located ancestor)."""
+    return f"{_location(op, file)}: error: {message}"
+
+
 def _location(op: Operation | None, file: str) -> str:
     while op is not None:
         if isinstance(loc := op.location, FileLineColLoc):

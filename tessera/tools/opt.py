@@ -21,6 +21,7 @@ from typing import IO
 
 from xdsl.dialects.builtin import Builtin, ModuleOp
 from xdsl.dialects.func import Func
+from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 from xdsl.printer import Printer
 from xdsl.utils.arg_spec import parse_pipeline
@@ -37,6 +38,7 @@ from tessera.passes import get_all_passes, pass_options, pass_summaries
 from tessera.tools.diagnostics import (
     LocatingParser,
     SpannedVerifyException,
+    format_op_error,
     format_parse_error,
     format_spanned_error,
     format_verify_error,
@@ -144,10 +146,21 @@ class TesseraOptMain(xDSLOptMain):
     def parse_chunk(
         self, chunk: IO[bytes], file_extension: str, start_offset: int = 0
     ) -> ModuleOp | None:
-        """Parses with :class:`LocatingParser`, so that ops know their source lines."""
+        """Parses with :class:`LocatingParser`, so that ops know their source lines; a byte
+        that is not UTF-8 is an error at its line."""
         if file_extension != "mlir":
             return super().parse_chunk(chunk, file_extension, start_offset)
-        parser = LocatingParser(self.ctx, chunk.read(), self.get_input_name(), start_offset)
+        data = chunk.read()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = data.count(b"\n", 0, error.start) + 1 + start_offset
+            column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+            raise ToolError(
+                f"{self.get_input_name()}:{line}:{column}: error: the input is not UTF-8 "
+                f"text: byte 0x{data[error.start]:02x}"
+            ) from None
+        parser = LocatingParser(self.ctx, data, self.get_input_name(), start_offset)
         return parser.parse_module(not self.args.no_implicit_module)
 
     def apply_passes(self, prog: ModuleOp) -> None:
@@ -164,6 +177,9 @@ class TesseraOptMain(xDSLOptMain):
         except ParseError as error:  # xDSL has set the line offset of split input
             raise ToolError(format_parse_error(error)) from None
         except TesseraError as error:  # e.g. -t triton on a module it cannot emit
+            op = getattr(error, "op", None)
+            if isinstance(op, Operation):
+                raise ToolError(format_op_error(op, self.get_input_name(), str(error))) from None
             raise ToolError(f"tessera-opt: error: {error}") from None
         except UnicodeDecodeError as error:
             raise ToolError(

@@ -4,11 +4,11 @@
 
 // Input the parser cannot hold is an error at its line, not a Python traceback: a
 // tensor too large to build, nesting deeper than the parser's stack, and bytes that are
-// not UTF-8 (a one-line error: the input cannot be shown).
+// not UTF-8 (at its line and column, without the line: it cannot be shown).
 // CHECK-NOT: Traceback
 // CHECK:     opt-input-limits.mlir:[[# @LINE + 6]]:3: error: a size or number here is too large to represent
 // UTF8-NOT:  Traceback
-// UTF8:      tessera-opt: error: the input is not UTF-8 text: byte 0xff at offset 33
+// UTF8:      .mlir:4:1: error: the input is not UTF-8 text: byte 0xff
 // DEEP-NOT:  Traceback
 // DEEP:      deep.mlir:2:{{[0-9]+}}: error: the input nests too deeply to parse
 func.func @huge() {
