@@ -28,6 +28,8 @@ from tessera.analysis.kernel_identity import structural_key
 from tessera.codegen.kernels import BlockConfig, lower_kernel
 from tessera.errors import TesseraError
 from tessera.ir import schedule, tile
+from tessera.ir.limits import MAX_GRID
+from tessera.ir.located_error import LocatedPassFailure
 from tessera.perf.compute_cost import runs_as_view
 
 
@@ -85,5 +87,13 @@ def _lower(kernel: schedule.KernelOp, config: BlockConfig) -> tile.KernelOp:
         if not message.startswith(f"@{kernel.kernel_name}"):
             message = f"@{kernel.kernel_name}: {message}"
         raise PassFailedException(f"lower-schedule-to-tile: {message}") from None
+    grid = list(lowered.grid_size)
+    if any(g > limit for g, limit in zip(grid, MAX_GRID, strict=True)):
+        advice = "; larger blocks need fewer programs" if grid[0] > MAX_GRID[0] else ""
+        raise LocatedPassFailure(
+            kernel,
+            f"lower-schedule-to-tile: @{kernel.kernel_name} needs a grid of {grid} programs, "
+            f"more than CUDA's limits {list(MAX_GRID)}{advice}",
+        )
     region_dce(lowered.body)
     return lowered
