@@ -5,7 +5,9 @@ row reduction, matmul with epilogue, or flash attention. Structurally identical 
 (:func:`tessera.analysis.kernel_identity.structural_key`: same ops, wiring, shapes,
 dtypes and attributes, wherever they are in the program, e.g. the same matmul in every
 layer) are lowered once: the first one's tile kernel is appended to the module under its
-name, and every other one gets a ``schedule.tile_kernel = @first`` attribute naming it.
+name, and every other one gets a ``schedule.tile_kernel = @first`` attribute naming it (a
+kernel whose name another symbol of the module has, a function's or another function's
+kernel's, gets its tile kernel under a fresh name, ``@name_1``, given the same way).
 The schedule keeps its graph bodies, which remain the reference the generated kernels
 are tested against. Block sizes are the options (the runtime autotunes them on a GPU);
 dead index arithmetic is removed. A kernel that only reshapes or slices a contiguous
@@ -19,7 +21,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
+from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.passes import ModulePass
 from xdsl.transforms.dead_code_elimination import region_dce
 from xdsl.utils.exceptions import PassFailedException
@@ -63,6 +65,9 @@ class LowerScheduleToTilePass(ModulePass):
             num_warps=self.num_warps,
         )
         existing = {k.kernel_name for k in op.ops if isinstance(k, tile.KernelOp)}
+        symbols = {
+            s.data for o in op.ops if isinstance(s := o.get_attr_or_prop("sym_name"), StringAttr)
+        }
         lowered_as: dict[Hashable, str] = {}  # structural key -> its tile kernel's name
         for function in list(op.ops):
             for kernel in function.walk():
@@ -75,8 +80,24 @@ class LowerScheduleToTilePass(ModulePass):
                     shared = SymbolRefAttr(lowered_as[key])
                     kernel.attributes[schedule.TILE_KERNEL] = shared
                     continue
-                lowered_as[key] = kernel.kernel_name
-                op.body.block.add_op(_lower(kernel, config))
+                lowered = _lower(kernel, config)
+                name = _unused_symbol(kernel.kernel_name, symbols)
+                if name != kernel.kernel_name:  # the name is a function's, or another kernel's
+                    kernel.attributes[schedule.TILE_KERNEL] = SymbolRefAttr(name)
+                    lowered.properties["sym_name"] = StringAttr(name)
+                symbols.add(name)
+                lowered_as[key] = name
+                op.body.block.add_op(lowered)
+
+
+def _unused_symbol(name: str, symbols: set[str]) -> str:
+    """``name``, or ``name_<n>`` with the least ``n`` that names no symbol yet."""
+    suffix = 0
+    candidate = name
+    while candidate in symbols:
+        suffix += 1
+        candidate = f"{name}_{suffix}"
+    return candidate
 
 
 def _lower(kernel: schedule.KernelOp, config: BlockConfig) -> tile.KernelOp:
