@@ -1,11 +1,12 @@
 """Parsing and verifying a model-size module: what each verification check costs.
 
-For each layer count, the GPT-like training step of ``compile_time.py`` is compiled to
-its schedule and tile stages; their text is parsed as ``tessera-opt`` parses it, then
-verified: xDSL's op verifiers (``module.verify()``) and Tessera's module-wide checks
-(``tessera.ir.verifier``: dominance, sizes, shardings), each timed alone (the least CPU
-time of ``--repeat`` runs). Every check should grow linearly with the layer count and cost a small
-fraction of parsing.
+For each layer count, the GPT-like training step of ``compile_time.py`` is compiled
+through every stage (``tessera.driver.STAGES``); each stage's text is parsed as
+``tessera-opt`` parses it, then verified: xDSL's op verifiers (``module.verify()``) and
+Tessera's module-wide checks (``tessera.ir.verifier``: dominance, sizes, shardings),
+each timed alone (the least CPU time of ``--repeat`` runs). The compile driver verifies every stage this way, so the
+checks' sum over the stages is what they add to a compile. Every check should grow
+linearly with the layer count and cost a small fraction of parsing.
 
     python benchmarks/verify_time.py --layers 8 32 --write /tmp/verify-ir
 """
@@ -25,16 +26,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 import comm_volume
 import compile_time
 
+from tessera import driver
 from tessera.ir.dominance import check_dominance
 from tessera.ir.limits import check_sizes
 from tessera.ir.sharding_verifier import check_shardings
 from tessera.tools.opt import TesseraOptMain
 
-STAGES = ("schedule", "tile")
+STAGES = tuple(driver.STAGES[1:])  # graph, sharded, partitioned, schedule, tile
 
 
 def stage_texts(layers: int, dims: tuple[int, int, int, int]) -> dict[str, str]:
-    """The schedule and tile stages' text of the training step with ``layers`` layers."""
+    """Each stage's text of the training step with ``layers`` layers."""
     batch, seq, dim, heads = dims
     shapes = comm_volume.layer_params(dim, layers, materialize=False)
     params = {k: torch.empty(v.shape) for k, v in shapes.items()}

@@ -3,8 +3,9 @@
 - ``clean``: exit status 1 with a located diagnostic (``FILE:LINE:COL: error: ...``);
 - ``unlocated``: exit status 1 with an error that names no line (a weaker diagnostic);
 - ``accepted``: exit status 0;
-- ``traceback``: a Python traceback or an ``internal error`` in the output, an exception
-  that left ``main``, an exit status other than 0 and 1, or a worker that died;
+- ``traceback``: a Python traceback or ``tessera-opt: internal error`` starting a line of
+  the output (not the input quoted under a diagnostic), an exception that left ``main``,
+  an exit status other than 0 and 1, or a worker that died;
 - ``hang``: no answer by the deadline.
 
 A traceback's *site* is where it was raised: its exception type and innermost frame in
@@ -26,6 +27,9 @@ KINDS = (CLEAN, UNLOCATED, ACCEPTED, TRACEBACK, HANG)
 _PACKAGE = os.path.dirname(os.path.abspath(tessera.__file__)) + os.sep
 _FUZZER = os.path.join(_PACKAGE, "tools", "fuzz") + os.sep
 _LOCATED = re.compile(r"^\S+:\d+:\d+: error: ", re.MULTILINE)
+# at the start of a line: not the input's text quoted under an error
+_INTERNAL = re.compile(r"^tessera-opt: internal error", re.MULTILINE)
+_TRACEBACK = re.compile(r"^Traceback \(most recent call last\)", re.MULTILINE)
 _LOCATION = re.compile(r"^\S+:\d+:\d+: error: ")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+),? in (\S+)')
 _EXCEPTION = re.compile(
@@ -48,8 +52,8 @@ def judge(run: Run) -> Verdict:
     trace = run.escaped or _traceback_in(output)
     if trace is not None:
         return Verdict(TRACEBACK, _site(trace, innermost_first=False))
-    if "internal error" in output:  # without a traceback: a pass made invalid IR
-        first, *rest = output[output.index("internal error") :].split("\n")
+    if (internal := _INTERNAL.search(output)) is not None:  # without a traceback: a pass
+        first, *rest = output[internal.start() :].split("\n")  # made invalid IR
         if first.endswith(":") and rest:  # then the verifier's error, at its op
             first += " " + _LOCATION.sub("", rest[0])
         return Verdict(TRACEBACK, re.sub(r"\d+", "N", first))
@@ -61,8 +65,8 @@ def judge(run: Run) -> Verdict:
 
 
 def _traceback_in(output: str) -> str | None:
-    start = output.find("Traceback (most recent call last)")
-    return output[start:] if start >= 0 else None
+    found = _TRACEBACK.search(output)
+    return output[found.start() :] if found is not None else None
 
 
 def _site(trace: str, innermost_first: bool) -> str:
