@@ -23,6 +23,7 @@ from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.dialects.func import FuncOp
 from xdsl.ir import Attribute, Operation
 
+from tessera.ir.attribute_set import AttributeSet
 from tessera.ir.located_error import LocatedVerifyException
 
 MAX_BYTES = 1 << 48
@@ -49,7 +50,7 @@ def size_error(t: Attribute) -> str | None:
 def check_sizes(module: ModuleOp) -> None:
     """Raises :class:`LocatedVerifyException` at the first op whose result, block
     argument or signature has a tensor type of more than :data:`MAX_BYTES` bytes."""
-    checked: set[Attribute] = set()
+    checked = AttributeSet()
 
     def check(op: Operation, what: str, types: list[Attribute]) -> None:
         for t in types:

@@ -17,6 +17,7 @@ from xdsl.ir import Attribute, Operation
 
 from tessera.errors import TesseraError
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.attribute_set import AttributeSet
 from tessera.ir.graph import PARTITIONED, MeshOp, ShardOp
 from tessera.ir.located_error import LocatedVerifyException
 from tessera.ir.sharding import SHARDING_KEY, AxisSizes, ShardingAttr
@@ -39,7 +40,7 @@ def check_shardings(module: ModuleOp) -> None:
 class _Checker:
     def __init__(self, meshes: dict[str, AxisSizes]) -> None:
         self.meshes = meshes
-        self.checked: set[tuple[ShardingAttr, Attribute, bool]] = set()
+        self.checked = AttributeSet()  # (sharding, type, partitioned)
 
     def check_signature(self, function: FuncOp, partitioned: bool) -> None:
         types = function.function_type

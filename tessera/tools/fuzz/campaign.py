@@ -26,6 +26,11 @@ from tessera.tools.fuzz.verdict import ACCEPTED, CLEAN, HANG, TRACEBACK, UNLOCAT
 EXAMPLES_PER_SITE = 3
 PASS_SEED_WEIGHT = 3  # seeds that lit runs passes on are picked this much more often
 ALL_PASSES = tuple(get_all_passes())
+# the compile driver's passes in its order (tessera.driver), from graph IR to tile kernels
+FULL_PIPELINE = (
+    "canonicalize,cse,dce,shard-propagate,insert-collectives,shard-partition,"
+    "lower-graph-to-schedule,overlap-comm,bucket-gradients,plan-memory,lower-schedule-to-tile"
+)
 OPTION_VALUES = ("0", "-1", "1", "3", "99999999999", "true", "nowhere", '""')
 
 
@@ -121,8 +126,8 @@ def fuzz(
 
 def _arguments(first: Seed, second: Seed, rng: random.Random) -> list[str]:
     """Mostly a pipeline that lit runs on one of the two seeds; sometimes none (parse
-    and verify only) or one to three passes of any kind (bad input must not crash any
-    pass)."""
+    and verify only), one to three passes of any kind (bad input must not crash any
+    pass), a pass option with an odd value, or the compile driver's whole pipeline."""
     draw = rng.random()
     if draw < 0.15:
         return []
@@ -134,6 +139,8 @@ def _arguments(first: Seed, second: Seed, rng: random.Random) -> list[str]:
         if options:
             flag += f"{{{rng.choice(options)}={rng.choice(OPTION_VALUES)}}}"
         return ["-p", flag]
+    if draw < 0.45:  # as far as the input goes: the whole compile, then Triton source
+        return ["-p", FULL_PIPELINE, *(["-t", "triton"] if rng.random() < 0.5 else [])]
     pipelines = [p for p in (*first.pipelines, *second.pipelines) if p] or [()]
     return list(rng.choice(pipelines))
 
