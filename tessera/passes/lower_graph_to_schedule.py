@@ -260,6 +260,8 @@ class _Lowering:
     def __init__(self, function: func.FuncOp):
         self.function = function
         self.block = function.body.block
+        for op in [o for o in self.block.ops if isinstance(o, graph.GraphOp) and not o.results]:
+            Rewriter.erase_op(op)  # a split into no pieces: pure, it computes nothing
         self.ops = [o for o in self.block.ops if not isinstance(o, func.ReturnOp)]
         self.index = {o: i for i, o in enumerate(self.ops)}
         self.group_of: dict[Operation, _Group] = {}
