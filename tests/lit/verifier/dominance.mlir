@@ -91,6 +91,19 @@ tile.kernel @loop(%n: i32) grid [1, 1, 1] warps 4 stages 1 {
 
 // -----
 
+// In a region of several blocks, a block sees the values of the blocks that dominate it
+// (none here: nothing branches to ^bb1).
+// CHECK: graph.neg: operand #0 (%y) is defined in a block that does not dominate this use (defined at line [[# @LINE + 2]]){{$}}
+func.func @other_block(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %y = graph.exp %x : tensor<4xf32>
+  func.return %y : tensor<4xf32>
+^bb1:
+  %z = graph.neg %y : tensor<4xf32>
+  func.return %z : tensor<4xf32>
+}
+
+// -----
+
 // Values in scope: arguments, earlier results and the enclosing regions' values.
 // CHECK: builtin.module
 // CHECK: func.func @fine
