@@ -31,6 +31,7 @@ from xdsl.passes import ModulePass
 
 from tessera.errors import TesseraError
 from tessera.ir.mesh import Mesh
+from tessera.ir.verifier import verify_module
 from tessera.passes import get_all_passes
 from tessera.schedule import ScheduleOptions
 
@@ -134,7 +135,7 @@ def run_stage(stage: str, previous: ModuleOp, config: CompileConfig) -> ModuleOp
     passes = get_all_passes()
     for spec in stage_passes(stage, config):
         spec.instantiate(passes).apply(Context(), module)
-    module.verify()
+    verify_module(module)
     return module
 
 

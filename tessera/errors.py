@@ -43,7 +43,12 @@ class DistributedError(TesseraError):
 
 
 class IRError(TesseraError):
-    """Textual IR could not be parsed or verified."""
+    """Textual IR could not be parsed, verified or emitted; ``op``, if given, is the op
+    at fault (``tessera-opt`` prints its line)."""
+
+    def __init__(self, message: str, op: object = None) -> None:
+        super().__init__(message)
+        self.op = op
 
 
 class ShardingError(TesseraError):

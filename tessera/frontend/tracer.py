@@ -31,6 +31,7 @@ from tessera.dtypes import DType
 from tessera.errors import ShapeError, TesseraError, TraceError, describe_location
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.verifier import verify_module
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -123,7 +124,7 @@ class Trace:
             mesh_axes = list(zip(self.mesh.axis_names, self.mesh.shape, strict=True))
             ops.insert(0, graph.MeshOp.get("mesh", mesh_axes))
         module = ModuleOp(ops)
-        module.verify()
+        verify_module(module)
         return module
 
 

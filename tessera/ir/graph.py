@@ -16,7 +16,7 @@ A single type after ``:`` means every operand and the result have that type.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,14 +25,13 @@ from xdsl.dialects.builtin import (
     BoolAttr,
     DenseArrayBase,
     DenseIntOrFPElementsAttr,
-    DictionaryAttr,
     FloatAttr,
     IntegerAttr,
     StringAttr,
     TensorType,
 )
-from xdsl.dialects.func import FuncOp
-from xdsl.ir import Attribute, Dialect, Operation, SSAValue
+from xdsl.dialects.func import FuncOp, ReturnOp
+from xdsl.ir import Attribute, Dialect, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     irdl_op_definition,
@@ -53,7 +52,9 @@ from tessera.errors import ShapeError, TesseraError
 from tessera.ir import shape_rules
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.attr_values import parse_properties, print_properties, to_attr, to_python
-from tessera.ir.sharding import SHARDING_KEY, AxisSizes, ShardingAttr
+from tessera.ir.limits import MAX_MESH_DEVICES
+from tessera.ir.located_error import LocatedPassFailure
+from tessera.ir.sharding import ShardingAttr
 
 ShapeRule = Callable[..., AbstractTensor | tuple[AbstractTensor, ...]]
 
@@ -589,6 +590,25 @@ PARTITIONED = "graph.partitioned"  # unit attribute of a func.func with per-rank
 DONATED = "graph.donated"  # unit argument attribute: the program may reuse its buffer
 
 
+def is_graph_function(function: FuncOp, pass_name: str) -> bool:
+    """Whether ``function`` is what the graph passes rewrite: a body of graph ops and
+    its return. A body without graph ops (a scheduled function) is not; one that mixes
+    graph ops with others is an error at the first other op."""
+    if not function.body.blocks:
+        return False
+    ops = list(function.body.block.ops)
+    foreign = next((o for o in ops if not isinstance(o, GraphOp | ReturnOp)), None)
+    if foreign is None:
+        return True
+    if any(isinstance(o, GraphOp) for o in ops):
+        raise LocatedPassFailure(
+            foreign,
+            f"{pass_name}: @{function.sym_name.data}: expected only graph ops and func.return "
+            f"in a function to rewrite, found {foreign.name}",
+        )
+    return False
+
+
 class CollectiveOp(UnaryGraphOp):
     """Base of collectives over the mesh ``axes``."""
 
@@ -802,8 +822,12 @@ class MeshOp(IRDLOperation):
                 raise VerifyException(
                     f"graph.mesh: axis {axis} must have a positive size, found {size}"
                 )
-        if not any(isinstance(o, MeshOp) for o in _earlier(self)):
-            _verify_function_shardings(self)  # once per block: by its first mesh
+        devices = math.prod(size for _, size in self.axes)
+        if devices > MAX_MESH_DEVICES:
+            raise VerifyException(
+                f"graph.mesh: {devices} devices are more than the {MAX_MESH_DEVICES} (2**20) "
+                f"a mesh may have"
+            )
 
     def print(self, printer: Printer) -> None:
         axes = ", ".join(f"{a} = {s}" for a, s in self.axes)
@@ -841,56 +865,6 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     RmsNormOp, CrossEntropyOp, AttentionOp, AttentionBackwardOp, ReshapeOp, BroadcastToOp,
     TransposeOp, SliceOp, ConcatOp, SplitOp, GatherOp,
 )  # fmt: skip
-
-
-def _earlier(op: Operation) -> Iterator[Operation]:
-    previous = op.prev_op
-    while previous is not None:
-        yield previous
-        previous = previous.prev_op
-
-
-def _verify_function_shardings(first_mesh: MeshOp) -> None:
-    """The argument and result shardings of the functions next to the meshes name one of
-    them and fit it: known axes, none twice, the tensor's rank, and (in a global
-    function) dims divisible by their axes."""
-    block = first_mesh.parent
-    if block is None:
-        return
-    meshes = {
-        o.sym_name.data: AxisSizes(tuple(o.axes))
-        for o in block.ops
-        if isinstance(o, MeshOp)
-    }
-    for function in block.ops:
-        if not isinstance(function, FuncOp):
-            continue
-        partitioned = PARTITIONED in function.attributes
-        types = function.function_type
-        for kind, attrs, values in (
-            ("argument", function.arg_attrs, types.inputs.data),
-            ("result", function.res_attrs, types.outputs.data),
-        ):
-            for index, (entry, value_type) in enumerate(zip(attrs or (), values, strict=False)):
-                attr = entry.data.get(SHARDING_KEY) if isinstance(entry, DictionaryAttr) else None
-                if not isinstance(attr, ShardingAttr):
-                    continue
-                what = f"{kind} #{index} of @{function.sym_name.data}"
-                mesh = meshes.get(attr.mesh_name)
-                if mesh is None:
-                    raise VerifyException(
-                        f"{what}: sharding names mesh @{attr.mesh_name}, which is not defined; "
-                        f"meshes: {', '.join('@' + m for m in meshes)}"
-                    )
-                shape = AbstractTensor.from_xdsl(value_type).shape
-                try:
-                    if partitioned:  # local shapes: the divisibility was checked globally
-                        attr.sharding.validate(mesh, [0] * len(shape), what)
-                    else:
-                        attr.sharding.validate(mesh, shape, what)
-                except TesseraError as error:
-                    raise VerifyException(str(error)) from None
-
 
 def _verify_once_per_signature(cls: type[GraphOp]) -> None:
     """Makes ``cls.verify_`` (xDSL's checks of types and properties, then the shape rule)

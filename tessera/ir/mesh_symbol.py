@@ -23,12 +23,19 @@ def module_mesh(module: ModuleOp) -> tuple[str, Mesh] | None:
     return meshes[0].sym_name.data, Mesh([a for a, _ in axes], [s for _, s in axes])
 
 
-def sharded_functions(module: ModuleOp) -> Iterator[tuple[str, Mesh, func.FuncOp]]:
-    """(mesh symbol, mesh, function) for every function with a body, when the module
-    has a mesh; nothing otherwise."""
+def sharded_functions(
+    module: ModuleOp, pass_name: str
+) -> Iterator[tuple[str, Mesh, func.FuncOp]]:
+    """(mesh symbol, mesh, function) for every global graph function (not one already
+    partitioned: its types are per rank; not a scheduled one), when the module has a
+    mesh; nothing otherwise. A function mixing graph ops with others is an error."""
     found = module_mesh(module)
     if found is None:
         return
     for function in list(module.ops):
-        if isinstance(function, func.FuncOp) and function.body.blocks:
+        if (
+            isinstance(function, func.FuncOp)
+            and graph.PARTITIONED not in function.attributes
+            and graph.is_graph_function(function, pass_name)
+        ):
             yield found[0], found[1], function

@@ -17,9 +17,9 @@ its result is waited for) and *placement* (streams, buffers, microbatches, stage
     schedule.microbatch {index = 0, count = 4} { ... schedule.yield }
     %o = schedule.stage {index = 1, count = 2} -> tensor<8x64xf32> { ... schedule.yield %v : tensor<8x64xf32> }
 
-- ``schedule.kernel``: a named group of graph ops; its block arguments are bound to its
-  inputs (``%a = %x``) and nothing inside uses a value from outside (isolated from
-  above). ``stream`` is ``compute`` (the default when absent) or ``comm``.
+- ``schedule.kernel``: a named group of graph ops with at least one result; its block
+  arguments are bound to its inputs (``%a = %x``) and nothing inside uses a value from
+  outside (isolated from above). ``stream`` is ``compute`` (the default when absent) or ``comm``.
 - ``schedule.start`` / ``schedule.wait``: an asynchronous collective. The start names the
   collective (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast,
   collective_permute, send, recv) and carries the properties of the matching graph op (``send``/``recv`` name their peer:
@@ -115,6 +115,7 @@ from tessera.ir import graph
 from tessera.ir import pipeline_actions as actions
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.attr_values import parse_properties, print_properties, to_python
+from tessera.ir.limits import MAX_BYTES
 
 STREAMS = ("compute", "comm")
 ALGORITHMS = ("ring", "tree", "hierarchical", "nvls")  # how a collective may run
@@ -189,9 +190,10 @@ class BufferType(ParametrizedAttribute, TypeAttribute):
         return (IntAttr(size),)
 
     def verify(self) -> None:
-        if self.bytes.data <= 0:
+        if not 0 < self.bytes.data <= MAX_BYTES:
             raise VerifyException(
-                f"!schedule.buffer: expected a positive size in bytes, found {self.bytes.data}"
+                f"!schedule.buffer: expected a positive size in bytes of at most {MAX_BYTES} "
+                f"(2**48, what can be addressed), found {self.bytes.data}"
             )
 
 
@@ -340,6 +342,11 @@ class KernelOp(IRDLOperation):
                     f"schedule.kernel @{repeated[0]}: expected a unique kernel name, found "
                     f"{counts[repeated[0]]} kernels named so"
                 )
+        if not self.outputs:  # its ops are pure: without results it computes nothing
+            raise VerifyException(
+                f"{what}: expected at least one result (a kernel without results computes "
+                f"nothing)"
+            )
 
     def _first_kernel_of_block(self) -> bool:
         """Whether no kernel precedes this one in its block (the walk back stops at the
@@ -655,10 +662,17 @@ class AllocOp(IRDLOperation):
         )
 
     def verify_(self) -> None:
-        if self.offset is not None and self.offset.value.data < 0:
-            raise VerifyException(
-                f"schedule.alloc: expected a non-negative offset, found {self.offset.value.data}"
-            )
+        if self.offset is not None:
+            offset, size = self.offset.value.data, self.buffer.type.bytes.data
+            if offset < 0:
+                raise VerifyException(
+                    f"schedule.alloc: expected a non-negative offset, found {offset}"
+                )
+            if offset + size > MAX_BYTES:
+                raise VerifyException(
+                    f"schedule.alloc: the buffer ends at byte {offset + size}, beyond the "
+                    f"{MAX_BYTES} (2**48) that can be addressed"
+                )
         frees = [u.operation for u in self.buffer.uses if isinstance(u.operation, FreeOp)]
         if len(frees) > 1:
             raise VerifyException(

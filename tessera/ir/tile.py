@@ -20,7 +20,8 @@ Triton adds::
     }
 
 - ``tile.kernel``: a symbol with pointer and scalar arguments and its launch: ``grid``
-  (three program counts), ``warps`` and ``stages`` (software-pipelining depth).
+  (three program counts, within CUDA's limits), ``warps`` (1 to 32, a power of two) and
+  ``stages`` (software-pipelining depth).
 - ``tile.program_id``: the program's index along grid axis 0, 1 or 2.
 - ``tile.arange``: ``[0, 1, ..., n-1]`` as a 1-D ``i32`` block (``n`` a power of two).
 - ``tile.trans``: the transpose of a 2-D block.
@@ -86,7 +87,10 @@ from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
+from tessera.ir.limits import MAX_GRID
+
 REDUCE_KINDS = ("sum", "max", "min")
+NUM_WARPS = (1, 2, 4, 8, 16, 32)  # warps per program: up to 1024 threads, as CUDA allows
 
 # ops of the upstream dialects a tile kernel may contain
 UPSTREAM_DIALECTS = ("arith", "math", "scf")
@@ -229,10 +233,16 @@ class KernelOp(IRDLOperation):
             raise VerifyException(
                 f"{what}: expected a grid of three non-negative counts, found {list(grid)}"
             )
-        for key in ("num_warps", "num_stages"):
-            value = getattr(self, key).value.data
-            if value < 1 or (key == "num_warps" and not _is_power_of_two(value)):
-                raise VerifyException(f"{what}: invalid {key.replace('num_', '')} {value}")
+        if any(g > limit for g, limit in zip(grid, MAX_GRID, strict=True)):
+            raise VerifyException(
+                f"{what}: expected at most {list(MAX_GRID)} programs (CUDA's grid limits), "
+                f"found {list(grid)}"
+            )
+        warps, stages = self.num_warps.value.data, self.num_stages.value.data
+        if warps not in NUM_WARPS:
+            raise VerifyException(f"{what}: warps must be one of {NUM_WARPS}, found {warps}")
+        if stages < 1:
+            raise VerifyException(f"{what}: stages must be positive, found {stages}")
         args = [a.type for a in self.body.block.args]
         if args != list(self.function_type.inputs.data):
             raise VerifyException(f"{what}: block arguments do not match the signature")

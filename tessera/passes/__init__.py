@@ -7,8 +7,10 @@ module happens only when its flag is asked for.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import importlib.util
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,6 +56,26 @@ def pass_summaries() -> dict[str, str]:
     return {flag: _summary(module, cls) for flag, (module, cls) in _PASSES.items()}
 
 
+def pass_options() -> dict[str, list[str]]:
+    """Each pass's options as ``name: type = default`` (``-p 'flag{name=value}'``), by
+    flag. This imports every pass (for ``--help``); a pass that fails to import shows
+    none."""
+    options: dict[str, list[str]] = {}
+    for flag, factory in get_all_passes().items():
+        try:
+            fields = dataclasses.fields(factory())
+        except Exception:
+            fields = ()
+        options[flag] = [f"{f.name}: {_type_name(f.type)} = {f.default!r}" for f in fields]
+    return options
+
+
+def _type_name(annotation: object) -> str:
+    if isinstance(annotation, str):
+        return annotation
+    return getattr(annotation, "__name__", str(annotation))
+
+
 def _summary(module: str, cls: str) -> str:
     """Read from the source, so that ``--help`` imports no pass (and survives a broken one)."""
     spec = importlib.util.find_spec(module)
@@ -65,4 +87,6 @@ def _summary(module: str, cls: str) -> str:
         return ""
     classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
     doc = (ast.get_docstring(classes[0]) if classes else None) or ast.get_docstring(tree) or ""
-    return doc.split("\n")[0]
+    first_paragraph = " ".join(doc.split("\n\n")[0].split())
+    summary = re.sub(r"^``[\w-]+``:\s*", "", first_paragraph)  # the flag, said again
+    return summary[:1].upper() + summary[1:]

@@ -53,7 +53,7 @@ class InsertCollectivesPass(ModulePass):
     name = "insert-collectives"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for mesh_name, mesh, function in sharded_functions(op):
+        for mesh_name, mesh, function in sharded_functions(op, self.name):
             _Inserter(mesh, mesh_name, function).run()
 
 

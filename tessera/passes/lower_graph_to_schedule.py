@@ -115,11 +115,7 @@ class LowerGraphToSchedulePass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for function in op.ops:
-            if (
-                isinstance(function, func.FuncOp)
-                and function.body.blocks
-                and _has_graph_ops(function)
-            ):
+            if isinstance(function, func.FuncOp) and graph.is_graph_function(function, self.name):
                 if graph.PARTITIONED not in function.attributes and _has_collectives(function):
                     raise PassFailedException(
                         f"lower-graph-to-schedule: @{function.sym_name.data} has collectives with global "
@@ -172,10 +168,6 @@ def _fold_batch_sums(function: func.FuncOp) -> None:
         product = graph.build(graph.MatmulOp, [a.results[0], b.results[0]])
         Rewriter.replace_op(op, [moved, a, b, product])
         Rewriter.erase_op(source)
-
-
-def _has_graph_ops(function: func.FuncOp) -> bool:
-    return any(isinstance(o, graph.GraphOp) for o in function.body.block.ops)
 
 
 def _has_collectives(function: func.FuncOp) -> bool:
@@ -275,6 +267,8 @@ class _Lowering:
     def __init__(self, function: func.FuncOp):
         self.function = function
         self.block = function.body.block
+        for op in [o for o in self.block.ops if isinstance(o, graph.GraphOp) and not o.results]:
+            Rewriter.erase_op(op)  # a split into no pieces: pure, it computes nothing
         self.ops = [o for o in self.block.ops if not isinstance(o, func.ReturnOp)]
         self.index = {o: i for i, o in enumerate(self.ops)}
         self.group_of: dict[Operation, _Group] = {}

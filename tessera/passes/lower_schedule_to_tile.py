@@ -5,7 +5,9 @@ row reduction, matmul with epilogue, or flash attention. Structurally identical 
 (:func:`tessera.analysis.kernel_identity.structural_key`: same ops, wiring, shapes,
 dtypes and attributes, wherever they are in the program, e.g. the same matmul in every
 layer) are lowered once: the first one's tile kernel is appended to the module under its
-name, and every other one gets a ``schedule.tile_kernel = @first`` attribute naming it.
+name, and every other one gets a ``schedule.tile_kernel = @first`` attribute naming it (a
+kernel whose name another symbol of the module has, a function's or another function's
+kernel's, gets its tile kernel under a fresh name, ``@name_1``, given the same way).
 The schedule keeps its graph bodies, which remain the reference the generated kernels
 are tested against. Block sizes are the options (the runtime autotunes them on a GPU);
 dead index arithmetic is removed. A kernel that only reshapes or slices a contiguous
@@ -19,7 +21,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
+from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.passes import ModulePass
 from xdsl.transforms.dead_code_elimination import region_dce
 from xdsl.utils.exceptions import PassFailedException
@@ -28,6 +30,8 @@ from tessera.analysis.kernel_identity import structural_key
 from tessera.codegen.kernels import BlockConfig, lower_kernel
 from tessera.errors import TesseraError
 from tessera.ir import schedule, tile
+from tessera.ir.limits import MAX_GRID
+from tessera.ir.located_error import LocatedPassFailure
 from tessera.perf.compute_cost import runs_as_view
 
 
@@ -44,6 +48,13 @@ class LowerScheduleToTilePass(ModulePass):
     block_k: int = BlockConfig.block_k
     num_warps: int = BlockConfig.num_warps
 
+    def __post_init__(self) -> None:
+        for option in ("block", "row_elements", "block_m", "block_n", "block_k"):
+            if getattr(self, option) < 1:
+                raise ValueError(f"{option} must be positive, found {getattr(self, option)}")
+        if self.num_warps not in tile.NUM_WARPS:
+            raise ValueError(f"num_warps must be one of {tile.NUM_WARPS}, found {self.num_warps}")
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         config = BlockConfig(
             block=self.block,
@@ -54,6 +65,9 @@ class LowerScheduleToTilePass(ModulePass):
             num_warps=self.num_warps,
         )
         existing = {k.kernel_name for k in op.ops if isinstance(k, tile.KernelOp)}
+        symbols = {
+            s.data for o in op.ops if isinstance(s := o.get_attr_or_prop("sym_name"), StringAttr)
+        }
         lowered_as: dict[Hashable, str] = {}  # structural key -> its tile kernel's name
         for function in list(op.ops):
             for kernel in function.walk():
@@ -66,8 +80,24 @@ class LowerScheduleToTilePass(ModulePass):
                     shared = SymbolRefAttr(lowered_as[key])
                     kernel.attributes[schedule.TILE_KERNEL] = shared
                     continue
-                lowered_as[key] = kernel.kernel_name
-                op.body.block.add_op(_lower(kernel, config))
+                lowered = _lower(kernel, config)
+                name = _unused_symbol(kernel.kernel_name, symbols)
+                if name != kernel.kernel_name:  # the name is a function's, or another kernel's
+                    kernel.attributes[schedule.TILE_KERNEL] = SymbolRefAttr(name)
+                    lowered.properties["sym_name"] = StringAttr(name)
+                symbols.add(name)
+                lowered_as[key] = name
+                op.body.block.add_op(lowered)
+
+
+def _unused_symbol(name: str, symbols: set[str]) -> str:
+    """``name``, or ``name_<n>`` with the least ``n`` that names no symbol yet."""
+    suffix = 0
+    candidate = name
+    while candidate in symbols:
+        suffix += 1
+        candidate = f"{name}_{suffix}"
+    return candidate
 
 
 def _lower(kernel: schedule.KernelOp, config: BlockConfig) -> tile.KernelOp:
@@ -78,5 +108,13 @@ def _lower(kernel: schedule.KernelOp, config: BlockConfig) -> tile.KernelOp:
         if not message.startswith(f"@{kernel.kernel_name}"):
             message = f"@{kernel.kernel_name}: {message}"
         raise PassFailedException(f"lower-schedule-to-tile: {message}") from None
+    grid = list(lowered.grid_size)
+    if any(g > limit for g, limit in zip(grid, MAX_GRID, strict=True)):
+        advice = "; larger blocks need fewer programs" if grid[0] > MAX_GRID[0] else ""
+        raise LocatedPassFailure(
+            kernel,
+            f"lower-schedule-to-tile: @{kernel.kernel_name} needs a grid of {grid} programs, "
+            f"more than CUDA's limits {list(MAX_GRID)}{advice}",
+        )
     region_dce(lowered.body)
     return lowered

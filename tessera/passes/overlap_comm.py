@@ -7,7 +7,8 @@ communication stream, and a ``schedule.wait`` makes the compute stream wait for 
 wait are what the transfer can hide behind. The pass:
 
 - moves every start up to just after the op that makes its operand (after the starts
-  already there, keeping their order: the communication stream runs them in order);
+  already there, keeping their order: the communication stream runs them in order); a
+  recv, which has no operand, stays where it is;
 - moves every wait down to just before the first op that uses its result (the return,
   when only the return does; the end of the function for a send's wait).
 
@@ -44,8 +45,11 @@ class OverlapCommPass(ModulePass):
 
 
 def hoist_starts(block: Block) -> None:
-    """Every start just after its operand's producer (or the block's start), in order."""
+    """Every start just after its operand's producer (or the block's start), in order;
+    a start without operand (a recv) stays."""
     for start in [o for o in block.ops if isinstance(o, schedule.StartOp)]:
+        if not start.operands:  # a recv: no operand to follow, it stays where it is
+            continue
         producer = start.operands[0].owner
         anchor: Operation | None = producer if isinstance(producer, Operation) else None
         # skip the starts already hoisted there, so their order is kept

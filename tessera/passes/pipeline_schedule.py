@@ -28,6 +28,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from tessera.errors import TesseraError
 from tessera.ir import schedule
+from tessera.ir.located_error import LocatedPassFailure
 
 
 @dataclass(frozen=True)
@@ -40,18 +41,16 @@ class PipelineSchedulePass(ModulePass):
     microbatches: int = 1
     virtual: int = 1
 
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
+    def __post_init__(self) -> None:
         from tessera.ir.pipeline_actions import SCHEDULE_KINDS
 
         if self.kind not in SCHEDULE_KINDS:
-            raise TesseraError(
-                f"{self.name}: unknown kind {self.kind!r}; known: {', '.join(SCHEDULE_KINDS)}"
-            )
+            raise ValueError(f"unknown kind {self.kind!r}; known: {', '.join(SCHEDULE_KINDS)}")
         for option in ("microbatches", "virtual"):
             if getattr(self, option) < 1:
-                raise TesseraError(
-                    f"{self.name}: {option} must be >= 1, found {getattr(self, option)}"
-                )
+                raise ValueError(f"{option} must be >= 1, found {getattr(self, option)}")
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
         for function in [o for o in op.walk() if isinstance(o, func.FuncOp)]:
             self._schedule(function)
 
@@ -63,14 +62,16 @@ class PipelineSchedulePass(ModulePass):
         if not counts:
             return
         if len(counts) > 1:
-            raise TesseraError(
-                f"{what}: expected one stage count for all schedule.stage ops, found {counts}"
+            raise LocatedPassFailure(
+                function,
+                f"{what}: expected one stage count for all schedule.stage ops, found {counts}",
             )
         (stages,) = counts
         if stages % self.virtual:
-            raise TesseraError(
+            raise LocatedPassFailure(
+                function,
                 f"{what}: the {stages} stages do not divide into virtual = {self.virtual} "
-                f"stages per rank"
+                f"stages per rank",
             )
         ranks = stages // self.virtual
         from tessera.ir.pipeline_schedules import pipeline_op, pipeline_schedule
@@ -78,7 +79,7 @@ class PipelineSchedulePass(ModulePass):
         try:
             actions = pipeline_schedule(self.kind, ranks, self.microbatches, self.virtual)
         except TesseraError as error:
-            raise TesseraError(f"{what}: {error}") from None
+            raise LocatedPassFailure(function, f"{what}: {error}") from None
         pipeline = pipeline_op(self.kind, ranks, self.microbatches, self.virtual, actions)
         try:
             pipeline.verify()
@@ -91,7 +92,9 @@ class PipelineSchedulePass(ModulePass):
         block = function.body.blocks.first
         terminator = block.last_op if block is not None else None
         if block is None or not isinstance(terminator, func.ReturnOp):
-            raise TesseraError(f"{what}: expected the function body to end in func.return")
+            raise LocatedPassFailure(
+                function, f"{what}: expected the function body to end in func.return"
+            )
         for old in [o for o in block.ops if isinstance(o, schedule.PipelineOp)]:
             block.erase_op(old)
         block.insert_op_before(pipeline, terminator)

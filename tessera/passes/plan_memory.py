@@ -35,6 +35,8 @@ from xdsl.passes import ModulePass
 from tessera.ir import schedule
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.graph import DONATED
+from tessera.ir.limits import MAX_BYTES
+from tessera.ir.located_error import LocatedPassFailure
 from tessera.ops import Fusion, fusion_of
 
 PEAK_BYTES = "schedule.peak_bytes"
@@ -46,6 +48,12 @@ class PlanMemoryPass(ModulePass):
 
     name = "plan-memory"
     alignment: int = 256
+
+    def __post_init__(self) -> None:
+        if self.alignment < 1 or self.alignment & (self.alignment - 1):
+            raise ValueError(
+                f"alignment must be a positive power of two (bytes), found {self.alignment}"
+            )
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for function in op.ops:
@@ -105,6 +113,12 @@ def _plan(function: func.FuncOp, alignment: int) -> None:
         else:
             offset = arena.allocate(size, last[value])
         offsets[value] = offset
+    if arena.peak > MAX_BYTES:
+        raise LocatedPassFailure(
+            function,
+            f"plan-memory: @{function.sym_name.data} needs an arena of {arena.peak} bytes, "
+            f"more than the {MAX_BYTES} (2**48) that can be addressed",
+        )
     for op in ops:
         if isinstance(op, (schedule.KernelOp, schedule.WaitOp)) and op.results:
             op.attributes["schedule.offsets"] = DenseArrayBase.from_list(

@@ -46,16 +46,18 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, FunctionType, Module
 from xdsl.ir import BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl.utils.exceptions import VerifyException
 
 from tessera.analysis.op_sharding import assignment_of
 from tessera.dtypes import DType
-from tessera.errors import IRError, ShardingError
+from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.attr_values import to_attr
 from tessera.ir.block_moves import Window, plan_block_moves
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.graph_emitter import GraphEmitter
+from tessera.ir.located_error import LocatedPassFailure
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard
@@ -72,7 +74,7 @@ class ShardPartitionPass(ModulePass):
     name = "shard-partition"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for mesh_name, mesh, function in sharded_functions(op):
+        for mesh_name, mesh, function in sharded_functions(op, self.name):
             if graph.PARTITIONED not in function.attributes:
                 _Partitioner(mesh, mesh_name, function).run()
 
@@ -97,6 +99,7 @@ class _Partitioner:
         block = self.function.body.block
         # the ops' sharding rules, read while the types are global
         self.rules = {op: sharding_rule(op) for op in block.ops if has_sharding_rule(op)}
+        self.function.attributes[graph.PARTITIONED] = UnitAttr()  # collectives: local rules
         for index, arg in enumerate(block.args):
             sharding = arg_sharding(self.function, index) or Sharding.replicated(aval(arg).rank)
             local = Rewriter.replace_value_with_new_type(arg, self.local(arg, sharding).to_xdsl())
@@ -106,11 +109,10 @@ class _Partitioner:
                 continue
             shardings = op_shardings(op) or [Sharding.replicated(aval(r).rank) for r in op.results]
             if isinstance(op, graph.ShardOp):
-                raise ShardingError(
-                    "shard-partition needs insert-collectives first: found a graph.shard"
+                raise LocatedPassFailure(
+                    op, "shard-partition needs insert-collectives first: found a graph.shard"
                 )
             self._localize(op, shardings)
-        self.function.attributes[graph.PARTITIONED] = UnitAttr()
         arg_types = [a.type for a in block.args]
         result_types = [v.type for v in block.last_op.operands] if block.last_op else []
         self.function.function_type = FunctionType.from_lists(arg_types, result_types)
@@ -139,6 +141,14 @@ class _Partitioner:
                 for limit, size in zip(attrs["limits"], aval(op.input).shape, strict=True)
             ]
             op.properties["limits"] = to_attr(limits)
+        try:  # its operands are local already: the local types must fit its rule
+            op.verify_()
+        except VerifyException as error:
+            raise LocatedPassFailure(
+                op,
+                f"shard-partition: the layouts of {op.name}'s operands do not give its "
+                f"result's (run shard-propagate and insert-collectives first): {error}",
+            ) from None
 
     def _expand(self, op: Operation, shardings: Sequence[Sharding]) -> bool:
         """Replaces ``op`` by its registered per-rank form, if it has one for its operands'
@@ -154,9 +164,11 @@ class _Partitioner:
         if replacement is None:
             return False
         if aval(replacement) != expected:
-            raise IRError(
-                f"shard-partition: the per-rank form of {op.name} gives {aval(replacement)}, "
-                f"expected {expected}"
+            raise LocatedPassFailure(
+                op,
+                f"shard-partition: the layouts of {op.name}'s operands do not give its "
+                f"result's (run shard-propagate and insert-collectives first): its per-rank "
+                f"form gives {aval(replacement)}, expected {expected}",
             )
         result.replace_all_uses_with(replacement)
         replacement.owner.attributes.update(op.attributes)  # type: ignore[union-attr]

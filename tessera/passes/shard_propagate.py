@@ -50,7 +50,7 @@ class ShardPropagatePass(ModulePass):
     max_iterations: int = 16
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for mesh_name, mesh, function in sharded_functions(op):
+        for mesh_name, mesh, function in sharded_functions(op, self.name):
             _Propagation(mesh, mesh_name, function).run(self.max_iterations)
 
 

@@ -13,13 +13,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from importlib.metadata import version
-from typing import IO, Any
+from typing import IO
 
 from xdsl.dialects.builtin import Builtin, ModuleOp
 from xdsl.dialects.func import Func
+from xdsl.ir import Operation
+from xdsl.passes import ModulePass
+from xdsl.printer import Printer
 from xdsl.utils.arg_spec import parse_pipeline
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
@@ -29,8 +33,16 @@ from tessera.errors import TesseraError
 from tessera.ir.graph import Graph
 from tessera.ir.schedule import Schedule
 from tessera.ir.tile import TILE_DIALECTS
-from tessera.passes import get_all_passes, pass_summaries
-from tessera.tools.diagnostics import LocatingParser, format_parse_error, format_verify_error
+from tessera.ir.verifier import verify_module
+from tessera.passes import get_all_passes, pass_options, pass_summaries
+from tessera.tools.diagnostics import (
+    LocatingParser,
+    SpannedVerifyException,
+    format_op_error,
+    format_parse_error,
+    format_spanned_error,
+    format_verify_error,
+)
 
 
 class ToolError(Exception):
@@ -68,10 +80,13 @@ class TesseraOptMain(xDSLOptMain):
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
         arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
-        width = max(map(len, self.available_passes), default=0) + 2
-        arg_parser.epilog = "Tessera passes (-p 'flag1,flag2{option=value}'):\n" + "\n".join(
-            f"  {flag:<{width}}{summary}" for flag, summary in pass_summaries().items()
-        )
+        format_help = arg_parser.format_help
+
+        def format_help_with_passes() -> str:  # built on demand: it imports every pass
+            arg_parser.epilog = _passes_help()
+            return format_help()
+
+        arg_parser.format_help = format_help_with_passes  # type: ignore[method-assign]
 
     def setup_pipeline(self) -> None:
         """Checks pass names and options first, so that mistakes get a one-line error."""
@@ -97,24 +112,55 @@ class TesseraOptMain(xDSLOptMain):
                     f"tessera-opt: error: invalid options for pass '{spec.name}': {error}"
                 ) from None
         super().setup_pipeline()
-        inner = self.pipeline.callback
-
-        def track(previous: Any, module: ModuleOp, following: Any) -> None:
-            self.running = None  # verifying between passes
-            if inner is not None:
-                inner(previous, module, following)
-            self.running = following.name if following is not None else None
-
         self.running: str | None = None  # the pass being applied, for internal errors
-        self.pipeline = dataclasses.replace(self.pipeline, callback=track)
+        self.pipeline = dataclasses.replace(self.pipeline, callback=self._between_passes)
+        self._pass_started = time.perf_counter()
+
+    def _between_passes(
+        self, previous: ModulePass | None, module: ModuleOp, following: ModulePass | None
+    ) -> None:
+        """xDSL's callback (timing, verification, printing), verifying as Tessera does
+        (:func:`tessera.ir.verifier.verify_module`); IR that a pass made and that does not
+        verify is the pass's internal error."""
+        self.running = None
+        if self.args.time_passes and previous is not None:
+            print(f"Pass {previous.name} took {time.perf_counter() - self._pass_started} seconds")
+        if not self.args.disable_verify:
+            try:
+                verify_module(module)
+            except DiagnosticException as error:
+                if previous is None or self.args.verify_diagnostics:
+                    raise
+                where = format_verify_error(error, module, self.get_input_name())
+                raise ToolError(
+                    f"tessera-opt: internal error in pass '{previous.name}': it made IR "
+                    f"that does not verify:\n{where}"
+                ) from None
+        if previous and following and self.args.print_between_passes:
+            print(f"IR after {previous.name}:")
+            Printer(stream=sys.stdout).print_op(module)
+            print("\n\n\n")
+        self.running = following.name if following is not None else None
+        self._pass_started = time.perf_counter()
 
     def parse_chunk(
         self, chunk: IO[bytes], file_extension: str, start_offset: int = 0
     ) -> ModuleOp | None:
-        """Parses with :class:`LocatingParser`, so that ops know their source lines."""
+        """Parses with :class:`LocatingParser`, so that ops know their source lines; a byte
+        that is not UTF-8 is an error at its line."""
         if file_extension != "mlir":
             return super().parse_chunk(chunk, file_extension, start_offset)
-        parser = LocatingParser(self.ctx, chunk.read(), self.get_input_name(), start_offset)
+        data = chunk.read()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = data.count(b"\n", 0, error.start) + 1 + start_offset
+            column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+            raise ToolError(
+                f"{self.get_input_name()}:{line}:{column}: error: the input is not UTF-8 "
+                f"text: byte 0x{data[error.start]:02x}"
+            ) from None
+        parser = LocatingParser(self.ctx, data, self.get_input_name(), start_offset)
         return parser.parse_module(not self.args.no_implicit_module)
 
     def apply_passes(self, prog: ModuleOp) -> None:
@@ -131,6 +177,9 @@ class TesseraOptMain(xDSLOptMain):
         except ParseError as error:  # xDSL has set the line offset of split input
             raise ToolError(format_parse_error(error)) from None
         except TesseraError as error:  # e.g. -t triton on a module it cannot emit
+            op = getattr(error, "op", None)
+            if isinstance(op, Operation):
+                raise ToolError(format_op_error(op, self.get_input_name(), str(error))) from None
             raise ToolError(f"tessera-opt: error: {error}") from None
         except UnicodeDecodeError as error:
             raise ToolError(
@@ -144,6 +193,8 @@ class TesseraOptMain(xDSLOptMain):
                 "tessera-opt: error: a size or number in the input is too large to handle"
                 + (f" ({error})" if str(error) else "")
             ) from None
+        except SpannedVerifyException as error:  # an attribute's verifier, while parsing
+            raise ToolError(format_spanned_error(error)) from None
         except DiagnosticException as error:  # a verifier, outside the pass pipeline
             raise ToolError(f"tessera-opt: error: {error}") from None
         except (ToolError, OSError, SystemExit, KeyboardInterrupt):
@@ -157,6 +208,17 @@ class TesseraOptMain(xDSLOptMain):
             else:
                 message += "\n(set TESSERA_DEBUG=1 for the traceback)"
             raise ToolError(message) from None
+
+
+def _passes_help() -> str:
+    """The epilog of ``--help``: each pass with its summary and options (with defaults)."""
+    summaries, options = pass_summaries(), pass_options()
+    width = max(map(len, summaries), default=0) + 2
+    lines = ["Tessera passes (-p 'flag1,flag2{option=value option=value}'):"]
+    for flag, summary in summaries.items():
+        lines.append(f"  {flag:<{width}}{summary}")
+        lines += [f"  {'':<{width}}  {option}" for option in options.get(flag, [])]
+    return "\n".join(lines)
 
 
 def _debug() -> bool:

@@ -40,3 +40,21 @@ def test_the_traceback_on_request(broken_cse, capsys, monkeypatch):
     assert opt.main([broken_cse, "-p", "cse"]) == 1
     err = capsys.readouterr().err
     assert "internal error in pass 'cse'" in err and "Traceback" in err
+
+
+def test_ir_a_pass_made_that_does_not_verify_is_its_internal_error(tmp_path, capsys, monkeypatch):
+    def apply(self, ctx, module):  # moves the return above the op it returns: a dominance error
+        function = next(iter(module.ops))
+        block = function.body.block
+        ret = block.last_op
+        ret.detach()
+        block.insert_op_before(ret, block.first_op)
+
+    monkeypatch.setattr(CSEPass, "apply", apply)
+    path = tmp_path / "f.mlir"
+    path.write_text(PROGRAM)
+    assert opt.main([str(path), "-p", "cse"]) == 1
+    err = capsys.readouterr().err
+    assert "tessera-opt: internal error in pass 'cse': it made IR that does not verify:" in err
+    assert f"{path}:4:3: error: func.return: operand #0 is used before its definition" in err
+    assert "Traceback" not in err

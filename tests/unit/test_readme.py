@@ -58,6 +58,7 @@ def _is_the_shipped_partitioned_program(out: str) -> None:
 def _lists_the_passes(out: str) -> None:
     for flag in ("canonicalize", "cse", "shard-propagate", "insert-collectives", "shard-partition"):
         assert f"\n  {flag} " in out, flag
+    assert "bucket_bytes: int = 26214400" in out  # and their options
 
 
 def _triton_source(out: str) -> None:
@@ -147,6 +148,10 @@ COMMANDS: dict[str, tuple[Run, ...] | str] = {
         Run(AS_WRITTEN, last_line=None, check=_is_the_shipped_partitioned_program),
     ),
     ".venv/bin/tessera-opt --help": (Run(AS_WRITTEN, last_line=None, check=_lists_the_passes),),
+    # the same campaign (300 inputs, seed 18), asserting no traceback and no hang
+    ".venv/bin/python benchmarks/fuzz_opt.py --inputs 300 --seed 18": (
+        "tests/unit/test_fuzz_opt.py::test_a_small_campaign_finds_no_traceback_and_no_hang"
+    ),
     ".venv/bin/tessera-opt examples/ir/megatron_mlp.partitioned.mlir -p lower-graph-to-schedule,lower-schedule-to-tile -t triton": (
         Run(AS_WRITTEN, last_line=None, check=_triton_source),
     ),

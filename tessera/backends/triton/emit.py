@@ -213,7 +213,7 @@ def _emit_block(block: Block, names: _Names, lines: list[str], indent: str) -> N
         else:
             expression = EXPRESSIONS.get(type(op))
             if expression is None or len(op.results) != 1:
-                raise IRError(f"emit-triton: no Triton source for {op.name}")
+                raise IRError(f"emit-triton: no Triton source for {op.name}", op)
             text = expression(op, args)
             lines.append(f"{indent}{names.define(op.results[0])} = {text}")
 
@@ -227,7 +227,8 @@ def emit_kernel(kernel: tile.KernelOp) -> str:
     ):
         raise IRError(
             f"emit-triton: kernel name {kernel.kernel_name!r} is not a valid function name "
-            "(letters, digits and underscores, not starting with a digit)"
+            "(letters, digits and underscores, not starting with a digit)",
+            kernel,
         )
     names = _Names()
     block = kernel.body.block

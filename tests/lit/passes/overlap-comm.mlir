@@ -280,3 +280,27 @@ func.func @no_collectives(%x: tensor<8x32xf32>) -> tensor<8x32xf32> {
   }
   func.return %o : tensor<8x32xf32>
 }
+
+// -----
+
+// A recv has no operand to follow: it stays where it is, and its wait sinks to its use
+// (found by the fuzzer: the pass failed with an IndexError on it).
+// CHECK-LABEL: func.func @recv_stays
+// CHECK-NEXT:    %[[Y:.*]] = schedule.kernel @k0
+// CHECK:         %[[H:.*]] = schedule.start recv {axes = [pp], offset = -1}
+// CHECK-NEXT:    %[[R:.*]] = schedule.wait %[[H]]
+// CHECK-NEXT:    %[[O:.*]] = schedule.kernel @k1(%{{.*}} = %[[R]])
+graph.mesh @mesh axes = [pp = 2]
+func.func @recv_stays(%x: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>) {
+  %y = schedule.kernel @k0(%a = %x) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.neg %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  %h = schedule.start recv {axes = [pp], offset = -1} : !schedule.handle<tensor<8xf32>>
+  %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  %o = schedule.kernel @k1(%a = %r) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.exp %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  func.return %y, %o : tensor<8xf32>, tensor<8xf32>
+}

@@ -18,15 +18,15 @@
 // RUN: not tessera-opt %s --split-input-file -p 'pipeline-schedule{kind=1f1b virtual=2}' 2>&1 | filecheck %s --check-prefix=GENERATOR
 // RUN: echo 'func.func @mixed() { schedule.stage {index = 0, count = 2} { schedule.yield } schedule.stage {index = 1, count = 4} { schedule.yield } func.return }' | not tessera-opt -p pipeline-schedule 2>&1 | filecheck %s --check-prefix=MIXED
 
-// KIND:           tessera-opt: error: pipeline-schedule: unknown kind 'pipedream'; known: gpipe, 1f1b, interleaved, zb-h1
+// KIND:           tessera-opt: error: invalid options for pass 'pipeline-schedule': unknown kind 'pipedream'; known: gpipe, 1f1b, interleaved, zb-h1
 // KIND-NOT:       Traceback
-// MICRO:          tessera-opt: error: pipeline-schedule: microbatches must be >= 1, found 0
+// MICRO:          tessera-opt: error: invalid options for pass 'pipeline-schedule': microbatches must be >= 1, found 0
 // MICRO-NOT:      Traceback
-// VIRTUAL:        tessera-opt: error: pipeline-schedule: @two_stages: the 2 stages do not divide into virtual = 3 stages per rank
+// VIRTUAL:        pipeline-schedule.mlir:{{[0-9]+}}:1: error: pipeline-schedule: @two_stages: the 2 stages do not divide into virtual = 3 stages per rank
 // VIRTUAL-NOT:    Traceback
-// GENERATOR:      tessera-opt: error: pipeline-schedule: @two_stages: pipeline schedule '1f1b': virtual must be 1
+// GENERATOR:      pipeline-schedule.mlir:{{[0-9]+}}:1: error: pipeline-schedule: @two_stages: pipeline schedule '1f1b': virtual must be 1
 // GENERATOR-NOT:  Traceback
-// MIXED:          tessera-opt: error: pipeline-schedule: @mixed: expected one stage count for all schedule.stage ops, found [2, 4]
+// MIXED:          stdin:1:1: error: pipeline-schedule: @mixed: expected one stage count for all schedule.stage ops, found [2, 4]
 // MIXED-NOT:      Traceback
 
 // Two stages on two ranks. GPipe runs every forward, then every backward; the schedule

@@ -64,6 +64,19 @@ func.func @kernel_names_clash(%x: tensor<4xf32>) {
 
 // -----
 
+// A kernel has results: its ops are pure, so without results it computes nothing (an
+// empty kernel crashed lower-schedule-to-tile).
+func.func @kernel_without_results(%x: tensor<4xf32>) {
+  // CHECK: schedule.kernel @k: expected at least one result (a kernel without results computes nothing){{$}}
+  schedule.kernel @k(%a = %x) : (tensor<4xf32>) -> () {
+    %0 = graph.neg %a : tensor<4xf32>
+    schedule.yield
+  }
+  func.return
+}
+
+// -----
+
 // Streams are compute or comm.
 func.func @kernel_bad_stream() {
   // CHECK: schedule.kernel: stream must be one of ('compute', 'comm'), found 'copy'{{$}}
@@ -294,7 +307,7 @@ func.func @start_hierarchical_broadcast(%x: tensor<8xf32>) {
 
 // Buffer sizes are positive.
 func.func @empty_buffer() {
-  // CHECK: !schedule.buffer: expected a positive size in bytes, found 0{{$}}
+// CHECK: !schedule.buffer: expected a positive size in bytes of at most 281474976710656 (2**48, what can be addressed), found 0{{$}}
   %b = schedule.alloc : !schedule.buffer<0>
   func.return
 }

@@ -20,9 +20,6 @@ graph.mesh @mesh axes = [dp = 2, tp = 4]
 // CHECK-NEXT:      %[[S0:.*]], %[[S1:.*]] = graph.split %[[C]] {axis = 0} : tensor<8x64xf32> -> (tensor<4x64xf32>, tensor<4x64xf32>){{$}}
 // CHECK-NEXT:      schedule.yield %[[S0]], %[[S1]] : tensor<4x64xf32>, tensor<4x64xf32>{{$}}
 // CHECK-NEXT:    }
-// CHECK-NEXT:    schedule.kernel @k2_empty() : () -> () {{{$}}
-// CHECK-NEXT:      schedule.yield{{$}}
-// CHECK-NEXT:    }
 // CHECK-NEXT:    func.return %[[Y]], %[[Z1]] : tensor<8x64xf32>, tensor<4x64xf32>
 func.func @kernels(%x: tensor<8x64xf32>, %w: tensor<64x64xf32>) -> (tensor<8x64xf32>, tensor<4x64xf32>) {
   %y = schedule.kernel @k0_matmul(%a = %x, %b = %w) : (tensor<8x64xf32>, tensor<64x64xf32>) -> tensor<8x64xf32> {
@@ -33,9 +30,6 @@ func.func @kernels(%x: tensor<8x64xf32>, %w: tensor<64x64xf32>) -> (tensor<8x64x
   %z:2 = schedule.kernel @k1_split(%c = %y) {stream = compute} : (tensor<8x64xf32>) -> (tensor<4x64xf32>, tensor<4x64xf32>) {
     %0:2 = graph.split %c {axis = 0} : tensor<8x64xf32> -> (tensor<4x64xf32>, tensor<4x64xf32>)
     schedule.yield %0#0, %0#1 : tensor<4x64xf32>, tensor<4x64xf32>
-  }
-  schedule.kernel @k2_empty() : () -> () {
-    schedule.yield
   }
   func.return %y, %z#1 : tensor<8x64xf32>, tensor<4x64xf32>
 }

@@ -22,7 +22,7 @@ tile.kernel @k() grid [4, -1, 1] warps 4 stages 1 {
 // -----
 
 // Warps are a power of two.
-// CHECK: tile.kernel @k: invalid warps 3{{$}}
+// CHECK: tile.kernel @k: warps must be one of (1, 2, 4, 8, 16, 32), found 3{{$}}
 tile.kernel @k() grid [1, 1, 1] warps 3 stages 1 {
   tile.return
 }
@@ -30,7 +30,7 @@ tile.kernel @k() grid [1, 1, 1] warps 3 stages 1 {
 // -----
 
 // At least one warp.
-// CHECK: tile.kernel @k: invalid warps 0{{$}}
+// CHECK: tile.kernel @k: warps must be one of (1, 2, 4, 8, 16, 32), found 0{{$}}
 tile.kernel @k() grid [1, 1, 1] warps 0 stages 1 {
   tile.return
 }
@@ -38,7 +38,7 @@ tile.kernel @k() grid [1, 1, 1] warps 0 stages 1 {
 // -----
 
 // At least one pipeline stage (any count, not only powers of two).
-// CHECK: tile.kernel @k: invalid stages 0{{$}}
+// CHECK: tile.kernel @k: stages must be positive, found 0{{$}}
 tile.kernel @k() grid [1, 1, 1] warps 4 stages 0 {
   tile.return
 }
