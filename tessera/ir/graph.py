@@ -818,6 +818,8 @@ class MeshOp(IRDLOperation):
         if not names or len(set(names)) != len(names):
             raise VerifyException(f"graph.mesh: expected distinct axis names, found {names}")
         for axis, size in self.axes:
+            if not axis.isidentifier():
+                raise VerifyException(f"graph.mesh: axis names are identifiers, found {axis!r}")
             if size < 1:
                 raise VerifyException(
                     f"graph.mesh: axis {axis} must have a positive size, found {size}"

@@ -85,6 +85,11 @@ def _reshape_sharding(
     block on both sides exactly when s divides it); the other dims must stay whole."""
     src, dst = operands[0].shape, results[0].shape
     b = RuleBuilder()
+    if 0 in src or 0 in dst:  # no elements: nothing to split, every dim stays whole
+        return b.rule(
+            [tuple(b.new(s, FactorKind.REPLICATED) for s in src)],
+            [tuple(b.new(d, FactorKind.REPLICATED) for d in dst)],
+        )
     src_dims: list[int | None] = []
     dst_dims: list[int | None] = []
     i = j = 0

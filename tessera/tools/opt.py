@@ -24,7 +24,7 @@ from xdsl.dialects.func import Func
 from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 from xdsl.printer import Printer
-from xdsl.utils.arg_spec import parse_pipeline
+from xdsl.utils.arg_spec import ArgSpec, parse_pipeline
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
@@ -105,11 +105,13 @@ class TesseraOptMain(xDSLOptMain):
                     f"tessera-opt: error: unknown pass '{spec.name}'; "
                     f"available passes: {', '.join(self.available_passes)}"
                 )
+            pass_class = self.available_passes[spec.name]()
             try:
-                self.available_passes[spec.name]().from_pass_spec(spec)
+                pass_class.from_pass_spec(spec)
             except ValueError as error:
                 raise ToolError(
-                    f"tessera-opt: error: invalid options for pass '{spec.name}': {error}"
+                    f"tessera-opt: error: invalid options for pass '{spec.name}': "
+                    f"{_option_error(pass_class, spec, error)}"
                 ) from None
         super().setup_pipeline()
         self.running: str | None = None  # the pass being applied, for internal errors
@@ -208,6 +210,23 @@ class TesseraOptMain(xDSLOptMain):
             else:
                 message += "\n(set TESSERA_DEBUG=1 for the traceback)"
             raise ToolError(message) from None
+
+
+def _option_error(pass_class: type[ModulePass], spec: ArgSpec, error: ValueError) -> str:
+    """xDSL's message for an option of the wrong type (``Incompatible types: given (3,),
+    expected <class 'str'>``) rewritten to name the option, its value and its type."""
+    if not str(error).startswith("Incompatible types"):
+        return str(error)
+    types = {f.name: f.type for f in dataclasses.fields(pass_class)}
+    for name, values in spec.parameters.items():
+        try:
+            pass_class.from_pass_spec(ArgSpec(spec.name, {name: values}))
+        except ValueError:
+            given = ",".join(repr(v) if isinstance(v, str) else str(v) for v in values)
+            wanted = types.get(name.replace("-", "_"), "?")
+            wanted = wanted if isinstance(wanted, str) else getattr(wanted, "__name__", wanted)
+            return f"option '{name}' takes a value of type {wanted}, given {given}"
+    return str(error)
 
 
 def _passes_help() -> str:

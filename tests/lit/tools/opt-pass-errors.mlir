@@ -14,7 +14,7 @@
 // UNKNOWN-NOT: Traceback
 // OPTION:      tessera-opt: error: invalid options for pass 'cse': {{.*}}"bogus"
 // OPTION-NOT:  Traceback
-// TYPE:        tessera-opt: error: invalid options for pass 'canonicalize': {{.*}}many
+// TYPE:        tessera-opt: error: invalid options for pass 'canonicalize': option 'max-fold-elements' takes a value of type int, given 'many'
 // TYPE-NOT:    Traceback
 // SYNTAX:      tessera-opt: error: invalid pass pipeline 'canonicalize,,cse' at column 14: Expected pass name here
 // SYNTAX-NOT:  Traceback

@@ -5,6 +5,13 @@ graph.mesh @mesh axes = [dp = 2, dp = 4]
 
 // -----
 
+// Found by the fuzzer: an axis named by a dotted word parsed, then failed in a pass
+// with an error that named no line.
+graph.mesh @mesh axes = [graph.matmul = 2]
+// CHECK: graph.mesh: axis names are identifiers, found 'graph.matmul'
+
+// -----
+
 graph.mesh @mesh axes = [dp = 0]
 // CHECK: graph.mesh: axis dp must have a positive size, found 0
 
