@@ -24,6 +24,7 @@ from math import prod
 from xdsl.ir import Operation
 
 from tessera.analysis.reduction_points import ReductionPoints
+from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.block_moves import Window, communicating_moves, plan_block_moves, received_elements
@@ -382,4 +383,14 @@ def after_collective(op: Operation, source: Sharding) -> Sharding:
     """The layout a collective (or a sharding constraint) leaves, given its operand's."""
     transition = op_def(op).sharding
     assert isinstance(transition, LayoutTransition), f"{op.name} is not a layout transition"
-    return transition.fn(op, source)
+    result = transition.fn(op, source)
+    used = [a for d in result.dims for a in d] + [a for a, _ in result.partial]
+    twice = sorted({a for a in used if used.count(a) > 1})
+    if twice:
+        error = ShardingError(
+            f"{op.name}: its operand's layout {source} already uses mesh axes {twice}; "
+            f"the result would use them twice ({result})"
+        )
+        error.op = op  # type: ignore[attr-defined]  # tessera-opt prints its line
+        raise error
+    return result

@@ -141,14 +141,7 @@ class _Partitioner:
                 for limit, size in zip(attrs["limits"], aval(op.input).shape, strict=True)
             ]
             op.properties["limits"] = to_attr(limits)
-        try:  # its operands are local already: the local types must fit its rule
-            op.verify_()
-        except VerifyException as error:
-            raise LocatedPassFailure(
-                op,
-                f"shard-partition: the layouts of {op.name}'s operands do not give its "
-                f"result's (run shard-propagate and insert-collectives first): {error}",
-            ) from None
+        _check_local(op)
 
     def _expand(self, op: Operation, shardings: Sequence[Sharding]) -> bool:
         """Replaces ``op`` by its registered per-rank form, if it has one for its operands'
@@ -266,6 +259,7 @@ class _Partitioner:
         for result, layout in zip(op.results, computed, strict=True):
             Rewriter.replace_value_with_new_type(result, self.local(result, layout).to_xdsl())
         set_op_shardings(op, self.mesh_name, computed)
+        _check_local(op)
         anchor = op.next_op
         assert anchor is not None
         for result, layout, target in zip(list(op.results), computed, shardings, strict=True):
@@ -405,3 +399,16 @@ class _Emitter(GraphEmitter):
         op = graph.build(graph.ConstantOp, [], value=dense)
         Rewriter.insert_op(op, InsertPoint.before(self.anchor))
         return op.results[0]
+
+
+def _check_local(op: Operation) -> None:
+    """Raises at ``op`` unless its local (per-rank) types fit its rule: its operands'
+    layouts must give its results' (shard-propagate and insert-collectives see to it)."""
+    try:
+        op.verify_()
+    except VerifyException as error:
+        raise LocatedPassFailure(
+            op,
+            f"shard-partition: the layouts of {op.name}'s operands do not give its "
+            f"result's (run shard-propagate and insert-collectives first): {error}",
+        ) from None
