@@ -23,7 +23,7 @@ chunks of the sequence, so every rank has the same work at every step. The input
 arrive split contiguously (chunks ``2r, 2r + 1``), so q, k and v (and the backward's
 do, lse, delta) are moved to zig-zag once by collective permutes of half blocks, and
 the results moved back. The pair (chunk ``r`` of queries, chunk ``2n - 1 - j`` of keys)
-is always masked and is not computed; each rank's causal positions (``q0``, ``k0``) are
+is always masked (without user offsets) and is not computed; each rank's causal positions (``q0``, ``k0``) are
 i32 scalars computed from ``graph.axis_index``.
 """
 
@@ -229,9 +229,10 @@ def _pieces(ring: Ring, length: int, zigzag: bool) -> list[_Piece]:
     ]
 
 
-def _always_masked(zigzag: bool, q_index: int, k_index: int) -> bool:
-    """Queries of chunk r never see keys of chunk 2n - 1 - j (r < n <= 2n - 1 - j)."""
-    return zigzag and q_index == 0 and k_index == 1
+def _always_masked(zigzag: bool, user: Sequence[SSAValue], q_index: int, k_index: int) -> bool:
+    """Queries of chunk r never see keys of chunk 2n - 1 - j (r < n <= 2n - 1 - j),
+    unless the user's offsets shift them."""
+    return zigzag and not user and q_index == 0 and k_index == 1
 
 
 @dataclass(frozen=True)
@@ -296,7 +297,7 @@ def ring_forward(
             value = ring.cut(block[1], rows, kp.start, kp.length, v_layout)
             k_position = kp.position(owner) if causal else None
             for qi, query in enumerate(queries):
-                if _always_masked(zigzag, qi, ki):
+                if _always_masked(zigzag, user, qi, ki):
                     continue
                 positions = _offsets(ring, user, q_positions[qi], k_position) if causal else user
                 part = ring.op(
@@ -406,7 +407,7 @@ def ring_backward(
             dk_part: SSAValue | None = None
             dv_part: SSAValue | None = None
             for qi, (query, d_out, q_lse, q_delta) in enumerate(query_parts):
-                if _always_masked(zigzag, qi, ki):
+                if _always_masked(zigzag, user, qi, ki):
                     continue
                 positions = _offsets(ring, user, q_positions[qi], k_position) if causal else user
                 dq_i, dk_i, dv_i = ring.op(

@@ -54,17 +54,18 @@ def context_cost(
     io_bytes: int,
     dtype: str,
     calls_per_step: int,
+    merge_bytes: int,
     relayout_bytes: int = 0,
 ) -> ContextCost:
     """Both methods' time for ``ranks`` ranks: ``block_flops`` is the FLOPs of one rank's
     queries against one block of keys, ``kv_bytes`` one rank's k and v, ``io_bytes``
-    the bytes one attention call reads and writes (q, the output, k and v), and
-    ``relayout_bytes`` what the ring moves besides k and v (the zig-zag relayout)."""
+    the bytes one attention call reads and writes (q, the output, k and v),
+    ``merge_bytes`` what a step's merge reads and writes, and ``relayout_bytes`` what the ring moves besides k and v (the zig-zag relayout)."""
     group = list(range(min(ranks, topology.num_devices)))
     device = topology.device
     step = compute_time(device, block_flops, io_bytes, dtype)
     step += (calls_per_step - 1) * device.launch_overhead_s
-    merge = 3 * compute_time(device, 0.0, io_bytes, dtype)  # rescale, add, normalise
+    merge = compute_time(device, 0.0, merge_bytes, dtype)  # one fused elementwise kernel
     permute = collective_time(topology, "collective_permute", kv_bytes, group).time_s
     gather = collective_time(topology, "all_gather", ranks * kv_bytes, group).time_s
     relayout = collective_time(topology, "collective_permute", relayout_bytes, group).time_s
@@ -99,6 +100,7 @@ class RingPlan:
             io_bytes=io,
             dtype=str(q.dtype),
             calls_per_step=3 if self.zigzag else 1,
+            merge_bytes=(6 if backward else 3) * q.nbytes,  # accumulators: read 2, write 1
             relayout_bytes=io if self.zigzag else 0,
         )
 
