@@ -29,6 +29,7 @@ the same parameters.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 
@@ -103,9 +104,13 @@ def megatron_layout(params: dict[str, torch.Tensor], vocab_parallel: bool = Fals
 
 
 def make_step(mesh: dist.Mesh, params: dict[str, torch.Tensor], args: argparse.Namespace) -> graph.TrainingStep:
+    cp = getattr(args, "cp", 1)
+    sequence = dist.ShardSpec(partition=(0, 1), mesh_axes=("dp", "cp"))  # batch over dp, sequence over cp
+
     @graph.training_step(
         optimizer=optim.AdamW(lr=args.lr, weight_decay=0.0), mesh=mesh, zero=args.zero,
         param_shardings=megatron_layout(params, getattr(args, "vocab_parallel", False)),
+        batch_shardings=(sequence, sequence) if cp > 1 else None,
     )  # fmt: skip
     def step(p, tokens, targets):
         loss = gpt_loss(p, tokens, targets, args.heads, args.layers)
@@ -131,11 +136,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp")
     parser.add_argument("--vocab-parallel", action="store_true", help="split the tied embedding's vocabulary over tp")
+    parser.add_argument("--cp", type=int, default=1, help="context parallelism: the sequence split over cp ranks")
+    parser.add_argument(
+        "--cp-method", default="ring", choices=("ring", "all_gather", "auto"),
+        help="how attention runs with --cp: ring attention, all-gathered k/v, or the cost model's pick",
+    )  # fmt: skip
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages (ranks along pp)")
     parser.add_argument("--microbatches", type=int, default=4, help="microbatches per step (with --pp)")
     parser.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved", "zb-h1"))
     parser.add_argument("--virtual", type=int, default=1, help="model chunks per pipeline rank (interleaved)")
     args = parser.parse_args(argv)
+    with contextlib.ExitStack() as settings:  # schedule options for this run's programs
+        run(args, parser, settings)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: contextlib.ExitStack) -> None:
+    """Trains ``args.steps`` steps, each checked against torch."""
 
     processes = int(os.environ.get("WORLD_SIZE", "0"))
     rank0 = int(os.environ.get("RANK", "0")) == 0
@@ -149,8 +165,10 @@ def main(argv: list[str] | None = None) -> None:
         time.sleep(10)
         raise SystemExit(2)
 
-    if processes and processes != args.pp * args.dp * args.tp:
-        error(f"{processes} processes for a {args.pp} x {args.dp} x {args.tp} mesh (pp x dp x tp)")
+    if processes and processes != args.pp * args.dp * args.cp * args.tp:
+        error(f"{processes} processes for a {args.pp} x {args.dp} x {args.cp} x {args.tp} mesh (pp x dp x cp x tp)")
+    if args.cp > 1 and (args.pp > 1 or args.seq % args.cp):
+        error(f"--cp {args.cp} needs --pp 1 and a --seq ({args.seq}) it divides")
     splits = args.dp * (args.microbatches if args.pp > 1 else 1)  # rows per step split this many ways
     if args.batch is None:
         args.batch = max(4, splits)
@@ -160,6 +178,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.pp > 1:
         mesh = dist.Mesh(axes=["pp", "dp", "tp"], shape=(args.pp, args.dp, args.tp))
         schedule.pipeline_microbatches(args.microbatches, kind=args.schedule, virtual=args.virtual)
+    elif args.cp > 1:
+        mesh = dist.Mesh(axes=["dp", "cp", "tp"], shape=(args.dp, args.cp, args.tp))
+        settings.enter_context(schedule.options(context_parallel=args.cp_method))
     else:
         mesh = dist.Mesh(axes=["dp", "tp"], shape=(args.dp, args.tp))
     params = init_params(args.vocab, args.seq, args.dim, args.layers)
@@ -199,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
         lowered = step.lower(state, tokens, targets)
         kinds = sorted({f"{c.kind}[{','.join(c.mesh_axes)}]" for c in lowered.collectives()})
         memory = lowered.memory().model_states
-        print(f"mesh {args.dp} x {args.tp}, ZeRO-{args.zero}, {args.steps} steps in {time.perf_counter() - start:.1f} s; collectives: {', '.join(kinds) or 'none'}")
+        shape = f"dp {args.dp} x cp {args.cp} x tp {args.tp}" if args.cp > 1 else f"{args.dp} x {args.tp}"
+        print(f"mesh {shape}, ZeRO-{args.zero}, {args.steps} steps in {time.perf_counter() - start:.1f} s; collectives: {', '.join(kinds) or 'none'}")
         print(f"per-rank bytes: params {memory.params}, grads {memory.grads}, optimizer state {memory.optimizer_state}")
         print(f"largest per-step loss difference vs torch: {worst:.1e} (tolerance {LOSS_RTOL:.0e})")
     assert first_loss is not None and loss_value is not None

@@ -103,7 +103,24 @@ def stage_passes(stage: str, config: CompileConfig) -> list[PassSpec]:
         return []
     if stage == "schedule":
         return _schedule_passes(config.schedule)
+    if stage == "partitioned":
+        return [_partition_pass(config.schedule)]
     return [PassSpec.of(flag) for flag in _FIXED_STAGE_PASSES[stage]]
+
+
+def _partition_pass(options: ScheduleOptions) -> PassSpec:
+    """``shard-partition``, with the context-parallel method and the cost model's machine
+    where they are not the defaults."""
+    defaults = ScheduleOptions()
+    changed = {
+        option: value
+        for option, value, default in (
+            ("context", options.context_parallel, defaults.context_parallel),
+            ("topology", options.topology, defaults.topology),
+        )
+        if value != default
+    }
+    return PassSpec.of("shard-partition", changed)
 
 
 def _schedule_passes(options: ScheduleOptions) -> list[PassSpec]:

@@ -18,7 +18,9 @@ reduce_scatter) into chunks, carried through the row-wise ops after the collecti
 simulating the schedule on ``topology`` says it pays.
 ``schedule.options(bucket_bytes=n)`` sets the size of the buckets data-parallel gradient
 all-reduces are fused into (``bucket-gradients``; 25 MiB by default, 0 turns it off);
-``collective_algorithms`` (on) marks every collective with the algorithm the cost model
+``schedule.options(context_parallel="ring" | "all_gather")`` forces how attention with
+its sequence split over a mesh axis runs (``"auto"``, the default, lets the cost model
+pick per op); ``collective_algorithms`` (on) marks every collective with the algorithm the cost model
 picks (``choose-collective-algorithms``), hierarchical ones running over subgroups.
 """
 
@@ -54,8 +56,13 @@ class ScheduleOptions:
     pipeline_microbatches: int = 1
     pipeline_schedule: str = "1f1b"
     pipeline_virtual: int = 1
+    # context-parallel attention (the sequence split over a mesh axis): "ring" (k/v
+    # blocks passed round the ring), "all_gather" (k/v gathered once), or "auto" (the
+    # cost model of ``tessera.perf.context_parallel`` picks per op)
+    context_parallel: str = "auto"
 
 
+CONTEXT_PARALLEL_METHODS = ("auto", "ring", "all_gather")
 _current = ScheduleOptions()
 
 
@@ -123,6 +130,11 @@ def _check_option(name: str, value: Any) -> None:
         raise TesseraError(f"schedule option {name} must be a {kind.__name__}, found {value!r}")
     if name in _AT_LEAST and value < _AT_LEAST[name]:
         raise TesseraError(f"schedule option {name} must be >= {_AT_LEAST[name]}, found {value!r}")
+    if name == "context_parallel" and value not in CONTEXT_PARALLEL_METHODS:
+        raise TesseraError(
+            f"schedule option context_parallel must be one of "
+            f"{', '.join(CONTEXT_PARALLEL_METHODS)}, found {value!r}"
+        )
     if name == "pipeline_schedule":
         from tessera.ir.pipeline_actions import SCHEDULE_KINDS
 

@@ -61,9 +61,11 @@ from tessera.ir.located_error import LocatedPassFailure
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard
+from tessera.ir.ring_attention import Ring, ring_backward, ring_forward
 from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
 from tessera.ir.sharding_rules import FactorKind, FactorWindows, ShardingRule, context_layouts
 from tessera.ops import Partition, has_sharding_rule, lookup, sharding_rule
+from tessera.perf.context_parallel import RingPlan, ring_plan
 
 # the collective op of each reshard step kind (``graph.all_gather`` for "all_gather", ...)
 _COLLECTIVES = {t.name.removeprefix("graph."): t for t in graph.COLLECTIVE_OPS}
@@ -71,19 +73,38 @@ _COLLECTIVES = {t.name.removeprefix("graph."): t for t in graph.COLLECTIVE_OPS}
 
 @dataclass(frozen=True)
 class ShardPartitionPass(ModulePass):
+    """``context``: how attention with its sequence split runs, ``ring``, ``all_gather``
+    or ``auto`` (priced on ``topology``, see ``tessera.perf.context_parallel``)."""
+
     name = "shard-partition"
+    context: str = "auto"
+    topology: str = "dgx_h100"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.context not in ("auto", "ring", "all_gather"):
+            raise ShardingError(
+                f"shard-partition: context must be auto, ring or all_gather, found {self.context!r}"
+            )
         for mesh_name, mesh, function in sharded_functions(op, self.name):
             if graph.PARTITIONED not in function.attributes:
-                _Partitioner(mesh, mesh_name, function).run()
+                _Partitioner(mesh, mesh_name, function, self.context, self.topology).run()
 
 
 class _Partitioner:
-    def __init__(self, mesh: Mesh, mesh_name: str, function: func.FuncOp):
+    def __init__(
+        self,
+        mesh: Mesh,
+        mesh_name: str,
+        function: func.FuncOp,
+        context: str = "auto",
+        topology: str = "dgx_h100",
+    ):
         self.mesh = mesh
         self.mesh_name = mesh_name
         self.function = function
+        self.context = context
+        self.topology = topology
+        self.zigzagged: dict[SSAValue, SSAValue] = {}  # ring attention's relayouts
         self.layouts: dict[SSAValue, Sharding] = {}  # global layouts, for Partition rules
         self.gathered: dict[tuple[SSAValue, Sharding], SSAValue] = {}  # context operands
         self.starts: dict[tuple[tuple[str, ...], int], SSAValue] = {}  # rank starts
@@ -251,18 +272,24 @@ class _Partitioner:
         in to their own (see the module docstring)."""
         have = [self.sharding_of(v) for v in op.operands]
         assignment = assignment_of(rule, have)
-        operands, computed = context_layouts(rule, assignment, have, shardings)
-        for index, (current, needed) in enumerate(zip(have, operands, strict=True)):
-            if current != needed:
-                op.operands[index] = self._gathered(op.operands[index], current, needed, op)
-        self._localize_positions(op, rule, assignment)
-        for result, layout in zip(op.results, computed, strict=True):
-            Rewriter.replace_value_with_new_type(result, self.local(result, layout).to_xdsl())
-        set_op_shardings(op, self.mesh_name, computed)
-        _check_local(op)
-        anchor = op.next_op
+        ring = ring_plan(op, rule, assignment, have, self.mesh)
+        if ring is not None and self._rings(op, ring):
+            computed = list(ring.layouts.results)
+            results = self._ring(op, ring)
+        else:
+            operands, computed = context_layouts(rule, assignment, have, shardings)
+            for index, (current, needed) in enumerate(zip(have, operands, strict=True)):
+                if current != needed:
+                    op.operands[index] = self._gathered(op.operands[index], current, needed, op)
+            self._localize_positions(op, rule, assignment)
+            for result, layout in zip(op.results, computed, strict=True):
+                Rewriter.replace_value_with_new_type(result, self.local(result, layout).to_xdsl())
+            set_op_shardings(op, self.mesh_name, computed)
+            _check_local(op)
+            results = list(op.results)
+        anchor = results[0].owner.next_op  # type: ignore[union-attr]
         assert anchor is not None
-        for result, layout, target in zip(list(op.results), computed, shardings, strict=True):
+        for result, layout, target in zip(results, computed, shardings, strict=True):
             if layout == target:
                 continue
             value = result
@@ -272,6 +299,23 @@ class _Partitioner:
                 value = self._emit_step(step, value, layout, anchor)
             for use in uses:
                 use.operation.operands[use.index] = value
+
+    def _rings(self, op: graph.GraphOp, plan: RingPlan) -> bool:
+        """Whether ``op`` runs as ring attention: as asked, else as the cost model picks."""
+        if self.context != "auto":
+            return self.context == "ring"
+        return plan.cost(self.topology).method == "ring"
+
+    def _ring(self, op: graph.GraphOp, plan: RingPlan) -> list[SSAValue]:
+        """``op`` expanded round the ring (:mod:`tessera.ir.ring_attention`); the op is
+        erased and its local results returned."""
+        ring = Ring(op, self.mesh_name, plan.axes, plan.size, self.zigzagged)
+        expand = ring_forward if isinstance(op, graph.AttentionOp) else ring_backward
+        results = expand(ring, op, plan.layouts, plan.zigzag)  # type: ignore[arg-type]
+        for old, new in zip(op.results, results, strict=True):
+            old.replace_all_uses_with(new)
+        Rewriter.erase_op(op)
+        return results
 
     def _gathered(
         self, value: SSAValue, current: Sharding, needed: Sharding, before: Operation

@@ -1,0 +1,447 @@
+"""Ring attention: ``graph.attention`` and ``graph.attention_backward`` with the sequence
+split over ``n`` ranks, expanded into per-rank blocks passed round a ring (Liu et al.,
+"Ring Attention with Blockwise Transformers", 2023; Brandon et al., "Striped
+Attention", 2023, for the load balance).
+
+Forward, on each rank: its queries stay; the k and v blocks go round the ring by
+``graph.collective_permute`` (rank i sends to i + 1), one step per block. At each step
+the permute of the next block is issued *before* the current block's attention, so the
+schedule overlaps them (``overlap-comm`` waits where the block is first used). Each
+step's ``(o, lse)`` is merged into the running pair by the online softmax:
+``lse = logaddexp(lse₁, lse₂)``, ``o = o₁·e^(lse₁-lse) + o₂·e^(lse₂-lse)`` (a row that
+saw no key has lse -inf and contributes nothing). The k/v bytes each rank receives are
+``(n - 1)`` blocks: ``(n-1)/n`` of k and v.
+
+Backward: the same ring over k and v recomputes each block's ``attention_backward``
+from the forward's global ``lse`` and ``delta``; dq accumulates in place and the dk, dv
+accumulators travel with their block (one more permute brings each home), so every
+rank ends with the gradients of its own k and v block.
+
+Causal attention is load-balanced by the zig-zag split: a rank's block is two half
+chunks, and rank ``r`` computes with chunks ``r`` and ``2n - 1 - r`` of the ``2n``
+chunks of the sequence, so every rank has the same work at every step. The inputs
+arrive split contiguously (chunks ``2r, 2r + 1``), so q, k and v (and the backward's
+do, lse, delta) are moved to zig-zag once by collective permutes of half blocks, and
+the results moved back. The pair (chunk ``r`` of queries, chunk ``2n - 1 - j`` of keys)
+is always masked (without user offsets) and is not computed; each rank's causal positions (``q0``, ``k0``) are
+i32 scalars computed from ``graph.axis_index``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr
+from xdsl.ir import Operation, SSAValue
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from tessera.dtypes import DType
+from tessera.ir import graph
+from tessera.ir.abstract import AbstractTensor, aval
+from tessera.ir.sharding import Sharding, set_op_shardings
+
+_SCALAR = Sharding(())
+
+
+@dataclass
+class Ring:
+    """Emits one op's ring before ``anchor``: the sequence split over mesh ``axes``
+    (``size`` ranks); ``cache`` keeps values moved to zig-zag (shared by a forward and
+    its backward)."""
+
+    anchor: Operation
+    mesh_name: str
+    axes: tuple[str, ...]
+    size: int
+    cache: dict[SSAValue, SSAValue] = field(default_factory=dict)
+    _rank: SSAValue | None = None
+
+    # --- emission --------------------------------------------------------------------------
+
+    def op(
+        self,
+        op_type: type[graph.GraphOp],
+        operands: Sequence[SSAValue],
+        layouts: Sequence[Sharding],
+        **attrs: object,
+    ) -> tuple[SSAValue, ...]:
+        built = graph.build(op_type, operands, **attrs)
+        Rewriter.insert_op(built, InsertPoint.before(self.anchor))
+        set_op_shardings(built, self.mesh_name, list(layouts))
+        return tuple(built.results)
+
+    def one(
+        self,
+        op_type: type[graph.GraphOp],
+        operands: Sequence[SSAValue],
+        layout: Sharding,
+        **attrs: object,
+    ) -> SSAValue:
+        return self.op(op_type, operands, [layout], **attrs)[0]
+
+    def constant(self, value: float, dtype: DType) -> SSAValue:
+        dense = DenseIntOrFPElementsAttr.from_list(AbstractTensor((), dtype).to_xdsl(), [value])
+        return self.one(graph.ConstantOp, [], _SCALAR, value=dense)
+
+    @property
+    def rank(self) -> SSAValue:
+        """This rank's position along the ring (an i32 scalar, once per op)."""
+        if self._rank is None:
+            self._rank = self.one(graph.AxisIndexOp, [], _SCALAR, axes=list(self.axes))
+        return self._rank
+
+    def shift(self, value: SSAValue, layout: Sharding) -> SSAValue:
+        """``value`` of rank i, received by rank i + 1 (mod n)."""
+        pairs = [[i, (i + 1) % self.size] for i in range(self.size)]
+        return self.one(
+            graph.CollectivePermuteOp, [value], layout, axes=list(self.axes), pairs=pairs
+        )
+
+    def cut(self, value: SSAValue, dim: int, start: int, length: int, layout: Sharding) -> SSAValue:
+        shape = aval(value).shape
+        if (start, length) == (0, shape[dim]):
+            return value
+        starts, limits = [0] * len(shape), list(shape)
+        starts[dim], limits[dim] = start, start + length
+        return self.one(
+            graph.SliceOp, [value], layout, starts=starts, limits=limits, strides=[1] * len(shape)
+        )
+
+    def join(self, values: Sequence[SSAValue], dim: int, layout: Sharding) -> SSAValue:
+        if len(values) == 1:
+            return values[0]
+        return self.one(graph.ConcatOp, list(values), layout, axis=dim)
+
+    def add(self, a: SSAValue | None, b: SSAValue, layout: Sharding) -> SSAValue:
+        return b if a is None else self.one(graph.AddOp, [a, b], layout)
+
+    # --- positions -------------------------------------------------------------------------
+
+    def scaled(self, index: SSAValue, times: int, plus: int = 0, negate: bool = False) -> SSAValue:
+        """``plus ± index · times`` as an i32 scalar."""
+        value = self.one(graph.MulOp, [index, self.constant(times, DType.i32)], _SCALAR)
+        if negate:
+            value = self.one(graph.SubOp, [self.constant(plus, DType.i32), value], _SCALAR)
+        elif plus:
+            value = self.one(graph.AddOp, [value, self.constant(plus, DType.i32)], _SCALAR)
+        return value
+
+    def source(self, step: int) -> SSAValue:
+        """The rank whose k/v block this rank holds at ``step``: ``(rank - step) mod n``,
+        as ``rank - step + n · min(max(step - rank, 0), 1)``."""
+        if step == 0:
+            return self.rank
+        i32 = DType.i32
+        behind = self.one(graph.SubOp, [self.constant(step, i32), self.rank], _SCALAR)
+        wraps = self.one(graph.MaximumOp, [behind, self.constant(0, i32)], _SCALAR)
+        wraps = self.one(graph.MinimumOp, [wraps, self.constant(1, i32)], _SCALAR)
+        back = self.one(graph.SubOp, [self.rank, self.constant(step, i32)], _SCALAR)
+        return self.one(graph.AddOp, [back, self.scaled(wraps, self.size)], _SCALAR)
+
+    # --- zig-zag relayout --------------------------------------------------------------------
+
+    def zigzag(self, value: SSAValue, dim: int, layout: Sharding) -> SSAValue:
+        """``value`` (rank r: chunks 2r, 2r + 1 along ``dim``) with rank r holding chunks
+        r and 2n - 1 - r (once per value)."""
+        if value not in self.cache:
+            moved = self._relayout(value, dim, layout, _contiguous_chunk, _zigzag_home)
+            self.cache[value] = moved
+        return self.cache[value]
+
+    def unzigzag(self, value: SSAValue, dim: int, layout: Sharding) -> SSAValue:
+        """The inverse of :meth:`zigzag` (the result remembers ``value`` as its zig-zag form)."""
+        moved = self._relayout(value, dim, layout, self._zigzag_chunk, _contiguous_home)
+        self.cache[moved] = value
+        return moved
+
+    def _zigzag_chunk(self, rank: int, slot: int) -> int:
+        return rank if slot == 0 else 2 * self.size - 1 - rank
+
+    def _relayout(
+        self,
+        value: SSAValue,
+        dim: int,
+        layout: Sharding,
+        chunk_at: Callable[..., int],
+        home: Callable[..., tuple[int, int]],
+    ) -> SSAValue:
+        """Each half of ``value`` sent where ``home`` puts its chunk: one permute per
+        (source half, target half), summed into the target half (a rank that is no
+        target of a permute receives zeros)."""
+        half = aval(value).shape[dim] // 2
+        slots: list[SSAValue | None] = [None, None]
+        for source_slot in (0, 1):
+            piece = self.cut(value, dim, source_slot * half, half, layout)
+            by_target: dict[int, list[list[int]]] = {0: [], 1: []}
+            for rank in range(self.size):
+                chunk = chunk_at(rank, source_slot)
+                target, target_slot = home(chunk, self.size)
+                by_target[target_slot].append([rank, target])
+            for target_slot, pairs in by_target.items():
+                if pairs:
+                    moved = self.one(
+                        graph.CollectivePermuteOp,
+                        [piece],
+                        layout,
+                        axes=list(self.axes),
+                        pairs=pairs,
+                    )
+                    slots[target_slot] = self.add(slots[target_slot], moved, layout)
+        assert slots[0] is not None and slots[1] is not None
+        return self.join([slots[0], slots[1]], dim, layout)
+
+
+def _contiguous_chunk(rank: int, slot: int) -> int:
+    return 2 * rank + slot
+
+
+def _contiguous_home(chunk: int, size: int) -> tuple[int, int]:
+    return chunk // 2, chunk % 2
+
+
+def _zigzag_home(chunk: int, size: int) -> tuple[int, int]:
+    return (chunk, 0) if chunk < size else (2 * size - 1 - chunk, 1)
+
+
+# --- the expansion ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A slice ``[start, start + length)`` of a block along the sequence, and its global
+    position as a function of the block's owner (an i32 scalar)."""
+
+    start: int
+    length: int
+    position: Callable[[SSAValue], SSAValue]
+
+
+def _pieces(ring: Ring, length: int, zigzag: bool) -> list[_Piece]:
+    """A block's pieces: the whole block at ``owner · length``, or its two zig-zag halves
+    at chunks ``owner`` and ``2n - 1 - owner``."""
+    if not zigzag:
+        return [_Piece(0, length, lambda owner: ring.scaled(owner, length))]
+    half, last = length // 2, 2 * ring.size - 1
+    return [
+        _Piece(0, half, lambda owner: ring.scaled(owner, half)),
+        _Piece(half, half, lambda owner: ring.scaled(owner, half, plus=last * half, negate=True)),
+    ]
+
+
+def _always_masked(zigzag: bool, user: Sequence[SSAValue], q_index: int, k_index: int) -> bool:
+    """Queries of chunk r never see keys of chunk 2n - 1 - j (r < n <= 2n - 1 - j),
+    unless the user's offsets shift them."""
+    return zigzag and not user and q_index == 0 and k_index == 1
+
+
+@dataclass(frozen=True)
+class RingLayouts:
+    """The (local) layouts of an attention op's operands and results: the sequence split
+    over the ring's axes in each."""
+
+    operands: tuple[Sharding, ...]
+    results: tuple[Sharding, ...]
+
+
+def _offsets(
+    ring: Ring, user: Sequence[SSAValue], q_position: SSAValue, k_position: SSAValue
+) -> list[SSAValue]:
+    """The causal positions of a call: the pieces' positions plus the user's offsets."""
+    if not user:
+        return [q_position, k_position]
+    return [
+        ring.one(graph.AddOp, [u, p], _SCALAR)
+        for u, p in zip(user, (q_position, k_position), strict=True)
+    ]
+
+
+def ring_forward(
+    ring: Ring, op: graph.AttentionOp, layouts: RingLayouts, zigzag: bool
+) -> list[SSAValue]:
+    """``(o, lse)`` of ``op`` (local operands), computed round the ring."""
+    attrs = op.attrs()
+    causal = attrs["causal"]
+    q, k, v = op.operands[:3]
+    user = list(op.operands[3:])
+    q_layout, k_layout, v_layout = layouts.operands[:3]
+    o_layout, lse_layout = layouts.results
+    rows = aval(q).rank - 2
+    if zigzag:
+        q, k, v = (
+            ring.zigzag(x, rows, lay) for x, lay in ((q, q_layout), (k, k_layout), (v, v_layout))
+        )
+    q_pieces = (
+        _pieces(ring, aval(q).shape[rows], zigzag)
+        if causal
+        else [_Piece(0, aval(q).shape[rows], lambda o: o)]
+    )
+    k_pieces = (
+        _pieces(ring, aval(k).shape[rows], zigzag)
+        if causal
+        else [_Piece(0, aval(k).shape[rows], lambda o: o)]
+    )
+    queries = [ring.cut(q, rows, p.start, p.length, q_layout) for p in q_pieces]
+    q_positions = [p.position(ring.rank) for p in q_pieces] if causal else []
+    merged: list[tuple[SSAValue, SSAValue] | None] = [None] * len(q_pieces)
+    block = (k, v)
+    for step in range(ring.size):
+        following = (
+            (ring.shift(block[0], k_layout), ring.shift(block[1], v_layout))
+            if step < ring.size - 1
+            else None
+        )
+        owner = ring.source(step) if causal else ring.rank
+        for ki, kp in enumerate(k_pieces):
+            key = ring.cut(block[0], rows, kp.start, kp.length, k_layout)
+            value = ring.cut(block[1], rows, kp.start, kp.length, v_layout)
+            k_position = kp.position(owner) if causal else None
+            for qi, query in enumerate(queries):
+                if _always_masked(zigzag, user, qi, ki):
+                    continue
+                positions = _offsets(ring, user, q_positions[qi], k_position) if causal else user
+                part = ring.op(
+                    graph.AttentionOp,
+                    [query, key, value, *positions],
+                    [o_layout, lse_layout],
+                    **attrs,
+                )
+                merged[qi] = (
+                    part
+                    if merged[qi] is None
+                    else _merge(ring, merged[qi], part, o_layout, lse_layout)
+                )  # type: ignore[arg-type]
+        if following is not None:
+            block = following
+    outs = [m[0] for m in merged if m is not None]
+    lses = [m[1] for m in merged if m is not None]
+    o, lse = ring.join(outs, rows, o_layout), ring.join(lses, rows, lse_layout)
+    if zigzag:
+        o, lse = ring.unzigzag(o, rows, o_layout), ring.unzigzag(lse, rows, lse_layout)
+    return [o, lse]
+
+
+def _merge(
+    ring: Ring,
+    a: tuple[SSAValue, SSAValue],
+    b: tuple[SSAValue, SSAValue],
+    o_layout: Sharding,
+    lse_layout: Sharding,
+) -> tuple[SSAValue, SSAValue]:
+    """The online-softmax merge of two partial ``(o, lse)`` pairs over disjoint keys."""
+    (o1, l1), (o2, l2) = a, b
+    dtype = aval(l1).dtype
+    top = ring.one(graph.MaximumOp, [l1, l2], lse_layout)
+    empty = ring.one(
+        graph.CompareOp, [top, ring.constant(float("-inf"), dtype)], lse_layout, predicate="eq"
+    )
+    top = ring.one(graph.SelectOp, [empty, ring.constant(0.0, dtype), top], lse_layout)
+    w1 = ring.one(graph.ExpOp, [ring.one(graph.SubOp, [l1, top], lse_layout)], lse_layout)
+    w2 = ring.one(graph.ExpOp, [ring.one(graph.SubOp, [l2, top], lse_layout)], lse_layout)
+    total = ring.one(graph.AddOp, [w1, w2], lse_layout)
+    lse = ring.one(graph.AddOp, [top, ring.one(graph.LogOp, [total], lse_layout)], lse_layout)
+    nothing = ring.one(
+        graph.CompareOp, [total, ring.constant(0.0, dtype)], lse_layout, predicate="eq"
+    )
+    total = ring.one(graph.SelectOp, [nothing, ring.constant(1.0, dtype), total], lse_layout)
+    o = None
+    for out, weight in ((o1, w1), (o2, w2)):
+        scale = ring.one(graph.DivOp, [weight, total], lse_layout)
+        shape = aval(scale).shape
+        scale = ring.one(graph.ReshapeOp, [scale], o_layout, shape=[*shape, 1])
+        if aval(out).dtype != dtype:
+            scale = ring.one(graph.CastOp, [scale], o_layout, dtype=aval(out).dtype)
+        o = ring.add(o, ring.one(graph.MulOp, [out, scale], o_layout), o_layout)
+    assert o is not None
+    return o, lse
+
+
+def ring_backward(
+    ring: Ring, op: graph.AttentionBackwardOp, layouts: RingLayouts, zigzag: bool
+) -> list[SSAValue]:
+    """``(dq, dk, dv)`` of ``op`` (local operands), computed round the ring; dk and dv
+    travel with their block and arrive home after ``n`` permutes."""
+    attrs = op.attrs()
+    causal = attrs["causal"]
+    values = list(op.operands[:6])
+    user = list(op.operands[6:])
+    in_layouts = layouts.operands[:6]
+    dq_layout, dk_layout, dv_layout = layouts.results
+    rows = aval(values[0]).rank - 2
+    if zigzag:  # the sequence is dim -2 of q, k, v, do and dim -1 (the same) of lse, delta
+        values = [ring.zigzag(x, rows, lay) for x, lay in zip(values, in_layouts, strict=True)]
+    q, k, v, do, lse, delta = values
+    length = aval(q).shape[rows]
+    q_pieces = _pieces(ring, length, zigzag) if causal else [_Piece(0, length, lambda o: o)]
+    k_length = aval(k).shape[rows]
+    k_pieces = _pieces(ring, k_length, zigzag) if causal else [_Piece(0, k_length, lambda o: o)]
+    q_layout, k_layout, v_layout, do_layout, lse_layout, delta_layout = in_layouts
+
+    def rows_of(x: SSAValue, p: _Piece, lay: Sharding) -> SSAValue:
+        return ring.cut(x, rows, p.start, p.length, lay)
+
+    query_parts = [
+        (
+            rows_of(q, p, q_layout),
+            rows_of(do, p, do_layout),
+            rows_of(lse, p, lse_layout),
+            rows_of(delta, p, delta_layout),
+        )
+        for p in q_pieces
+    ]
+    q_positions = [p.position(ring.rank) for p in q_pieces] if causal else []
+    dq: list[SSAValue | None] = [None] * len(q_pieces)
+    block = (k, v)
+    travelling: tuple[SSAValue, SSAValue] | None = None
+    for step in range(ring.size):
+        following = (
+            (ring.shift(block[0], k_layout), ring.shift(block[1], v_layout))
+            if step < ring.size - 1
+            else None
+        )
+        owner = ring.source(step) if causal else ring.rank
+        dk_parts, dv_parts = [], []
+        for ki, kp in enumerate(k_pieces):
+            key, value = rows_of(block[0], kp, k_layout), rows_of(block[1], kp, v_layout)
+            k_position = kp.position(owner) if causal else None
+            dk_part: SSAValue | None = None
+            dv_part: SSAValue | None = None
+            for qi, (query, d_out, q_lse, q_delta) in enumerate(query_parts):
+                if _always_masked(zigzag, user, qi, ki):
+                    continue
+                positions = _offsets(ring, user, q_positions[qi], k_position) if causal else user
+                dq_i, dk_i, dv_i = ring.op(
+                    graph.AttentionBackwardOp,
+                    [query, key, value, d_out, q_lse, q_delta, *positions],
+                    [dq_layout, dk_layout, dv_layout],
+                    **attrs,
+                )
+                dq[qi] = ring.add(dq[qi], dq_i, dq_layout)
+                dk_part, dv_part = (
+                    ring.add(dk_part, dk_i, dk_layout),
+                    ring.add(dv_part, dv_i, dv_layout),
+                )
+            assert dk_part is not None and dv_part is not None
+            dk_parts.append(dk_part)
+            dv_parts.append(dv_part)
+        dk_block, dv_block = (
+            ring.join(dk_parts, rows, dk_layout),
+            ring.join(dv_parts, rows, dv_layout),
+        )
+        if travelling is not None:
+            dk_block = ring.add(travelling[0], dk_block, dk_layout)
+            dv_block = ring.add(travelling[1], dv_block, dv_layout)
+        travelling = (ring.shift(dk_block, dk_layout), ring.shift(dv_block, dv_layout))
+        if following is not None:
+            block = following
+    assert travelling is not None
+    results = [ring.join([d for d in dq if d is not None], rows, dq_layout), *travelling]
+    if zigzag:
+        results = [
+            ring.unzigzag(x, rows, lay)
+            for x, lay in zip(results, (dq_layout, dk_layout, dv_layout), strict=True)
+        ]
+    return results
+
+
+__all__ = ["Ring", "RingLayouts", "ring_backward", "ring_forward"]
