@@ -11,57 +11,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from moe_reference import loop_route as _loop_route
+from moe_reference import reference_moe as _reference_moe
 
 import tessera as ts
 from tessera import op
 from tessera.errors import ExecutionError, ShapeError
 
 F64 = 1e-10
-
-
-def _loop_route(
-    choices: torch.Tensor, experts: int, capacity: int
-) -> dict[tuple[int, int, int], tuple[int, int]]:
-    """(g, t, j) -> (expert, position) of every kept choice, by a counter per expert."""
-    kept = {}
-    g_size, t_size, k_size = choices.shape
-    for g in range(g_size):
-        count = [0] * experts
-        for j in range(k_size):
-            for t in range(t_size):
-                e = int(choices[g, t, j])
-                if count[e] < capacity:
-                    kept[(g, t, j)] = (e, count[e])
-                    count[e] += 1
-    return kept
-
-
-def _reference_moe(
-    x: torch.Tensor,
-    wr: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    k: int,
-    capacity: int,
-    score: str = "softmax",
-) -> torch.Tensor:
-    """The MoE layer token by token: ``sum_j w_j * relu(x w1[e_j]) w2[e_j]`` over the
-    kept choices, with the router's top-k (renormalised) weights."""
-    logits = x @ wr
-    scores = torch.softmax(logits, -1) if score == "softmax" else torch.sigmoid(logits)
-    top, chosen = torch.topk(scores, k, dim=-1)
-    weights = top / top.sum(-1, keepdim=True)
-    kept = _loop_route(chosen, wr.shape[1], capacity)
-    rows = []
-    for g in range(x.shape[0]):
-        for t in range(x.shape[1]):
-            out = torch.zeros(x.shape[-1], dtype=x.dtype)
-            for j in range(k):
-                if (g, t, j) in kept:
-                    e, _ = kept[(g, t, j)]
-                    out = out + weights[g, t, j] * (torch.relu(x[g, t] @ w1[e]) @ w2[e])
-            rows.append(out)
-    return torch.stack(rows).reshape(x.shape)
 
 
 def _moe(k: int, capacity: int, score: str = "softmax"):
@@ -230,3 +187,21 @@ def test_uniform_routing_has_balance_loss_one() -> None:
 def test_router_rejects_an_unknown_score() -> None:
     with pytest.raises(ShapeError, match=r"score must be one of.*test_moe_ops.py"):
         ts.jit(lambda x: op.router(x, 2, score="relu")[0])(torch.zeros(2, 4))
+
+
+# --- generated kernels ------------------------------------------------------------------------
+
+
+def test_grouped_expert_matmul_runs_as_a_triton_kernel_with_its_activation() -> None:
+    """Through the generated kernels (Triton's interpreter): the experts' matmul
+    ``[G, E, C, H] @ [E, H, F]`` is one batched (grouped) matmul kernel over the experts
+    with the relu fused as its epilogue; routing, dispatch and combine run on the host.
+    Against the float64 loop reference, f32 tolerance 1e-5."""
+    x, wr, w1, w2 = _inputs(2, 6, 8, 4, 16, seed=7, dtype=torch.float32)
+    f = ts.jit(_moe(2, 3), kernels="triton")
+    want = _reference_moe(*(t.double() for t in (x, wr, w1, w2)), 2, 3).float()
+    torch.testing.assert_close(f(x, wr, w1, w2), want, rtol=1e-5, atol=1e-5)
+    sources = f.lower(x, wr, w1, w2).triton_source()
+    grouped = [name for name, source in sources.items() if "matmul" in name and "maximum" in source]
+    assert len(grouped) == 1, sorted(sources)
+    assert not any("moe" in name or "top_k" in name for name in sources)
