@@ -105,6 +105,20 @@ def choose(
     """
     operand_side = _proposals(rule, known, rule.operands)
     assignment, cost = _greedy(op, rule, known, mesh, points, wanted, operand_side)
+    # a split over several axes that another factor's split shares (tokens over
+    # (dp, ep), experts over ep) can block the pair of its prefix and the other split,
+    # which only pays together: try without it too
+    blocking = [
+        (f, axes)
+        for f, axes in operand_side
+        if len(axes) > 1
+        and any(g != f and set(axes) & set(other) for g, other in operand_side)
+    ]
+    if blocking:
+        unblocked = [p for p in operand_side if p not in blocking]
+        trial, trial_cost = _greedy(op, rule, known, mesh, points, wanted, unblocked)
+        if (trial_cost, -_ways(trial, mesh)) < (cost, -_ways(assignment, mesh)):
+            assignment, cost = trial, trial_cost
     result_side = [p for p in _proposals(rule, wanted, rule.results) if p not in operand_side]
     if result_side:
         trial, trial_cost = _greedy(op, rule, known, mesh, points, wanted, operand_side + result_side)
@@ -121,7 +135,10 @@ def _ways(assignment: Assignment, mesh: MeshLike) -> int:
 def _proposals(
     rule: ShardingRule, layouts: Sequence[Sharding | None], dims_of: Sequence[Dims]
 ) -> list[tuple[int, tuple[str, ...]]]:
-    """The (factor, axes) splits that the given tensors' layouts show."""
+    """The (factor, axes) splits that the given tensors' layouts show, then the major
+    prefixes of those over several axes (a dim over ``(dp, ep)`` proposes ``(dp,)``
+    too): when a minor axis is taken by another factor (experts over ``ep``), the
+    op may keep the major ones, and an all-to-all moves only the minor one."""
     proposals: list[tuple[int, tuple[str, ...]]] = []
     for sharding, dims in zip(layouts, dims_of, strict=False):
         if sharding is None:
@@ -132,7 +149,8 @@ def _proposals(
             )
             if splittable and (factor, axes) not in proposals:
                 proposals.append((factor, axes))
-    return proposals
+    prefixes = [(f, axes[:n]) for f, axes in proposals for n in range(len(axes) - 1, 0, -1)]
+    return proposals + [p for p in dict.fromkeys(prefixes) if p not in proposals]
 
 
 def _greedy(

@@ -50,7 +50,7 @@ from tessera.ir.abstract import AbstractTensor
 from tessera.ir.mesh import Mesh
 from tessera.ops.collective import on_group
 from tessera.perf import timeline as perf_timeline
-from tessera.perf.compute_cost import runs_as_view
+from tessera.perf.compute_cost import runs_as_view, runs_on_host
 from tessera.perf.trace import COMPUTE
 
 Env = list[Any]  # one rank's values, by slot
@@ -257,7 +257,7 @@ def arena_offsets(fn: func.FuncOp) -> tuple[dict[SSAValue, int], int]:
     ops = list(fn.body.block.ops)
     returned = set(ops[-1].operands) if isinstance(ops[-1], func.ReturnOp) else set()
     kernels = [op for op in ops if isinstance(op, schedule.KernelOp)]
-    views = {op for op in kernels if runs_as_view(op)}
+    views = {op for op in kernels if runs_as_view(op) or runs_on_host(op)}
     viewed = {v for op in views for v in op.inputs}
     placed: dict[SSAValue, int] = {}
     for op in kernels:

@@ -581,6 +581,81 @@ class GatherOp(GraphOp):
     shape_rule = staticmethod(shape_rules.gather)
 
 
+# --- mixture of experts ------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class TopKOp(GraphOp):
+    """The ``k`` largest entries along the last dim, largest first, and their indices::
+
+        %v, %i = graph.top_k %x {k = 2} : tensor<4x8xf32> -> (tensor<4x2xf32>, tensor<4x2xi32>)
+
+    Ties go to the lower index (as ``torch.topk`` on CPU)."""
+
+    name = "graph.top_k"
+    input = operand_def(TensorType)
+    values = result_def(TensorType)
+    indices = result_def(TensorType)
+    k = prop_def(IntegerAttr)
+    shape_rule = staticmethod(shape_rules.top_k)
+
+
+@irdl_op_definition
+class MoeRouteOp(GraphOp):
+    """Assigns each token's expert choices to slots of a static capacity (Switch/GShard)::
+
+        %slots, %sources = graph.moe_route %choices {experts = 8, capacity = 4}
+            : tensor<2x16x2xi32> -> (tensor<2x16x2xi32>, tensor<2x8x4xi32>)
+
+    Per group ``g``, choices are served first choice first (all tokens' ``j = 0``, then
+    ``j = 1``, ...), tokens in order; a choice takes its expert's next free position, or
+    is dropped when ``capacity`` are taken. ``slots[g, t, j] = e * capacity + position``
+    (-1 if dropped), ``sources[g, e, c] = t * K + j`` (-1 for an empty slot)."""
+
+    name = "graph.moe_route"
+    choices = operand_def(TensorType)
+    slots = result_def(TensorType)
+    sources = result_def(TensorType)
+    experts = prop_def(IntegerAttr)
+    capacity = prop_def(IntegerAttr)
+    shape_rule = staticmethod(shape_rules.moe_route)
+
+
+@irdl_op_definition
+class MoeDispatchOp(GraphOp):
+    """Gathers tokens into their experts' slots (zeros in empty slots)::
+
+        %xe = graph.moe_dispatch %x, %slots, %sources
+            : tensor<2x16x32xf32>, tensor<2x16x2xi32>, tensor<2x8x4xi32> -> tensor<2x8x4x32xf32>
+
+    ``x [G, T, H]``: slot ``(e, c)`` holds token ``sources // K``; ``x [G, T, K, H]``
+    (one row per choice, a combine's cotangent): the row ``sources``. The transpose
+    of :class:`MoeCombineOp`."""
+
+    name = "graph.moe_dispatch"
+    input = operand_def(TensorType)
+    slots = operand_def(TensorType)
+    sources = operand_def(TensorType)
+    result = result_def(TensorType)
+    shape_rule = staticmethod(shape_rules.moe_dispatch)
+
+
+@irdl_op_definition
+class MoeCombineOp(GraphOp):
+    """Gathers each choice's row back from its expert's slot (zeros when dropped)::
+
+        %yc = graph.moe_combine %ye, %slots, %sources
+            : tensor<2x8x4x32xf32>, tensor<2x16x2xi32>, tensor<2x8x4xi32> -> tensor<2x16x2x32xf32>
+    """
+
+    name = "graph.moe_combine"
+    input = operand_def(TensorType)
+    slots = operand_def(TensorType)
+    sources = operand_def(TensorType)
+    result = result_def(TensorType)
+    shape_rule = staticmethod(shape_rules.moe_combine)
+
+
 # --- sharding: meshes, constraints and collectives ---------------------------------------
 # Before shard-partition, types are global and a collective is a layout transition: the
 # global value is unchanged, only how it lies over the mesh (its sharding) changes.
@@ -865,7 +940,8 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
     CastOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, SoftmaxOp, LogSoftmaxOp, LayerNormOp,
     RmsNormOp, CrossEntropyOp, AttentionOp, AttentionBackwardOp, ReshapeOp, BroadcastToOp,
-    TransposeOp, SliceOp, ConcatOp, SplitOp, GatherOp,
+    TransposeOp, SliceOp, ConcatOp, SplitOp, GatherOp, TopKOp, MoeRouteOp, MoeDispatchOp,
+    MoeCombineOp,
 )  # fmt: skip
 
 def _verify_once_per_signature(cls: type[GraphOp]) -> None:

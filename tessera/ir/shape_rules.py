@@ -389,6 +389,67 @@ def gather(x: AbstractTensor, indices: AbstractTensor, axis: int) -> AbstractTen
     return x.with_shape(x.shape[:axis] + indices.shape + x.shape[axis + 1 :])
 
 
+# --- mixture of experts ----------------------------------------------------------------------
+
+
+def top_k(x: AbstractTensor, k: int) -> tuple[AbstractTensor, AbstractTensor]:
+    """The ``k`` largest entries of the last dim, in decreasing order, and their i32 indices."""
+    if x.rank < 1:
+        raise ShapeError(f"expected an operand of rank >= 1, found {x}")
+    if not 1 <= k <= x.shape[-1]:
+        raise ShapeError(f"k must be in [1, {x.shape[-1]}] (the last dim of {x}), found {k}")
+    shape = (*x.shape[:-1], k)
+    return x.with_shape(shape), AbstractTensor(shape, DType.i32)
+
+
+def _check_experts(experts: int, capacity: int) -> None:
+    if experts < 1 or capacity < 1:
+        raise ShapeError(f"experts and capacity must be >= 1, found {experts} and {capacity}")
+
+
+def moe_route(
+    choices: AbstractTensor, experts: int, capacity: int
+) -> tuple[AbstractTensor, AbstractTensor]:
+    """``choices [G, T, K]`` (each token's experts) -> ``slots [G, T, K]`` (each choice's
+    ``expert * capacity + position``, -1 if dropped) and ``sources [G, E, C]`` (the
+    choice ``t * K + j`` in each slot, -1 if empty), both i32."""
+    _check_experts(experts, capacity)
+    if choices.rank != 3 or not choices.dtype.is_int:
+        raise ShapeError(f"expected integer choices [G, T, K], found {choices}")
+    g = choices.shape[0]
+    return choices.with_dtype(DType.i32), AbstractTensor((g, experts, capacity), DType.i32)
+
+
+def _check_routing(slots: AbstractTensor, sources: AbstractTensor) -> None:
+    if slots.rank != 3 or slots.dtype != DType.i32:
+        raise ShapeError(f"expected i32 slots [G, T, K], found {slots}")
+    if sources.rank != 3 or sources.dtype != DType.i32 or sources.shape[0] != slots.shape[0]:
+        raise ShapeError(f"expected i32 sources [G, E, C] with the slots' G, found {sources} and {slots}")
+
+
+def moe_dispatch(
+    x: AbstractTensor, slots: AbstractTensor, sources: AbstractTensor
+) -> AbstractTensor:
+    """``x [G, T, H]`` (or one row per choice, ``[G, T, K, H]``) -> ``[G, E, C, H]``."""
+    _check_routing(slots, sources)
+    g, t, k = slots.shape
+    if x.shape not in ((g, t, x.shape[-1]), (g, t, k, x.shape[-1])):
+        raise ShapeError(
+            f"expected tokens [{g}, {t}, H] or [{g}, {t}, {k}, H] like the slots {slots}, found {x}"
+        )
+    return x.with_shape((*sources.shape, x.shape[-1]))
+
+
+def moe_combine(
+    y: AbstractTensor, slots: AbstractTensor, sources: AbstractTensor
+) -> AbstractTensor:
+    """``y [G, E, C, H]`` (the experts' outputs) -> ``[G, T, K, H]``, one row per choice."""
+    _check_routing(slots, sources)
+    if y.rank != 4 or y.shape[:3] != sources.shape:
+        raise ShapeError(f"expected expert outputs [G, E, C, H] like the sources {sources}, found {y}")
+    return y.with_shape((*slots.shape, y.shape[-1]))
+
+
 # --- collectives ---------------------------------------------------------------------------
 # Before shard-partition (global view) a collective is a layout transition and its type
 # is its operand's; in a partitioned function (local view) types are per rank and a

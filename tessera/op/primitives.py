@@ -688,6 +688,14 @@ def take(x: Operand, indices: Operand, axis: int = 0) -> Tensor:
 gather = take
 
 
+def top_k(x: Operand, k: int) -> tuple[Tensor, Tensor]:
+    """The ``k`` largest entries of the last dim, largest first, and their i32 indices
+    (``torch.topk``, ``jax.lax.top_k``); the values are differentiable."""
+    (tensor,) = _tensors(x)
+    values, indices = current_trace().bind(graph.TopKOp, [tensor], k=_integer(k, "top_k: k"))
+    return values, indices
+
+
 def embedding(ids: Operand, table: Operand) -> Tensor:
     """Rows of ``table`` (``[vocab, dim]``) for integer ``ids`` (torch's argument order)."""
     return take(table, ids, axis=0)
@@ -758,6 +766,7 @@ __all__ = [
     "swapaxes",
     "take",
     "tanh",
+    "top_k",
     "transpose",
     "where",
     "zeros",

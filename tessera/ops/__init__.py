@@ -16,9 +16,11 @@ from tessera.ops import (  # noqa: F401  (registers the ops)
     elementwise,
     indexing,
     layout,
+    moe,
     normalization,
     rank,
     reduction,
+    top_k,
 )
 from tessera.ops.registry import (
     LOCAL,

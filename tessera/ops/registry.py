@@ -60,6 +60,8 @@ class Fusion(enum.Enum):
     CONSTANT = "constant"  # joins no kernel: each kernel using it gets a copy
     COLLECTIVE = "collective"  # communicates: a schedule.start / schedule.wait pair
     CONSTRAINT = "constraint"  # a sharding constraint: gone after insert-collectives
+    HOST = "host"  # a kernel of its own that runs the op's reference (MoE routing's
+    # integer bookkeeping, top-k): no generated code yet
 
     @property
     def reduces_rows(self) -> bool:

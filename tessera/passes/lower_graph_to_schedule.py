@@ -212,6 +212,8 @@ def _kind(op: Operation) -> str:
         return "matmul"
     if _is(op, Fusion.ATTENTION):
         return "attention"
+    if _is(op, Fusion.HOST):
+        return "host"
     return "layout"
 
 
@@ -223,7 +225,7 @@ class _Group:
     broadcast of an elementwise group's results, a matmul's result, or the operand of a
     reduction group's reductions (which all reduce ``axes``)."""
 
-    kind: str  # "elementwise", "matmul", "reduction", "layout" or "attention"
+    kind: str  # "elementwise", "matmul", "reduction", "layout", "attention" or "host"
     ops: list[Operation]
     first: int  # the program index of the earliest op, and of the latest
     last: int

@@ -12,7 +12,8 @@ The schedule keeps its graph bodies, which remain the reference the generated ke
 are tested against. Block sizes are the options (the runtime autotunes them on a GPU);
 dead index arithmetic is removed. A kernel that only reshapes or slices a contiguous
 block (``perf.compute_cost.runs_as_view``) gets no tile kernel: the runtime makes it a
-torch view of its input.
+torch view of its input; nor does a kernel of an op without tile code
+(``runs_on_host``: MoE routing), which the runtime runs by its references.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tessera.errors import TesseraError
 from tessera.ir import schedule, tile
 from tessera.ir.limits import MAX_GRID
 from tessera.ir.located_error import LocatedPassFailure
-from tessera.perf.compute_cost import runs_as_view
+from tessera.perf.compute_cost import runs_as_view, runs_on_host
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,8 @@ class LowerScheduleToTilePass(ModulePass):
             for kernel in function.walk():
                 if not isinstance(kernel, schedule.KernelOp):
                     continue
-                if kernel.tile_kernel_name in existing or runs_as_view(kernel):
-                    continue  # lowered by an earlier run, or a torch view (no code)
+                if kernel.tile_kernel_name in existing or runs_as_view(kernel) or runs_on_host(kernel):
+                    continue  # lowered by an earlier run, a torch view or a host kernel
                 key = structural_key(kernel)
                 if key in lowered_as:
                     shared = SymbolRefAttr(lowered_as[key])

@@ -96,6 +96,15 @@ def runs_as_view(kernel: schedule.KernelOp) -> bool:
     )
 
 
+def runs_on_host(kernel: schedule.KernelOp) -> bool:
+    """Whether the kernel holds an op without generated code (``Fusion.HOST``: MoE
+    routing, top-k), which the runtime computes by the ops' references (so
+    ``lower-schedule-to-tile`` gives it no tile kernel)."""
+    from tessera.ops import Fusion, fusion_of
+
+    return any(fusion_of(o) is Fusion.HOST for o in kernel.body.block.ops)
+
+
 def is_view(kernel: schedule.KernelOp) -> bool:
     """Whether the kernel only re-views its input: reshapes, contiguous slices, or a
     concatenation of contiguous blocks made for it alone (each piece's producer writes

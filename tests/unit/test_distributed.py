@@ -396,6 +396,17 @@ def test_a_saved_state_dict_holds_the_whole_model(mode: str, nproc: int, tmp_pat
     _assert_same_state(torch.load(tmp_path / "three_steps.pt"), step.state_dict(state))
 
 
+def test_train_moe_over_four_processes() -> None:
+    """``tessera run -n 4 examples/train_moe.py``: expert parallelism over gloo, dp x ep
+    = 2 x 2, the dispatch and combine all-to-alls between processes; every step's loss
+    equals the float64 torch loop that routes the same way (the script checks it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")}
+    command = [sys.executable, "-m", "tessera.tools.launch", "run", "-n", "4", "--timeout", "300", "examples/train_moe.py", "--steps", "2", "--layers", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=420, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "all_to_all[ep]" in result.stdout and result.stdout.rstrip().endswith("OK"), result.stdout[-2000:]
+
+
 def test_train_gpt_over_four_processes() -> None:
     """``tessera run -n 4 examples/train_gpt.py``: a dp x tp training step per rank (gloo);
     every step's loss equals the torch single-device loop (the script checks it)."""

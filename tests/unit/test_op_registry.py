@@ -92,6 +92,7 @@ def test_fusion_matches_tile_code(op_type: type[graph.GraphOp]) -> None:
         Fusion.CONSTANT: IndexMap,
         Fusion.COLLECTIVE: NotApplicable,
         Fusion.CONSTRAINT: NotApplicable,
+        Fusion.HOST: NotApplicable,
     }[definition.fusion]
     assert isinstance(definition.tile, expected), f"{op_type.name}: {definition.tile}"
     communicates = definition.fusion in (Fusion.COLLECTIVE, Fusion.CONSTRAINT)

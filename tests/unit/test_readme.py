@@ -141,6 +141,14 @@ COMMANDS: dict[str, tuple[Run, ...] | str] = {
             expect=("mesh pp 2 x dp 2 x tp 2, zb-h1 schedule, 4 microbatches, 2 stages",),
         ),
     ),
+    # --steps 20 -> 2, --layers 2 -> 1 (reference kernels: the example test runs Triton's)
+    ".venv/bin/python examples/train_moe.py --steps 20": (
+        Run(".venv/bin/python examples/train_moe.py --steps 2 --layers 1", expect=("mesh dp 2 x ep 2 x tp 1",)),
+    ),
+    # the same job with --steps 2 --layers 1 (and `python -m tessera.tools.launch run`)
+    ".venv/bin/tessera run -n 4 examples/train_moe.py --steps 3": (
+        "tests/unit/test_distributed.py::test_train_moe_over_four_processes"
+    ),
     ".venv/bin/tessera-opt examples/ir/duplicate_tanh.mlir -p canonicalize,cse": (
         Run(AS_WRITTEN, last_line=None, check=_one_tanh),
     ),

@@ -23,7 +23,7 @@ from tessera.ir.block_moves import Window, communicating_moves, plan_block_moves
 from tessera.ir.sharding_rules import FactorKind, ShardingRule
 from tessera.ops import has_sharding_rule, op_def, registered, sharding_rule
 
-F32, I64, I1 = DType.f32, DType.i64, DType.i1
+F32, I64, I1, I32 = DType.f32, DType.i64, DType.i1, DType.i32
 
 CASES: list[tuple[type[graph.GraphOp], list[tuple[tuple[int, ...], DType]], dict[str, Any]]] = [
     (graph.NegOp, [((4, 6), F32)], {}),
@@ -65,6 +65,11 @@ CASES: list[tuple[type[graph.GraphOp], list[tuple[tuple[int, ...], DType]], dict
     (graph.GatherOp, [((4, 6, 2), F32), ((4,), I64)], {"axis": 1}),
     (graph.AttentionOp, [((2, 4, 6, 8), F32), ((2, 2, 4, 8), F32), ((2, 2, 4, 6), F32)], {"causal": False, "scale": 0.3}),
     (graph.AttentionBackwardOp, [((2, 4, 6, 8), F32), ((2, 2, 4, 8), F32), ((2, 2, 4, 6), F32), ((2, 4, 6, 6), F32), ((2, 4, 6), F32), ((2, 4, 6), F32)], {"causal": False, "scale": 0.3}),
+    (graph.TopKOp, [((2, 4, 6), F32)], {"k": 3}),
+    (graph.MoeRouteOp, [((2, 6, 2), I32)], {"experts": 4, "capacity": 3}),
+    (graph.MoeDispatchOp, [((2, 6, 8), F32), ((2, 6, 2), I32), ((2, 4, 3), I32)], {}),
+    (graph.MoeDispatchOp, [((2, 6, 2, 8), F32), ((2, 6, 2), I32), ((2, 4, 3), I32)], {}),
+    (graph.MoeCombineOp, [((2, 4, 3, 8), F32), ((2, 6, 2), I32), ((2, 4, 3), I32)], {}),
 ]
 
 COMBINE = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum}

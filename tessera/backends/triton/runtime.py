@@ -42,7 +42,7 @@ from tessera.errors import ExecutionError
 from tessera.ir import schedule, tile
 from tessera.ir.abstract import AbstractTensor
 from tessera.ops import op_def
-from tessera.perf.compute_cost import runs_as_view
+from tessera.perf.compute_cost import runs_as_view, runs_on_host
 
 
 def cache_dir() -> Path:
@@ -293,7 +293,8 @@ class TritonKernels:
         gather indices or cross-entropy labels first check their range (a generated
         kernel would read out of bounds). A kernel whose outputs are all empty launches
         nothing: it returns its (empty) outputs."""
-        if self._is_view(kernel):  # no launch: a view of the (contiguous) input
+        if self._is_view(kernel):  # no launch: a view of the (contiguous) input, or
+            # a host kernel (its ops' references)
             view = compile_block(kernel.body.block, context, kernel.kernel_name)
             return lambda *inputs: view(*(x.contiguous() for x in inputs))
         results, groups = self._signature(kernel)
@@ -335,7 +336,7 @@ class TritonKernels:
     def _is_view(self, kernel: schedule.KernelOp) -> bool:
         name = self.tile_name(kernel)
         if name not in self.views:
-            self.views[name] = runs_as_view(kernel)
+            self.views[name] = runs_as_view(kernel) or runs_on_host(kernel)
         return self.views[name]
 
     def __call__(

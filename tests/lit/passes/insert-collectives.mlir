@@ -484,16 +484,17 @@ func.func @partial_over_two_axes(%x: tensor<16x64xf32> {graph.sharding = #graph.
 // -----
 
 // Slice before reducing: a value partial over tp, constrained to rows over (dp, tp), is
-// first sliced over dp (free: each rank slices its own partial term), then
-// reduce-scattered over tp: 0.375 of the local bytes, not an all_reduce (1.5x) + slices.
+// sliced over dp (free), then reduce-scattered over tp: 0.375 of the local bytes, not an
+// all_reduce (1.5x) + slices. The slice moves up to x (the matmul takes the dp prefix of
+// the rows' (dp, tp) split), so each rank also multiplies half the rows.
 // (K = 512 makes splitting the contraction clearly cheaper than gathering x and w.)
 graph.mesh @mesh axes = [dp = 2, tp = 4]
 // CHECK-LABEL: func.func @slice_before_reduce
 func.func @slice_before_reduce(%x: tensor<64x512xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
                                %w: tensor<512x64xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>}) -> tensor<64x64xf32> {
-  // CHECK: %[[Y:.*]] = graph.matmul
-  // CHECK-NEXT: %[[S:.*]] = graph.all_slice %[[Y]] {axes = [dp], dim = 0}
-  // CHECK-NEXT: graph.reduce_scatter %[[S]] {axes = [tp], dim = 0, kind = sum}
+  // CHECK: %[[S:.*]] = graph.all_slice %{{.*}} {axes = [dp], dim = 0}
+  // CHECK-NEXT: %[[Y:.*]] = graph.matmul %[[S]]
+  // CHECK-NEXT: graph.reduce_scatter %[[Y]] {axes = [tp], dim = 0, kind = sum}
   // CHECK-NOT: graph.all_reduce
   %y = graph.matmul %x, %w : tensor<64x512xf32>, tensor<512x64xf32> -> tensor<64x64xf32>
   %z = graph.shard %y {sharding = #graph.sharding<@mesh, [[dp, tp], []]>} : tensor<64x64xf32>
