@@ -50,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("script", help="the Python script every rank runs")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    plan = commands.add_parser(
+        "plan",
+        help="recommend, validate and launch a parallelism strategy (tessera plan --help)",
+        add_help=False,
+    )
+    plan.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -109,6 +115,11 @@ def run(nproc: int, script: str, args: Sequence[str], timeout: float | None = No
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plan"]:
+        from tessera.plan.cli import main as plan_main
+
+        return plan_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "run":
         script_args = list(args.args)

@@ -1,0 +1,313 @@
+"""Per-rank memory and step time of one strategy, from the compiled layer.
+
+Memory per rank (bytes), the rank of the first pipeline stage and of the last, whichever
+holds more:
+
+- model states, mixed precision as in the ZeRO paper (Rajbhandari et al. 2020, §3.1): bf16
+  parameters (2 B) and gradients (2 B), fp32 master weights and Adam moments (12 B) per
+  parameter; ZeRO-1 splits the 12 B over dp, ZeRO-2 the gradients too, ZeRO-3 the
+  parameters too (expert parameters over dp / ep). Stage parameters: its layers' (dense
+  weights over tp, routed experts over tp · ep) plus the embedding (first stage) or the
+  output projection (last stage), over tp;
+- activations: the compiled layer's stash (``plan-memory``'s live bytes of its gradient
+  program, per microbatch and layer) times the layers of the stage times the microbatches
+  the schedule keeps in flight on that rank
+  (:func:`tessera.pipeline.theory.peak_activations`); with full recomputation the layer
+  input instead, plus one layer's stash (the layer being recomputed); plus the last
+  stage's fp32 logits and their gradient.
+
+Step time: stage times are the simulated layer times (``profile_layer``) times the
+stage's layers (a recomputed forward added under ``remat=full``; expert parallelism's
+dispatch and combine all-to-alls priced with ``collective_time``, not overlapped; ZeRO-3's
+per-microbatch parameter gathers exposed where they exceed the microbatch's compute), the
+last stage adding the output projection (roofline). The pipeline simulator runs the
+schedule (``pipeline_schedule``) with those times and the activation send time; with
+``screen=True`` the closed-form bubble (:mod:`tessera.pipeline.theory`) replaces it. Then
+the data-parallel gradient reduction (all-reduce, or reduce-scatter and parameter
+all-gather with ZeRO ≥ 1), overlapped with the last microbatch's backward except its last
+layer's bucket, and the optimizer step (memory-bound: 32 B read and written per parameter
+the rank updates). FP8 runs the matmuls at twice the bf16 rate (the H100/B200 FP8 peak),
+and MFU is against the peak of the precision used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.ir.pipeline_schedules import pipeline_schedule
+from tessera.perf.collective_cost import collective_time
+from tessera.perf.compute_cost import compute_time
+from tessera.perf.pipeline_simulate import simulate_pipeline
+from tessera.perf.topology import Topology
+from tessera.pipeline.theory import bubble_fraction, peak_activations
+from tessera.plan.layer import LayerProfile, LayerShape, profile_layer
+from tessera.plan.models import ModelSpec
+from tessera.plan.strategy import Strategy, dp_group, rank_of
+
+BF16 = 2
+ADAM_FP32 = 12  # master weights, first and second moments
+MEMORY_HEADROOM = 0.9  # usable share of HBM (allocator fragmentation, NCCL buffers)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Per-rank bytes of the most loaded pipeline rank."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    capacity: int
+
+    @property
+    def model_states(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> int:
+        return self.model_states + self.activations
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= MEMORY_HEADROOM * self.capacity
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One strategy's predicted step."""
+
+    strategy: Strategy
+    memory: Memory
+    step_s: float
+    mfu: float
+    tokens_per_s: float
+    bubble: float
+    exposed_comm_s: float
+    simulated: bool  # pipeline simulator (True) or closed-form bubble (False)
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy.to_dict(),
+            "label": self.strategy.label(),
+            "memory_gb": {
+                "params": self.memory.params / 1e9, "grads": self.memory.grads / 1e9,
+                "optimizer": self.memory.optimizer / 1e9,
+                "activations": self.memory.activations / 1e9, "total": self.memory.total / 1e9,
+                "capacity": self.memory.capacity / 1e9,
+            },
+            "step_s": self.step_s, "mfu": self.mfu, "tokens_per_s": self.tokens_per_s,
+            "bubble": self.bubble, "exposed_comm_s": self.exposed_comm_s,
+            "simulated": self.simulated, "parts_s": self.parts,
+        }  # fmt: skip
+
+
+def stage_layers(layers: int, stages: int) -> list[int]:
+    """Layers per model stage: as even as possible, the first and last stages (which hold
+    the embedding and the output projection) taking fewer when it cannot be even."""
+    base, extra = divmod(layers, stages)
+    counts = [base] * stages
+    order = [*range(1, stages - 1), 0, stages - 1] if stages > 2 else list(range(stages))
+    for index in order[:extra]:
+        counts[index] += 1
+    return counts
+
+
+def stage_params(
+    model: ModelSpec, s: Strategy, layers: int, first: bool, last: bool
+) -> tuple[float, float]:
+    """(dense, expert) parameters a rank of a stage with ``layers`` layers holds."""
+    moe_share = model.moe_layers / model.layers
+    dense_layer = model.dense_layer_params() if not model.is_moe else (
+        (1 - moe_share) * model.dense_layer_params()
+        + moe_share * (model.moe_layer_params() - model.expert_params())
+    )  # fmt: skip
+    dense = layers * dense_layer / s.tp
+    embedding = model.vocab * model.hidden / s.tp
+    if first:
+        dense += embedding
+    if last and (not first or not model.tied_embeddings):
+        dense += embedding
+    expert = layers * moe_share * model.expert_params() / (s.tp * s.ep)
+    return dense, expert
+
+
+def memory(
+    model: ModelSpec, s: Strategy, profile: LayerProfile, topology: Topology, global_batch: int
+) -> Memory:
+    """Per-rank memory of the worse of the first and the last pipeline stage."""
+    stages = s.pp * s.virtual
+    counts = stage_layers(model.layers, stages)
+    m = s.microbatches(global_batch)
+    keep = profile.input_bytes if s.remat == "full" else profile.stash_bytes
+    worst: Memory | None = None
+    for rank in {0, s.pp - 1}:
+        chunks = range(rank, stages, s.pp)
+        layers = sum(counts[c] for c in chunks)
+        dense, expert = stage_params(model, s, layers, 0 in chunks, stages - 1 in chunks)
+        expert_dp = max(1, s.dp // s.ep)
+        divide = {"opt": s.zero >= 1, "grad": s.zero >= 2, "param": s.zero >= 3}
+
+        def share(
+            kind: str, d: float = dense, e: float = expert, n: int = expert_dp,
+            dv: dict[str, bool] = divide,
+        ) -> float:  # fmt: skip
+            return d / s.dp + e / n if dv[kind] else d + e
+
+        if s.pp == 1:
+            in_flight = 1
+        elif s.schedule == "interleaved":
+            in_flight = peak_activations("interleaved", s.pp, m, rank, s.virtual)
+        else:
+            in_flight = peak_activations(s.schedule, s.pp, m, rank)
+        per_unit = layers / s.virtual
+        activations = in_flight * per_unit * keep + profile.stash_bytes - keep
+        if stages - 1 in chunks:
+            tokens = s.micro_batch * profile.shape.seq // s.cp
+            activations += 2 * 4 * tokens * model.vocab / s.tp
+        candidate = Memory(
+            params=int(BF16 * share("param")),
+            grads=int(BF16 * share("grad")),
+            optimizer=int(ADAM_FP32 * share("opt")),
+            activations=int(activations),
+            capacity=topology.device.memory_bytes,
+        )
+        if worst is None or candidate.total > worst.total:
+            worst = candidate
+    assert worst is not None
+    return worst
+
+
+def _machine(topology: Topology, precision: str) -> Topology:
+    if precision != "fp8":
+        return topology
+    bf16 = topology.device.matmul_flops["bf16"]
+    return topology.with_overrides(
+        {"device": {"matmul_flops": {"bf16": 2 * bf16, "f16": 2 * bf16}}},
+        source="FP8 tensor cores: twice the dense BF16 rate (H100 and B200 datasheets)",
+    )
+
+
+def estimate(
+    model: ModelSpec,
+    s: Strategy,
+    topology: Topology,
+    global_batch: int,
+    seq: int,
+    screen: bool = False,
+) -> Estimate:
+    """Memory and step time of strategy ``s`` (``topology`` holds at least ``s.gpus``)."""
+    machine = _machine(topology, s.precision)
+    shape = LayerShape.of(model, seq, s.micro_batch, s.tp, s.cp, s.sp)
+    profile = profile_layer(shape, machine, exact=not screen)
+    mem = memory(model, s, profile, topology, global_batch)
+    m = s.microbatches(global_batch)
+    device = machine.device
+    tokens = s.micro_batch * seq // s.cp  # per rank and microbatch
+
+    # expert parallelism: dispatch and combine, forward and backward, per MoE layer
+    a2a = 0.0
+    if model.is_moe and s.ep > 1:
+        nbytes = int(tokens * model.top_k * model.hidden * BF16 / s.tp)
+        a2a = collective_time(topology, "all_to_all", nbytes, dp_group(s, s.ep)).time_s
+    moe_share = model.moe_layers / model.layers
+    layer_f = profile.forward_s + 2 * a2a * moe_share
+    layer_b = profile.backward_s + 2 * a2a * moe_share
+    if s.remat == "full":
+        layer_b += profile.forward_s
+
+    stages = s.pp * s.virtual
+    counts = stage_layers(model.layers, stages)
+    forward = [c * layer_f for c in counts]
+    backward = [c * layer_b for c in counts]
+    head = 2.0 * tokens * model.hidden * model.vocab / s.tp
+    forward[-1] += compute_time(device, head, 0, "bf16")
+    backward[-1] += compute_time(device, 2 * head, 0, "bf16")
+
+    # ZeRO-3 gathers the stage's parameters twice per microbatch and reduce-scatters grads
+    zero3_exposed = 0.0
+    dense, expert = stage_params(model, s, max(counts) * s.virtual, False, False)
+    group = dp_group(s)
+    if s.zero == 3 and s.dp > 1:
+        nbytes = int(BF16 * (dense + expert))
+        gather = collective_time(topology, "all_gather", nbytes, group).time_s
+        scatter = collective_time(topology, "reduce_scatter", nbytes, group).time_s
+        per_mb = 2 * gather + scatter
+        busiest = max(f + b for f, b in zip(forward, backward, strict=True))
+        zero3_exposed = max(0.0, per_mb - busiest)
+        backward = [b + zero3_exposed for b in backward]
+
+    p2p = 0.0
+    if s.pp > 1:
+        nbytes = profile.input_bytes
+        p2p = collective_time(topology, "send", nbytes, [0, rank_of(s, pp=1)]).time_s
+    if s.pp == 1:
+        makespan = m * (forward[0] + backward[0])
+        bubble = 0.0
+        simulated = True
+    elif screen:
+        per_rank = [
+            sum(forward[c] + backward[c] for c in range(r, stages, s.pp)) for r in range(s.pp)
+        ]
+        virtual = s.virtual if s.schedule == "interleaved" else 1
+        bubble = bubble_fraction(s.schedule, s.pp, m, virtual)
+        makespan = m * max(per_rank) / (1 - bubble) + 2 * (s.pp - 1) * p2p
+        simulated = False
+    else:
+        virtual = s.virtual if s.schedule == "interleaved" else 1
+        actions = pipeline_schedule(s.schedule, s.pp, m, virtual)
+        if s.schedule == "zb-h1":  # input and weight gradients: half of the backward each
+            run = simulate_pipeline(actions, forward, [b / 2 for b in backward],
+                                    [b / 2 for b in backward], p2p)  # fmt: skip
+        else:
+            run = simulate_pipeline(actions, forward, backward, 0.0, p2p)
+        makespan = run.makespan_s
+        bubble = run.bubble_fraction
+        simulated = True
+
+    # data-parallel gradient reduction and, with ZeRO, the parameter all-gather
+    dp_time = 0.0
+    if s.dp > 1:
+        for count, ranks in ((dense, group), (expert, dp_group(s, max(1, s.dp // s.ep)))):
+            nbytes = int(BF16 * count)
+            if nbytes == 0 or len(ranks) < 2:
+                continue
+            if s.zero == 0:
+                dp_time += collective_time(topology, "all_reduce", nbytes, ranks).time_s
+            elif s.zero in (1, 2):
+                dp_time += collective_time(topology, "reduce_scatter", nbytes, ranks).time_s
+                dp_time += collective_time(topology, "all_gather", nbytes, ranks).time_s
+    last_backward = max(backward) / max(1, s.virtual)
+    per_layer = dp_time / max(1, max(counts))
+    dp_exposed = max(dp_time - last_backward, per_layer) if dp_time else 0.0
+    owned = (dense + expert) / (s.dp if s.zero >= 1 else 1)
+    optimizer = compute_time(device, 0, 32 * owned, "f32")
+    step = makespan + dp_exposed + optimizer
+
+    layer_exposed = profile.forward_exposed_comm_s + profile.backward_exposed_comm_s
+    busiest_layers = max(sum(counts[c] for c in range(r, stages, s.pp)) for r in range(s.pp))
+    exposed = m * busiest_layers * (layer_exposed + 4 * a2a * moe_share)
+    exposed += dp_exposed + m * zero3_exposed + (2 * m * p2p if s.pp > 1 else 0.0)
+    flops = model.flops_per_token(seq) * global_batch * seq
+    peak = machine.device.matmul_flops["bf16"] * s.gpus  # the precision's peak
+    return Estimate(
+        strategy=s,
+        memory=mem,
+        step_s=step,
+        mfu=flops / (step * peak) if step > 0 else math.nan,
+        tokens_per_s=global_batch * seq / step,
+        bubble=bubble,
+        exposed_comm_s=exposed,
+        simulated=simulated,
+        parts={
+            "pipeline": makespan,
+            "dp_exposed": dp_exposed,
+            "optimizer": optimizer,
+            "layer_forward": profile.forward_s,
+            "layer_backward": profile.backward_s,
+            "all_to_all": a2a,
+            "p2p": p2p,
+        },
+    )

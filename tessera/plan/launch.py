@@ -1,0 +1,67 @@
+"""Launch commands for a chosen strategy: torchrun for one node and for several, and a
+SLURM batch script, with the environment the cluster wants."""
+
+from __future__ import annotations
+
+import shlex
+
+from tessera.plan.strategy import Strategy
+
+GPUS_PER_NODE = {"dgx_h100": 8, "dgx_a100": 8, "gb200_nvl72": 4}  # GB200: 4 GPUs per tray
+
+ENVIRONMENT = {
+    "dgx_h100": {"NCCL_IB_HCA": "mlx5", "NCCL_NVLS_ENABLE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+    "dgx_a100": {"NCCL_IB_HCA": "mlx5", "CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+    "gb200_nvl72": {"NCCL_MNNVL_ENABLE": "1", "NCCL_NVLS_ENABLE": "1",
+                    "CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+}  # fmt: skip
+
+
+def plan_arguments(s: Strategy) -> list[str]:
+    """The strategy as arguments for the training script."""
+    args = [f"--dp={s.dp}", f"--tp={s.tp}", f"--pp={s.pp}", f"--cp={s.cp}", f"--ep={s.ep}",
+            f"--zero={s.zero}", f"--micro-batch={s.micro_batch}", f"--schedule={s.schedule}",
+            f"--virtual={s.virtual}", f"--remat={s.remat}", f"--precision={s.precision}"]  # fmt: skip
+    return args + (["--sequence-parallel"] if s.sp and s.tp > 1 else [])
+
+
+def _env(cluster: str) -> str:
+    return " ".join(f"{k}={v}" for k, v in ENVIRONMENT.get(cluster, {}).items())
+
+
+def torchrun_single(s: Strategy, cluster: str, script: str, script_args: list[str]) -> str:
+    """One node: every rank on this machine."""
+    args = " ".join(shlex.quote(a) for a in [script, *plan_arguments(s), *script_args])
+    return f"{_env(cluster)} torchrun --standalone --nproc-per-node={s.gpus} {args}".strip()
+
+
+def torchrun_multi(s: Strategy, cluster: str, script: str, script_args: list[str]) -> str:
+    """Several nodes: run on every node with its rank (c10d rendezvous on the first)."""
+    per_node = min(GPUS_PER_NODE.get(cluster, 8), s.gpus)
+    nodes = -(-s.gpus // per_node)
+    args = " ".join(shlex.quote(a) for a in [script, *plan_arguments(s), *script_args])
+    return (
+        f"{_env(cluster)} torchrun --nnodes={nodes} --nproc-per-node={per_node} "
+        f"--node-rank=$NODE_RANK --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29500 "
+        f"--rdzv-id=tessera-plan {args}"
+    ).strip()
+
+
+def slurm_script(s: Strategy, cluster: str, script: str, script_args: list[str], job: str) -> str:
+    """A batch script: one task per node, each running torchrun for its GPUs."""
+    per_node = min(GPUS_PER_NODE.get(cluster, 8), s.gpus)
+    nodes = -(-s.gpus // per_node)
+    exports = "\n".join(f"export {k}={v}" for k, v in ENVIRONMENT.get(cluster, {}).items())
+    args = " ".join(shlex.quote(a) for a in [script, *plan_arguments(s), *script_args])
+    return f"""#!/bin/bash
+#SBATCH --job-name={job}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node={per_node}
+#SBATCH --exclusive
+# plan: {s.label()}
+{exports}
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun torchrun --nnodes={nodes} --nproc-per-node={per_node} --rdzv-backend=c10d \\
+  --rdzv-endpoint=$MASTER_ADDR:29500 --rdzv-id=$SLURM_JOB_ID {args}
+"""

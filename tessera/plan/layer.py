@@ -1,0 +1,229 @@
+"""The transformer layer of a :class:`~tessera.plan.models.ModelSpec`, written in Tessera,
+and its compiled profile per strategy.
+
+:func:`transformer_layer` is one pre-norm block: attention with grouped-query heads
+(``op.attention``, causal) and a SwiGLU or GELU MLP, with the residual stream
+``[batch, seq, hidden]``. Its weights are laid out Megatron-style over ``tp`` (q, k, v and
+the MLP's first matmuls by columns, the output projections by rows) and the sequence is
+split over ``cp`` (context parallelism by all-gather of K/V). An MoE layer is compiled as
+the dense layer its tokens see: an MLP of ``(top_k + shared) · expert_ffn`` (the same
+matmul FLOPs per token); expert parallelism's all-to-alls are priced analytically by the
+caller.
+
+:func:`profile_layer` compiles the layer's forward and its gradient (``ts.grad``) at the
+model's real widths from abstract arrays (``device="meta"``: shapes and dtypes, no data),
+runs the Schedule IR passes, and reads from them: the simulated forward and
+forward-and-backward time on the cluster (``tessera.perf.simulate``), and from
+``plan-memory``'s plan of the gradient program its peak less its arguments and results:
+the buffers live at its worst point, which is the end of the forward (every activation the
+backward needs, plus the layer output) or early in the backward (those, less the freed
+ones, plus transients): the bytes one layer keeps per microbatch. Profiles are cached by what the per-rank program depends on, so a
+search compiles each distinct layer program once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from xdsl.dialects import func
+
+from tessera import dist, op
+from tessera.autodiff.api import grad
+from tessera.compiled import jit
+from tessera.ir.abstract import AbstractTensor
+from tessera.perf.topology import Topology
+from tessera.plan.models import ModelSpec
+
+COLUMNS = ("wq", "wk", "wv", "w1", "w3")
+ROWS = ("wo", "w2")
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What a layer's per-rank program depends on."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    mlp: str
+    seq: int
+    micro_batch: int
+    tp: int
+    cp: int
+    sp: bool = False  # sequence parallelism: the residual stream split over tp too
+
+    @staticmethod
+    def of(
+        model: ModelSpec, seq: int, micro_batch: int, tp: int, cp: int, sp: bool = False
+    ) -> LayerShape:
+        return LayerShape(
+            model.hidden, model.heads, model.kv_heads, model.head_dim, model.active_ffn(),
+            model.mlp, seq, micro_batch, tp, cp, sp and tp > 1,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """One layer's compiled, simulated per-rank program (one microbatch)."""
+
+    shape: LayerShape
+    forward_s: float
+    backward_s: float  # the gradient program's time less the forward's
+    forward_exposed_comm_s: float
+    backward_exposed_comm_s: float
+    stash_bytes: int  # plan-memory peak of the gradient program, less arguments and results
+    input_bytes: int  # the layer's per-rank input (kept under full recomputation)
+
+
+def transformer_layer(
+    x: Any, p: dict[str, Any], heads: int, kv_heads: int, mlp: str, residual: Any = None
+) -> Any:
+    """One pre-norm decoder block on ``x [batch, seq, hidden]``; ``residual``: a layout the
+    residual stream is constrained to after each block (sequence parallelism)."""
+    batch, seq, _ = x.shape
+
+    def keep(t: Any) -> Any:
+        return dist.shard(t, residual) if residual is not None else t
+
+    head_dim = p["wq"].shape[1] // heads
+
+    def split_heads(t: Any, count: int) -> Any:
+        return op.transpose(op.reshape(t, (batch, seq, count, head_dim)), (0, 2, 1, 3))
+
+    h = op.layer_norm(x, weight=p["ln1"])
+    q = split_heads(h @ p["wq"], heads)
+    k = split_heads(h @ p["wk"], kv_heads)
+    v = split_heads(h @ p["wv"], kv_heads)
+    attention = op.attention(q, k, v, causal=True)
+    merged = op.reshape(op.transpose(attention, (0, 2, 1, 3)), (batch, seq, heads * head_dim))
+    x = keep(x + merged @ p["wo"])
+    h = op.layer_norm(x, weight=p["ln2"])
+    up = h @ p["w1"]
+    inner = op.silu(up) * (h @ p["w3"]) if mlp == "swiglu" else op.gelu(up)
+    return keep(x + inner @ p["w2"])
+
+
+def layer_loss(
+    x: Any, p: dict[str, Any], heads: int, kv_heads: int, mlp: str, residual: Any = None
+) -> Any:
+    """A scalar of the layer's output, to differentiate (its gradient is the backward)."""
+    return op.sum(transformer_layer(x, p, heads, kv_heads, mlp, residual))
+
+
+def layer_param_shapes(shape: LayerShape) -> dict[str, tuple[int, ...]]:
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    shapes = {
+        "ln1": (shape.hidden,), "ln2": (shape.hidden,),
+        "wq": (shape.hidden, q), "wk": (shape.hidden, kv), "wv": (shape.hidden, kv),
+        "wo": (q, shape.hidden), "w1": (shape.hidden, shape.ffn), "w2": (shape.ffn, shape.hidden),
+    }  # fmt: skip
+    if shape.mlp == "swiglu":
+        shapes["w3"] = (shape.hidden, shape.ffn)
+    return shapes
+
+
+def layer_shardings(shape: LayerShape) -> tuple[Any, dict[str, Any]]:
+    """The residual stream's layout (sequence over cp, and over tp with sequence
+    parallelism) and the weights' (Megatron over tp)."""
+    columns = dist.ShardSpec(partition=(1,), mesh_axes=("tp",))
+    rows = dist.ShardSpec(partition=(0,), mesh_axes=("tp",))
+    specs = {
+        name: columns if name in COLUMNS else rows if name in ROWS else None
+        for name in layer_param_shapes(shape)
+    }
+    axes = (("cp",) if shape.cp > 1 else ()) + (("tp",) if shape.sp else ())
+    x_spec = dist.ShardSpec(partition=(1,) * len(axes), mesh_axes=axes) if axes else None
+    return x_spec, specs
+
+
+def layer_mesh(shape: LayerShape) -> dist.Mesh:
+    return dist.mesh({"cp": shape.cp, "tp": shape.tp})
+
+
+def compile_layer(
+    shape: LayerShape, dtype: torch.dtype = torch.bfloat16, device: str = "meta"
+) -> tuple[Callable[..., Any], Callable[..., Any], tuple[Any, ...]]:
+    """The jitted forward and gradient of the layer and their example arguments."""
+    x_spec, specs = layer_shardings(shape)
+    mesh = layer_mesh(shape)
+    params = {
+        n: torch.empty(s, dtype=dtype, device=device) for n, s in layer_param_shapes(shape).items()
+    }
+    x = torch.empty(shape.micro_batch, shape.seq, shape.hidden, dtype=dtype, device=device)
+    static = (shape.heads, shape.kv_heads, shape.mlp, x_spec if shape.sp else None)
+    shardings = (x_spec, specs, None, None, None, None)
+    statics = (2, 3, 4, 5)
+    forward = jit(transformer_layer, static_argnums=statics, mesh=mesh, in_shardings=shardings)
+    gradient = jit(
+        grad(layer_loss, argnums=(0, 1)), static_argnums=statics, mesh=mesh,
+        in_shardings=shardings,
+    )  # fmt: skip
+    return forward, gradient, (x, params, *static)
+
+
+def _argument_bytes(module: Any, name: str) -> int:
+    function = next(o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == name)
+    args = sum(AbstractTensor.from_xdsl(a.type).nbytes for a in function.body.block.args)
+    results = sum(AbstractTensor.from_xdsl(t).nbytes for t in function.function_type.outputs)
+    return args + results
+
+
+_LOWERED: dict[LayerShape, tuple[Any, Any]] = {}
+_PROFILES: dict[tuple[LayerShape, str], LayerProfile] = {}
+
+
+def lowered_layer(shape: LayerShape) -> tuple[Any, Any]:
+    """The lowered forward and gradient programs of ``shape`` (compiled once per shape)."""
+    if shape not in _LOWERED:
+        forward, gradient, args = compile_layer(shape)
+        _LOWERED[shape] = (forward.lower(*args), gradient.lower(*args))
+    return _LOWERED[shape]
+
+
+def profile_layer(shape: LayerShape, topology: Topology, exact: bool = True) -> LayerProfile:
+    """The layer's simulated times and memory on ``topology`` (cached per shape and machine).
+
+    ``exact=False`` (a search's screening pass) profiles one sequence per microbatch and
+    scales times and bytes by ``micro_batch``; the finalists are profiled exactly."""
+    if not exact and shape.micro_batch > 1:
+        one = profile_layer(dataclasses.replace(shape, micro_batch=1), topology)
+        b = shape.micro_batch
+        return dataclasses.replace(
+            one, shape=shape, forward_s=b * one.forward_s, backward_s=b * one.backward_s,
+            forward_exposed_comm_s=b * one.forward_exposed_comm_s,
+            backward_exposed_comm_s=b * one.backward_exposed_comm_s,
+            stash_bytes=b * one.stash_bytes, input_bytes=b * one.input_bytes,
+        )  # fmt: skip
+    key = (shape, topology.name + repr(topology.device))
+    if key in _PROFILES:
+        return _PROFILES[key]
+    lowered_forward, lowered_gradient = lowered_layer(shape)
+    fwd = lowered_forward.simulate(topology)
+    both = lowered_gradient.simulate(topology)
+    gradient_module = lowered_gradient.module_at("schedule")
+    peak = lowered_gradient.memory().peak_bytes
+    live = peak - _argument_bytes(gradient_module, lowered_gradient.name)
+    local_x = shape.micro_batch * (shape.seq // shape.cp) * shape.hidden * 2
+    local_x //= shape.tp if shape.sp else 1
+    profile = LayerProfile(
+        shape=shape,
+        forward_s=fwd.step_time_s,
+        backward_s=max(0.0, both.step_time_s - fwd.step_time_s),
+        forward_exposed_comm_s=fwd.exposed_comm_s,
+        backward_exposed_comm_s=max(0.0, both.exposed_comm_s - fwd.exposed_comm_s),
+        stash_bytes=max(live, local_x),
+        input_bytes=local_x,
+    )
+    _PROFILES[key] = profile
+    return profile
+
+
+def compiled_count() -> int:
+    """Distinct layer programs (forward and gradient) compiled so far in this process."""
+    return 2 * len(_LOWERED)

@@ -1,0 +1,144 @@
+"""``tessera plan`` (issue 22): the validator's rules, parameter counts against the
+published totals, the memory estimate against a compiled step's ``memory()``, the CLI's
+exit codes, and a recommended plan's dry run on the virtual mesh."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tessera import dist, graph, op, optim
+from tessera.plan.cli import main
+from tessera.plan.dryrun import dry_run
+from tessera.plan.layer import LayerShape, layer_param_shapes, layer_shardings, transformer_layer
+from tessera.plan.models import PRESETS, load_model
+from tessera.plan.strategy import Strategy
+from tessera.plan.validate import structural_violations
+
+SMALL = "layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=256,seq=32"
+
+
+@pytest.mark.parametrize(
+    ("name", "billions"),
+    [("gpt3-175b", 175.0), ("llama3-8b", 8.0), ("llama3-70b", 70.6), ("llama3-405b", 405.0),
+     ("mixtral-8x7b", 46.7), ("deepseek-v3", 671.0)],
+)  # fmt: skip
+def test_parameter_counts_match_the_published_totals(name: str, billions: float) -> None:
+    """Within 1% of the papers' totals (DeepSeek-V3: 1%, its MLA modelled as GQA)."""
+    assert PRESETS[name].params() / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_validator_reports_each_violation() -> None:
+    """The issue's example: 60 GPUs of 64, tp 3 dividing no head count, the batch."""
+    model = PRESETS["llama3-70b"]
+    found = structural_violations(model, Strategy(dp=5, tp=3, pp=4), 64, 1024, 8192)
+    assert found == [
+        "dp x tp x pp x cp = 5 x 3 x 4 x 1 = 60, but the cluster has 64 GPUs",
+        "tp 3 does not divide the 64 attention heads",
+        "tp 3 does not divide the 8 key/value heads",
+        "tp 3 does not divide the MLP width 28672",
+        "global batch 1024 is not a multiple of dp x micro_batch = 5 x 1 = 5",
+    ]
+
+
+def test_validator_rules_for_experts_sequence_and_stages() -> None:
+    moe, dense = PRESETS["mixtral-8x7b"], PRESETS["llama3-8b"]
+    assert structural_violations(moe, Strategy(dp=8, ep=3), 8, 64, 4096) == [
+        "ep 3 does not divide the 8 experts",
+        "ep 3 must divide dp 8 (experts are split over data-parallel ranks)",
+    ]
+    assert structural_violations(dense, Strategy(dp=2, ep=2), 2, 64, 4096) == [
+        "ep 2 needs experts, but llama3-8b is a dense model"
+    ]
+    assert structural_violations(dense, Strategy(dp=1, cp=3, pp=1), 3, 64, 4096) == [
+        "cp 3 does not divide the sequence length 4096"
+    ]
+    found = structural_violations(dense, Strategy(dp=1, pp=64), 64, 64, 4096)
+    assert found == ["pp x virtual = 64 stages, but the model has only 32 layers"]
+    assert structural_violations(dense, Strategy(dp=8, tp=8), 64, 64, 4096) == []
+
+
+def test_custom_model_descriptions() -> None:
+    model = load_model(SMALL)
+    assert (model.layers, model.hidden, model.head_dim) == (2, 64, 16)
+    assert load_model("base=llama3-8b,layers=4").layers == 4
+    with pytest.raises(Exception, match="unknown model field 'hiden'"):
+        load_model("hiden=3")
+
+
+def test_memory_estimate_against_the_compiled_step() -> None:
+    """The planner's per-rank memory for a 2-layer model on dp 2 x tp 2 (f32 AdamW state
+    counted as the planner counts bf16 mixed precision: 16 B per parameter) against
+    ``memory()`` of the compiled training step of the same layers: model states within
+    25% (the step keeps f32 parameters, gradients and moments: 16 B too), peak within 50%
+    (the step's peak also holds the batch and the optimizer's transients)."""
+    from tessera.perf.topology import dgx_h100
+    from tessera.plan.estimate import memory
+    from tessera.plan.layer import profile_layer
+
+    model = load_model(SMALL + ",vocab=1,tied_embeddings=1")
+    s = Strategy(dp=2, tp=2, zero=0, sp=False)
+    shape = LayerShape.of(model, 32, 1, 2, 1)
+    estimate = memory(model, s, profile_layer(shape, dgx_h100()), dgx_h100(), 2)
+
+    _, specs = layer_shardings(shape)
+    params = {
+        f"{n}{i}": torch.randn(size)
+        for i in range(2)
+        for n, size in layer_param_shapes(shape).items()
+    }
+
+    def step(p, x):
+        for i in range(2):
+            x = transformer_layer(x, {n: p[f"{n}{i}"] for n in specs}, 4, 2, "swiglu")
+        loss = op.mean(x * x)
+        return graph.backward(loss), {"loss": loss}
+
+    shardings = {f"{n}{i}": specs[n] for i in range(2) for n in specs}
+    training = graph.training_step(
+        step,
+        optimizer=optim.AdamW(lr=1e-3),
+        mesh=dist.mesh({"dp": 2, "tp": 2}),
+        param_shardings=shardings,
+    )
+    state = training.init(params)
+    compiled = training.lower(state, torch.randn(2, 32, 64)).memory()
+    assert compiled.model_states is not None
+    assert estimate.model_states == pytest.approx(compiled.model_states.total, rel=0.25)
+    assert estimate.total == pytest.approx(compiled.peak_bytes, rel=0.5)
+
+
+def test_cli_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--model", "llama3-70b", "--gpus", "64", "--cluster", "dgx_h100"]
+    assert main(["validate", *args, "--tp", "3", "--pp", "4", "--dp", "5"]) == 1
+    assert "tp 3 does not divide the 64 attention heads" in capsys.readouterr().err
+    assert main(["validate", *args, "--tp", "8", "--pp", "2", "--dp", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["valid"] is True
+    assert main(["launch", *args, "--tp", "8", "--pp", "2", "--dp", "4", "train.py"]) == 0
+    out = capsys.readouterr().out
+    assert "torchrun --nnodes=8 --nproc-per-node=8" in out and "#SBATCH --nodes=8" in out
+    assert main(["validate", "--model", "nope", "--gpus", "8"]) == 2
+
+
+def test_recommend_finds_a_plan() -> None:
+    """A small model on 8 GPUs: recommend exits 0 with a ranked, feasible plan."""
+    assert (
+        main(["recommend", "--model", SMALL, "--gpus", "8", "--global-batch", "16", "--json"]) == 0
+    )
+
+
+def test_dry_run_of_a_recommended_plan() -> None:
+    """The search's best plan, compiled at reduced width, runs one training step on the
+    virtual mesh with a finite loss."""
+    from tessera.perf.topology import dgx_h100
+    from tessera.plan.search import search
+
+    model = load_model(SMALL)
+    result = search(
+        model, dgx_h100(), 8, 16, 32, finalists=2, fix={"precision": "bf16", "remat": "none"}
+    )
+    assert result.best is not None
+    run = dry_run(model, result.best.strategy)
+    assert torch.isfinite(torch.tensor(run.loss))
