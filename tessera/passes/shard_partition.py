@@ -147,7 +147,9 @@ class _Partitioner:
             return
         if rule is not None:  # windows of a split dim: blocks move between ranks
             for windows in rule.windows:
-                j = next(j for j, w in enumerate(windows.results) if w is not None)
+                j = next((j for j, w in enumerate(windows.results) if w is not None), None)
+                if j is None:  # no result has a window (a split into no pieces)
+                    continue
                 axes = shardings[j].dims[rule.results[j].index(windows.factor)]
                 if axes:
                     self._move_blocks(op, rule, windows, axes, shardings)  # type: ignore[arg-type]
