@@ -32,8 +32,8 @@ _INTERNAL = re.compile(r"^tessera-opt: internal error", re.MULTILINE)
 _TRACEBACK = re.compile(r"^Traceback \(most recent call last\)", re.MULTILINE)
 _LOCATION = re.compile(r"^\S+:\d+:\d+: error: ")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+),? in (\S+)')
-_EXCEPTION = re.compile(
-    r"^(\w+(?:\.\w+)*(?:Error|Exception|Exit|Interrupt|Warning))\b", re.MULTILINE
+_EXCEPTION = re.compile(  # the line naming the exception: ``Type`` or ``Type: message``
+    r"^((?:\w+\.)*[A-Z]\w*)(?::|$)", re.MULTILINE
 )
 
 
@@ -79,7 +79,7 @@ def _site(trace: str, innermost_first: bool) -> str:
         return trace.strip().split("\n")[-1][:120]
     ours = [f for f in frames if f[0].startswith(_PACKAGE) and not f[0].startswith(_FUZZER)]
     exceptions = _EXCEPTION.findall(trace)
-    kind = exceptions[-1] if exceptions and not innermost_first else "hang"
+    kind = "hang" if innermost_first else exceptions[-1] if exceptions else "exception"
     site = f"{kind} at {_frame(*(ours or frames)[-1])}"
     if ours and ours[-1] != frames[-1]:
         site += f" <- {_frame(*frames[-1])}"
