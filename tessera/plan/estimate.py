@@ -9,12 +9,13 @@ holds more:
   parameters too (expert parameters over dp / ep). Stage parameters: its layers' (dense
   weights over tp, routed experts over tp · ep) plus the embedding (first stage) or the
   output projection (last stage), over tp;
-- activations: the compiled layer's stash (``plan-memory``'s live bytes of its gradient
-  program, per microbatch and layer) times the layers of the stage times the microbatches
-  the schedule keeps in flight on that rank
-  (:func:`tessera.pipeline.theory.peak_activations`); with full recomputation the layer
-  input instead, plus one layer's stash (the layer being recomputed); plus the last
-  stage's fp32 logits and their gradient.
+- activations: the compiled layer's saved activations (the forward values its backward
+  reads, :func:`tessera.plan.layer.saved_activations`, per microbatch and layer) times
+  the layers of the stage times the microbatches the schedule keeps in flight on that
+  rank (:func:`tessera.pipeline.theory.peak_activations`); with full recomputation the
+  layer input instead; plus the working set of the layer in its backward beyond what it
+  keeps (``plan-memory``'s peak of the gradient program, less arguments and results);
+  plus the last stage's fp32 logits and their gradient.
 
 Step time: stage times are the simulated layer times (``profile_layer``) times the
 stage's layers (a recomputed forward added under ``remat=full``; expert parallelism's
@@ -163,7 +164,7 @@ def memory(
         else:
             in_flight = peak_activations(s.schedule, s.pp, m, rank)
         per_unit = layers / s.virtual
-        activations = in_flight * per_unit * keep + profile.stash_bytes - keep
+        activations = in_flight * per_unit * keep + max(0, profile.work_bytes - keep)
         if stages - 1 in chunks:
             tokens = s.micro_batch * profile.shape.seq // s.cp
             activations += 2 * 4 * tokens * model.vocab / s.tp
