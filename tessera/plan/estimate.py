@@ -6,7 +6,9 @@ holds more:
 - model states, mixed precision as in the ZeRO paper (Rajbhandari et al. 2020, §3.1): bf16
   parameters (2 B) and gradients (2 B), fp32 master weights and Adam moments (12 B) per
   parameter; ZeRO-1 splits the 12 B over dp, ZeRO-2 the gradients too, ZeRO-3 the
-  parameters too (expert parameters over dp / ep). Stage parameters: its layers' (dense
+  parameters too (expert parameters over dp / ep), plus three layers' gathered bf16
+  parameters (the layer computing, the next prefetched, and one's unreduced gradient).
+  Stage parameters: its layers' (dense
   weights over tp, routed experts over tp · ep) plus the embedding (first stage) or the
   output projection (last stage), over tp;
 - activations: the compiled layer's saved activations (the forward values its backward
@@ -20,7 +22,9 @@ holds more:
 Step time: stage times are the simulated layer times (``profile_layer``) times the
 stage's layers (a recomputed forward added under ``remat=full``; expert parallelism's
 dispatch and combine all-to-alls priced with ``collective_time``, not overlapped; ZeRO-3's
-per-microbatch parameter gathers exposed where they exceed the microbatch's compute), the
+per-microbatch parameter gathers and gradient reduce-scatters, prefetched a layer ahead:
+exposed where they exceed the microbatch's compute, plus one layer's gather and
+reduce-scatter at the ends), the
 last stage adding the output projection (roofline). The pipeline simulator runs the
 schedule (``pipeline_schedule``) with those times and the activation send time; with
 ``screen=True`` the closed-form bubble (:mod:`tessera.pipeline.theory`) replaces it. Then
@@ -168,8 +172,12 @@ def memory(
         if stages - 1 in chunks:
             tokens = s.micro_batch * profile.shape.seq // s.cp
             activations += 2 * 4 * tokens * model.vocab / s.tp
+        gathered = 0.0
+        if s.zero >= 3 and s.dp > 1:  # a layer in use, the next prefetched, one's gradient
+            d1, e1 = stage_params(model, s, 1, False, False)
+            gathered = 3 * BF16 * (d1 + e1)
         candidate = Memory(
-            params=int(BF16 * share("param")),
+            params=int(BF16 * share("param") + gathered),
             grads=int(BF16 * share("grad")),
             optimizer=int(ADAM_FP32 * share("opt")),
             activations=int(activations),
@@ -227,9 +235,13 @@ def estimate(
     forward[-1] += compute_time(device, head, 0, "bf16")
     backward[-1] += compute_time(device, 2 * head, 0, "bf16")
 
-    # ZeRO-3 gathers the stage's parameters twice per microbatch and reduce-scatters grads
+    # ZeRO-3 gathers the stage's parameters twice per microbatch (forward; backward, with
+    # any recomputation) and reduce-scatters their gradients, layer by layer, each layer's
+    # prefetched during the previous one's compute: the first layer's gather and the last
+    # layer's reduce-scatter are exposed, the rest only where they outlast the compute
     zero3_exposed = 0.0
-    dense, expert = stage_params(model, s, max(counts) * s.virtual, False, False)
+    stage_layer_count = max(counts) * s.virtual
+    dense, expert = stage_params(model, s, stage_layer_count, False, False)
     group = dp_group(s)
     if s.zero == 3 and s.dp > 1:
         nbytes = int(BF16 * (dense + expert))
@@ -237,7 +249,8 @@ def estimate(
         scatter = collective_time(topology, "reduce_scatter", nbytes, group).time_s
         per_mb = 2 * gather + scatter
         busiest = max(f + b for f, b in zip(forward, backward, strict=True))
-        zero3_exposed = max(0.0, per_mb - busiest)
+        edges = (gather + scatter) / stage_layer_count
+        zero3_exposed = max(0.0, per_mb - busiest) + edges
         backward = [b + zero3_exposed for b in backward]
 
     p2p = 0.0
