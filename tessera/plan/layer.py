@@ -68,6 +68,7 @@ class LayerShape:
     cp: int
     sp: bool = False  # sequence parallelism: the residual stream split over tp too
     dtype: str = "bfloat16"  # of activations and weights (tests compare float32 steps)
+    layer: str = ""  # a Tessera layer function ("module:function"); "": transformer_layer
 
     @staticmethod
     def of(
@@ -75,7 +76,7 @@ class LayerShape:
     ) -> LayerShape:
         return LayerShape(
             model.hidden, model.heads, model.kv_heads, model.head_dim, model.active_ffn(),
-            model.mlp, seq, micro_batch, tp, cp, sp and tp > 1,
+            model.mlp, seq, micro_batch, tp, cp, sp and tp > 1, layer=model.layer,
         )  # fmt: skip
 
 
@@ -130,6 +131,29 @@ def layer_loss(
     return op.sum(out), out
 
 
+def layer_of(shape: LayerShape) -> Callable[..., Any]:
+    """The layer function ``shape`` compiles: the model's own, else :func:`transformer_layer`."""
+    if not shape.layer:
+        return transformer_layer
+    from tessera.plan.models import layer_function
+
+    return layer_function(shape.layer)
+
+
+def _loss_of(layer: Callable[..., Any]) -> Callable[..., Any]:
+    if layer is transformer_layer:
+        return layer_loss
+
+    def loss(
+        x: Any, p: dict[str, Any], heads: int, kv_heads: int, mlp: str, residual: Any = None
+    ) -> Any:
+        out = layer(x, p, heads, kv_heads, mlp, residual)
+        return op.sum(out), out
+
+    loss.__name__ = f"{getattr(layer, '__name__', 'layer')}_loss"
+    return loss
+
+
 def layer_param_shapes(shape: LayerShape) -> dict[str, tuple[int, ...]]:
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     shapes = {
@@ -173,10 +197,11 @@ def compile_layer(
     static = (shape.heads, shape.kv_heads, shape.mlp, x_spec if shape.sp else None)
     shardings = (x_spec, specs, None, None, None, None)
     statics = (2, 3, 4, 5)
-    forward = jit(transformer_layer, static_argnums=statics, mesh=mesh, in_shardings=shardings)
+    layer = layer_of(shape)
+    forward = jit(layer, static_argnums=statics, mesh=mesh, in_shardings=shardings)
     gradient = jit(
-        grad(layer_loss, argnums=(0, 1), has_aux=True), static_argnums=statics, mesh=mesh,
-        in_shardings=shardings,
+        grad(_loss_of(layer), argnums=(0, 1), has_aux=True), static_argnums=statics,
+        mesh=mesh, in_shardings=shardings,
     )  # fmt: skip
     return forward, gradient, (x, params, *static)
 

@@ -187,3 +187,23 @@ def test_zero3_prices_its_gathers_and_buffers() -> None:
     layer = model.dense_layer_params()
     share = model.params() / 64
     assert three.memory.params == pytest.approx(2 * share + 3 * 2 * layer, rel=0.01)
+
+
+def test_a_tessera_layer_function_as_the_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """``layer=file.py:function``: the planner compiles the user's Tessera block (here the
+    parallel attention + MLP block: one layer norm, no mid-block residual, so fewer saved
+    activations than the sequential block), recommends a plan and dry-runs it."""
+    from tessera.perf.topology import dgx_h100
+    from tessera.plan.layer import profile_layer
+
+    parallel = load_model(SMALL + ",layer=examples/plan_parallel_block.py:parallel_block")
+    shapes = [LayerShape.of(m, 32, 1, 2, 1) for m in (load_model(SMALL), parallel)]
+    sequential, block = (profile_layer(shape, dgx_h100()) for shape in shapes)
+    assert block.stash_bytes < sequential.stash_bytes
+    model = SMALL + ",layer=examples/plan_parallel_block.py:parallel_block"
+    args = ["recommend", "--model", model, "--gpus", "4", "--global-batch", "8"]
+    assert main([*args, "--no-pareto", "--dry-run", "--json", "--precision", "bf16"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ranked"] and out["dry_run"] is not None
+    assert main(["validate", "--model", SMALL + ",layer=nowhere:f", "--gpus", "1"]) == 2
+    assert "cannot import 'nowhere'" in capsys.readouterr().err
