@@ -1,6 +1,7 @@
 """The planner against published large training runs: for each run, the planner's
 prediction for the published configuration (throughput, against the run's reported
-throughput) and the planner's own choice for the same model, GPUs, batch and sequence.
+throughput) and the planner's own choice for the same model, GPUs, batch, sequence and
+precision (the search fixes the run's precision: FP8 is priced at twice the BF16 rate).
 
 Throughput is compared as tokens per second per GPU, which does not depend on how a
 paper counts FLOPs; both columns are also shown as MFU in this planner's convention
@@ -154,7 +155,10 @@ def main(argv: list[str] | None = None) -> None:
         fits = "" if result.memory.fits else " (does not fit)"
         own = "—"
         if not options.no_search:
-            found = search(run.model, topology, s.gpus, run.global_batch, run.seq, finalists=6)
+            fix = {"precision": s.precision}  # FP8 is priced at twice BF16: compare like with like
+            found = search(
+                run.model, topology, s.gpus, run.global_batch, run.seq, finalists=6, fix=fix
+            )
             if found.best is not None:
                 b = found.best
                 t = b.tokens_per_s / s.gpus
