@@ -31,8 +31,11 @@ schedule (``pipeline_schedule``) with those times and the activation send time; 
 the data-parallel gradient reduction (all-reduce, or reduce-scatter and parameter
 all-gather with ZeRO ≥ 1), overlapped with the last microbatch's backward except its last
 layer's bucket, and the optimizer step (memory-bound: 32 B read and written per parameter
-the rank updates). FP8 runs the matmuls at twice the bf16 rate (the H100/B200 FP8 peak),
-and MFU is against the peak of the precision used.
+the rank updates). FP8 runs the layer's linear matmuls at twice the bf16 rate (the H100/B200 FP8 peak)
+and keeps the attention kernels and the output projection in BF16, as FP8 recipes do
+(DeepSeek-V3 report §3.3.1 keeps attention operators, the embedding and the output head
+in BF16/FP32); its quantization kernels are not priced; MFU is against the peak of the
+precision used.
 """
 
 from __future__ import annotations
@@ -224,6 +227,10 @@ def estimate(
     moe_share = model.moe_layers / model.layers
     layer_f = profile.forward_s + 2 * a2a * moe_share
     layer_b = profile.backward_s + 2 * a2a * moe_share
+    if s.precision == "fp8":  # attention stays BF16: add back what the doubled rate took off
+        bf16 = topology.device.matmul_flops["bf16"] * topology.device.matmul_efficiency
+        layer_f += profile.attention_forward_flops / (2 * bf16)
+        layer_b += profile.attention_backward_flops / (2 * bf16)
     if s.remat == "full":
         layer_b += profile.forward_s
 
@@ -232,8 +239,8 @@ def estimate(
     forward = [c * layer_f for c in counts]
     backward = [c * layer_b for c in counts]
     head = 2.0 * tokens * model.hidden * model.vocab / s.tp
-    forward[-1] += compute_time(device, head, 0, "bf16")
-    backward[-1] += compute_time(device, 2 * head, 0, "bf16")
+    forward[-1] += compute_time(topology.device, head, 0, "bf16")  # BF16 with FP8 too
+    backward[-1] += compute_time(topology.device, 2 * head, 0, "bf16")
 
     # ZeRO-3 gathers the stage's parameters twice per microbatch (forward; backward, with
     # any recomputation) and reduce-scatters their gradients, layer by layer, each layer's

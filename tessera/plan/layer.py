@@ -92,6 +92,8 @@ class LayerProfile:
     stash_bytes: int  # forward values the backward reads (saved_activations), per rank
     input_bytes: int  # the layer's per-rank input (kept under full recomputation)
     work_bytes: int = 0  # plan-memory peak of the gradient program less its arguments and results
+    attention_forward_flops: float = 0.0  # the attention kernels' matmul FLOPs, per rank
+    attention_backward_flops: float = 0.0
 
 
 def transformer_layer(
@@ -263,6 +265,18 @@ def saved_activations(module: Any, name: str) -> tuple[int, list[tuple[str, int]
     return sum(n for _, n in parts), parts
 
 
+def _attention_flops(module: Any) -> float:
+    """The matmul FLOPs of the attention ops (forward and backward kernels) of a module."""
+    from tessera.ir import graph
+    from tessera.perf.compute_cost import attention_flops
+
+    return sum(
+        attention_flops(o)
+        for o in module.walk()
+        if isinstance(o, graph.AttentionOp | graph.AttentionBackwardOp)
+    )
+
+
 _LOWERED: dict[LayerShape, tuple[Any, Any]] = {}
 _PROFILES: dict[tuple[LayerShape, str], LayerProfile] = {}
 
@@ -289,6 +303,8 @@ def profile_layer(shape: LayerShape, topology: Topology, exact: bool = True) -> 
             backward_exposed_comm_s=b * one.backward_exposed_comm_s,
             stash_bytes=b * one.stash_bytes, input_bytes=b * one.input_bytes,
             work_bytes=b * one.work_bytes,
+            attention_forward_flops=b * one.attention_forward_flops,
+            attention_backward_flops=b * one.attention_backward_flops,
         )  # fmt: skip
     key = (shape, topology.name + repr(topology.device))
     if key in _PROFILES:
@@ -312,6 +328,9 @@ def profile_layer(shape: LayerShape, topology: Topology, exact: bool = True) -> 
         stash_bytes=max(saved, local_x),
         input_bytes=local_x,
         work_bytes=max(live, saved),
+        attention_forward_flops=_attention_flops(lowered_forward.module_at("schedule")),
+        attention_backward_flops=_attention_flops(gradient_module)
+        - _attention_flops(lowered_forward.module_at("schedule")),
     )
     _PROFILES[key] = profile
     return profile
