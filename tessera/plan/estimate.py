@@ -26,7 +26,8 @@ per-microbatch parameter gathers and gradient reduce-scatters, prefetched a laye
 exposed where they exceed the microbatch's compute, plus one layer's gather and
 reduce-scatter at the ends), the
 last stage adding the output projection (roofline). The pipeline simulator runs the
-schedule (``pipeline_schedule``) with those times and the activation send time; with
+schedule (``pipeline_schedule``) with those times and the activation send time (on at
+most 4·pp microbatches, extended at the busiest rank's pace: ``_simulated_pipeline``); with
 ``screen=True`` the closed-form bubble (:mod:`tessera.pipeline.theory`) replaces it. Then
 the data-parallel gradient reduction (all-reduce, or reduce-scatter and parameter
 all-gather with ZeRO ≥ 1), overlapped with the last microbatch's backward except its last
@@ -202,6 +203,34 @@ def _machine(topology: Topology, precision: str) -> Topology:
     )
 
 
+SIMULATED_ROUNDS = 4  # microbatches simulated: at most this many per pipeline rank
+
+
+def _simulated_pipeline(
+    s: Strategy, m: int, forward: list[float], backward: list[float], p2p: float
+) -> tuple[float, float]:
+    """Makespan and bubble fraction of the schedule on ``m`` microbatches.
+
+    The pipeline simulator runs at most ``SIMULATED_ROUNDS · pp`` microbatches (a
+    multiple of pp, as the interleaved schedule wants): past its warm-up a schedule runs
+    at its busiest rank's pace, so each further microbatch adds that rank's forward and
+    backward time to the makespan (``tests/unit/test_plan.py`` checks the extension
+    against the full simulation)."""
+    virtual = s.virtual if s.schedule == "interleaved" else 1
+    simulated = min(m, SIMULATED_ROUNDS * s.pp)
+    actions = pipeline_schedule(s.schedule, s.pp, simulated, virtual)
+    if s.schedule == "zb-h1":  # input and weight gradients: half of the backward each
+        halves = [b / 2 for b in backward]
+        run = simulate_pipeline(actions, forward, halves, halves, p2p)
+    else:
+        run = simulate_pipeline(actions, forward, backward, 0.0, p2p)
+    stages = len(forward)
+    work = [sum(forward[c] + backward[c] for c in range(r, stages, s.pp)) for r in range(s.pp)]
+    makespan = run.makespan_s + (m - simulated) * max(work)
+    bubble = 1 - m * sum(work) / (s.pp * makespan) if makespan > 0 else 0.0
+    return makespan, bubble
+
+
 def estimate(
     model: ModelSpec,
     s: Strategy,
@@ -277,15 +306,7 @@ def estimate(
         makespan = m * max(per_rank) / (1 - bubble) + 2 * (s.pp - 1) * p2p
         simulated = False
     else:
-        virtual = s.virtual if s.schedule == "interleaved" else 1
-        actions = pipeline_schedule(s.schedule, s.pp, m, virtual)
-        if s.schedule == "zb-h1":  # input and weight gradients: half of the backward each
-            run = simulate_pipeline(actions, forward, [b / 2 for b in backward],
-                                    [b / 2 for b in backward], p2p)  # fmt: skip
-        else:
-            run = simulate_pipeline(actions, forward, backward, 0.0, p2p)
-        makespan = run.makespan_s
-        bubble = run.bubble_fraction
+        makespan, bubble = _simulated_pipeline(s, m, forward, backward, p2p)
         simulated = True
 
     # data-parallel gradient reduction and, with ZeRO, the parameter all-gather

@@ -207,3 +207,29 @@ def test_a_tessera_layer_function_as_the_model(capsys: pytest.CaptureFixture[str
     assert out["ranked"] and out["dry_run"] is not None
     assert main(["validate", "--model", SMALL + ",layer=nowhere:f", "--gpus", "1"]) == 2
     assert "cannot import 'nowhere'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("schedule", "virtual", "pp", "m"), [("1f1b", 1, 4, 64), ("interleaved", 2, 4, 48), ("zb-h1", 1, 8, 96)]
+)  # fmt: skip
+def test_pipeline_extension_matches_the_full_simulation(
+    schedule: str, virtual: int, pp: int, m: int
+) -> None:
+    """The estimate simulates at most 4·pp microbatches and extends the makespan at the
+    busiest rank's pace: within 0.5% of simulating all ``m`` (uneven stages, p2p time)."""
+    from tessera.ir.pipeline_schedules import pipeline_schedule
+    from tessera.perf.pipeline_simulate import simulate_pipeline
+    from tessera.plan.estimate import _simulated_pipeline
+
+    stages = pp * virtual
+    forward = [1.0 + 0.1 * (i % 3) for i in range(stages)]
+    backward = [2.0 * f for f in forward]
+    s = Strategy(dp=1, pp=pp, schedule=schedule, virtual=virtual)
+    makespan, _ = _simulated_pipeline(s, m, forward, backward, 0.05)
+    actions = pipeline_schedule(schedule, pp, m, virtual)
+    if schedule == "zb-h1":
+        halves = [b / 2 for b in backward]
+        full = simulate_pipeline(actions, forward, halves, halves, 0.05)
+    else:
+        full = simulate_pipeline(actions, forward, backward, 0.0, 0.05)
+    assert makespan == pytest.approx(full.makespan_s, rel=0.005)
