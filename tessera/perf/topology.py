@@ -464,10 +464,104 @@ def gb200_nvl72() -> Topology:
     return Topology("gb200_nvl72", 72, device, levels, sharp, sources)
 
 
+A100_URL = (
+    "https://www.nvidia.com/en-us/data-center/a100/ (A100 Tensor Core GPU datasheet, SXM4 80GB)"
+)
+DGX_A100_URL = "https://docs.nvidia.com/dgx/dgxa100-user-guide/introduction-to-dgxa100.html"
+DEEPSEEK_V3 = "DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report' (arXiv 2412.19437)"
+
+
+def _dgx(
+    name: str, nodes: int, device: Device, nvlink: float, infiniband: float,
+    sources: dict[str, str], nvlink_source: str, infiniband_source: str, gpu: str,
+) -> Topology:  # fmt: skip
+    """``nodes`` 8-GPU NVSwitch nodes (no NVLink SHARP) on an InfiniBand fabric."""
+    if not isinstance(nodes, int) or nodes < 1:
+        raise TesseraError(f"{name}: nodes must be an int >= 1, got {nodes!r}")
+    levels = [Link("nvlink", 8, 3e-6, nvlink)]
+    sources = {
+        **sources,
+        "num_devices": f"8 {gpu} GPUs per node x {nodes} node(s)",
+        "levels[0].group_size": f"8 {gpu} GPUs per node on NVSwitch",
+        "levels[0].latency_s": f"~3 us NCCL small-message latency over NVLink: {ASSUMED}",
+        "levels[0].bandwidth": nvlink_source,
+    }
+    if nodes > 1:
+        levels.append(Link("infiniband", 8 * nodes, 6e-6, infiniband))
+        sources.update(
+            {
+                "levels[1].group_size": "all GPUs of all nodes",
+                "levels[1].latency_s": f"~6 us NCCL small-message latency over InfiniBand: {ASSUMED}",
+                "levels[1].bandwidth": infiniband_source,
+            }
+        )
+    return Topology(name if nodes == 1 else f"{name}x{nodes}", 8 * nodes, device, tuple(levels),
+                    None, sources)  # fmt: skip
+
+
+A100_CALIBRATED_EFFICIENCY = 0.59
+
+
+def dgx_a100(nodes: int = 1) -> Topology:
+    """``nodes`` DGX A100 80GB (Selene, as in Narayanan et al. 2021): 8 A100 per node on
+    NVSwitch, 8 HDR InfiniBand 200 Gb/s per node, no NVLink SHARP."""
+    device = Device(
+        name="A100 SXM4 80GB",
+        matmul_flops={"bf16": 312e12, "f16": 312e12, "f32": 156e12},
+        matmul_efficiency=A100_CALIBRATED_EFFICIENCY,
+        memory_bandwidth=2.039e12,
+        memory_efficiency=0.8,
+        memory_bytes=80 * 10**9,
+        launch_overhead_s=4e-6,
+    )
+    sources = {
+        "device.matmul_flops.bf16": f"{A100_URL}: BF16 Tensor Core 312 TFLOPS dense",
+        "device.matmul_flops.f16": f"{A100_URL}: FP16 Tensor Core 312 TFLOPS dense",
+        "device.matmul_flops.f32": f"{A100_URL}: TF32 Tensor Core 156 TFLOPS dense",
+        "device.matmul_efficiency": (
+            "calibrated, one number for the generation: the value at which tessera plan's "
+            "predictions for the six published A100 runs of benchmarks/planner.py "
+            "(Narayanan et al. 2021 Table 1, Korthikanti et al. 2022) err by ~0 on average "
+            "(at the uncalibrated 0.7 they were 1-22% optimistic). It stands for everything "
+            "the simulator leaves out on that software stack (kernel gaps, framework and "
+            "optimizer overheads), not a GEMM measurement"
+        ),
+        "device.memory_bandwidth": f"{A100_URL}: HBM2e 2,039 GB/s",
+        "device.memory_efficiency": f"~80% of HBM peak for memory-bound kernels: {ASSUMED}",
+        "device.memory_bytes": f"{A100_URL}: 80 GB HBM2e",
+        "device.launch_overhead_s": f"~4 us per kernel launch: {ASSUMED}",
+    }
+    return _dgx(
+        "dgx_a100", nodes, device, 300e9, 25e9, sources,
+        f"{A100_URL}: NVLink 600 GB/s bidirectional per GPU = 300e9 B/s per direction",
+        f"{DGX_A100_URL}: 8 x HDR 200 Gb/s InfiniBand per node, one per GPU = 25e9 B/s",
+        "A100",
+    )  # fmt: skip
+
+
+def dgx_h800(nodes: int = 1) -> Topology:
+    """``nodes`` 8-GPU H800 nodes as DeepSeek-V3 was trained on: the H100's compute and
+    memory with NVLink cut to 400 GB/s (160 GB/s achieved, per the DeepSeek-V3 report),
+    one 400 Gb/s InfiniBand NIC per GPU (50 GB/s), no NVLink SHARP assumed."""
+    device, sources = _h100_sxm()
+    device = dataclasses.replace(device, name="H800 SXM5 80GB")
+    for key in list(sources):
+        sources[key] = sources[key] + " (H800: the H100's compute and memory)"
+    return _dgx(
+        "dgx_h800", nodes, device, 160e9, 50e9, sources,
+        f"{DEEPSEEK_V3}, §3.2.2: NVLink 160 GB/s achieved per GPU (H800 NVLink 400 GB/s "
+        "bidirectional)",
+        f"{DEEPSEEK_V3}, §3.2.2: InfiniBand 50 GB/s per GPU",
+        "H800",
+    )  # fmt: skip
+
+
 PRESETS: dict[str, Callable[..., Topology]] = {
     "single_gpu": single_gpu,
     "dgx_h100": dgx_h100,
     "gb200_nvl72": gb200_nvl72,
+    "dgx_a100": dgx_a100,
+    "dgx_h800": dgx_h800,
 }
 
 

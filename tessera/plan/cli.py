@@ -63,8 +63,16 @@ def parser() -> argparse.ArgumentParser:
         if name == "recommend":
             sub.add_argument("--top", type=int, default=10)
             sub.add_argument("--price", type=float, default=2.5, help="USD per GPU-hour")
-            sub.add_argument("--pareto-gpus", type=int, nargs="*", default=[],
-                             help="more GPU counts for the Pareto front (GPUs x step x cost)")  # fmt: skip
+            sub.add_argument(
+                "--pareto-gpus",
+                type=int,
+                nargs="*",
+                default=None,
+                help="GPU counts besides --gpus for the Pareto front of GPUs x "
+                "step time x cost (default: half and twice --gpus)",
+            )
+            sub.add_argument("--no-pareto", action="store_true",
+                             help="search --gpus only (no Pareto front over GPU counts)")  # fmt: skip
             sub.add_argument("--dry-run", action="store_true",
                              help="compile the best plan at reduced width; run one step")  # fmt: skip
         if name == "launch":
@@ -118,7 +126,12 @@ def _recommend(args: argparse.Namespace, model: ModelSpec, seq: int) -> int:
     fix = _fixed(args)
     front = []
     best_result = None
-    for gpus in [args.gpus, *args.pareto_gpus]:
+    others = args.pareto_gpus
+    if others is None:
+        others = [g for g in (args.gpus // 2, 2 * args.gpus) if g >= 1 and g != args.gpus]
+    if args.no_pareto:
+        others = []
+    for gpus in [args.gpus, *dict.fromkeys(g for g in others if g != args.gpus)]:
         topology = cluster_topology(args.cluster, gpus)
         result = search(model, topology, gpus, args.global_batch, seq, fix=fix)
         if gpus == args.gpus:
@@ -160,8 +173,9 @@ def _recommend(args: argparse.Namespace, model: ModelSpec, seq: int) -> int:
         print("dropped:")
         for reason, count in best_result.dropped.most_common():
             print(f"  {count:6d}  {reason}")
-    if len(front) > 1:
-        print("Pareto front (GPUs x step time x cost):")
+    if front and others:
+        counts = ", ".join(str(g) for g in [args.gpus, *others])
+        print(f"Pareto front over {counts} GPUs (step time x cost; each count's best plan):")
         print(table(front, args.price))
     for note in notes:
         print(f"note: {note}")

@@ -9,7 +9,8 @@ The step is ``graph.training_step`` (AdamW, the strategy's ZeRO stage, Megatron 
 over tp, batch over dp, sequence over cp, pipelined over pp with its schedule; Tessera's
 pipelined steps run ZeRO-0 and split the batch over dp themselves, so a pipelined plan's
 dry run does that) of the
-Tessera layer (:func:`tessera.plan.layer.transformer_layer`); the loss must be finite.
+Tessera layer (:func:`tessera.plan.layer.transformer_layer`, or the model's own
+``layer=`` function); the loss must be finite.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from tessera import dist, graph, op, optim, schedule
-from tessera.plan.layer import LayerShape, layer_param_shapes, layer_shardings, transformer_layer
+from tessera.plan.layer import LayerShape, layer_of, layer_param_shapes, layer_shardings
 from tessera.plan.models import ModelSpec
 from tessera.plan.strategy import Strategy
 
@@ -55,7 +56,8 @@ def dry_run(
     ffn = 2 * hidden
     layers = small.pp * (small.virtual if small.schedule == "interleaved" else 1)
     shape = LayerShape(hidden, heads, kv_heads, 16, ffn, model.mlp, seq, 1, small.tp, small.cp,
-                       small.sp and small.tp > 1)  # fmt: skip
+                       small.sp and small.tp > 1, layer=model.layer)  # fmt: skip
+    block = layer_of(shape)
     x_spec, specs = layer_shardings(shape)
     microbatches = 2 * small.pp if small.pp > 1 else 1
     batch = small.dp * microbatches
@@ -78,7 +80,7 @@ def dry_run(
             if i and small.pp > 1:
                 graph.stage()
             layer = {name: p[f"{name}{i}"] for name in specs}
-            x = transformer_layer(x, layer, heads, kv_heads, model.mlp, residual)
+            x = block(x, layer, heads, kv_heads, model.mlp, residual)
         loss = op.mean(x * x)
         return graph.backward(loss), {"loss": loss}
 

@@ -6,28 +6,37 @@ holds more:
 - model states, mixed precision as in the ZeRO paper (Rajbhandari et al. 2020, §3.1): bf16
   parameters (2 B) and gradients (2 B), fp32 master weights and Adam moments (12 B) per
   parameter; ZeRO-1 splits the 12 B over dp, ZeRO-2 the gradients too, ZeRO-3 the
-  parameters too (expert parameters over dp / ep). Stage parameters: its layers' (dense
+  parameters too (expert parameters over dp / ep), plus three layers' gathered bf16
+  parameters (the layer computing, the next prefetched, and one's unreduced gradient).
+  Stage parameters: its layers' (dense
   weights over tp, routed experts over tp · ep) plus the embedding (first stage) or the
   output projection (last stage), over tp;
-- activations: the compiled layer's stash (``plan-memory``'s live bytes of its gradient
-  program, per microbatch and layer) times the layers of the stage times the microbatches
-  the schedule keeps in flight on that rank
-  (:func:`tessera.pipeline.theory.peak_activations`); with full recomputation the layer
-  input instead, plus one layer's stash (the layer being recomputed); plus the last
-  stage's fp32 logits and their gradient.
+- activations: the compiled layer's saved activations (the forward values its backward
+  reads, :func:`tessera.plan.layer.saved_activations`, per microbatch and layer) times
+  the layers of the stage times the microbatches the schedule keeps in flight on that
+  rank (:func:`tessera.pipeline.theory.peak_activations`); with full recomputation the
+  layer input instead; plus the working set of the layer in its backward beyond what it
+  keeps (``plan-memory``'s peak of the gradient program, less arguments and results);
+  plus the last stage's fp32 logits and their gradient.
 
 Step time: stage times are the simulated layer times (``profile_layer``) times the
 stage's layers (a recomputed forward added under ``remat=full``; expert parallelism's
 dispatch and combine all-to-alls priced with ``collective_time``, not overlapped; ZeRO-3's
-per-microbatch parameter gathers exposed where they exceed the microbatch's compute), the
+per-microbatch parameter gathers and gradient reduce-scatters, prefetched a layer ahead:
+exposed where they exceed the microbatch's compute, plus one layer's gather and
+reduce-scatter at the ends), the
 last stage adding the output projection (roofline). The pipeline simulator runs the
-schedule (``pipeline_schedule``) with those times and the activation send time; with
+schedule (``pipeline_schedule``) with those times and the activation send time (on at
+most 4·pp microbatches, extended at the busiest rank's pace: ``_simulated_pipeline``); with
 ``screen=True`` the closed-form bubble (:mod:`tessera.pipeline.theory`) replaces it. Then
 the data-parallel gradient reduction (all-reduce, or reduce-scatter and parameter
 all-gather with ZeRO ≥ 1), overlapped with the last microbatch's backward except its last
 layer's bucket, and the optimizer step (memory-bound: 32 B read and written per parameter
-the rank updates). FP8 runs the matmuls at twice the bf16 rate (the H100/B200 FP8 peak),
-and MFU is against the peak of the precision used.
+the rank updates). FP8 runs the layer's linear matmuls at twice the bf16 rate (the H100/B200 FP8 peak)
+and keeps the attention kernels and the output projection in BF16, as FP8 recipes do
+(DeepSeek-V3 report §3.3.1 keeps attention operators, the embedding and the output head
+in BF16/FP32); its quantization kernels are not priced; MFU is against the peak of the
+precision used.
 """
 
 from __future__ import annotations
@@ -163,12 +172,16 @@ def memory(
         else:
             in_flight = peak_activations(s.schedule, s.pp, m, rank)
         per_unit = layers / s.virtual
-        activations = in_flight * per_unit * keep + profile.stash_bytes - keep
+        activations = in_flight * per_unit * keep + max(0, profile.work_bytes - keep)
         if stages - 1 in chunks:
             tokens = s.micro_batch * profile.shape.seq // s.cp
             activations += 2 * 4 * tokens * model.vocab / s.tp
+        gathered = 0.0
+        if s.zero >= 3 and s.dp > 1:  # a layer in use, the next prefetched, one's gradient
+            d1, e1 = stage_params(model, s, 1, False, False)
+            gathered = 3 * BF16 * (d1 + e1)
         candidate = Memory(
-            params=int(BF16 * share("param")),
+            params=int(BF16 * share("param") + gathered),
             grads=int(BF16 * share("grad")),
             optimizer=int(ADAM_FP32 * share("opt")),
             activations=int(activations),
@@ -188,6 +201,34 @@ def _machine(topology: Topology, precision: str) -> Topology:
         {"device": {"matmul_flops": {"bf16": 2 * bf16, "f16": 2 * bf16}}},
         source="FP8 tensor cores: twice the dense BF16 rate (H100 and B200 datasheets)",
     )
+
+
+SIMULATED_ROUNDS = 4  # microbatches simulated: at most this many per pipeline rank
+
+
+def _simulated_pipeline(
+    s: Strategy, m: int, forward: list[float], backward: list[float], p2p: float
+) -> tuple[float, float]:
+    """Makespan and bubble fraction of the schedule on ``m`` microbatches.
+
+    The pipeline simulator runs at most ``SIMULATED_ROUNDS · pp`` microbatches (a
+    multiple of pp, as the interleaved schedule wants): past its warm-up a schedule runs
+    at its busiest rank's pace, so each further microbatch adds that rank's forward and
+    backward time to the makespan (``tests/unit/test_plan.py`` checks the extension
+    against the full simulation)."""
+    virtual = s.virtual if s.schedule == "interleaved" else 1
+    simulated = min(m, SIMULATED_ROUNDS * s.pp)
+    actions = pipeline_schedule(s.schedule, s.pp, simulated, virtual)
+    if s.schedule == "zb-h1":  # input and weight gradients: half of the backward each
+        halves = [b / 2 for b in backward]
+        run = simulate_pipeline(actions, forward, halves, halves, p2p)
+    else:
+        run = simulate_pipeline(actions, forward, backward, 0.0, p2p)
+    stages = len(forward)
+    work = [sum(forward[c] + backward[c] for c in range(r, stages, s.pp)) for r in range(s.pp)]
+    makespan = run.makespan_s + (m - simulated) * max(work)
+    bubble = 1 - m * sum(work) / (s.pp * makespan) if makespan > 0 else 0.0
+    return makespan, bubble
 
 
 def estimate(
@@ -215,6 +256,10 @@ def estimate(
     moe_share = model.moe_layers / model.layers
     layer_f = profile.forward_s + 2 * a2a * moe_share
     layer_b = profile.backward_s + 2 * a2a * moe_share
+    if s.precision == "fp8":  # attention stays BF16: add back what the doubled rate took off
+        bf16 = topology.device.matmul_flops["bf16"] * topology.device.matmul_efficiency
+        layer_f += profile.attention_forward_flops / (2 * bf16)
+        layer_b += profile.attention_backward_flops / (2 * bf16)
     if s.remat == "full":
         layer_b += profile.forward_s
 
@@ -223,12 +268,16 @@ def estimate(
     forward = [c * layer_f for c in counts]
     backward = [c * layer_b for c in counts]
     head = 2.0 * tokens * model.hidden * model.vocab / s.tp
-    forward[-1] += compute_time(device, head, 0, "bf16")
-    backward[-1] += compute_time(device, 2 * head, 0, "bf16")
+    forward[-1] += compute_time(topology.device, head, 0, "bf16")  # BF16 with FP8 too
+    backward[-1] += compute_time(topology.device, 2 * head, 0, "bf16")
 
-    # ZeRO-3 gathers the stage's parameters twice per microbatch and reduce-scatters grads
+    # ZeRO-3 gathers the stage's parameters twice per microbatch (forward; backward, with
+    # any recomputation) and reduce-scatters their gradients, layer by layer, each layer's
+    # prefetched during the previous one's compute: the first layer's gather and the last
+    # layer's reduce-scatter are exposed, the rest only where they outlast the compute
     zero3_exposed = 0.0
-    dense, expert = stage_params(model, s, max(counts) * s.virtual, False, False)
+    stage_layer_count = max(counts) * s.virtual
+    dense, expert = stage_params(model, s, stage_layer_count, False, False)
     group = dp_group(s)
     if s.zero == 3 and s.dp > 1:
         nbytes = int(BF16 * (dense + expert))
@@ -236,7 +285,8 @@ def estimate(
         scatter = collective_time(topology, "reduce_scatter", nbytes, group).time_s
         per_mb = 2 * gather + scatter
         busiest = max(f + b for f, b in zip(forward, backward, strict=True))
-        zero3_exposed = max(0.0, per_mb - busiest)
+        edges = (gather + scatter) / stage_layer_count
+        zero3_exposed = max(0.0, per_mb - busiest) + edges
         backward = [b + zero3_exposed for b in backward]
 
     p2p = 0.0
@@ -256,15 +306,7 @@ def estimate(
         makespan = m * max(per_rank) / (1 - bubble) + 2 * (s.pp - 1) * p2p
         simulated = False
     else:
-        virtual = s.virtual if s.schedule == "interleaved" else 1
-        actions = pipeline_schedule(s.schedule, s.pp, m, virtual)
-        if s.schedule == "zb-h1":  # input and weight gradients: half of the backward each
-            run = simulate_pipeline(actions, forward, [b / 2 for b in backward],
-                                    [b / 2 for b in backward], p2p)  # fmt: skip
-        else:
-            run = simulate_pipeline(actions, forward, backward, 0.0, p2p)
-        makespan = run.makespan_s
-        bubble = run.bubble_fraction
+        makespan, bubble = _simulated_pipeline(s, m, forward, backward, p2p)
         simulated = True
 
     # data-parallel gradient reduction and, with ZeRO, the parameter all-gather

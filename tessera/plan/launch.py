@@ -7,11 +7,17 @@ import shlex
 
 from tessera.plan.strategy import Strategy
 
-GPUS_PER_NODE = {"dgx_h100": 8, "dgx_a100": 8, "gb200_nvl72": 4}  # GB200: 4 GPUs per tray
+GPUS_PER_NODE = {
+    "dgx_h100": 8,
+    "dgx_a100": 8,
+    "dgx_h800": 8,
+    "gb200_nvl72": 4,
+}  # GB200: 4 GPUs per tray
 
 ENVIRONMENT = {
     "dgx_h100": {"NCCL_IB_HCA": "mlx5", "NCCL_NVLS_ENABLE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"},
     "dgx_a100": {"NCCL_IB_HCA": "mlx5", "CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+    "dgx_h800": {"NCCL_IB_HCA": "mlx5", "CUDA_DEVICE_MAX_CONNECTIONS": "1"},
     "gb200_nvl72": {"NCCL_MNNVL_ENABLE": "1", "NCCL_NVLS_ENABLE": "1",
                     "CUDA_DEVICE_MAX_CONNECTIONS": "1"},
 }  # fmt: skip

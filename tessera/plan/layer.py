@@ -13,12 +13,21 @@ caller.
 :func:`profile_layer` compiles the layer's forward and its gradient (``ts.grad``) at the
 model's real widths from abstract arrays (``device="meta"``: shapes and dtypes, no data),
 runs the Schedule IR passes, and reads from them: the simulated forward and
-forward-and-backward time on the cluster (``tessera.perf.simulate``), and from
-``plan-memory``'s plan of the gradient program its peak less its arguments and results:
-the buffers live at its worst point, which is the end of the forward (every activation the
-backward needs, plus the layer output) or early in the backward (those, less the freed
-ones, plus transients): the bytes one layer keeps per microbatch. Profiles are cached by what the per-rank program depends on, so a
-search compiles each distinct layer program once.
+forward-and-backward time on the cluster (``tessera.perf.simulate``); the *saved
+activations* (:func:`saved_activations`: the per-rank values the scheduled gradient
+program's forward kernels make and its backward kernels read, the bytes one layer keeps
+per microbatch in flight);
+and ``plan-memory``'s peak of the gradient program less its arguments and results (the
+working set while one layer runs its backward: its saved values plus transients).
+For a GPT layer (GELU MLP of 4h, no dropout, flash attention) the saved bytes are
+Korthikanti et al. 2022's ``s·b·h·(10 + 24/t)`` without sequence parallelism and
+``34·s·b·h/t`` with it (no ``a·s²`` term: the scores are recomputed by the fused
+attention), plus the attention's f32 log-sum-exp: the two dropout masks the formula
+counts (2sbh) are absent and flash attention's output (2sbh) present. A SwiGLU MLP of
+width f keeps four ``s·b·f`` values (both projections, the SiLU and the product): Llama 3
+405B's layer (f = 3.25h, 8 KV heads of 128) keeps 40.3·s·b·h/t with sequence parallelism.
+Profiles are cached by what the per-rank program depends on, so a search compiles each
+distinct layer program once.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from typing import Any
 
 import torch
 from xdsl.dialects import func
+from xdsl.ir import Operation
 
 from tessera import dist, op
 from tessera.autodiff.api import grad
@@ -57,6 +67,8 @@ class LayerShape:
     tp: int
     cp: int
     sp: bool = False  # sequence parallelism: the residual stream split over tp too
+    dtype: str = "bfloat16"  # of activations and weights (tests compare float32 steps)
+    layer: str = ""  # a Tessera layer function ("module:function"); "": transformer_layer
 
     @staticmethod
     def of(
@@ -64,7 +76,7 @@ class LayerShape:
     ) -> LayerShape:
         return LayerShape(
             model.hidden, model.heads, model.kv_heads, model.head_dim, model.active_ffn(),
-            model.mlp, seq, micro_batch, tp, cp, sp and tp > 1,
+            model.mlp, seq, micro_batch, tp, cp, sp and tp > 1, layer=model.layer,
         )  # fmt: skip
 
 
@@ -77,8 +89,11 @@ class LayerProfile:
     backward_s: float  # the gradient program's time less the forward's
     forward_exposed_comm_s: float
     backward_exposed_comm_s: float
-    stash_bytes: int  # plan-memory peak of the gradient program, less arguments and results
+    stash_bytes: int  # forward values the backward reads (saved_activations), per rank
     input_bytes: int  # the layer's per-rank input (kept under full recomputation)
+    work_bytes: int = 0  # plan-memory peak of the gradient program less its arguments and results
+    attention_forward_flops: float = 0.0  # the attention kernels' matmul FLOPs, per rank
+    attention_backward_flops: float = 0.0
 
 
 def transformer_layer(
@@ -112,8 +127,33 @@ def transformer_layer(
 def layer_loss(
     x: Any, p: dict[str, Any], heads: int, kv_heads: int, mlp: str, residual: Any = None
 ) -> Any:
-    """A scalar of the layer's output, to differentiate (its gradient is the backward)."""
-    return op.sum(transformer_layer(x, p, heads, kv_heads, mlp, residual))
+    """A scalar of the layer's output, to differentiate (its gradient is the backward),
+    and the output itself (``has_aux``): the forward is what the output depends on."""
+    out = transformer_layer(x, p, heads, kv_heads, mlp, residual)
+    return op.sum(out), out
+
+
+def layer_of(shape: LayerShape) -> Callable[..., Any]:
+    """The layer function ``shape`` compiles: the model's own, else :func:`transformer_layer`."""
+    if not shape.layer:
+        return transformer_layer
+    from tessera.plan.models import layer_function
+
+    return layer_function(shape.layer)
+
+
+def _loss_of(layer: Callable[..., Any]) -> Callable[..., Any]:
+    if layer is transformer_layer:
+        return layer_loss
+
+    def loss(
+        x: Any, p: dict[str, Any], heads: int, kv_heads: int, mlp: str, residual: Any = None
+    ) -> Any:
+        out = layer(x, p, heads, kv_heads, mlp, residual)
+        return op.sum(out), out
+
+    loss.__name__ = f"{getattr(layer, '__name__', 'layer')}_loss"
+    return loss
 
 
 def layer_param_shapes(shape: LayerShape) -> dict[str, tuple[int, ...]]:
@@ -159,10 +199,11 @@ def compile_layer(
     static = (shape.heads, shape.kv_heads, shape.mlp, x_spec if shape.sp else None)
     shardings = (x_spec, specs, None, None, None, None)
     statics = (2, 3, 4, 5)
-    forward = jit(transformer_layer, static_argnums=statics, mesh=mesh, in_shardings=shardings)
+    layer = layer_of(shape)
+    forward = jit(layer, static_argnums=statics, mesh=mesh, in_shardings=shardings)
     gradient = jit(
-        grad(layer_loss, argnums=(0, 1)), static_argnums=statics, mesh=mesh,
-        in_shardings=shardings,
+        grad(_loss_of(layer), argnums=(0, 1), has_aux=True), static_argnums=statics,
+        mesh=mesh, in_shardings=shardings,
     )  # fmt: skip
     return forward, gradient, (x, params, *static)
 
@@ -174,6 +215,68 @@ def _argument_bytes(module: Any, name: str) -> int:
     return args + results
 
 
+VIEWS = ("graph.reshape", "graph.shard")  # results that alias their operand
+
+
+def saved_activations(module: Any, name: str) -> tuple[int, list[tuple[str, int]]]:
+    """The per-rank bytes of the forward values the backward reads (the activations a
+    layer keeps per microbatch between its forward and its backward), and each value's
+    producing op and bytes.
+
+    ``module`` is the scheduled (or partitioned) gradient program of :func:`layer_loss`,
+    per-rank shapes, with the layer's output as the last result: the *forward* is the ops
+    (kernels, after fusion) that output depends on; the *saved* values are the results of forward ops
+    (and the layer input) read by any other op, those computed from parameters alone
+    left out (gathered or transposed weights: model state, re-made in the backward). A
+    view (reshape, sharding constraint) of a value counts once, as its base."""
+    function = next(o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == name)
+    block = function.body.block
+    ops = list(block.ops)
+    output = ops[-1].operands[-1]
+    forward: set[Any] = set()
+    stack = [output.owner] if isinstance(output.owner, Operation) else []
+    while stack:
+        node = stack.pop()
+        if node in forward:
+            continue
+        forward.add(node)
+        stack.extend(v.owner for v in node.operands if isinstance(v.owner, Operation))
+    x = block.args[0]
+    activation: set[Any] = {x}  # values that depend on the layer input
+    for node in ops:
+        if any(v in activation for v in node.operands):
+            activation.update(node.results)
+
+    def base(value: Any) -> Any:
+        while isinstance(value.owner, Operation) and value.owner.name in VIEWS:
+            value = value.owner.operands[0]
+        return value
+
+    saved: dict[Any, str] = {}
+    for node in ops[:-1]:
+        if node in forward:
+            continue
+        for v in node.operands:
+            made_forward = v is x or (isinstance(v.owner, Operation) and v.owner in forward)
+            if made_forward and v in activation:
+                root = base(v)
+                saved.setdefault(root, "input" if root is x else root.owner.name)
+    parts = [(what, AbstractTensor.from_xdsl(v.type).nbytes) for v, what in saved.items()]
+    return sum(n for _, n in parts), parts
+
+
+def _attention_flops(module: Any) -> float:
+    """The matmul FLOPs of the attention ops (forward and backward kernels) of a module."""
+    from tessera.ir import graph
+    from tessera.perf.compute_cost import attention_flops
+
+    return sum(
+        attention_flops(o)
+        for o in module.walk()
+        if isinstance(o, graph.AttentionOp | graph.AttentionBackwardOp)
+    )
+
+
 _LOWERED: dict[LayerShape, tuple[Any, Any]] = {}
 _PROFILES: dict[tuple[LayerShape, str], LayerProfile] = {}
 
@@ -181,7 +284,7 @@ _PROFILES: dict[tuple[LayerShape, str], LayerProfile] = {}
 def lowered_layer(shape: LayerShape) -> tuple[Any, Any]:
     """The lowered forward and gradient programs of ``shape`` (compiled once per shape)."""
     if shape not in _LOWERED:
-        forward, gradient, args = compile_layer(shape)
+        forward, gradient, args = compile_layer(shape, getattr(torch, shape.dtype))
         _LOWERED[shape] = (forward.lower(*args), gradient.lower(*args))
     return _LOWERED[shape]
 
@@ -199,6 +302,9 @@ def profile_layer(shape: LayerShape, topology: Topology, exact: bool = True) -> 
             forward_exposed_comm_s=b * one.forward_exposed_comm_s,
             backward_exposed_comm_s=b * one.backward_exposed_comm_s,
             stash_bytes=b * one.stash_bytes, input_bytes=b * one.input_bytes,
+            work_bytes=b * one.work_bytes,
+            attention_forward_flops=b * one.attention_forward_flops,
+            attention_backward_flops=b * one.attention_backward_flops,
         )  # fmt: skip
     key = (shape, topology.name + repr(topology.device))
     if key in _PROFILES:
@@ -209,7 +315,9 @@ def profile_layer(shape: LayerShape, topology: Topology, exact: bool = True) -> 
     gradient_module = lowered_gradient.module_at("schedule")
     peak = lowered_gradient.memory().peak_bytes
     live = peak - _argument_bytes(gradient_module, lowered_gradient.name)
-    local_x = shape.micro_batch * (shape.seq // shape.cp) * shape.hidden * 2
+    saved, _ = saved_activations(gradient_module, lowered_gradient.name)
+    width = torch.empty((), dtype=getattr(torch, shape.dtype)).element_size()
+    local_x = shape.micro_batch * (shape.seq // shape.cp) * shape.hidden * width
     local_x //= shape.tp if shape.sp else 1
     profile = LayerProfile(
         shape=shape,
@@ -217,8 +325,12 @@ def profile_layer(shape: LayerShape, topology: Topology, exact: bool = True) -> 
         backward_s=max(0.0, both.step_time_s - fwd.step_time_s),
         forward_exposed_comm_s=fwd.exposed_comm_s,
         backward_exposed_comm_s=max(0.0, both.exposed_comm_s - fwd.exposed_comm_s),
-        stash_bytes=max(live, local_x),
+        stash_bytes=max(saved, local_x),
         input_bytes=local_x,
+        work_bytes=max(live, saved),
+        attention_forward_flops=_attention_flops(lowered_forward.module_at("schedule")),
+        attention_backward_flops=_attention_flops(gradient_module)
+        - _attention_flops(lowered_forward.module_at("schedule")),
     )
     _PROFILES[key] = profile
     return profile

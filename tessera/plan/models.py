@@ -14,14 +14,24 @@ Presets (sources in :data:`SOURCES`): ``gpt3-175b``, ``llama3-8b``, ``llama3-70b
 ``llama3-405b``, ``mixtral-8x7b``, ``deepseek-v3``. A custom description is
 ``"layers=32,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256"`` (any field of
 :class:`ModelSpec`) or a JSON file of the same fields; ``base=llama3-8b,layers=4``
-overrides a preset.
+overrides a preset. ``layer=module:function`` (or ``layer=path/to/file.py:function``)
+replaces the layer Tessera compiles by a Tessera function of the signature of
+:func:`tessera.plan.layer.transformer_layer` (``x, params, heads, kv_heads, mlp,
+residual``) over the same weights (``wq wk wv wo w1 w2 w3 ln1 ln2``, laid out over tp by
+name): a different block (parallel attention and MLP, another norm or activation) is
+compiled, simulated and its saved activations counted; parameter counts and model FLOPs
+(MFU) still come from the description's sizes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
+import importlib.util
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tessera.errors import TesseraError
@@ -50,6 +60,7 @@ class ModelSpec:
     dense_layers: int = 0  # leading layers with a dense MLP in an MoE model
     tied_embeddings: bool = False
     note: str = ""  # approximations the description makes
+    layer: str = ""  # a Tessera layer function, "module:function" or "file.py:function"
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq"):
@@ -84,6 +95,8 @@ class ModelSpec:
                 object.__setattr__(self, "expert_ffn", self.ffn)
         if not 0 <= self.dense_layers <= self.layers:
             raise TesseraError(f"model {self.name!r}: dense_layers must be in [0, layers]")
+        if self.layer:
+            layer_function(self.layer)  # importable and callable, or a clear error
 
     @property
     def is_moe(self) -> bool:
@@ -200,6 +213,29 @@ SOURCES: dict[str, str] = {
 }
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ModelSpec)}
+
+
+@functools.cache
+def layer_function(path: str) -> Callable[..., object]:
+    """The function ``"module:function"`` or ``"file.py:function"`` names."""
+    where, _, name = path.rpartition(":")
+    if not where or not name:
+        raise TesseraError(f"layer {path!r}: expected 'module:function' or 'file.py:function'")
+    try:
+        if where.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(f"_tessera_plan_layer_{name}", where)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {where}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except (ImportError, OSError) as error:
+        raise TesseraError(f"layer {path!r}: cannot import {where!r}: {error}") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise TesseraError(f"layer {path!r}: {where!r} has no function {name!r}")
+    return function
 
 
 def load_model(text: str) -> ModelSpec:

@@ -11,13 +11,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tessera.errors import TesseraError
-from tessera.perf.topology import Link, Topology, dgx_h100, gb200_nvl72
+from tessera.perf.topology import Link, Topology, dgx_a100, dgx_h100, dgx_h800, gb200_nvl72
 
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "gpipe")
 REMAT = ("none", "full")
 PRECISIONS = ("bf16", "fp8")
 ZERO_STAGES = (0, 1, 2, 3)
-CLUSTERS = ("dgx_h100", "gb200_nvl72", "dgx_a100")
+CLUSTERS = ("dgx_h100", "gb200_nvl72", "dgx_a100", "dgx_h800")
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,8 @@ def cluster_topology(name: str, gpus: int) -> Topology:
         return dgx_h100(nodes=-(-gpus // 8))
     if name == "dgx_a100":
         return dgx_a100(nodes=-(-gpus // 8))
+    if name == "dgx_h800":
+        return dgx_h800(nodes=-(-gpus // 8))
     if name == "gb200_nvl72":
         rack = gb200_nvl72()
         racks = -(-gpus // 72)
@@ -85,28 +87,6 @@ def cluster_topology(name: str, gpus: int) -> Topology:
             f"gb200_nvl72x{racks}", 72 * racks, rack.device, levels, rack.sharp, sources
         )
     raise TesseraError(f"unknown cluster {name!r}; clusters: {', '.join(CLUSTERS)}")
-
-
-def dgx_a100(nodes: int = 1) -> Topology:
-    """``nodes`` DGX A100 80GB (Selene, as in Narayanan et al. 2021): 8 A100 per node on
-    NVSwitch (600 GB/s bidirectional), 8 HDR InfiniBand 200 Gb/s per node."""
-    base = dgx_h100(nodes)
-    device = {
-        "name": "A100 SXM4 80GB",
-        "matmul_flops": {"bf16": 312e12, "f16": 312e12, "f32": 156e12},
-        "memory_bandwidth": 2.039e12,
-    }
-    levels: list[dict[str, Any]] = [{"name": "nvlink", "bandwidth": 300e9}]
-    if nodes > 1:
-        levels.append({"name": "infiniband", "bandwidth": 25e9})
-    source = (
-        "NVIDIA A100 datasheet (312 TFLOPS BF16 dense, 2,039 GB/s HBM2e, NVLink 600 GB/s); "
-        "DGX A100 user guide (8 x HDR 200 Gb/s InfiniBand)"
-    )
-    name = "dgx_a100" if nodes == 1 else f"dgx_a100x{nodes}"
-    return base.with_overrides(
-        {"name": name, "device": device, "levels": levels, "sharp": None}, source=source
-    )
 
 
 def rank_of(strategy: Strategy, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:

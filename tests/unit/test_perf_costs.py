@@ -15,7 +15,9 @@ from tessera.perf import (
     Topology,
     algorithms_for,
     collective_time,
+    dgx_a100,
     dgx_h100,
+    dgx_h800,
     gb200_nvl72,
     load_topology,
     single_gpu,
@@ -154,7 +156,8 @@ def test_preset_names():
     assert load_topology("dgx_h100x4") == dgx_h100(nodes=4)
     assert load_topology("dgx_h100(nodes=4)") == dgx_h100(4)
     assert load_topology("dgx_h100x4").num_devices == 32
-    assert set(PRESETS) == {"single_gpu", "dgx_h100", "gb200_nvl72"}
+    assert set(PRESETS) == {"single_gpu", "dgx_h100", "gb200_nvl72", "dgx_a100", "dgx_h800"}
+    assert load_topology("dgx_a100x2") == dgx_a100(nodes=2)
 
 
 def test_overrides_file_changes_exactly_the_overridden_numbers(tmp_path):
@@ -194,7 +197,16 @@ def _number_paths(topology: Topology) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "topology", [single_gpu(), dgx_h100(), dgx_h100(nodes=3), gb200_nvl72()], ids=str
+    "topology",
+    [
+        single_gpu(),
+        dgx_h100(),
+        dgx_h100(nodes=3),
+        gb200_nvl72(),
+        dgx_a100(nodes=2),
+        dgx_h800(nodes=2),
+    ],
+    ids=str,
 )
 def test_every_preset_number_has_a_source(topology: Topology):
     missing = [path for path in _number_paths(topology) if not topology.sources.get(path)]
@@ -203,8 +215,8 @@ def test_every_preset_number_has_a_source(topology: Topology):
 
 def test_bad_input_errors(tmp_path):
     topology = dgx_h100()
-    with pytest.raises(TesseraError, match=r"unknown topology 'dgx_a100'.*presets: single_gpu"):
-        load_topology("dgx_a100")
+    with pytest.raises(TesseraError, match=r"unknown topology 'dgx_v100'.*presets: single_gpu"):
+        load_topology("dgx_v100")
     with pytest.raises(TesseraError, match=r"unknown override key 'device\.memory_bw'"):
         topology.with_overrides({"device": {"memory_bw": 1e12}})
     with pytest.raises(TesseraError, match="unknown override key 'flops'"):

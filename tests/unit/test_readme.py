@@ -163,6 +163,26 @@ COMMANDS: dict[str, tuple[Run, ...] | str] = {
     ".venv/bin/tessera-opt examples/ir/megatron_mlp.partitioned.mlir -p lower-graph-to-schedule,lower-schedule-to-tile -t triton": (
         Run(AS_WRITTEN, last_line=None, check=_triton_source),
     ),
+    # the search reduced to tp 8 and bf16 (a tenth of the candidates), Pareto front included
+    ".venv/bin/tessera plan recommend --model llama3-70b --gpus 64 --cluster dgx_h100 --seq 8192 --global-batch 1024": (
+        Run(
+            ".venv/bin/tessera plan recommend --model llama3-70b --gpus 64 --cluster dgx_h100 --seq 8192 --global-batch 1024 --tp 8 --precision bf16 --top 3",
+            last_line=None, expect=("rank  strategy", "dp8 tp8", "Pareto front over 64, 32, 128 GPUs"),
+        ),
+    ),
+    # as written; its exit status must be 1 and its messages name the broken rules
+    ".venv/bin/tessera plan validate  --model llama3-70b --gpus 64 --cluster dgx_h100 --tp 3 --pp 4 --dp 5": (
+        Run(
+            ".venv/bin/tessera plan validate  --model llama3-70b --gpus 64 --cluster dgx_h100 --tp 3 --pp 4 --dp 5 2>&1; test $? -eq 1",
+            last_line=None, expect=("invalid: tp 3 does not divide the 64 attention heads", "= 60, but the cluster has 64 GPUs"),
+        ),
+    ),
+    ".venv/bin/tessera plan launch    --model llama3-70b --gpus 64 --cluster dgx_h100 --tp 8 --pp 2 --dp 4 train.py": (
+        Run(AS_WRITTEN, last_line=None, expect=("torchrun --nnodes=8 --nproc-per-node=8", "#SBATCH --nodes=8")),
+    ),
+    ".venv/bin/python benchmarks/planner.py --no-search": (
+        Run(AS_WRITTEN, last_line=None, expect=("Llama 3 405B", "DeepSeek-V3", "mean |error|")),
+    ),
 }  # fmt: skip
 
 
