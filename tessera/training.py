@@ -72,6 +72,7 @@ from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, user_location
 from tessera.ir.mesh import Mesh
+from tessera.ir.remat import RematPolicy
 from tessera.ir.sharding import Sharding
 from tessera.training_state import TrainState, gathered, rank_shards, write_result
 
@@ -99,6 +100,24 @@ def training_params(params: Any) -> Iterator[None]:
         yield
     finally:
         _active_params.pop()
+
+
+_active_remat: list[RematPolicy] = []
+
+
+@contextmanager
+def remat_policy(policy: RematPolicy) -> Iterator[None]:
+    """While tracing a training step: ``graph.backward``'s default remat policy."""
+    _active_remat.append(policy)
+    try:
+        yield
+    finally:
+        _active_remat.pop()
+
+
+def active_remat() -> RematPolicy:
+    """The remat policy of the training step being traced (default: nothing saved)."""
+    return _active_remat[-1] if _active_remat else RematPolicy()
 
 
 _forward_only_losses: list[list[Tensor]] = []
@@ -163,6 +182,7 @@ class TrainingStep:
         kernels: str | None = None,
         module: str | None = None,
         pp_axis: str = "pp",
+        remat: RematPolicy | str | bool | None = None,
     ):
         if zero not in ZERO_STAGES:
             raise TesseraError(f"training_step: zero must be one of {ZERO_STAGES}, found {zero!r}")
@@ -178,6 +198,10 @@ class TrainingStep:
                 f"training_step: zero={zero} shards over the data-parallel axis {dp_axis!r}, "
                 f"but the mesh has axes {axes}; pass mesh=... with that axis or dp_axis=..."
             )
+        try:
+            self.remat = RematPolicy() if remat is None else RematPolicy.of(remat)
+        except TesseraError as error:
+            raise TesseraError(f"training_step: {error}") from None
         self.fn = fn
         self.optimizer = optimizer
         self.mesh = mesh
@@ -421,7 +445,7 @@ class TrainingStep:
             # ZeRO-3: gather each parameter once, at the start, for the forward and backward
             used = pytree.unflatten(tree, constrain(stored, layouts.stored, layouts.compute))
             check_call(user_fn, self.__name__, (used, *batch), {})
-            with training_params(used):
+            with training_params(used), remat_policy(self.remat):
                 returned = user_fn(used, *batch)
             if not (isinstance(returned, tuple) and len(returned) == 2):
                 raise TraceError(
