@@ -163,7 +163,15 @@ class PipelineStep:
         split = kind == "zb-h1"
         config = CompileConfig(self.mesh, kernels, options)
         stages = stage_programs(
-            name, plan, args[: len(leaves)], layouts, args[len(leaves) :], outputs, split, config
+            name,
+            plan,
+            args[: len(leaves)],
+            layouts,
+            args[len(leaves) :],
+            outputs,
+            split,
+            config,
+            self.step.remat,
         )
         actions = pipeline_schedule(kind, self.ranks, m, virtual)
         ir = pipeline_op(kind, self.ranks, m, virtual, actions)

@@ -153,3 +153,46 @@ def test_remat_errors_name_the_problem() -> None:
         match=r"graph.backward: remat: save must be one of .* found 'all', at .*test_remat.py",
     ):
         grad_fn("all")(params_for(1, 4, 4), torch.randn(2, 4), torch.randn(2, 4))
+
+
+def test_pipelined_step_keeps_fewer_activations_between_its_programs() -> None:
+    mesh = dist.mesh({"pp": 2})
+
+    def make(remat):
+        @graph.training_step(
+            optimizer=optim.SGD(lr=0.1), mesh=mesh, kernels="reference", remat=remat
+        )
+        def step(params, x, y):
+            for i, p in enumerate(params):
+                if i == 2:
+                    graph.stage()
+                x = block(p, x)
+            loss = op.mean((x - y) ** 2)
+            return graph.backward(loss), {"loss": loss}
+
+        return step
+
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(32, 16, generator=g), torch.randn(32, 16, generator=g)
+    runs = {}
+    for remat in ("everything", "nothing"):
+        step = make(remat)
+        state = step.init(params_for(4, 16, 64))
+        losses = [step(state, x, y)["loss"].item() for _ in range(2)]
+        compiled = step.pipeline().compiled(state, (x, y))
+        saved = [
+            leaf.shape
+            for stage in compiled.stages
+            if stage.backward is not None
+            for leaf, source in zip(
+                stage.backward.lowered.signature.leaves, stage.backward.inputs, strict=True
+            )
+            if source[0] == "saved"
+        ]
+        runs[remat] = losses, flat(step.gather(state).params), saved
+    assert runs["nothing"][0] == runs["everything"][0]
+    for got, want in zip(runs["nothing"][1], runs["everything"][1], strict=True):
+        assert torch.equal(got, want)
+    # per block the backward keeps only its input (16 wide), not its 64-wide activations
+    assert len(runs["nothing"][2]) < len(runs["everything"][2])
+    assert all(shape[-1] == 16 for shape in runs["nothing"][2] if shape)
