@@ -4,6 +4,7 @@
     python examples/train_gpt.py --steps 10 --dp 1 --tp 1
     python examples/train_gpt.py --zero 3             # parameters, grads, state sharded over dp
     python examples/train_gpt.py --vocab-parallel     # the embedding's vocabulary split over tp
+    python examples/train_gpt.py --remat nothing      # recompute each block's activations
     tessera run -n 4 examples/train_gpt.py --steps 5  # one process per rank (gloo)
     tessera run -n 8 examples/train_gpt.py --pp 2 --microbatches 4 --schedule 1f1b
                                                       # pp x dp x tp = 2 x 2 x 2, pipelined
@@ -21,7 +22,9 @@ splits the tied embedding over tp by vocabulary rows, Megatron's vocab-parallel
 embedding and cross-entropy). With ``--pp``, the
 mesh gets a ``pp`` axis: the forward is split into balanced pipeline stages, each batch
 into ``--microbatches``, run with the ``--schedule`` (gpipe, 1f1b, interleaved with
-``--virtual`` chunks per rank, zb-h1). Each step's loss
+``--virtual`` chunks per rank, zb-h1). Each transformer block is a ``graph.checkpoint``
+block: ``--remat`` says what the backward keeps of it (``everything``, the default;
+``matmuls``; ``nothing``: only the block's input, the rest recomputed). Each step's loss
 is compared with a torch single-device loop (float64, torch.optim.AdamW) started from
 the same parameters.
 """
@@ -40,20 +43,26 @@ from tessera import dist, graph, op, optim, schedule
 LOSS_RTOL = 2e-4  # f32 program vs float64 torch, per step (rounding differences accumulate)
 
 
+@graph.checkpoint
+def gpt_block(p, x, i: int, n_head: int):
+    """Transformer block ``i`` (pre-LN, causal attention, GELU MLP) of ``x [B, T, C]``."""
+    B, T, C = x.shape
+    D = C // n_head
+    h = op.layer_norm(x, weight=p[f"ln1_w{i}"], bias=p[f"ln1_b{i}"])
+    q, k, v = op.chunk(h @ p[f"attn_w{i}"], 3, axis=-1)
+    q, k, v = (op.transpose(op.reshape(t, (B, T, n_head, D)), (0, 2, 1, 3)) for t in (q, k, v))
+    attn = op.reshape(op.transpose(op.attention(q, k, v, causal=True), (0, 2, 1, 3)), (B, T, C))
+    x = x + attn @ p[f"proj_w{i}"]
+    h = op.layer_norm(x, weight=p[f"ln2_w{i}"], bias=p[f"ln2_b{i}"])
+    return x + op.gelu(h @ p[f"fc_w{i}"]) @ p[f"out_w{i}"]
+
+
 def gpt_loss(p, tokens, targets, n_head: int, n_layer: int):
     """Mean next-token cross-entropy of ``tokens [B, T]``."""
-    B, T = tokens.shape
-    C = p["wte"].shape[1]
-    D = C // n_head
+    T = tokens.shape[1]
     x = op.take(p["wte"], tokens, axis=0) + p["wpe"][:T]
     for i in range(n_layer):
-        h = op.layer_norm(x, weight=p[f"ln1_w{i}"], bias=p[f"ln1_b{i}"])
-        q, k, v = op.chunk(h @ p[f"attn_w{i}"], 3, axis=-1)
-        q, k, v = (op.transpose(op.reshape(t, (B, T, n_head, D)), (0, 2, 1, 3)) for t in (q, k, v))
-        attn = op.reshape(op.transpose(op.attention(q, k, v, causal=True), (0, 2, 1, 3)), (B, T, C))
-        x = x + attn @ p[f"proj_w{i}"]
-        h = op.layer_norm(x, weight=p[f"ln2_w{i}"], bias=p[f"ln2_b{i}"])
-        x = x + op.gelu(h @ p[f"fc_w{i}"]) @ p[f"out_w{i}"]
+        x = gpt_block(p, x, i, n_head)
     logits = op.layer_norm(x) @ op.transpose(p["wte"], (1, 0))
     return op.cross_entropy(logits, targets)
 
@@ -106,6 +115,7 @@ def make_step(mesh: dist.Mesh, params: dict[str, torch.Tensor], args: argparse.N
     @graph.training_step(
         optimizer=optim.AdamW(lr=args.lr, weight_decay=0.0), mesh=mesh, zero=args.zero,
         param_shardings=megatron_layout(params, getattr(args, "vocab_parallel", False)),
+        remat=getattr(args, "remat", "everything"),
     )  # fmt: skip
     def step(p, tokens, targets):
         loss = gpt_loss(p, tokens, targets, args.heads, args.layers)
@@ -131,6 +141,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp")
     parser.add_argument("--vocab-parallel", action="store_true", help="split the tied embedding's vocabulary over tp")
+    parser.add_argument(
+        "--remat", default="everything", choices=("everything", "matmuls", "nothing"),
+        help="what the backward keeps of each transformer block (the rest is recomputed)",
+    )  # fmt: skip
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages (ranks along pp)")
     parser.add_argument("--microbatches", type=int, default=4, help="microbatches per step (with --pp)")
     parser.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved", "zb-h1"))
@@ -198,9 +212,10 @@ def main(argv: list[str] | None = None) -> None:
     elif rank0:
         lowered = step.lower(state, tokens, targets)
         kinds = sorted({f"{c.kind}[{','.join(c.mesh_axes)}]" for c in lowered.collectives()})
-        memory = lowered.memory().model_states
-        print(f"mesh {args.dp} x {args.tp}, ZeRO-{args.zero}, {args.steps} steps in {time.perf_counter() - start:.1f} s; collectives: {', '.join(kinds) or 'none'}")
-        print(f"per-rank bytes: params {memory.params}, grads {memory.grads}, optimizer state {memory.optimizer_state}")
+        stats = lowered.memory()
+        memory = stats.model_states
+        print(f"mesh {args.dp} x {args.tp}, ZeRO-{args.zero}, remat {args.remat}, {args.steps} steps in {time.perf_counter() - start:.1f} s; collectives: {', '.join(kinds) or 'none'}")
+        print(f"per-rank bytes: params {memory.params}, grads {memory.grads}, optimizer state {memory.optimizer_state}, peak {stats.peak_bytes}")
         print(f"largest per-step loss difference vs torch: {worst:.1e} (tolerance {LOSS_RTOL:.0e})")
     assert first_loss is not None and loss_value is not None
     if worst > LOSS_RTOL or (args.steps > 1 and loss_value >= first_loss):
