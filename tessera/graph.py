@@ -121,6 +121,8 @@ def training_step(
     module: str | None = None,
     pp_axis: str = "pp",
     remat: Remat | str | bool | None = None,
+    clip_grad_norm: float | None = None,
+    accumulate: int = 1,
 ) -> Any:
     """Compiles ``fn(params, *batch) -> (grads, metrics)`` into a training step with the
     ``optimizer``'s update (see :mod:`tessera.training`). ``param_shardings`` is a
@@ -128,12 +130,15 @@ def training_step(
     layout), ``batch_shardings`` one spec per batch argument (default: dim 0 over
     ``dp_axis``), ``zero`` the ZeRO stage, ``module`` the program's name, ``remat`` what the backward
     keeps of the ``graph.checkpoint`` blocks (``graph.Remat``, ``"nothing"``,
-    ``"matmuls"``, ``"everything"``; default nothing). On a mesh with ``pp_axis`` the
-    step is pipelined (:mod:`tessera.pipeline.step`)."""
+    ``"matmuls"``, ``"everything"``; default nothing), ``clip_grad_norm`` the global
+    norm the gradients are clipped to (metric ``"grad_norm"``: their norm before),
+    ``accumulate`` the microbatches each batch is cut into (gradients averaged). On a
+    mesh with ``pp_axis`` the step is pipelined (:mod:`tessera.pipeline.step`)."""
     options = {
         "optimizer": optimizer, "mesh": mesh, "param_shardings": param_shardings,
         "batch_shardings": batch_shardings, "zero": zero, "dp_axis": dp_axis,
         "kernels": kernels, "module": module, "pp_axis": pp_axis, "remat": remat,
+        "clip_grad_norm": clip_grad_norm, "accumulate": accumulate,
     }  # fmt: skip
     if mesh is not None and not isinstance(mesh, Mesh):
         raise ShardingError(

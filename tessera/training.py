@@ -71,6 +71,8 @@ from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, user_location
+from tessera.grad_accumulation import accumulate_microbatches
+from tessera.grad_clip import clip_by_global_norm
 from tessera.ir.mesh import Mesh
 from tessera.ir.remat import RematPolicy
 from tessera.ir.sharding import Sharding
@@ -183,6 +185,8 @@ class TrainingStep:
         module: str | None = None,
         pp_axis: str = "pp",
         remat: RematPolicy | str | bool | None = None,
+        clip_grad_norm: float | None = None,
+        accumulate: int = 1,
     ):
         if zero not in ZERO_STAGES:
             raise TesseraError(f"training_step: zero must be one of {ZERO_STAGES}, found {zero!r}")
@@ -202,6 +206,19 @@ class TrainingStep:
             self.remat = RematPolicy() if remat is None else RematPolicy.of(remat)
         except TesseraError as error:
             raise TesseraError(f"training_step: {error}") from None
+        if clip_grad_norm is not None and not (
+            isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0
+        ):
+            raise TesseraError(
+                f"training_step: clip_grad_norm must be a positive number, found {clip_grad_norm!r}"
+            )
+        if not isinstance(accumulate, int) or accumulate < 1:
+            raise TesseraError(
+                f"training_step: accumulate must be a positive int (microbatches per step), "
+                f"found {accumulate!r}"
+            )
+        self.clip_grad_norm = clip_grad_norm
+        self.accumulate = accumulate
         self.fn = fn
         self.optimizer = optimizer
         self.mesh = mesh
@@ -218,6 +235,11 @@ class TrainingStep:
             raise ShardingError(
                 f"training_step: zero={zero} with the pipeline axis {pp_axis!r} is not "
                 f"supported yet; use zero=0 on a mesh with {pp_axis!r}"
+            )
+        if self.pp_axis and accumulate > 1:
+            raise ShardingError(
+                f"training_step: a pipelined step already splits the batch into microbatches "
+                f"(schedule.pipeline_microbatches); drop accumulate={accumulate}"
             )
         if self.pp_axis and batch_shardings is not None:
             raise ShardingError(
@@ -440,11 +462,7 @@ class TrainingStep:
                 for v, have, want in zip(values, shardings, wanted, strict=True)
             ]
 
-        def program(params: Any, opt_state: Any, *batch: Any) -> Any:
-            stored = pytree.flatten(params)[0]
-            # ZeRO-3: gather each parameter once, at the start, for the forward and backward
-            used = pytree.unflatten(tree, constrain(stored, layouts.stored, layouts.compute))
-            check_call(user_fn, self.__name__, (used, *batch), {})
+        def call(used: Any, batch: Sequence[Any]) -> tuple[list[Tensor], Any]:
             with training_params(used), remat_policy(self.remat):
                 returned = user_fn(used, *batch)
             if not (isinstance(returned, tuple) and len(returned) == 2):
@@ -459,10 +477,27 @@ class TrainingStep:
                     f"{self.__name__}: the gradients returned have a different structure "
                     f"from the parameters; return graph.backward(loss) as is"
                 )
+            return grad_leaves, metrics
+
+        def program(params: Any, opt_state: Any, *batch: Any) -> Any:
+            stored = pytree.flatten(params)[0]
+            # ZeRO-3: gather each parameter once, at the start, for the forward and backward
+            used = pytree.unflatten(tree, constrain(stored, layouts.stored, layouts.compute))
+            check_call(user_fn, self.__name__, (used, *batch), {})
+            if self.accumulate == 1:
+                grad_leaves, metrics = call(used, batch)
+            else:
+                grad_leaves, metrics = accumulate_microbatches(
+                    lambda micro: call(used, micro), batch, self.accumulate, self._dp_size()
+                )
             grad_leaves = [
                 shard(g, want) if mesh is not None else g
                 for g, want in zip(grad_leaves, layouts.grad, strict=True)
             ]
+            if self.clip_grad_norm is not None:
+                grad_leaves, norm = clip_by_global_norm(grad_leaves, self.clip_grad_norm)
+                if isinstance(metrics, dict):
+                    metrics = {**metrics, "grad_norm": norm}
             new_params, new_state = optimizer.update(
                 params, pytree.unflatten(tree, grad_leaves), opt_state
             )
@@ -470,6 +505,9 @@ class TrainingStep:
 
         program.__name__ = self.__name__
         return program
+
+    def _dp_size(self) -> int:
+        return self.mesh.axis_size(self.dp_axis) if self.mesh and self.dp_axis else 1
 
     def _model_states(
         self, lowered: Lowered, state: TrainState, layouts: _Layouts

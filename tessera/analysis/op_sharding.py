@@ -329,7 +329,8 @@ def _passthrough(
     if not definition.linear or any(a in split for p in partials for a, _ in p):
         return {}
     if policy == "all":
-        if partials and partials[0] and all(p == partials[0] for p in partials):
+        # a sum over mesh axes does not depend on their order: (tp, dp) is (dp, tp)
+        if partials and partials[0] and all(set(p) == set(partials[0]) for p in partials):
             return dict.fromkeys(range(len(partials)), partials[0])
         return {}
     carriers = [i for i in policy if i < len(partials) and partials[i]]  # type: ignore[union-attr]
