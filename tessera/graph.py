@@ -34,17 +34,21 @@ from tessera.frontend.tracer import Tensor, current_trace, user_location
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.mesh import Mesh
 from tessera.ir.remat import RematPolicy as Remat
+from tessera.mixed_precision import Precision
+from tessera.op import astype
 from tessera.passes.autodiff import backprop
 from tessera.pipeline.step import PipelinedTrainingStep
 from tessera.training import (
     TrainingStep,
     TrainState,
+    active_loss_scale,
     active_params,
     active_remat,
     forward_only_loss,
 )
 
 __all__ = [
+    "Precision",
     "Remat",
     "TrainState",
     "TrainingStep",
@@ -96,13 +100,16 @@ def backward(loss: Tensor, params: Any = None, remat: Remat | str | bool | None 
                 f"graph.backward: only float tensors have gradients, found {leaf.aval} at {user_location()}"
             )
     trace = loss.trace
+    scale = active_loss_scale()  # a training step's loss scaling: the gradients of scale·loss
+    seeds = None if scale is None else {loss.value: astype(scale, loss.aval.dtype).value}
     forward = list(trace.block.ops)
     grads = backprop(
         forward,
-        loss.value,
+        None if seeds else loss.value,
         [leaf.value for leaf in leaves],
         GradBuilder(InsertPoint.at_end(trace.block)),
         "graph.backward",
+        seeds,
         remat=policy,
     )
     return pytree.unflatten(tree, [Tensor(trace, g) for g in grads])
@@ -123,6 +130,7 @@ def training_step(
     remat: Remat | str | bool | None = None,
     clip_grad_norm: float | None = None,
     accumulate: int = 1,
+    precision: Precision | str | None = None,
 ) -> Any:
     """Compiles ``fn(params, *batch) -> (grads, metrics)`` into a training step with the
     ``optimizer``'s update (see :mod:`tessera.training`). ``param_shardings`` is a
@@ -132,13 +140,15 @@ def training_step(
     keeps of the ``graph.checkpoint`` blocks (``graph.Remat``, ``"nothing"``,
     ``"matmuls"``, ``"everything"``; default nothing), ``clip_grad_norm`` the global
     norm the gradients are clipped to (metric ``"grad_norm"``: their norm before),
-    ``accumulate`` the microbatches each batch is cut into (gradients averaged). On a
+    ``accumulate`` the microbatches each batch is cut into (gradients averaged),
+    ``precision`` the mixed-precision policy (``graph.Precision``, or ``"bf16"`` /
+    ``"fp16"``: :mod:`tessera.mixed_precision`). On a
     mesh with ``pp_axis`` the step is pipelined (:mod:`tessera.pipeline.step`)."""
     options = {
         "optimizer": optimizer, "mesh": mesh, "param_shardings": param_shardings,
         "batch_shardings": batch_shardings, "zero": zero, "dp_axis": dp_axis,
         "kernels": kernels, "module": module, "pp_axis": pp_axis, "remat": remat,
-        "clip_grad_norm": clip_grad_norm, "accumulate": accumulate,
+        "clip_grad_norm": clip_grad_norm, "accumulate": accumulate, "precision": precision,
     }  # fmt: skip
     if mesh is not None and not isinstance(mesh, Mesh):
         raise ShardingError(

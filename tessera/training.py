@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from tessera import op
 from tessera.backends import distributed
 from tessera.compiled import (
     JitFunction,
@@ -76,6 +77,7 @@ from tessera.grad_clip import clip_by_global_norm
 from tessera.ir.mesh import Mesh
 from tessera.ir.remat import RematPolicy
 from tessera.ir.sharding import Sharding
+from tessera.mixed_precision import LossScaled, Precision, to_compute, widened
 from tessera.training_state import TrainState, gathered, rank_shards, write_result
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -115,6 +117,28 @@ def remat_policy(policy: RematPolicy) -> Iterator[None]:
         yield
     finally:
         _active_remat.pop()
+
+
+_loss_scales: list[Tensor] = []
+
+
+@contextmanager
+def loss_scaling(scale: Tensor | None) -> Iterator[None]:
+    """While tracing a step with loss scaling: ``graph.backward`` seeds the loss's
+    cotangent with ``scale`` (the gradients of ``scale · loss``)."""
+    if scale is None:
+        yield
+        return
+    _loss_scales.append(scale)
+    try:
+        yield
+    finally:
+        _loss_scales.pop()
+
+
+def active_loss_scale() -> Tensor | None:
+    """The loss scale of the training step being traced, if it scales its loss."""
+    return _loss_scales[-1] if _loss_scales else None
 
 
 def active_remat() -> RematPolicy:
@@ -187,6 +211,7 @@ class TrainingStep:
         remat: RematPolicy | str | bool | None = None,
         clip_grad_norm: float | None = None,
         accumulate: int = 1,
+        precision: Precision | str | None = None,
     ):
         if zero not in ZERO_STAGES:
             raise TesseraError(f"training_step: zero must be one of {ZERO_STAGES}, found {zero!r}")
@@ -219,8 +244,9 @@ class TrainingStep:
             )
         self.clip_grad_norm = clip_grad_norm
         self.accumulate = accumulate
+        self.precision = Precision.of(precision)
         self.fn = fn
-        self.optimizer = optimizer
+        self.optimizer = LossScaled(optimizer, self.precision) if self.precision.scaled else optimizer
         self.mesh = mesh
         check_shard_specs(param_shardings, "training_step: param_shardings")
         check_shard_specs(batch_shardings, "training_step: batch_shardings")
@@ -462,8 +488,11 @@ class TrainingStep:
                 for v, have, want in zip(values, shardings, wanted, strict=True)
             ]
 
-        def call(used: Any, batch: Sequence[Any]) -> tuple[list[Tensor], Any]:
-            with training_params(used), remat_policy(self.remat):
+        precision = self.precision
+
+        def call(used: Any, batch: Sequence[Any], scale: Tensor | None) -> tuple[list[Tensor], Any]:
+            used, batch = to_compute(used, precision), to_compute(tuple(batch), precision)
+            with training_params(used), remat_policy(self.remat), loss_scaling(scale):
                 returned = user_fn(used, *batch)
             if not (isinstance(returned, tuple) and len(returned) == 2):
                 raise TraceError(
@@ -484,16 +513,23 @@ class TrainingStep:
             # ZeRO-3: gather each parameter once, at the start, for the forward and backward
             used = pytree.unflatten(tree, constrain(stored, layouts.stored, layouts.compute))
             check_call(user_fn, self.__name__, (used, *batch), {})
+            scale = opt_state["loss_scale"]["scale"] if precision.scaled else None
             if self.accumulate == 1:
-                grad_leaves, metrics = call(used, batch)
+                grad_leaves, metrics = call(used, batch, scale)
             else:
                 grad_leaves, metrics = accumulate_microbatches(
-                    lambda micro: call(used, micro), batch, self.accumulate, self._dp_size()
+                    lambda micro: call(used, micro, scale), batch, self.accumulate, self._dp_size()
                 )
+            masters = [p.aval.dtype for p in stored]
+            if precision.mixed and precision.reduce == "f32":  # the reductions in f32
+                grad_leaves = [widened(g, d) for g, d in zip(grad_leaves, masters, strict=True)]
             grad_leaves = [
                 shard(g, want) if mesh is not None else g
                 for g, want in zip(grad_leaves, layouts.grad, strict=True)
             ]
+            grad_leaves = [op.astype(g, d) for g, d in zip(grad_leaves, masters, strict=True)]
+            if scale is not None:
+                grad_leaves = [g / scale for g in grad_leaves]
             if self.clip_grad_norm is not None:
                 grad_leaves, norm = clip_by_global_norm(grad_leaves, self.clip_grad_norm)
                 if isinstance(metrics, dict):
