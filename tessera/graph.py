@@ -131,6 +131,7 @@ def training_step(
     clip_grad_norm: float | None = None,
     accumulate: int = 1,
     precision: Precision | str | None = None,
+    numerics: str | None = None,
 ) -> Any:
     """Compiles ``fn(params, *batch) -> (grads, metrics)`` into a training step with the
     ``optimizer``'s update (see :mod:`tessera.training`). ``param_shardings`` is a
@@ -142,13 +143,16 @@ def training_step(
     norm the gradients are clipped to (metric ``"grad_norm"``: their norm before),
     ``accumulate`` the microbatches each batch is cut into (gradients averaged),
     ``precision`` the mixed-precision policy (``graph.Precision``, or ``"bf16"`` /
-    ``"fp16"``: :mod:`tessera.mixed_precision`). On a
+    ``"fp16"``: :mod:`tessera.mixed_precision`), ``numerics`` the step's numerics policy
+    (``"fast"`` or ``"deterministic"``; default the global one: :mod:`tessera.numerics`).
+    On a
     mesh with ``pp_axis`` the step is pipelined (:mod:`tessera.pipeline.step`)."""
     options = {
         "optimizer": optimizer, "mesh": mesh, "param_shardings": param_shardings,
         "batch_shardings": batch_shardings, "zero": zero, "dp_axis": dp_axis,
         "kernels": kernels, "module": module, "pp_axis": pp_axis, "remat": remat,
         "clip_grad_norm": clip_grad_norm, "accumulate": accumulate, "precision": precision,
+        "numerics": numerics,
     }  # fmt: skip
     if mesh is not None and not isinstance(mesh, Mesh):
         raise ShardingError(

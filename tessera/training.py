@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from tessera import numerics as numerics_policy
 from tessera import op
 from tessera.backends import distributed
 from tessera.compiled import (
@@ -212,6 +213,7 @@ class TrainingStep:
         clip_grad_norm: float | None = None,
         accumulate: int = 1,
         precision: Precision | str | None = None,
+        numerics: str | None = None,
     ):
         if zero not in ZERO_STAGES:
             raise TesseraError(f"training_step: zero must be one of {ZERO_STAGES}, found {zero!r}")
@@ -245,6 +247,7 @@ class TrainingStep:
         self.clip_grad_norm = clip_grad_norm
         self.accumulate = accumulate
         self.precision = Precision.of(precision)
+        self.numerics = None if numerics is None else numerics_policy.check(numerics, "training_step: numerics")
         self.fn = fn
         self.optimizer = LossScaled(optimizer, self.precision) if self.precision.scaled else optimizer
         self.mesh = mesh
@@ -289,7 +292,8 @@ class TrainingStep:
         """Runs one step: updates ``state`` in place and returns the metrics."""
         self._placed(state)
         lowered = self.lower(state, *batch)
-        new_params, new_opt_state, metrics = lowered(state.params, state.opt_state, *batch)
+        with numerics_policy.mode_of(self.numerics):
+            new_params, new_opt_state, metrics = lowered(state.params, state.opt_state, *batch)
         for old, new in zip(
             pytree.flatten((state.params, state.opt_state))[0],
             pytree.flatten((new_params, new_opt_state))[0],

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as tdist
 
-from tessera import op, schedule
+from tessera import numerics, op, schedule
 from tessera.backends import distributed
 from tessera.backends.execution import Execution, execution_for
 from tessera.backends.layout import block
@@ -487,7 +487,8 @@ class PipelinedTrainingStep(TrainingStep):
         self._pipeline = PipelineStep(self, self.pp_axis)
 
     def __call__(self, state: TrainState, *batch: Any) -> Any:
-        return self._pipeline(state, *batch)
+        with numerics.mode_of(self.numerics):
+            return self._pipeline(state, *batch)
 
     def pipeline(self) -> PipelineStep:
         return self._pipeline

@@ -1,6 +1,7 @@
-"""Run under ``tessera run -n 4 training_options.py DIR``: the step of :func:`make_step`
-(dp x tp = 2 x 2, ZeRO-3, checkpointed blocks recomputed, gradients clipped by global
-norm, 4 accumulated microbatches) trains three steps; rank 0 saves the losses, gradient
+"""Run under ``tessera run -n 4 training_options.py DIR PRECISION``: the step of
+:func:`make_step` (dp x tp = 2 x 2, ZeRO-3, checkpointed blocks recomputed, gradients
+clipped by global norm, 4 accumulated microbatches, computing in PRECISION: f32, bf16
+or fp16 with dynamic loss scaling; deterministic numerics) trains three steps; rank 0 saves the losses, gradient
 norms and the whole state to ``DIR/state.pt``. The test compares them bit for bit with
 the same training on the virtual mesh (reference kernels)."""
 
@@ -24,14 +25,15 @@ def block(p: Any, x: Any) -> Any:
     return x + op.gelu(op.layer_norm(x) @ p["w1"]) @ p["w2"]
 
 
-def make_step() -> Any:
+def make_step(precision: str = "f32") -> Any:
     @graph.training_step(optimizer=optim.AdamW(lr=1e-2), mesh=dist.mesh({"dp": 2, "tp": 2}), zero=3,
                          kernels="reference", param_shardings=[{"w1": COLS, "w2": ROWS}] * 2,
-                         remat="nothing", clip_grad_norm=0.5, accumulate=4)  # fmt: skip
+                         remat="nothing", clip_grad_norm=0.5, accumulate=4, precision=precision,
+                         numerics="deterministic")  # fmt: skip
     def step(params: Any, x: Any, y: Any) -> Any:
         for p in params:
             x = block(p, x)
-        loss = op.mean((x - y) ** 2)
+        loss = op.mean(op.astype((x - y) ** 2, "float32"))
         return graph.backward(loss), {"loss": loss}
 
     return step
@@ -61,7 +63,7 @@ def _whole(value: Any) -> Any:
 
 def main() -> None:
     folder = Path(sys.argv[1])
-    step = make_step()
+    step = make_step(sys.argv[2])
     params, x, y = initial()
     state = step.init(params)
     metrics = train(step, state, x, y)
