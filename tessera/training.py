@@ -51,12 +51,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from math import prod
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from tessera import numerics as numerics_policy
-from tessera import op
+from tessera import op, sharded_checkpoint
 from tessera.backends import distributed
 from tessera.compiled import (
     JitFunction,
@@ -329,6 +330,31 @@ class TrainingStep:
             )
         state = TrainState(params, state_dict["opt_state"], int(state_dict["step"]))
         return self._placed(state)
+
+    def save(self, state: TrainState, path: str | Path) -> None:
+        """Writes ``state`` (parameters, optimizer state, step, torch RNG) to the directory
+        ``path`` as a sharded, atomic ``torch.distributed.checkpoint``
+        (:mod:`tessera.sharded_checkpoint`; a collective under ``tessera run``)."""
+        leaves, paths = self._named_leaves(state)
+        sharded_checkpoint.save(leaves, paths, state.step, path)
+
+    def restore(self, state: TrainState, path: str | Path) -> TrainState:
+        """Fills ``state`` (from :meth:`init`, on this step's mesh) with the checkpoint at
+        ``path``, saved on any mesh (resharded on load); returns it."""
+        leaves, paths = self._named_leaves(state)
+        try:
+            state.step = sharded_checkpoint.restore(leaves, paths, path)
+        except TesseraError as error:
+            raise TesseraError(f"{self.__name__}.restore: {error}") from None
+        return state
+
+    def _named_leaves(self, state: TrainState) -> tuple[list[Any], list[str]]:
+        self._placed(state)
+        param_leaves, tree = pytree.flatten(state.params)
+        state_leaves, state_tree = pytree.flatten(state.opt_state)
+        paths = [f"params{p}" for p in _paths(tree)]
+        paths += [f"opt_state{p}" for p in _paths(state_tree)]
+        return [*param_leaves, *state_leaves], paths
 
     def pipeline(self) -> Any:
         """The pipelined execution of this step; only steps on a mesh with a pipeline
