@@ -6,6 +6,8 @@
     python examples/train_gpt.py --vocab-parallel     # the embedding's vocabulary split over tp
     python examples/train_gpt.py --remat nothing      # recompute each block's activations
     python examples/train_gpt.py --precision bf16     # bf16 compute, f32 master weights
+    python examples/train_gpt.py --deterministic      # sums over ranks in a fixed order
+    python examples/train_gpt.py --steps 5 --save ckpt && python examples/train_gpt.py --resume ckpt
     tessera run -n 4 examples/train_gpt.py --steps 5  # one process per rank (gloo)
     tessera run -n 8 examples/train_gpt.py --pp 2 --microbatches 4 --schedule 1f1b
                                                       # pp x dp x tp = 2 x 2 x 2, pipelined
@@ -27,7 +29,11 @@ into ``--microbatches``, run with the ``--schedule`` (gpipe, 1f1b, interleaved w
 block: ``--remat`` says what the backward keeps of it (``everything``, the default;
 ``matmuls``; ``nothing``: only the block's input, the rest recomputed). ``--precision bf16``
 computes in bf16 with f32 master weights and AdamW state and f32 gradient reductions (the loss is then compared with torch to
-``LOSS_RTOL_MIXED``). Each step's loss
+``LOSS_RTOL_MIXED``). ``--deterministic`` selects the deterministic numerics (every sum
+over ranks added in mesh order: bit-identical runs). ``--save DIR`` writes the training
+state as a sharded checkpoint after the last step; ``--resume DIR`` starts from one
+(saved on any mesh: resharded on load), the torch loop from the same weights and AdamW
+moments. Each step's loss
 is compared with a torch single-device loop (float64, torch.optim.AdamW) started from
 the same parameters.
 """
@@ -120,12 +126,25 @@ def make_step(mesh: dist.Mesh, params: dict[str, torch.Tensor], args: argparse.N
         optimizer=optim.AdamW(lr=args.lr, weight_decay=0.0), mesh=mesh, zero=args.zero,
         param_shardings=megatron_layout(params, getattr(args, "vocab_parallel", False)),
         remat=getattr(args, "remat", "everything"), precision=getattr(args, "precision", "f32"),
+        numerics="deterministic" if getattr(args, "deterministic", False) else None,
     )  # fmt: skip
     def step(p, tokens, targets):
         loss = gpt_loss(p, tokens, targets, args.heads, args.layers)
         return graph.backward(loss), {"loss": loss}
 
     return step
+
+
+def resume_reference(reference: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """The torch loop's weights and AdamW state from a resumed training state."""
+    with torch.no_grad():
+        for name, value in reference.items():
+            value.copy_(saved["params"][name].double())
+            optimizer.state[value] = {
+                "step": torch.tensor(float(saved["opt_state"]["step"])),
+                "exp_avg": saved["opt_state"]["m"][name].double().clone(),
+                "exp_avg_sq": saved["opt_state"]["v"][name].double().clone(),
+            }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,6 +169,9 @@ def main(argv: list[str] | None = None) -> None:
         help="what the backward keeps of each transformer block (the rest is recomputed)",
     )  # fmt: skip
     parser.add_argument("--precision", default="f32", choices=("f32", "bf16"), help="compute dtype (f32 master weights)")
+    parser.add_argument("--deterministic", action="store_true", help="sums over ranks in a fixed order")
+    parser.add_argument("--save", default=None, help="write a sharded checkpoint to this directory at the end")
+    parser.add_argument("--resume", default=None, help="start from the sharded checkpoint in this directory")
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages (ranks along pp)")
     parser.add_argument("--microbatches", type=int, default=4, help="microbatches per step (with --pp)")
     parser.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved", "zb-h1"))
@@ -191,6 +213,11 @@ def main(argv: list[str] | None = None) -> None:
     tokens, targets = stream[:, :-1], stream[:, 1:]
 
     torch_optimizer = torch.optim.AdamW(reference.values(), lr=args.lr, weight_decay=0.0)
+    if args.resume:
+        step.restore(state, args.resume)
+        resume_reference(reference, torch_optimizer, step.state_dict(state))
+        if rank0:
+            print(f"resumed from {args.resume} at step {state.step}")
     tolerance = LOSS_RTOL if args.precision == "f32" else LOSS_RTOL_MIXED
     worst, first_loss, loss_value = 0.0, None, None
     start = time.perf_counter()
@@ -207,6 +234,10 @@ def main(argv: list[str] | None = None) -> None:
         worst = max(worst, error)
         if rank0 and (i % 10 == 0 or i == args.steps - 1):
             print(f"step {i:3d}  loss {loss_value:.5f}  torch {expected.item():.5f}  rel. diff {error:.1e}")
+    if args.save:
+        step.save(state, args.save)  # every rank writes its own pieces
+        if rank0:
+            print(f"saved step {state.step} to {args.save}")
     if rank0 and args.pp > 1:
         pipeline = step.pipeline().compiled(state, (tokens, targets))
         print(
