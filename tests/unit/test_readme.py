@@ -196,8 +196,10 @@ def test_commands_run_elsewhere_are_run_there() -> None:
             body = source.split(f"def {name}(", 1)[1].split("\ndef ", 1)[0]
             words = shlex.split(command)
             script = next(w for w in words if w.endswith(".py"))
-            ranks = words[words.index("-n") + 1]
-            assert script in body and f'"-n", "{ranks}"' in body, (command, cover)
+            assert script in body, (command, cover)
+            if "-n" in words:  # a launch: the test runs as many ranks
+                ranks = words[words.index("-n") + 1]
+                assert f'"-n", "{ranks}"' in body, (command, cover)
 
 
 RUNS = [
