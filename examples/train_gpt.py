@@ -4,6 +4,10 @@
     python examples/train_gpt.py --steps 10 --dp 1 --tp 1
     python examples/train_gpt.py --zero 3             # parameters, grads, state sharded over dp
     python examples/train_gpt.py --vocab-parallel     # the embedding's vocabulary split over tp
+    python examples/train_gpt.py --remat nothing      # recompute each block's activations
+    python examples/train_gpt.py --precision bf16     # bf16 compute, f32 master weights
+    python examples/train_gpt.py --deterministic      # sums over ranks in a fixed order
+    python examples/train_gpt.py --steps 5 --save ckpt && python examples/train_gpt.py --resume ckpt
     tessera run -n 4 examples/train_gpt.py --steps 5  # one process per rank (gloo)
     tessera run -n 8 examples/train_gpt.py --pp 2 --microbatches 4 --schedule 1f1b
                                                       # pp x dp x tp = 2 x 2 x 2, pipelined
@@ -21,7 +25,15 @@ splits the tied embedding over tp by vocabulary rows, Megatron's vocab-parallel
 embedding and cross-entropy). With ``--pp``, the
 mesh gets a ``pp`` axis: the forward is split into balanced pipeline stages, each batch
 into ``--microbatches``, run with the ``--schedule`` (gpipe, 1f1b, interleaved with
-``--virtual`` chunks per rank, zb-h1). Each step's loss
+``--virtual`` chunks per rank, zb-h1). Each transformer block is a ``graph.checkpoint``
+block: ``--remat`` says what the backward keeps of it (``everything``, the default;
+``matmuls``; ``nothing``: only the block's input, the rest recomputed). ``--precision bf16``
+computes in bf16 with f32 master weights and AdamW state and f32 gradient reductions (the loss is then compared with torch to
+``LOSS_RTOL_MIXED``). ``--deterministic`` selects the deterministic numerics (every sum
+over ranks added in mesh order: bit-identical runs). ``--save DIR`` writes the training
+state as a sharded checkpoint after the last step; ``--resume DIR`` starts from one
+(saved on any mesh: resharded on load), the torch loop from the same weights and AdamW
+moments. Each step's loss
 is compared with a torch single-device loop (float64, torch.optim.AdamW) started from
 the same parameters.
 """
@@ -39,22 +51,29 @@ import torch.nn.functional as F
 from tessera import dist, graph, op, optim, schedule
 
 LOSS_RTOL = 2e-4  # f32 program vs float64 torch, per step (rounding differences accumulate)
+LOSS_RTOL_MIXED = 5e-2  # bf16 program (8 mantissa bits) vs float64 torch
+
+
+@graph.checkpoint
+def gpt_block(p, x, i: int, n_head: int):
+    """Transformer block ``i`` (pre-LN, causal attention, GELU MLP) of ``x [B, T, C]``."""
+    B, T, C = x.shape
+    D = C // n_head
+    h = op.layer_norm(x, weight=p[f"ln1_w{i}"], bias=p[f"ln1_b{i}"])
+    q, k, v = op.chunk(h @ p[f"attn_w{i}"], 3, axis=-1)
+    q, k, v = (op.transpose(op.reshape(t, (B, T, n_head, D)), (0, 2, 1, 3)) for t in (q, k, v))
+    attn = op.reshape(op.transpose(op.attention(q, k, v, causal=True), (0, 2, 1, 3)), (B, T, C))
+    x = x + attn @ p[f"proj_w{i}"]
+    h = op.layer_norm(x, weight=p[f"ln2_w{i}"], bias=p[f"ln2_b{i}"])
+    return x + op.gelu(h @ p[f"fc_w{i}"]) @ p[f"out_w{i}"]
 
 
 def gpt_loss(p, tokens, targets, n_head: int, n_layer: int):
     """Mean next-token cross-entropy of ``tokens [B, T]``."""
-    B, T = tokens.shape
-    C = p["wte"].shape[1]
-    D = C // n_head
+    T = tokens.shape[1]
     x = op.take(p["wte"], tokens, axis=0) + p["wpe"][:T]
     for i in range(n_layer):
-        h = op.layer_norm(x, weight=p[f"ln1_w{i}"], bias=p[f"ln1_b{i}"])
-        q, k, v = op.chunk(h @ p[f"attn_w{i}"], 3, axis=-1)
-        q, k, v = (op.transpose(op.reshape(t, (B, T, n_head, D)), (0, 2, 1, 3)) for t in (q, k, v))
-        attn = op.reshape(op.transpose(op.attention(q, k, v, causal=True), (0, 2, 1, 3)), (B, T, C))
-        x = x + attn @ p[f"proj_w{i}"]
-        h = op.layer_norm(x, weight=p[f"ln2_w{i}"], bias=p[f"ln2_b{i}"])
-        x = x + op.gelu(h @ p[f"fc_w{i}"]) @ p[f"out_w{i}"]
+        x = gpt_block(p, x, i, n_head)
     logits = op.layer_norm(x) @ op.transpose(p["wte"], (1, 0))
     return op.cross_entropy(logits, targets)
 
@@ -111,12 +130,26 @@ def make_step(mesh: dist.Mesh, params: dict[str, torch.Tensor], args: argparse.N
         optimizer=optim.AdamW(lr=args.lr, weight_decay=0.0), mesh=mesh, zero=args.zero,
         param_shardings=megatron_layout(params, getattr(args, "vocab_parallel", False)),
         batch_shardings=(sequence, sequence) if cp > 1 else None,
+        remat=getattr(args, "remat", "everything"), precision=getattr(args, "precision", "f32"),
+        numerics="deterministic" if getattr(args, "deterministic", False) else None,
     )  # fmt: skip
     def step(p, tokens, targets):
         loss = gpt_loss(p, tokens, targets, args.heads, args.layers)
         return graph.backward(loss), {"loss": loss}
 
     return step
+
+
+def resume_reference(reference: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """The torch loop's weights and AdamW state from a resumed training state."""
+    with torch.no_grad():
+        for name, value in reference.items():
+            value.copy_(saved["params"][name].double())
+            optimizer.state[value] = {
+                "step": torch.tensor(float(saved["opt_state"]["step"])),
+                "exp_avg": saved["opt_state"]["m"][name].double().clone(),
+                "exp_avg_sq": saved["opt_state"]["v"][name].double().clone(),
+            }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,6 +174,14 @@ def main(argv: list[str] | None = None) -> None:
         "--cp-method", default="ring", choices=("ring", "all_gather", "auto"),
         help="how attention runs with --cp: ring attention, all-gathered k/v, or the cost model's pick",
     )  # fmt: skip
+    parser.add_argument(
+        "--remat", default="everything", choices=("everything", "matmuls", "nothing"),
+        help="what the backward keeps of each transformer block (the rest is recomputed)",
+    )  # fmt: skip
+    parser.add_argument("--precision", default="f32", choices=("f32", "bf16"), help="compute dtype (f32 master weights)")
+    parser.add_argument("--deterministic", action="store_true", help="sums over ranks in a fixed order")
+    parser.add_argument("--save", default=None, help="write a sharded checkpoint to this directory at the end")
+    parser.add_argument("--resume", default=None, help="start from the sharded checkpoint in this directory")
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages (ranks along pp)")
     parser.add_argument("--microbatches", type=int, default=4, help="microbatches per step (with --pp)")
     parser.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved", "zb-h1"))
@@ -193,6 +234,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
     tokens, targets = stream[:, :-1], stream[:, 1:]
 
     torch_optimizer = torch.optim.AdamW(reference.values(), lr=args.lr, weight_decay=0.0)
+    if args.resume:
+        step.restore(state, args.resume)
+        resume_reference(reference, torch_optimizer, step.state_dict(state))
+        if rank0:
+            print(f"resumed from {args.resume} at step {state.step}")
+    tolerance = LOSS_RTOL if args.precision == "f32" else LOSS_RTOL_MIXED
     worst, first_loss, loss_value = 0.0, None, None
     start = time.perf_counter()
     for i in range(args.steps):
@@ -208,6 +255,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
         worst = max(worst, error)
         if rank0 and (i % 10 == 0 or i == args.steps - 1):
             print(f"step {i:3d}  loss {loss_value:.5f}  torch {expected.item():.5f}  rel. diff {error:.1e}")
+    if args.save:
+        step.save(state, args.save)  # every rank writes its own pieces
+        if rank0:
+            print(f"saved step {state.step} to {args.save}")
     if rank0 and args.pp > 1:
         pipeline = step.pipeline().compiled(state, (tokens, targets))
         print(
@@ -215,19 +266,20 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
             f"{args.microbatches} microbatches, {len(pipeline.stages)} stages (cut before forward ops "
             f"{pipeline.cuts}), {args.steps} steps in {time.perf_counter() - start:.1f} s"
         )
-        print(f"largest per-step loss difference vs torch: {worst:.1e} (tolerance {LOSS_RTOL:.0e})")
+        print(f"largest per-step loss difference vs torch: {worst:.1e} (tolerance {tolerance:.0e})")
     elif rank0:
         lowered = step.lower(state, tokens, targets)
         kinds = sorted({f"{c.kind}[{','.join(c.mesh_axes)}]" for c in lowered.collectives()})
-        memory = lowered.memory().model_states
+        stats = lowered.memory()
+        memory = stats.model_states
         shape = f"dp {args.dp} x cp {args.cp} x tp {args.tp}" if args.cp > 1 else f"{args.dp} x {args.tp}"
-        print(f"mesh {shape}, ZeRO-{args.zero}, {args.steps} steps in {time.perf_counter() - start:.1f} s; collectives: {', '.join(kinds) or 'none'}")
-        print(f"per-rank bytes: params {memory.params}, grads {memory.grads}, optimizer state {memory.optimizer_state}")
-        print(f"largest per-step loss difference vs torch: {worst:.1e} (tolerance {LOSS_RTOL:.0e})")
+        print(f"mesh {shape}, ZeRO-{args.zero}, remat {args.remat}, {args.precision}, {args.steps} steps in {time.perf_counter() - start:.1f} s; collectives: {', '.join(kinds) or 'none'}")
+        print(f"per-rank bytes: params {memory.params}, grads {memory.grads}, optimizer state {memory.optimizer_state}, peak {stats.peak_bytes}")
+        print(f"largest per-step loss difference vs torch: {worst:.1e} (tolerance {tolerance:.0e})")
     assert first_loss is not None and loss_value is not None
-    if worst > LOSS_RTOL or (args.steps > 1 and loss_value >= first_loss):
+    if worst > tolerance or (args.steps > 1 and loss_value >= first_loss):
         if rank0:
-            print("MISMATCH" if worst > LOSS_RTOL else "the loss did not decrease")
+            print("MISMATCH" if worst > tolerance else "the loss did not decrease")
         raise SystemExit(1)
     if rank0:
         print("OK")

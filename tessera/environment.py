@@ -103,6 +103,15 @@ def kernels() -> str:
     return choice("TESSERA_KERNELS", KERNEL_CHOICES, "triton")
 
 
+NUMERICS_CHOICES = ("fast", "deterministic")
+
+
+def numerics() -> str:
+    """``TESSERA_NUMERICS``: the default numerics policy, ``fast`` (the default) or
+    ``deterministic`` (see :mod:`tessera.numerics`)."""
+    return choice("TESSERA_NUMERICS", NUMERICS_CHOICES, "fast")
+
+
 def backend() -> str:
     """``TESSERA_BACKEND``: ``auto`` (processes under a launcher, else the virtual mesh;
     the default) or ``virtual`` (the virtual mesh even under a launcher)."""

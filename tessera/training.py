@@ -51,10 +51,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from math import prod
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from tessera import numerics as numerics_policy
+from tessera import op, sharded_checkpoint
 from tessera.backends import distributed
 from tessera.compiled import (
     JitFunction,
@@ -71,8 +74,12 @@ from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, user_location
+from tessera.grad_accumulation import accumulate_microbatches
+from tessera.grad_clip import clip_by_global_norm
 from tessera.ir.mesh import Mesh
+from tessera.ir.remat import RematPolicy
 from tessera.ir.sharding import Sharding
+from tessera.mixed_precision import LossScaled, Precision, to_compute, widened
 from tessera.training_state import TrainState, gathered, rank_shards, write_result
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -99,6 +106,46 @@ def training_params(params: Any) -> Iterator[None]:
         yield
     finally:
         _active_params.pop()
+
+
+_active_remat: list[RematPolicy] = []
+
+
+@contextmanager
+def remat_policy(policy: RematPolicy) -> Iterator[None]:
+    """While tracing a training step: ``graph.backward``'s default remat policy."""
+    _active_remat.append(policy)
+    try:
+        yield
+    finally:
+        _active_remat.pop()
+
+
+_loss_scales: list[Tensor] = []
+
+
+@contextmanager
+def loss_scaling(scale: Tensor | None) -> Iterator[None]:
+    """While tracing a step with loss scaling: ``graph.backward`` seeds the loss's
+    cotangent with ``scale`` (the gradients of ``scale · loss``)."""
+    if scale is None:
+        yield
+        return
+    _loss_scales.append(scale)
+    try:
+        yield
+    finally:
+        _loss_scales.pop()
+
+
+def active_loss_scale() -> Tensor | None:
+    """The loss scale of the training step being traced, if it scales its loss."""
+    return _loss_scales[-1] if _loss_scales else None
+
+
+def active_remat() -> RematPolicy:
+    """The remat policy of the training step being traced (default: nothing saved)."""
+    return _active_remat[-1] if _active_remat else RematPolicy()
 
 
 _forward_only_losses: list[list[Tensor]] = []
@@ -163,6 +210,11 @@ class TrainingStep:
         kernels: str | None = None,
         module: str | None = None,
         pp_axis: str = "pp",
+        remat: RematPolicy | str | bool | None = None,
+        clip_grad_norm: float | None = None,
+        accumulate: int = 1,
+        precision: Precision | str | None = None,
+        numerics: str | None = None,
     ):
         if zero not in ZERO_STAGES:
             raise TesseraError(f"training_step: zero must be one of {ZERO_STAGES}, found {zero!r}")
@@ -178,8 +230,27 @@ class TrainingStep:
                 f"training_step: zero={zero} shards over the data-parallel axis {dp_axis!r}, "
                 f"but the mesh has axes {axes}; pass mesh=... with that axis or dp_axis=..."
             )
+        try:
+            self.remat = RematPolicy() if remat is None else RematPolicy.of(remat)
+        except TesseraError as error:
+            raise TesseraError(f"training_step: {error}") from None
+        if clip_grad_norm is not None and not (
+            isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0
+        ):
+            raise TesseraError(
+                f"training_step: clip_grad_norm must be a positive number, found {clip_grad_norm!r}"
+            )
+        if not isinstance(accumulate, int) or accumulate < 1:
+            raise TesseraError(
+                f"training_step: accumulate must be a positive int (microbatches per step), "
+                f"found {accumulate!r}"
+            )
+        self.clip_grad_norm = clip_grad_norm
+        self.accumulate = accumulate
+        self.precision = Precision.of(precision)
+        self.numerics = None if numerics is None else numerics_policy.check(numerics, "training_step: numerics")
         self.fn = fn
-        self.optimizer = optimizer
+        self.optimizer = LossScaled(optimizer, self.precision) if self.precision.scaled else optimizer
         self.mesh = mesh
         check_shard_specs(param_shardings, "training_step: param_shardings")
         check_shard_specs(batch_shardings, "training_step: batch_shardings")
@@ -194,6 +265,11 @@ class TrainingStep:
             raise ShardingError(
                 f"training_step: zero={zero} with the pipeline axis {pp_axis!r} is not "
                 f"supported yet; use zero=0 on a mesh with {pp_axis!r}"
+            )
+        if self.pp_axis and accumulate > 1:
+            raise ShardingError(
+                f"training_step: a pipelined step already splits the batch into microbatches "
+                f"(schedule.pipeline_microbatches); drop accumulate={accumulate}"
             )
         if self.pp_axis and batch_shardings is not None:
             raise ShardingError(
@@ -217,7 +293,8 @@ class TrainingStep:
         """Runs one step: updates ``state`` in place and returns the metrics."""
         self._placed(state)
         lowered = self.lower(state, *batch)
-        new_params, new_opt_state, metrics = lowered(state.params, state.opt_state, *batch)
+        with numerics_policy.mode_of(self.numerics):
+            new_params, new_opt_state, metrics = lowered(state.params, state.opt_state, *batch)
         for old, new in zip(
             pytree.flatten((state.params, state.opt_state))[0],
             pytree.flatten((new_params, new_opt_state))[0],
@@ -253,6 +330,31 @@ class TrainingStep:
             )
         state = TrainState(params, state_dict["opt_state"], int(state_dict["step"]))
         return self._placed(state)
+
+    def save(self, state: TrainState, path: str | Path) -> None:
+        """Writes ``state`` (parameters, optimizer state, step, torch RNG) to the directory
+        ``path`` as a sharded, atomic ``torch.distributed.checkpoint``
+        (:mod:`tessera.sharded_checkpoint`; a collective under ``tessera run``)."""
+        leaves, paths = self._named_leaves(state)
+        sharded_checkpoint.save(leaves, paths, state.step, path)
+
+    def restore(self, state: TrainState, path: str | Path) -> TrainState:
+        """Fills ``state`` (from :meth:`init`, on this step's mesh) with the checkpoint at
+        ``path``, saved on any mesh (resharded on load); returns it."""
+        leaves, paths = self._named_leaves(state)
+        try:
+            state.step = sharded_checkpoint.restore(leaves, paths, path)
+        except TesseraError as error:
+            raise TesseraError(f"{self.__name__}.restore: {error}") from None
+        return state
+
+    def _named_leaves(self, state: TrainState) -> tuple[list[Any], list[str]]:
+        self._placed(state)
+        param_leaves, tree = pytree.flatten(state.params)
+        state_leaves, state_tree = pytree.flatten(state.opt_state)
+        paths = [f"params{p}" for p in _paths(tree)]
+        paths += [f"opt_state{p}" for p in _paths(state_tree)]
+        return [*param_leaves, *state_leaves], paths
 
     def pipeline(self) -> Any:
         """The pipelined execution of this step; only steps on a mesh with a pipeline
@@ -416,12 +518,11 @@ class TrainingStep:
                 for v, have, want in zip(values, shardings, wanted, strict=True)
             ]
 
-        def program(params: Any, opt_state: Any, *batch: Any) -> Any:
-            stored = pytree.flatten(params)[0]
-            # ZeRO-3: gather each parameter once, at the start, for the forward and backward
-            used = pytree.unflatten(tree, constrain(stored, layouts.stored, layouts.compute))
-            check_call(user_fn, self.__name__, (used, *batch), {})
-            with training_params(used):
+        precision = self.precision
+
+        def call(used: Any, batch: Sequence[Any], scale: Tensor | None) -> tuple[list[Tensor], Any]:
+            used, batch = to_compute(used, precision), to_compute(tuple(batch), precision)
+            with training_params(used), remat_policy(self.remat), loss_scaling(scale):
                 returned = user_fn(used, *batch)
             if not (isinstance(returned, tuple) and len(returned) == 2):
                 raise TraceError(
@@ -435,10 +536,34 @@ class TrainingStep:
                     f"{self.__name__}: the gradients returned have a different structure "
                     f"from the parameters; return graph.backward(loss) as is"
                 )
+            return grad_leaves, metrics
+
+        def program(params: Any, opt_state: Any, *batch: Any) -> Any:
+            stored = pytree.flatten(params)[0]
+            # ZeRO-3: gather each parameter once, at the start, for the forward and backward
+            used = pytree.unflatten(tree, constrain(stored, layouts.stored, layouts.compute))
+            check_call(user_fn, self.__name__, (used, *batch), {})
+            scale = opt_state["loss_scale"]["scale"] if precision.scaled else None
+            if self.accumulate == 1:
+                grad_leaves, metrics = call(used, batch, scale)
+            else:
+                grad_leaves, metrics = accumulate_microbatches(
+                    lambda micro: call(used, micro, scale), batch, self.accumulate, self._dp_size()
+                )
+            masters = [p.aval.dtype for p in stored]
+            if precision.mixed and precision.reduce == "f32":  # the reductions in f32
+                grad_leaves = [widened(g, d) for g, d in zip(grad_leaves, masters, strict=True)]
             grad_leaves = [
                 shard(g, want) if mesh is not None else g
                 for g, want in zip(grad_leaves, layouts.grad, strict=True)
             ]
+            grad_leaves = [op.astype(g, d) for g, d in zip(grad_leaves, masters, strict=True)]
+            if scale is not None:
+                grad_leaves = [g / scale for g in grad_leaves]
+            if self.clip_grad_norm is not None:
+                grad_leaves, norm = clip_by_global_norm(grad_leaves, self.clip_grad_norm)
+                if isinstance(metrics, dict):
+                    metrics = {**metrics, "grad_norm": norm}
             new_params, new_state = optimizer.update(
                 params, pytree.unflatten(tree, grad_leaves), opt_state
             )
@@ -446,6 +571,9 @@ class TrainingStep:
 
         program.__name__ = self.__name__
         return program
+
+    def _dp_size(self) -> int:
+        return self.mesh.axis_size(self.dp_axis) if self.mesh and self.dp_axis else 1
 
     def _model_states(
         self, lowered: Lowered, state: TrainState, layouts: _Layouts

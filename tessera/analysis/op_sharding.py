@@ -23,7 +23,7 @@ from math import prod
 
 from xdsl.ir import Operation
 
-from tessera.analysis.reduction_points import ReductionPoints
+from tessera.analysis.reduction_points import REDUCE_WIDENED, ReductionPoints
 from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
@@ -345,10 +345,14 @@ def _passthrough(
         for s, value in zip(known, op.operands, strict=True)
     ]
     split = {a for axes in assignment.values() for a in axes}
-    if not definition.linear or any(a in split for p in partials for a, _ in p):
+    widened = REDUCE_WIDENED in op.attributes  # a widening cast carrying partial sums
+    if not (definition.linear or widened) or any(a in split for p in partials for a, _ in p):
         return {}
+    if widened:
+        policy = "all"
     if policy == "all":
-        if partials and partials[0] and all(p == partials[0] for p in partials):
+        # a sum over mesh axes does not depend on their order: (tp, dp) is (dp, tp)
+        if partials and partials[0] and all(set(p) == set(partials[0]) for p in partials):
             return dict.fromkeys(range(len(partials)), partials[0])
         return {}
     carriers = [i for i in policy if i < len(partials) and partials[i]]  # type: ignore[union-attr]

@@ -13,6 +13,9 @@ all-reduces where reducing ``g`` first needs one (Megatron-LM reduces ``g``).
 it. That holds when some consumer needs it whole (an op not linear in it), so that
 the reduction happens anyway and the other consumers share it; or when the values
 where its partial terms would end ("sinks") hold more bytes than the value itself.
+A cast tagged ``graph.reduce_widened`` (a mixed-precision step reducing its gradients
+in f32) carries partial sums and counts at its operand's width, so its partial terms
+are reduced after it, in the wider dtype.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from tessera.ops import has_sharding_rule, lookup
 # Values visited from one partial value before giving up and deferring (the behaviour
 # without the analysis); the backward of a layer reaches its sinks in a few dozen.
 MAX_CONE = 512
+REDUCE_WIDENED = "graph.reduce_widened"  # on a cast: reduce its result, not its operand
 
 
 class ReductionPoints:
@@ -52,7 +56,7 @@ class ReductionPoints:
         if cone is None:
             return False
         sinks = {w for w in cone if not all(_carries(u.operation, u.index, cone) for u in w.uses)}
-        return sum(aval(w).nbytes for w in sinks) > aval(value).nbytes
+        return sum(_bytes(w) for w in sinks) > aval(value).nbytes
 
     def _cone(self, value: SSAValue) -> set[SSAValue] | None:
         """The values ``value``'s partial terms reach through ops linear in them, walked
@@ -99,6 +103,14 @@ class ReductionPoints:
         return lambda v: positions.get(v.owner, -1)  # type: ignore[arg-type]
 
 
+def _bytes(value: SSAValue) -> int:
+    """A sink's bytes (a cast tagged ``graph.reduce_widened``: its operand's)."""
+    owner = value.owner
+    if isinstance(owner, Operation) and REDUCE_WIDENED in owner.attributes:
+        return aval(owner.operands[0]).nbytes
+    return aval(value).nbytes
+
+
 def needed_whole(value: SSAValue) -> bool:
     """Whether a consumer of ``value`` is a graph op not linear in any operand."""
     return any(
@@ -109,6 +121,8 @@ def needed_whole(value: SSAValue) -> bool:
 
 def _partial(op: Operation) -> str | tuple[int, ...] | None:
     """Which operands ``op`` is linear in ("all" or indices); None when none."""
+    if REDUCE_WIDENED in op.attributes:  # a widening cast chosen to carry the partial sums
+        return "all"
     found = lookup(op)
     return found.partial if found is not None and found.linear else None  # type: ignore[return-value]
 

@@ -46,7 +46,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Attribute
 
-from tessera import environment
+from tessera import environment, numerics
 from tessera.backends import hierarchical, liveness
 from tessera.backends.collective_info import CollectiveInfo, collectives, describe
 from tessera.backends.launch_plan import LaunchPlan, build_plan
@@ -66,6 +66,7 @@ from tessera.ir import graph, schedule
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
+from tessera.ops.collective import ordered_sum
 from tessera.perf.timeline import Mark
 
 DEFAULT_TIMEOUT_S = environment.DEFAULT_TIMEOUT_S
@@ -559,6 +560,27 @@ def _finish_reduce(
     return finish
 
 
+def _issue_ordered(
+    op: _Start, x: torch.Tensor, group: _Group, rank: int, kind: str, attrs: dict
+) -> _Pending:
+    """A sum or mean collective in the deterministic numerics: all-gather the terms (in
+    their accumulation dtype), then add them in mesh order (``ordered_sum``), as the
+    virtual mesh does; a reduce-scatter keeps this rank's piece."""
+    buffer = _accumulate(x, attrs["kind"])
+    received = [torch.empty_like(buffer) for _ in group.members]
+    work = tdist.all_gather(received, buffer, group=group.handle, async_op=True)
+    size = len(group.members)
+
+    def finish() -> torch.Tensor:
+        by_rank = dict(zip(group.by_group_rank, received, strict=True))
+        total = ordered_sum([by_rank[m] for m in group.members], buffer.dtype)
+        if kind == "reduce_scatter":
+            total = total.chunk(size, attrs["dim"])[group.position(rank)].contiguous()
+        return _finish_reduce(total, attrs["kind"], size, x.dtype)()
+
+    return _Pending(work, finish, op, group.members)
+
+
 def _kind(op: graph.CollectiveOp | schedule.StartOp | _Start) -> str:
     return (
         op.collective_name
@@ -585,10 +607,13 @@ def _issue(
         return x.chunk(size, attrs["dim"])[position].clone()
     if size == 1:
         return x.clone()
-    if domains is not None:
-        return _issue_hierarchical(op, x, *domains, group.members)
     pg = group.handle
     order = group.by_group_rank  # torch's order; mesh order is group.members
+    summed = kind in ("all_reduce", "reduce_scatter") and attrs["kind"] in ("sum", "mean")
+    if summed and numerics.deterministic():  # every rank adds the terms itself, in mesh order
+        return _issue_ordered(op, x, group, rank, kind, attrs)
+    if domains is not None:
+        return _issue_hierarchical(op, x, *domains, group.members)
     if kind == "all_reduce":
         buffer = _accumulate(x, attrs["kind"])
         work = tdist.all_reduce(buffer, op=_reduce_op(attrs["kind"]), group=pg, async_op=True)

@@ -34,6 +34,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
+from tessera import numerics
 from tessera.backends import hierarchical
 from tessera.backends.schedule_runner import (
     BoundKernel,
@@ -172,7 +173,11 @@ class VirtualCollectives:
         if op.algorithm_name == "hierarchical":  # within domains, then across (phase by phase)
             name, domain = op.collective_name, op.domain_size
 
+            ordered, frozen = on_group(graph_op), _Attrs(op)
+
             def compute(xs: list[torch.Tensor]) -> Sequence[torch.Tensor]:
+                if numerics.deterministic() and attrs.get("kind") in ("sum", "mean"):
+                    return ordered(frozen, xs)  # one fixed order, as processes add
                 return hierarchical.run_group(name, attrs, xs, domain)  # type: ignore[arg-type]
 
         else:  # ring, tree, nvls: how the bytes move, not what arrives

@@ -72,6 +72,7 @@ class Trace:
         self.mesh = mesh  # a tessera.dist.Mesh when traced with ts.jit(..., mesh=...)
         self.block = Block(arg_types=[a.to_xdsl() for a in inputs])
         self.stage_marks: list[int] = []  # graph.stage(): op counts where stages begin
+        self.checkpoints = 0  # graph.checkpoint() blocks traced so far: numbers them
 
     def bind(
         self, op_type: type[graph.GraphOp], operands: Sequence[Tensor], **attrs: Any

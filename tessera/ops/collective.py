@@ -24,6 +24,7 @@ import torch
 from xdsl.dialects.func import FuncOp
 from xdsl.ir import SSAValue
 
+from tessera import numerics
 from tessera.errors import ExecutionError, ShardingError, TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
@@ -101,6 +102,14 @@ def on_group(op: Any) -> GroupFn:
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
+def ordered_sum(values: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """``((v0 + v1) + v2) + …`` in ``dtype``: the deterministic numerics' fixed order."""
+    total = values[0].to(dtype).clone()
+    for value in values[1:]:
+        total += value.to(dtype)
+    return total
+
+
 def reduce_pieces(values: Sequence[torch.Tensor], kind: str) -> torch.Tensor:
     """The ``kind`` reduction (sum, mean, max, min) of same-shaped tensors, in their
     dtype; sum and mean of f16/bf16 accumulate in f32 and round once."""
@@ -108,7 +117,10 @@ def reduce_pieces(values: Sequence[torch.Tensor], kind: str) -> torch.Tensor:
     dtype = stacked.dtype
     if kind in ("sum", "mean"):
         accumulate = torch.float32 if dtype in _LOW_PRECISION else dtype
-        total = stacked.to(accumulate).sum(0)
+        if numerics.deterministic():
+            total = ordered_sum(values, accumulate)
+        else:
+            total = stacked.to(accumulate).sum(0)
         if kind == "mean":
             exact = total.is_floating_point() or total.is_complex()
             total = (

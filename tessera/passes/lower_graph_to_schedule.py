@@ -57,6 +57,10 @@ operands re-viewed as ``[M, batch·K]`` and ``[batch·K, N]`` by layout ops). Th
      op of the group it looks for, so it stays local.
    - Constants join no group: each kernel that uses one gets its own copy; a constant
      used outside kernels (returned, or sent to a collective) becomes a kernel alone.
+   - *Recomputation stays in the backward*: an op tagged ``graph.remat`` (a checkpointed
+     block recomputed, :mod:`tessera.ir.remat`) shares a kernel with no op before the
+     first op of its recomputation, so the values it makes again are not kept from the
+     forward.
 
 2. *Collectives* become ``schedule.start`` / ``schedule.wait`` pairs.
 
@@ -90,6 +94,7 @@ from xdsl.utils.exceptions import PassFailedException
 from tessera.codegen.attention import find_attention
 from tessera.codegen.kernels import reduced_axes
 from tessera.ir import graph, schedule
+from tessera.ir.remat import REMAT
 from tessera.ops import Fusion, fusion_of
 
 
@@ -232,6 +237,7 @@ class _Group:
     space: tuple[int, ...] = ()
     axes: tuple[int, ...] = ()
     anchor_op: Operation | None = None  # the matmul, the first reduction, or the softmax
+    floor: int = 0  # no op before this index may join (the start of a recomputation)
     absorbed: dict[Operation, None] = field(default_factory=dict)  # layout ops read through
 
     def anchor(self) -> Operation:
@@ -245,6 +251,17 @@ class _Group:
         kept = tuple(1 if d in self.axes else s for d, s in enumerate(self.space))
         squeezed = tuple(s for d, s in enumerate(self.space) if d not in self.axes)
         return dims in (self.space, kept, squeezed)
+
+
+def _recomputation_floors(ops: Sequence[Operation]) -> dict[Operation, int]:
+    """For each op tagged ``graph.remat``, the index of its recomputation's first op."""
+    first: dict[object, int] = {}
+    floors: dict[Operation, int] = {}
+    for index, op in enumerate(ops):
+        tag = op.attributes.get(REMAT)
+        if tag is not None:
+            floors[op] = first.setdefault(tag, index)
+    return floors
 
 
 def _dims(value: SSAValue) -> tuple[int, ...]:
@@ -277,6 +294,7 @@ class _Lowering:
         self.groups: list[_Group] = []
         self.deferred: dict[Operation, None] = {}  # absorbable layout ops, in program order
         self.reductions: dict[tuple[tuple[int, ...], ...], list[_Group]] = {}  # by space
+        self.floor = _recomputation_floors(self.ops)
 
     # --- 1. grouping -------------------------------------------------------------------
 
@@ -307,7 +325,7 @@ class _Lowering:
 
     def _new_group(self, kind: str, op: Operation) -> _Group:
         index = self.index[op]
-        group = _Group(kind, [op], index, index)
+        group = _Group(kind, [op], index, index, floor=self.floor.get(op, 0))
         if kind == "elementwise":
             group.space = _dims(op.results[0])
         elif kind == "matmul":
@@ -325,6 +343,7 @@ class _Lowering:
         self.group_of[op] = group
         index = self.index[op]
         group.first, group.last = min(group.first, index), max(group.last, index)
+        group.floor = max(group.floor, self.floor.get(op, 0))
 
     def _group(self, op: Operation) -> None:
         """Puts ``op`` into the first operand's group it may join (else a new group), then
@@ -397,6 +416,8 @@ class _Lowering:
         kernel is computed over all of it, and no cycle between groups appears."""
         kind = _kind(op)
         result = _dims(op.results[0])
+        if min(group.first, self.index[op]) < max(group.floor, self.floor.get(op, 0)):
+            return False  # a recomputation fused into the forward
         if group.kind == "elementwise" and kind == "elementwise":
             space = _broadcast(group.space, result)
             if space != result:  # the op's result must span the (grown) space
@@ -443,6 +464,8 @@ class _Lowering:
     def _may_merge(self, a: _Group, b: _Group) -> bool:
         """Whether groups ``a`` and ``b`` (one uses a value of the other) may become one
         kernel: one elementwise and any, or two reductions over the same space."""
+        if min(a.first, b.first) < max(a.floor, b.floor):
+            return False  # a recomputation fused into the forward
         if a.kind == "elementwise" and b.kind == "elementwise":
             space = _broadcast(a.space, b.space)
             if space is None or any(

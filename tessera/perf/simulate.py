@@ -35,6 +35,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
+from tessera import numerics
 from tessera.errors import TesseraError
 from tessera.ir import schedule
 from tessera.ir.abstract import AbstractTensor, aval
@@ -137,6 +138,19 @@ def simulate(
     )
 
 
+def _summed(kind: str, attrs: dict) -> bool:
+    return kind in ("all_reduce", "reduce_scatter") and attrs.get("kind") in ("sum", "mean")
+
+
+def _ordered_cost(
+    topology: Topology, kind: str, nbytes: int, ranks: Sequence[int]
+) -> CollectiveCost:
+    """A sum in the deterministic numerics (:mod:`tessera.numerics`): an all-gather of
+    every member's operand (``n`` times the operand), each rank adding them in order."""
+    gathered = collective_time(topology, "all_gather", nbytes * len(ranks), ranks)
+    return CollectiveCost(gathered.time_s, "ordered")
+
+
 class _Run:
     """One pass over the program, all ranks in program order."""
 
@@ -210,7 +224,10 @@ class _Run:
             begin = max(
                 max(free_at[r], self.compute[r], *self._operand_ready(op, r)) for r in group
             )
-            cost = self._price(kind, nbytes, priced, op.algorithm_name)
+            if numerics.deterministic() and _summed(kind, attrs):
+                cost = _ordered_cost(self.topology, kind, nbytes, priced)
+            else:
+                cost = self._price(kind, nbytes, priced, op.algorithm_name)
             duration = 0.0 if self.free else cost.time_s
             for r in group:
                 free_at[r] = ends[r] = begin + duration

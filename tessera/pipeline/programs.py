@@ -39,6 +39,7 @@ from tessera.frontend.tracer import Tensor, Trace, tracing
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.mesh import Mesh
+from tessera.ir.remat import RematPolicy
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr
 from tessera.passes.autodiff import backprop
 from tessera.pipeline.split import StagePlan, is_free
@@ -108,6 +109,7 @@ class _Joint:
         batch: Sequence[SSAValue],
         outputs: Sequence[SSAValue],
         split_backward: bool,
+        remat: RematPolicy | None = None,
     ):
         last = stage == plan.count - 1
         ops = plan.ops[stage]
@@ -168,6 +170,7 @@ class _Joint:
             builder,
             f"pipeline stage {stage}",
             seeds,
+            remat,
         )
         self.input_grads = grads[: len(differentiable)]
         self.param_grads = grads[len(differentiable) :]
@@ -247,14 +250,16 @@ def stage_programs(
     outputs: Sequence[SSAValue],
     split_backward: bool,
     config: CompileConfig,
+    remat: RematPolicy | None = None,
 ) -> list[StagePrograms]:
     """Every stage's compiled programs, each compiled with ``config`` (its mesh is the
     whole mesh), stage by stage: a stage's received values take the layouts of the
-    previous stage's sent ones."""
+    previous stage's sent ones; ``graph.checkpoint`` blocks are recomputed in the
+    backward as ``remat`` says."""
     stages: list[StagePrograms] = []
     received: list[Sharding] = []
     for stage in range(plan.count):
-        joint = _Joint(plan, stage, params, batch, outputs, split_backward)
+        joint = _Joint(plan, stage, params, batch, outputs, split_backward, remat)
         compiler = _StageCompiler(f"{name}_s{stage}", joint, param_layouts, received, config)
         programs = compiler.compile(stage, stage == plan.count - 1, plan)
         stages.append(programs)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as tdist
 
-from tessera import op, schedule
+from tessera import numerics, op, schedule
 from tessera.backends import distributed
 from tessera.backends.execution import Execution, execution_for
 from tessera.backends.layout import block
@@ -163,7 +163,15 @@ class PipelineStep:
         split = kind == "zb-h1"
         config = CompileConfig(self.mesh, kernels, options)
         stages = stage_programs(
-            name, plan, args[: len(leaves)], layouts, args[len(leaves) :], outputs, split, config
+            name,
+            plan,
+            args[: len(leaves)],
+            layouts,
+            args[len(leaves) :],
+            outputs,
+            split,
+            config,
+            self.step.remat,
         )
         actions = pipeline_schedule(kind, self.ranks, m, virtual)
         ir = pipeline_op(kind, self.ranks, m, virtual, actions)
@@ -479,7 +487,8 @@ class PipelinedTrainingStep(TrainingStep):
         self._pipeline = PipelineStep(self, self.pp_axis)
 
     def __call__(self, state: TrainState, *batch: Any) -> Any:
-        return self._pipeline(state, *batch)
+        with numerics.mode_of(self.numerics):
+            return self._pipeline(state, *batch)
 
     def pipeline(self) -> PipelineStep:
         return self._pipeline

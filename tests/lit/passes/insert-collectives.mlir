@@ -597,3 +597,21 @@ func.func @partial_into_split_users(%a: tensor<64x256xf32> {graph.sharding = #gr
   %s = graph.shard %t {sharding = #graph.sharding<@mesh, [[tp], []]>} : tensor<64x128xf32>
   func.return %s : tensor<64x128xf32>
 }
+
+// -----
+
+// Sums partial over the same axes in another order add up before one all-reduce (a
+// global gradient norm: each gradient's squared sum, split dp x tp or tp x dp).
+// CHECK-LABEL: func.func @partial_axes_in_either_order
+// CHECK:         graph.add {{.*}} partial = sum[dp, tp]>}
+// CHECK-NEXT:    %[[R:.*]] = graph.all_reduce %{{.*}} {axes = [dp, tp], kind = sum}
+// CHECK-NOT:     graph.all_reduce
+// CHECK:         func.return %[[R]]
+graph.mesh @mesh axes = [dp = 2, tp = 2]
+func.func @partial_axes_in_either_order(%a: tensor<4x8xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], [tp]]>},
+                                        %b: tensor<8xf32> {graph.sharding = #graph.sharding<@mesh, [[tp, dp]]>}) -> tensor<f32> {
+  %sa = graph.sum %a {axes = [0, 1], keepdims = false} : tensor<4x8xf32> -> tensor<f32>
+  %sb = graph.sum %b {axes = [0], keepdims = false} : tensor<8xf32> -> tensor<f32>
+  %s = graph.add %sa, %sb : tensor<f32>
+  func.return %s : tensor<f32>
+}

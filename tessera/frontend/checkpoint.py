@@ -1,0 +1,49 @@
+"""``graph.checkpoint``: mark a block of traced code for activation checkpointing.
+
+Each call of a checkpointed function tags the ops it traces with ``graph.checkpoint =
+<id>`` (:mod:`tessera.ir.remat`); the backward pass then keeps only what the training
+step's remat policy saves of the block and recomputes the rest, as
+``torch.utils.checkpoint`` and ``jax.checkpoint`` do::
+
+    @graph.checkpoint
+    def block(p, x):
+        return x + op.matmul(op.gelu(op.matmul(x, p["w1"])), p["w2"])
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from xdsl.dialects.builtin import IntegerAttr, i64
+
+from tessera.errors import TraceError
+from tessera.frontend.tracer import current_trace, is_tracing, user_location
+from tessera.ir.remat import CHECKPOINT
+
+
+def checkpoint(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` whose every call traced is one checkpointed block (ops in a nested
+    checkpointed call belong to the outermost block)."""
+    if not callable(fn):
+        raise TraceError(
+            f"graph.checkpoint expects a function, found {type(fn).__name__} at {user_location()}"
+        )
+
+    @functools.wraps(fn)
+    def block(*args: Any, **kwargs: Any) -> Any:
+        if not is_tracing():
+            return fn(*args, **kwargs)
+        trace = current_trace()
+        before = trace.block.last_op
+        result = fn(*args, **kwargs)
+        tag = IntegerAttr(trace.checkpoints, i64)
+        trace.checkpoints += 1
+        op = before.next_op if before is not None else trace.block.first_op
+        while op is not None:
+            op.attributes[CHECKPOINT] = tag
+            op = op.next_op
+        return result
+
+    return block

@@ -1,0 +1,173 @@
+"""Mixed precision for ``graph.training_step``: compute in bf16 or fp16, keep the master
+parameters and the optimizer state in f32, reduce gradients in f32 or in the compute
+dtype, and scale an fp16 loss dynamically.
+
+The step's program casts the f32 parameters (and float batch arguments) to the compute
+dtype before the user's function, so the forward and backward run in it; the gradients
+are cast to f32 before their reduction over dp (``reduce="f32"``) or after it
+(``reduce="compute"``), and the optimizer updates the f32 parameters.
+
+Dynamic loss scaling (fp16's default, as ``torch.amp.GradScaler``): ``graph.backward``
+seeds the loss's cotangent with the scale, so the backward computes the gradients of
+``scale · loss``; the step divides them by the scale; if any is inf or NaN the update is
+skipped (parameters and optimizer state keep their values) and the scale is multiplied by
+``backoff_factor``, else after ``growth_interval`` finite steps in a row it is multiplied
+by ``growth_factor``. The scale and the count of finite steps live in the optimizer state
+(``opt_state["loss_scale"]``), so they are saved and sharded with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from xdsl.dialects.builtin import UnitAttr
+
+from tessera import op
+from tessera.analysis.reduction_points import REDUCE_WIDENED
+from tessera.errors import TesseraError
+from tessera.frontend import pytree
+from tessera.frontend.tracer import Tensor
+
+COMPUTE_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+REDUCE_OPTIONS = ("f32", "compute")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A training step's precision policy (see the module docstring). ``loss_scale``:
+    ``"dynamic"``, a fixed float, or None (no scaling); default dynamic for fp16."""
+
+    compute: str = "f32"
+    reduce: str = "f32"
+    loss_scale: str | float | None = "default"
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+    def __post_init__(self) -> None:
+        if self.compute not in COMPUTE_DTYPES:
+            raise TesseraError(
+                f"precision: compute must be one of {tuple(COMPUTE_DTYPES)}, found {self.compute!r}"
+            )
+        if self.reduce not in REDUCE_OPTIONS:
+            raise TesseraError(
+                f"precision: reduce must be one of {REDUCE_OPTIONS}, found {self.reduce!r}"
+            )
+        if self.loss_scale == "default":
+            object.__setattr__(self, "loss_scale", "dynamic" if self.compute == "fp16" else None)
+        scale = self.loss_scale
+        if not (scale is None or scale == "dynamic" or isinstance(scale, (int, float))):
+            raise TesseraError(
+                f"precision: loss_scale must be 'dynamic', a number or None, found {scale!r}"
+            )
+
+    @staticmethod
+    def of(value: Precision | str | None) -> Precision:
+        """A policy from a policy, a compute dtype name or None (f32)."""
+        if isinstance(value, Precision):
+            return value
+        if value is None:
+            return Precision()
+        if isinstance(value, str):
+            return Precision(value)
+        raise TesseraError(
+            f"precision must be a graph.Precision or one of {tuple(COMPUTE_DTYPES)}, found {value!r}"
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return COMPUTE_DTYPES[self.compute]
+
+    @property
+    def mixed(self) -> bool:
+        return self.compute != "f32"
+
+    @property
+    def scaled(self) -> bool:
+        return self.loss_scale is not None
+
+
+def widened(grad: Tensor, dtype: Any) -> Tensor:
+    """``grad`` cast to ``dtype`` (f32), tagged so that its partial sums are reduced
+    after the cast, in f32 (``tessera.analysis.reduction_points``)."""
+    wide = op.astype(grad, dtype)
+    if wide is not grad:
+        wide.value.owner.attributes[REDUCE_WIDENED] = UnitAttr()  # type: ignore[union-attr]
+    return wide
+
+
+def to_compute(tree: Any, precision: Precision) -> Any:
+    """``tree`` with its f32 tensors cast to the compute dtype."""
+    if not precision.mixed:
+        return tree
+    leaves, structure = pytree.flatten(tree)
+    return pytree.unflatten(
+        structure,
+        [
+            op.astype(x, precision.dtype)
+            if isinstance(x, Tensor) and x.aval.dtype.name == "f32"
+            else x
+            for x in leaves
+        ],
+    )
+
+
+@dataclass(frozen=True)
+class LossScaled:
+    """An optimizer whose update is skipped on non-finite gradients, with the loss scale
+    in its state: ``{"optimizer": <inner state>, "loss_scale": {"scale", "good_steps"}}``."""
+
+    inner: Any
+    precision: Precision
+
+    def init(self, params: Any) -> dict[str, Any]:
+        scale = self.precision.loss_scale
+        start = self.precision.init_scale if scale == "dynamic" else float(scale)  # type: ignore[arg-type]
+        return {
+            "optimizer": self.inner.init(params),
+            "loss_scale": {"scale": torch.tensor(start), "good_steps": torch.tensor(0.0)},
+        }
+
+    def state_layout(self, like_params: Any, scalar: Any) -> dict[str, Any]:
+        return {
+            "optimizer": self.inner.state_layout(like_params, scalar),
+            "loss_scale": {"scale": scalar, "good_steps": scalar},
+        }
+
+    def update(self, params: Any, grads: Any, state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The inner update where every (unscaled) gradient is finite, else the old
+        state; the next loss scale."""
+        leaves = pytree.flatten(grads)[0]
+        total = None
+        for g in leaves:  # inf · 0 and NaN · 0 are NaN: one scalar says if any is not finite
+            term = op.sum(g * 0.0)
+            total = term if total is None else total + term
+        finite = op.equal(total, total)
+        new_params, new_state = self.inner.update(params, grads, state["optimizer"])
+        keep = lambda new, old: op.where(finite, new, old)  # noqa: E731
+        new_params = _map(keep, new_params, params)
+        new_state = _map(keep, new_state, state["optimizer"])
+        scale, good = state["loss_scale"]["scale"], state["loss_scale"]["good_steps"]
+        if self.precision.loss_scale == "dynamic":
+            p = self.precision
+            grown = op.where(good + 1.0 >= p.growth_interval, scale * p.growth_factor, scale)
+            scale = op.where(finite, grown, scale * p.backoff_factor)
+            good = op.where(
+                finite,
+                op.where(good + 1.0 >= p.growth_interval, good * 0.0, good + 1.0),
+                good * 0.0,
+            )
+        return new_params, {
+            "optimizer": new_state,
+            "loss_scale": {"scale": scale, "good_steps": good},
+        }
+
+
+def _map(fn: Any, *trees: Any) -> Any:
+    leaves = [pytree.flatten(t)[0] for t in trees]
+    return pytree.unflatten(
+        pytree.flatten(trees[0])[1], [fn(*xs) for xs in zip(*leaves, strict=True)]
+    )
