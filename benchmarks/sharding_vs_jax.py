@@ -11,6 +11,11 @@ with the same global shapes, the same input shardings and the same output shardi
   all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute), with their
   result shapes and replica groups.
 
+Context-parallel attention rows run on a ``cp = 8`` mesh, with Tessera's
+``schedule.options(context_parallel=...)`` forced to the all-gather or the ring; GSPMD
+gathers k and v for the same program (a ring's analytic reference, which JAX cannot
+express, is in ``benchmarks/RESULTS.md``).
+
 Bytes follow Tessera's ``CollectiveInfo.nbytes`` convention (per device: the local operand
 of all_reduce / all_to_all / collective_permute, the gathered result of all_gather, the
 unscattered input of reduce_scatter) and, separately, bytes *received* per device under
@@ -484,8 +489,9 @@ PROGRAMS += [
 # q, k, v [B, H, T, D] split over cp = 8 on T. JAX/GSPMD all-gathers k and v for the
 # query rows each device holds (and reduce-scatters dk, dv in the backward): all-gather
 # CP. Tessera runs the same program as ring attention or as the all-gather
-# (``schedule.options(context_parallel=...)``). JAX has no ring for this program; the ring
-# rows' analytic reference (a shard_map ring with ppermute) is in ``RING_REFERENCE``.
+# (``schedule.options(context_parallel=...)``). GSPMD has no ring for this program; the
+# ring rows' analytic reference (a shard_map ring with ppermute: (cp-1)/cp of k and v
+# forward, 3(cp-1)/cp for a grad step) is stated in benchmarks/RESULTS.md.
 
 
 def _jax_attention(q: Any, k: Any, v: Any, causal: bool = False) -> Any:
@@ -771,7 +777,7 @@ def versions() -> str:
     return (
         f"date {datetime.date.today().isoformat()}; jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
         f"torch {torch.__version__}, python {platform.python_version()}; "
-        f"mesh dp×tp = {MESH_SHAPE[0]}×{MESH_SHAPE[1]} (3-D rows: dp×tp×sp = 2×2×2), f32"
+        f"mesh dp×tp = {MESH_SHAPE[0]}×{MESH_SHAPE[1]} (3-D rows: dp×tp×sp = 2×2×2; CP rows: cp = {CP}), f32"
     )
 
 
