@@ -53,11 +53,12 @@ def hoist_starts(block: Block) -> None:
     """Every start just after its operand's producer (or the block's start), in order;
     a start without operand (a recv) stays; a relay starts before the block's first
     reader."""
+    position = {op: i for i, op in enumerate(block.ops)}
     for start in [o for o in block.ops if isinstance(o, schedule.StartOp)]:
         if not start.operands:  # a recv: no operand to follow, it stays where it is
             continue
         if _is_relay(start):
-            _place_relay(block, start)
+            _place_relay(block, start, position)
             continue
         producer = start.operands[0].owner
         anchor: Operation | None = producer if isinstance(producer, Operation) else None
@@ -88,34 +89,27 @@ def _is_relay(start: schedule.StartOp) -> bool:
     )
 
 
-def _place_relay(block: Block, start: schedule.StartOp) -> None:
-    """``start`` just before the first op after its operand's wait that reads the operand
-    and is not a start (none: it stays); its own wait follows it when it was before."""
-    producer = start.operands[0].owner
-    assert isinstance(producer, Operation)
-    readers = {block.find_ancestor_op_in_block(use.operation) for use in start.operands[0].uses}
-    target = producer.next_op
-    while target is not None and (target not in readers or isinstance(target, schedule.StartOp)):
-        target = target.next_op
-    if target is None:
+def _place_relay(block: Block, start: schedule.StartOp, position: dict[Operation, int]) -> None:
+    """``start`` just before the first op that reads its operand and is not a start (none:
+    it stays); its own wait follows it when it was before. ``position``: the ops' indices
+    before the pass (it moves only starts and their waits, so the other ops keep their
+    order, and a relay's wait moves only here)."""
+    readers = [
+        reader
+        for use in start.operands[0].uses
+        if (reader := block.find_ancestor_op_in_block(use.operation)) is not None
+        and not isinstance(reader, schedule.StartOp)
+    ]
+    if not readers:
         return
+    target = min(readers, key=position.__getitem__)
     waits = [block.find_ancestor_op_in_block(use.operation) for use in start.results[0].uses]
     start.detach()
     block.insert_op_before(start, target)
     for wait in waits:  # moved past its start: right after it (sink_waits sinks it)
-        if wait is not None and not _before(start, wait):
+        if wait is not None and position[wait] < position[target]:
             wait.detach()
             block.insert_op_after(wait, start)
-
-
-def _before(a: Operation, b: Operation) -> bool:
-    """Whether ``a`` comes before ``b`` in their block."""
-    op = a.next_op
-    while op is not None:
-        if op is b:
-            return True
-        op = op.next_op
-    return False
 
 
 def sink_waits(block: Block) -> None:
