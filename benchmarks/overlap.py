@@ -16,6 +16,13 @@ speedup of the overlapped schedule.
 - DP backward: a training step (forward, backward, SGD) of L such layers (hidden 4096)
   with the batch split over dp, without and with ``bucket-gradients`` (25 MiB buckets);
   each all-reduce starts as the backward makes its (last) gradient. Goal: exposed communication ≤ 1/L + 0.05 of its total.
+- Context parallelism (issue 19): causal ``op.attention`` with q, k, v
+  ``[1, heads, 131072, 128]`` bf16 split over cp = 8 along the sequence (DGX H100: one
+  NVLink node), forward and a grad step (dq, dk, dv), as ring attention (k/v blocks
+  passed round by collective permutes, zig-zag causal split) and as the all-gather of
+  k and v (``schedule.options(context_parallel=...)``). The ring overlaps each step's
+  block with the next block's transfer; the all-gather's k and v are needed whole by the
+  first kernel, so overlap cannot hide it.
 
     python benchmarks/overlap.py [--trace nvl72_trace.json]
 """
@@ -114,6 +121,30 @@ def dp_training(
         return lowered.simulate(topology)
 
 
+CP_SEQUENCE = dist.ShardSpec(partition=(2,), mesh_axes=("cp",))  # [B, H, T, D] split on T
+
+
+def cp_attention(
+    method: str, overlap: bool, topology: str, seq: int, heads: int, head_dim: int, cp: int,
+    grad: bool,
+):  # fmt: skip
+    """Causal attention with the sequence split over cp: forward, or the grad step."""
+
+    def forward(q, k, v):
+        return op.attention(q, k, v, causal=True)
+
+    def loss(q, k, v):
+        return op.sum(op.attention(q, k, v, causal=True))
+
+    fn = ts.grad(loss, argnums=(0, 1, 2)) if grad else forward
+    with schedule.all_reduce_overlap(overlap), schedule.options(
+        topology=topology, context_parallel=method
+    ):
+        jitted = ts.jit(fn, mesh=dist.mesh({"cp": cp}), in_shardings=(CP_SEQUENCE,) * 3)
+        x = torch.empty(1, heads, seq, head_dim, dtype=BF16)
+        return jitted.lower(x, x, x).simulate(topology)
+
+
 def row(case: str, topology: str, serial, overlapped, goal: str) -> str:
     return (
         f"| {case} | {topology} | {serial.step_time_s * 1e3:.3f} | {overlapped.step_time_s * 1e3:.3f} "
@@ -131,6 +162,11 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=8)
     parser.add_argument("--layers", type=int, default=8, help="DP training: layers L")
     parser.add_argument("--dp-hidden", type=int, default=4096)
+    parser.add_argument("--cp-seq", type=int, default=131072, help="context parallel: sequence")
+    parser.add_argument("--cp", type=int, default=8)
+    parser.add_argument("--cp-heads", type=int, default=32)
+    parser.add_argument("--cp-head-dim", type=int, default=128)
+    parser.add_argument("--only-cp", action="store_true", help="only the context-parallel rows")
     parser.add_argument("--trace", type=Path, help="write the NVL72 TP step's Chrome trace here")
     args = parser.parse_args()
     started = time.time()
@@ -138,7 +174,7 @@ def main() -> None:
           "| comm (ms) | E serial | E overlapped | speedup | goal |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     sizes = (args.hidden, args.seq, args.heads, args.tp)
-    for topology in ("dgx_h100", "gb200_nvl72"):
+    for topology in () if args.only_cp else ("dgx_h100", "gb200_nvl72"):
         for kind in ("megatron", "megatron-sp"):
             serial, overlapped = (tp_forward(kind, o, topology, *sizes) for o in (False, True))
             goal = "E ≤ 0.30, ≥ 1.15×"
@@ -146,7 +182,7 @@ def main() -> None:
             if args.trace and topology == "gb200_nvl72" and kind == "megatron":
                 overlapped.save_trace(args.trace)
     L = args.layers
-    for dp, topology in ((8, "dgx_h100"), (16, "dgx_h100x2")):
+    for dp, topology in () if args.only_cp else ((8, "dgx_h100"), (16, "dgx_h100x2")):
         for bucket_bytes in (0, 25 * 2**20):
             sizes = (dp, L, args.dp_hidden, args.seq, args.dp_hidden // 128, bucket_bytes)
             serial, overlapped = (dp_training(o, topology, *sizes) for o in (False, True))
@@ -154,6 +190,19 @@ def main() -> None:
             buckets = f"{bucket_bytes >> 20} MiB buckets" if bucket_bytes else "no buckets"
             case = f"DP training step, L={L}, dp={dp}, {buckets}"
             print(row(case, topology, serial, overlapped, goal))
+    cp_sizes = (args.cp_seq, args.cp_heads, args.cp_head_dim, args.cp)
+    for grad in (False, True):
+        for method in ("ring", "all_gather"):
+            serial, overlapped = (
+                cp_attention(method, o, "dgx_h100", *cp_sizes, grad) for o in (False, True)
+            )
+            step = "grad step" if grad else "forward"
+            case = (
+                f"CP causal attention {step}, {method}, seq={args.cp_seq}, cp={args.cp}, "
+                f"{args.cp_heads}×{args.cp_head_dim} heads"
+            )
+            goal = "ring: E ≤ 0.30" if method == "ring" else "(reference)"
+            print(row(case, "dgx_h100", serial, overlapped, goal))
     print(f"\n({time.time() - started:.0f} s; simulated, nothing ran on a GPU)")
 
 

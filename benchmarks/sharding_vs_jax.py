@@ -11,6 +11,11 @@ with the same global shapes, the same input shardings and the same output shardi
   all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute), with their
   result shapes and replica groups.
 
+Context-parallel attention rows run on a ``cp = 8`` mesh, with Tessera's
+``schedule.options(context_parallel=...)`` forced to the all-gather or the ring; GSPMD
+gathers k and v for the same program (a ring's analytic reference, which JAX cannot
+express, is in ``benchmarks/RESULTS.md``).
+
 Bytes follow Tessera's ``CollectiveInfo.nbytes`` convention (per device: the local operand
 of all_reduce / all_to_all / collective_permute, the gathered result of all_gather, the
 unscattered input of reduce_scatter) and, separately, bytes *received* per device under
@@ -54,7 +59,7 @@ import numpy as np
 import torch
 
 import tessera as ts
-from tessera import dist, op
+from tessera import dist, op, schedule
 
 try:
     import jax
@@ -111,6 +116,7 @@ def _namespaces() -> tuple[SimpleNamespace, SimpleNamespace]:
         tanh=jnp.tanh,
     )
     _add_vocab_parallel_ops(tessera_ns, jax_ns)
+    _add_attention_ops(tessera_ns, jax_ns)
     return tessera_ns, jax_ns
 
 
@@ -231,6 +237,7 @@ class Program:
     out: Spec
     ids: tuple[tuple[int, int], ...] = ()  # (argument, vocabulary): int32 ids in [0, vocabulary)
     mesh: tuple[tuple[str, ...], tuple[int, ...]] = (MESH_AXES, MESH_SHAPE)  # axes, sizes
+    context_parallel: str = "auto"  # Tessera's schedule.options(context_parallel=...)
 
 
 B, T, C, F = 8, 16, 128, 512  # batch, sequence, hidden, MLP width: f32, small enough for CPU
@@ -478,6 +485,74 @@ PROGRAMS += [
 ]
 
 
+# --- context-parallel attention (issue 19, item 3): the sequence split over cp ----------
+# q, k, v [B, H, T, D] split over cp = 8 on T. JAX/GSPMD all-gathers k and v for the
+# query rows each device holds (and reduce-scatters dk, dv in the backward): all-gather
+# CP. Tessera runs the same program as ring attention or as the all-gather
+# (``schedule.options(context_parallel=...)``). GSPMD has no ring for this program; the
+# ring rows' analytic reference (a shard_map ring with ppermute: (cp-1)/cp of k and v
+# forward, 3(cp-1)/cp for a grad step) is stated in benchmarks/RESULTS.md.
+
+
+def _jax_attention(q: Any, k: Any, v: Any, causal: bool = False) -> Any:
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    if causal:
+        rows, cols = scores.shape[-2:]
+        scores = jnp.where(jnp.tril(jnp.ones((rows, cols), dtype=bool)), scores, -jnp.inf)
+    return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
+
+
+def _add_attention_ops(tessera_ns: SimpleNamespace, jax_ns: SimpleNamespace) -> None:
+    tessera_ns.attention = lambda q, k, v, causal=False: op.attention(q, k, v, causal=causal)
+    jax_ns.attention = _jax_attention
+
+
+def cp_attention(m: SimpleNamespace, q: Any, k: Any, v: Any) -> Any:
+    return m.attention(q, k, v)
+
+
+def cp_attention_causal(m: SimpleNamespace, q: Any, k: Any, v: Any) -> Any:
+    return m.attention(q, k, v, causal=True)
+
+
+def _cp_grad(m: SimpleNamespace, q: Any, k: Any, v: Any, causal: bool) -> Any:
+    """dq + dk + dv of sum(attention²): every gradient, in the sequence layout."""
+
+    def loss(a: Any, b: Any, c: Any) -> Any:
+        out = m.attention(a, b, c, causal=causal)
+        return m.sum(out * out)
+
+    dq, dk, dv = m.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    return dq + dk + dv
+
+
+def cp_attention_grad(m: SimpleNamespace, q: Any, k: Any, v: Any) -> Any:
+    return _cp_grad(m, q, k, v, causal=False)
+
+
+def cp_attention_causal_grad(m: SimpleNamespace, q: Any, k: Any, v: Any) -> Any:
+    return _cp_grad(m, q, k, v, causal=True)
+
+
+CP = 8
+_CP_MESH = (("cp",), (CP,))
+_CP_QKV = (((1, 2, 8 * CP, 16), (None, None, "cp", None)),) * 3
+_CP_OUT = (None, None, "cp", None)
+_CP_PROGRAMS = [
+    ("CP attention", cp_attention),
+    ("CP attention, causal", cp_attention_causal),
+    ("CP attention, grad", cp_attention_grad),
+    ("CP attention, causal, grad", cp_attention_causal_grad),
+]
+PROGRAMS += [
+    Program(
+        f"{name}, {method} (cp={CP})", fn, _CP_QKV, _CP_OUT, mesh=_CP_MESH, context_parallel=method
+    )
+    for method in ("all_gather", "ring")
+    for name, fn in _CP_PROGRAMS
+]
+
+
 # --- bytes ------------------------------------------------------------------------------
 
 _ITEMSIZE = {
@@ -634,15 +709,16 @@ def measure(
 
     axes, shape = program.mesh
     ts_mesh = dist.Mesh(axes=list(axes), shape=shape)
-    compiled = ts.jit(
-        functools.partial(program.fn, tessera_ns),
-        mesh=ts_mesh,
-        in_shardings=tuple(_shard_spec(s) for s in specs),
-        out_shardings=_shard_spec(program.out),
-    )
-    torch_args = [torch.from_numpy(d) for d in data]
-    lowered = compiled.lower(*torch_args)
-    tessera_out = compiled(*torch_args).numpy()
+    with schedule.options(context_parallel=program.context_parallel):
+        compiled = ts.jit(
+            functools.partial(program.fn, tessera_ns),
+            mesh=ts_mesh,
+            in_shardings=tuple(_shard_spec(s) for s in specs),
+            out_shardings=_shard_spec(program.out),
+        )
+        torch_args = [torch.from_numpy(d) for d in data]
+        lowered = compiled.lower(*torch_args)
+        tessera_out = compiled(*torch_args).numpy()
 
     jax_mesh = Mesh(np.array(jax.devices()[: math.prod(shape)]).reshape(shape), axes)
     in_shardings = tuple(NamedSharding(jax_mesh, PartitionSpec(*s)) for s in specs)
@@ -701,7 +777,7 @@ def versions() -> str:
     return (
         f"date {datetime.date.today().isoformat()}; jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
         f"torch {torch.__version__}, python {platform.python_version()}; "
-        f"mesh dp×tp = {MESH_SHAPE[0]}×{MESH_SHAPE[1]} (3-D rows: dp×tp×sp = 2×2×2), f32"
+        f"mesh dp×tp = {MESH_SHAPE[0]}×{MESH_SHAPE[1]} (3-D rows: dp×tp×sp = 2×2×2; CP rows: cp = {CP}), f32"
     )
 
 

@@ -14,8 +14,10 @@ saw no key has lse -inf and contributes nothing). The k/v bytes each rank receiv
 
 Backward: the same ring over k and v recomputes each block's ``attention_backward``
 from the forward's global ``lse`` and ``delta``; dq accumulates in place and the dk, dv
-accumulators travel with their block (one more permute brings each home), so every
-rank ends with the gradients of its own k and v block.
+accumulators travel with their block, so every rank ends with the gradients of its own
+k and v block. A rank computes with its own block last: a block's accumulators start on
+the next rank, pass ``n - 2`` times and arrive home (``n - 1`` permutes each, not ``n``)
+while the own block computes, whose share is added at home.
 
 Causal attention is load-balanced by the zig-zag split: a rank's block is two half
 chunks, and rank ``r`` computes with chunks ``r`` and ``2n - 1 - r`` of the ``2n``
@@ -359,8 +361,9 @@ def _merge(
 def ring_backward(
     ring: Ring, op: graph.AttentionBackwardOp, layouts: RingLayouts, zigzag: bool
 ) -> list[SSAValue]:
-    """``(dq, dk, dv)`` of ``op`` (local operands), computed round the ring; dk and dv
-    travel with their block and arrive home after ``n`` permutes."""
+    """``(dq, dk, dv)`` of ``op`` (local operands), computed round the ring; the dk and
+    dv accumulators of a block travel round the ring and arrive home after ``n - 1``
+    permutes."""
     attrs = op.attrs()
     causal = attrs["causal"]
     values = list(op.operands[:6])
@@ -391,14 +394,9 @@ def ring_backward(
     ]
     q_positions = [p.position(ring.rank) for p in q_pieces] if causal else []
     dq: list[SSAValue | None] = [None] * len(q_pieces)
-    block = (k, v)
-    travelling: tuple[SSAValue, SSAValue] | None = None
-    for step in range(ring.size):
-        following = (
-            (ring.shift(block[0], k_layout), ring.shift(block[1], v_layout))
-            if step < ring.size - 1
-            else None
-        )
+
+    def step_gradients(step: int, block: tuple[SSAValue, SSAValue]) -> tuple[SSAValue, SSAValue]:
+        """Adds this step's dq; returns the step's (dk, dv) of ``block``."""
         owner = ring.source(step) if causal else ring.rank
         dk_parts, dv_parts = [], []
         for ki, kp in enumerate(k_pieces):
@@ -424,18 +422,27 @@ def ring_backward(
             assert dk_part is not None and dv_part is not None
             dk_parts.append(dk_part)
             dv_parts.append(dv_part)
-        dk_block, dv_block = (
-            ring.join(dk_parts, rows, dk_layout),
-            ring.join(dv_parts, rows, dv_layout),
-        )
-        if travelling is not None:
-            dk_block = ring.add(travelling[0], dk_block, dk_layout)
-            dv_block = ring.add(travelling[1], dv_block, dv_layout)
-        travelling = (ring.shift(dk_block, dk_layout), ring.shift(dv_block, dv_layout))
-        if following is not None:
-            block = following
-    assert travelling is not None
-    results = [ring.join([d for d in dq if d is not None], rows, dq_layout), *travelling]
+        return ring.join(dk_parts, rows, dk_layout), ring.join(dv_parts, rows, dv_layout)
+
+    # Steps 1 .. n-1 first, the rank's own block last: the accumulators of a block start
+    # on the next rank, pass n - 2 times and arrive home (one more permute) while the
+    # own block computes, where its share is added.
+    arriving = (ring.shift(k, k_layout), ring.shift(v, v_layout)) if ring.size > 1 else None
+    sent: tuple[SSAValue, SSAValue] | None = None
+    for step in range(1, ring.size):
+        assert arriving is not None
+        block = arriving
+        if step < ring.size - 1:
+            arriving = (ring.shift(block[0], k_layout), ring.shift(block[1], v_layout))
+        dk_block, dv_block = step_gradients(step, block)
+        if sent is not None:
+            dk_block = ring.add(sent[0], dk_block, dk_layout)
+            dv_block = ring.add(sent[1], dv_block, dv_layout)
+        sent = (ring.shift(dk_block, dk_layout), ring.shift(dv_block, dv_layout))
+    dk, dv = step_gradients(0, (k, v))
+    if sent is not None:
+        dk, dv = ring.add(sent[0], dk, dk_layout), ring.add(sent[1], dv, dv_layout)
+    results = [ring.join([d for d in dq if d is not None], rows, dq_layout), dk, dv]
     if zigzag:
         results = [
             ring.unzigzag(x, rows, lay)

@@ -55,6 +55,13 @@ operands re-viewed as ``[M, batch·K]`` and ``[batch·K, N]`` by layout ops). Th
    - No join or merge closes a cycle between groups (through other groups, collectives
      or layout ops): the dependence search only visits groups that end after the first
      op of the group it looks for, so it stays local.
+   - No join or merge spans an attention kernel: an op (or group) that depends on an
+     attention kernel beginning after a group's first op does not join (merge with) that
+     group, which would hold the group's work, and every value it reads, until after
+     the kernel. Each group keeps the first index of the latest attention kernel it
+     depends on (through groups, collectives and layout ops). So a ring's
+     online-softmax merge of each step, and the accumulation of each step's gradients,
+     stay kernels of their step and the steps' partial results are not live at once.
    - Constants join no group: each kernel that uses one gets its own copy; a constant
      used outside kernels (returned, or sent to a collective) becomes a kernel alone.
    - *Recomputation stays in the backward*: an op tagged ``graph.remat`` (a checkpointed
@@ -239,6 +246,7 @@ class _Group:
     anchor_op: Operation | None = None  # the matmul, the first reduction, or the softmax
     floor: int = 0  # no op before this index may join (the start of a recomputation)
     absorbed: dict[Operation, None] = field(default_factory=dict)  # layout ops read through
+    after: int = -1  # the first index of the latest attention kernel it depends on
 
     def anchor(self) -> Operation:
         return self.anchor_op if self.anchor_op is not None else self.ops[0]
@@ -326,6 +334,7 @@ class _Lowering:
     def _new_group(self, kind: str, op: Operation) -> _Group:
         index = self.index[op]
         group = _Group(kind, [op], index, index, floor=self.floor.get(op, 0))
+        group.after = index if kind == "attention" else self._after(op)
         if kind == "elementwise":
             group.space = _dims(op.results[0])
         elif kind == "matmul":
@@ -340,6 +349,7 @@ class _Lowering:
 
     def _add(self, group: _Group, op: Operation) -> None:
         group.ops.append(op)
+        group.after = max(group.after, self._after(op))
         self.group_of[op] = group
         index = self.index[op]
         group.first, group.last = min(group.first, index), max(group.last, index)
@@ -441,6 +451,8 @@ class _Lowering:
                 return False
         else:
             return False
+        if self._after(op) > group.first:
+            return False  # across an attention kernel
         for operand in op.operands:
             if self.group_of.get(operand.owner) is group:  # type: ignore[arg-type]
                 continue
@@ -448,6 +460,16 @@ class _Lowering:
             if producer is group or (producer is not None and self._depends(producer, group)):
                 return False  # through a collective, a layout op or other groups: a cycle
         return True
+
+    def _after(self, op: Operation) -> int:
+        """The first program index of the latest attention kernel ``op`` depends on
+        (through groups, collectives and layout ops), -1 for none."""
+        after = -1
+        for operand in op.operands:
+            producer = self._producer_group(operand)
+            if producer is not None:
+                after = max(after, producer.after)
+        return after
 
     def _escaping(self, group: _Group, joining: set[Operation]) -> bool:
         """Whether a value of ``group`` has a user outside it and outside ``joining``."""
@@ -484,6 +506,8 @@ class _Lowering:
                 return False
         elif not (a.kind == b.kind == "reduction" and (a.space, a.axes) == (b.space, b.axes)):
             return False
+        if a.after > b.first or b.after > a.first:
+            return False  # across an attention kernel
         for g, h in ((a, b), (b, a)):
             for value, direct in self._inputs(g):
                 producer = self._producer_group(value)
@@ -511,6 +535,7 @@ class _Lowering:
         for op in other.ops:
             self._add(group, op)
         group.absorbed.update(other.absorbed)
+        group.after = max(group.after, other.after)
         other.ops = []  # dropped from ``groups`` after grouping
 
     def _absorb(self, group: _Group, op: Operation) -> None:

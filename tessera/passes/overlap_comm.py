@@ -9,6 +9,11 @@ wait are what the transfer can hide behind. The pass:
 - moves every start up to just after the op that makes its operand (after the starts
   already there, keeping their order: the communication stream runs them in order); a
   recv, which has no operand, stays where it is;
+- but a *relay* (a collective permute of a block another permute brought, as a ring
+  passes blocks on) starts one step ahead only: just before the first op other than a
+  start that reads the block, so the block moves on while that op computes with it and
+  a ring holds two blocks at a time, not all of them (its wait goes along when the
+  start moves past it);
 - moves every wait down to just before the first op that uses its result (the return,
   when only the return does; the end of the function for a send's wait).
 
@@ -46,9 +51,14 @@ class OverlapCommPass(ModulePass):
 
 def hoist_starts(block: Block) -> None:
     """Every start just after its operand's producer (or the block's start), in order;
-    a start without operand (a recv) stays."""
+    a start without operand (a recv) stays; a relay starts before the block's first
+    reader."""
+    position = {op: i for i, op in enumerate(block.ops)}
     for start in [o for o in block.ops if isinstance(o, schedule.StartOp)]:
         if not start.operands:  # a recv: no operand to follow, it stays where it is
+            continue
+        if _is_relay(start):
+            _place_relay(block, start, position)
             continue
         producer = start.operands[0].owner
         anchor: Operation | None = producer if isinstance(producer, Operation) else None
@@ -63,6 +73,43 @@ def hoist_starts(block: Block) -> None:
             block.insert_op_before(start, block.first_op)  # type: ignore[arg-type]
         else:
             block.insert_op_after(start, anchor)
+
+
+def _is_permute(start: Operation | None) -> bool:
+    return isinstance(start, schedule.StartOp) and start.collective_name == "collective_permute"
+
+
+def _is_relay(start: schedule.StartOp) -> bool:
+    """A permute of the result of another permute."""
+    producer = start.operands[0].owner
+    return (
+        _is_permute(start)
+        and isinstance(producer, schedule.WaitOp)
+        and _is_permute(producer.operands[0].owner)  # type: ignore[arg-type]
+    )
+
+
+def _place_relay(block: Block, start: schedule.StartOp, position: dict[Operation, int]) -> None:
+    """``start`` just before the first op that reads its operand and is not a start (none:
+    it stays); its own wait follows it when it was before. ``position``: the ops' indices
+    before the pass (it moves only starts and their waits, so the other ops keep their
+    order, and a relay's wait moves only here)."""
+    readers = [
+        reader
+        for use in start.operands[0].uses
+        if (reader := block.find_ancestor_op_in_block(use.operation)) is not None
+        and not isinstance(reader, schedule.StartOp)
+    ]
+    if not readers:
+        return
+    target = min(readers, key=position.__getitem__)
+    waits = [block.find_ancestor_op_in_block(use.operation) for use in start.results[0].uses]
+    start.detach()
+    block.insert_op_before(start, target)
+    for wait in waits:  # moved past its start: right after it (sink_waits sinks it)
+        if wait is not None and position[wait] < position[target]:
+            wait.detach()
+            block.insert_op_after(wait, start)
 
 
 def sink_waits(block: Block) -> None:

@@ -166,7 +166,8 @@ def test_generated_kernels_on_cp() -> None:
 def test_ring_bytes_are_cp_minus_one_over_cp_of_k_and_v(causal: bool) -> None:
     """Per layer and rank, the forward's ring receives (cp-1)/cp of k and v (of its dp
     shard); the backward passes k and v the same way plus the dk, dv accumulators, which
-    take one more step home. (The causal zig-zag relayout is separate permutes.)"""
+    also take cp - 1 permutes (they start on the next rank and arrive home while the own
+    block computes). (The causal zig-zag relayout is separate permutes.)"""
     batch, heads, seq, dim, dp, cp = 2, 2, 64, 8, 2, 4
     q, k, v, w = (t.float() for t in _inputs((batch, heads, seq, dim), 4))
     layout = _spec((0, "dp"), (2, "cp"))
@@ -185,30 +186,48 @@ def test_ring_bytes_are_cp_minus_one_over_cp_of_k_and_v(causal: bool) -> None:
         )
         shifts = _ring_shifts(grad.lower(q, k, v, w).collectives(), cp)
     block = kv_bytes / cp
-    assert sum(c.nbytes for c in shifts) == 2 * (cp - 1) * block + cp * block
+    assert sum(c.nbytes for c in shifts) == 3 * (cp - 1) * block
 
 
-def test_per_rank_activation_memory_falls_with_cp_and_below_the_all_gather() -> None:
-    """The memory plan's per-rank peak of a ring attention step (forward and backward)
-    falls as cp grows and stays below the all-gather's (which holds whole k and v).
-    Not yet 1/cp: the schedule lowering fuses the merges of all steps into one kernel
-    after the last block, so every step's partial output is live at once."""
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_per_rank_activation_memory_falls_as_one_over_cp(causal: bool) -> None:
+    """Per-rank activation bytes of a ring attention grad step (forward and backward,
+    float32 ``[1, 2, 512, 16]``): the memory plan's arena peak (``memory().peak_bytes``)
+    less the arguments (q, k, v and the cotangent w, caller-owned and live throughout).
+
+    They fall as 1/cp: at most ``3.75/cp`` of cp = 1's and at most 0.6 of cp = 4's at cp
+    = 8 (measured at cp = 2, 4, 8: 1.8, 2.7, 2.5 /cp full, 2.5, 3.4, 3.6 /cp causal; 0.47
+    and 0.54 from cp = 4 to 8; the plan's live bytes alone are flat in cp·bytes from cp =
+    4 to 8, the rest is first-fit fragmentation). The constant is the ring's working set
+    of blocks: the block in use and the next one in flight (one step ahead,
+    ``overlap-comm``), the dk/dv accumulators being sent and received, this step's
+    partial results and the dq accumulator, where one rank holds o, dq, dk and dv whole;
+    causal attention also keeps the zig-zag copies of k and v to the end of the backward
+    (the own block computes last). Each step's merge is a kernel of its step
+    (``lower-graph-to-schedule`` fuses nothing across an attention kernel), so the
+    steps' partial results are never live at once. The all-gather holds whole k and v:
+    from cp = 4 the ring is below it (at cp = 2 the gathered k and v are two blocks, as
+    the ring's block in use and the next one: within 5 %)."""
     q, k, v, w = (t.float() for t in _inputs((1, 2, 512, 16), 4))
     layout = _spec((2, "cp"))
-    peaks: dict[tuple[str, int], int] = {}
+    arguments = sum(t.numel() * t.element_size() for t in (q, k, v, w))
+    activation: dict[tuple[str, int], int] = {}
     for method in ("ring", "all_gather"):
         for cp in (1, 2, 4, 8):
             with schedule.options(context_parallel=method):
                 step = ts.jit(
-                    ts.grad(_loss(False), argnums=(0, 1, 2)),
+                    ts.grad(_loss(causal), argnums=(0, 1, 2)),
                     mesh=dist.mesh({"cp": cp}),
                     in_shardings=(layout,) * 4,
                 )
-                peaks[method, cp] = step.lower(q, k, v, w).memory().peak_bytes
-    ring = [peaks["ring", cp] for cp in (1, 2, 4, 8)]
-    assert ring == sorted(ring, reverse=True) and len(set(ring)) == 4, ring
+                peak = step.lower(q, k, v, w).memory().peak_bytes
+            activation[method, cp] = peak - arguments // cp
+    alone = activation["ring", 1]
     for cp in (2, 4, 8):
-        assert peaks["ring", cp] < peaks["all_gather", cp], peaks
+        assert activation["ring", cp] * cp <= 3.75 * alone, (cp, activation)
+        limit = 1.05 if cp == 2 else 1.0
+        assert activation["ring", cp] < limit * activation["all_gather", cp], activation
+    assert activation["ring", 8] <= 0.6 * activation["ring", 4], activation
 
 
 # --- the choice ------------------------------------------------------------------------------

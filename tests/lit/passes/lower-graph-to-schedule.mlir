@@ -513,3 +513,27 @@ func.func @block_move(%h: tensor<8x16xf32>) -> tensor<8x8xf32> attributes {graph
   %y = graph.mul %g, %u : tensor<8x8xf32>
   func.return %y : tensor<8x8xf32>
 }
+
+// -----
+
+// No elementwise group spans an attention kernel it depends on: the sum of each step's
+// partial result (a ring's online-softmax merge) is a kernel of that step, emitted
+// before the next step's attention, so the partial results are not all live at once.
+// CHECK-LABEL: func.func @no_fusion_across_attention
+// CHECK:         %[[A0:.*]], %{{.*}} = schedule.kernel @no_fusion_across_attention_k0_attention(
+// CHECK:         %[[A1:.*]], %{{.*}} = schedule.kernel @no_fusion_across_attention_k1_attention(
+// CHECK:         %[[S1:.*]] = schedule.kernel @no_fusion_across_attention_k2_add(%{{.*}} = %[[A0]], %{{.*}} = %[[A1]])
+// CHECK:         %[[A2:.*]], %{{.*}} = schedule.kernel @no_fusion_across_attention_k3_attention(
+// CHECK:         %[[S2:.*]] = schedule.kernel @no_fusion_across_attention_k4_add(%{{.*}} = %[[S1]], %{{.*}} = %[[A2]])
+// CHECK-NEXT:      graph.add
+// CHECK-NEXT:      graph.tanh
+// CHECK-NEXT:      schedule.yield
+func.func @no_fusion_across_attention(%q: tensor<2x8x4xf32>, %k0: tensor<2x8x4xf32>, %k1: tensor<2x8x4xf32>, %k2: tensor<2x8x4xf32>) -> tensor<2x8x4xf32> {
+  %a0, %l0 = graph.attention %q, %k0, %k0 {causal = false, scale = 0.5} : tensor<2x8x4xf32>, tensor<2x8x4xf32>, tensor<2x8x4xf32> -> (tensor<2x8x4xf32>, tensor<2x8xf32>)
+  %a1, %l1 = graph.attention %q, %k1, %k1 {causal = false, scale = 0.5} : tensor<2x8x4xf32>, tensor<2x8x4xf32>, tensor<2x8x4xf32> -> (tensor<2x8x4xf32>, tensor<2x8xf32>)
+  %s1 = graph.add %a0, %a1 : tensor<2x8x4xf32>, tensor<2x8x4xf32> -> tensor<2x8x4xf32>
+  %a2, %l2 = graph.attention %q, %k2, %k2 {causal = false, scale = 0.5} : tensor<2x8x4xf32>, tensor<2x8x4xf32>, tensor<2x8x4xf32> -> (tensor<2x8x4xf32>, tensor<2x8xf32>)
+  %s2 = graph.add %s1, %a2 : tensor<2x8x4xf32>, tensor<2x8x4xf32> -> tensor<2x8x4xf32>
+  %t = graph.tanh %s2 : tensor<2x8x4xf32> -> tensor<2x8x4xf32>
+  func.return %t : tensor<2x8x4xf32>
+}

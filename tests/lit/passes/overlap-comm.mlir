@@ -304,3 +304,47 @@ func.func @recv_stays(%x: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>) {
   }
   func.return %y, %o : tensor<8xf32>, tensor<8xf32>
 }
+
+// -----
+
+// A relay (a permute of a block another permute brought, as a ring passes k/v blocks on)
+// starts one step ahead only: just before the kernel that computes with the block, not
+// right after the block arrives, so the ring holds two blocks at a time, not all. The
+// first permute (of an argument) still starts at the top.
+// CHECK-LABEL: func.func @relay_one_step_ahead
+// CHECK-NEXT:    %[[H0:.*]] = schedule.start collective_permute %x
+// CHECK-NEXT:    %[[K0:.*]] = schedule.kernel @k0(%{{.*}} = %x)
+// CHECK:         %[[B1:.*]] = schedule.wait %[[H0]]
+// CHECK-NEXT:    %[[H1:.*]] = schedule.start collective_permute %[[B1]]
+// CHECK-NEXT:    %[[K1:.*]] = schedule.kernel @k1(%{{.*}} = %[[B1]])
+// CHECK:         %[[B2:.*]] = schedule.wait %[[H1]]
+// CHECK-NEXT:    %[[H2:.*]] = schedule.start collective_permute %[[B2]]
+// CHECK-NEXT:    %[[K2:.*]] = schedule.kernel @k2(%{{.*}} = %[[B2]])
+// CHECK:         %[[B3:.*]] = schedule.wait %[[H2]]
+// CHECK-NEXT:    %[[K3:.*]] = schedule.kernel @k3(%{{.*}} = %[[B3]])
+graph.mesh @mesh axes = [cp = 4]
+func.func @relay_one_step_ahead(%x: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  %h0 = schedule.start collective_permute %x {axes = [cp], pairs = [[0, 1], [1, 2], [2, 3], [3, 0]]} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %b1 = schedule.wait %h0 : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  %h1 = schedule.start collective_permute %b1 {axes = [cp], pairs = [[0, 1], [1, 2], [2, 3], [3, 0]]} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %b2 = schedule.wait %h1 : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  %h2 = schedule.start collective_permute %b2 {axes = [cp], pairs = [[0, 1], [1, 2], [2, 3], [3, 0]]} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %b3 = schedule.wait %h2 : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  %o0 = schedule.kernel @k0(%a = %x) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.exp %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  %o1 = schedule.kernel @k1(%a = %b1) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.exp %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  %o2 = schedule.kernel @k2(%a = %b2) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.exp %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  %o3 = schedule.kernel @k3(%a = %b3) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.exp %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  func.return %o0, %o1, %o2, %o3 : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
+}
