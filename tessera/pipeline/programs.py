@@ -324,10 +324,12 @@ class _StageCompiler:
         done = set(forward_ops)
         _, backward_reads = joint.slice(targets, done)
         made = {r for op in forward_ops for r in op.results}
-        residuals = [v for v in backward_reads if v in made]
+        # a sent value the backward reads is kept as it was sent (one output, not two)
+        residuals = [v for v in backward_reads if v in made and v not in joint.sent]
         forward_outs = [*joint.sent, *residuals]
         forward = self.part("forward", *joint.slice(forward_outs, set()), forward_outs)
         self.sent_layouts = forward.layouts()[1][: len(joint.sent)]
+        self.save(forward, joint.sent, 0)
         self.save(forward, residuals, len(joint.sent))
         backward = backward_input = backward_weight = None
         if not joint.split_backward:

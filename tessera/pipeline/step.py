@@ -43,6 +43,7 @@ from tessera.ir import pipeline_actions as A
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.sharding import Sharding
 from tessera.perf.topology import load_topology
+from tessera.pipeline.memory import PipelineMemoryStats, pipeline_memory
 from tessera.pipeline.programs import StagePrograms, stage_programs
 from tessera.pipeline.runtime import PipelineExecutor, Placement, RankState
 from tessera.pipeline.split import balanced_cuts, plan_stages
@@ -495,6 +496,24 @@ class PipelinedTrainingStep(TrainingStep):
 
     def gather(self, state: TrainState) -> TrainState:
         return self._pipeline.gather(state)
+
+    def memory(self, state: TrainState, *batch: Any) -> PipelineMemoryStats:
+        """Per-rank peak bytes over the schedule (the worst pipeline rank's, and every
+        rank's in ``ranks``): a stage program's plan-memory peak plus the residuals,
+        received values and accumulated gradients the runtime holds between programs
+        (:mod:`tessera.pipeline.memory`); the schedule options in force pick the
+        schedule, as for a call."""
+        compiled = self._pipeline.compiled(state, batch)
+        leaves = pytree.flatten(state.params)[0]
+        return pipeline_memory(
+            compiled.stages,
+            compiled.lists,
+            compiled.updates,
+            compiled.update_params,
+            compiled.param_layouts,
+            [AbstractTensor(tuple(x.shape), _dtype(x)) for x in leaves],
+            self.mesh,  # type: ignore[arg-type]
+        )
 
     def lower(self, state: TrainState, *batch: Any) -> Lowered:
         raise TesseraError(

@@ -233,3 +233,96 @@ def test_pipelined_gpt_over_processes_equals_the_virtual_mesh(
         assert line.count("_update") == 1, line
     expected_losses, _ = unpipelined(dp, tp)
     np.testing.assert_allclose(losses, expected_losses, rtol=LOSS_RTOL)
+
+
+# --- memory: plan-memory plus what the runtime holds between stage programs ------------
+
+
+def _gpt_step(layers: int = 4, remat: str = "everything"):
+    from pipeline_case import HEADS, train_gpt
+
+    params = train_gpt.init_params(64, 8, 32, layers)
+    mesh = dist.Mesh(axes=["pp", "dp", "tp"], shape=(2, 1, 1))
+    args = __import__("argparse").Namespace(
+        lr=1e-3, zero=0, heads=HEADS, layers=layers, remat=remat
+    )
+    step = train_gpt.make_step(mesh, params, args)
+    return step, step.init(params)
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_pipelined_memory_holds_the_residuals_the_schedule_keeps(kind: str) -> None:
+    step, state = _gpt_step()
+    m = 4
+    with schedule.options(pipeline_microbatches=m, pipeline_schedule=kind):
+        memory = step.memory(state, *batch())
+    assert memory.peak_bytes == max(r.peak_bytes for r in memory.ranks)
+    for r in memory.ranks:
+        (per_microbatch,) = r.residuals_per_microbatch.values()
+        kept = m if kind == "gpipe" else len(memory.ranks) - r.pipeline_rank
+        assert r.saved_bytes == kept * per_microbatch
+        # a program's peak plus at least the residuals, parameters and optimizer state
+        assert r.peak_bytes > max(r.program_peaks.values())
+        assert r.peak_bytes >= r.saved_at_worst + r.model_states.optimizer_state
+    with schedule.options(pipeline_microbatches=m, pipeline_schedule="1f1b"):
+        one_f_one_b = step.memory(state, *batch()).peak_bytes
+    with schedule.options(pipeline_microbatches=m, pipeline_schedule="gpipe"):
+        assert step.memory(state, *batch()).peak_bytes > one_f_one_b
+
+
+def test_remat_nothing_keeps_only_block_inputs_between_stage_programs() -> None:
+    from test_remat import block, params_for
+
+    mesh = dist.mesh({"pp": 2})
+
+    def make(remat):
+        @graph.training_step(optimizer=optim.SGD(lr=0.1), mesh=mesh, remat=remat)
+        def step(params, x, y):
+            for i, p in enumerate(params):
+                if i == 2:
+                    graph.stage()
+                x = block(p, x)
+            loss = op.mean((x - y) ** 2)
+            return graph.backward(loss), {"loss": loss}
+
+        return step
+
+    x, y = torch.randn(32, 16), torch.randn(32, 16)
+    m, width = 2, 16
+    act = (32 // m) * width * 4  # one 16-wide microbatch activation
+    stats = {}
+    for remat in ("everything", "nothing"):
+        step = make(remat)
+        with schedule.options(pipeline_microbatches=m, pipeline_schedule="gpipe"):
+            stats[remat] = step.memory(step.init(params_for(4, 16, 64)), x, y)
+    nothing, everything = stats["nothing"], stats["everything"]
+    # stage 0 keeps what it sends (block 2's output) and block 2's input: block 1 reads
+    # the batch, nothing else of either block is kept
+    assert nothing.ranks[0].residuals_per_microbatch == {0: 2 * act}
+    assert nothing.ranks[0].saved_bytes == m * 2 * act
+    for r in range(2):
+        assert nothing.ranks[r].saved_bytes < everything.ranks[r].saved_bytes
+    assert nothing.peak_bytes < everything.peak_bytes
+
+
+@pytest.mark.parametrize(
+    ("kind", "remat"), [("gpipe", "everything"), ("1f1b", "nothing"), ("zb-h1", "everything")]
+)
+def test_pipelined_memory_matches_what_the_runtime_keeps(
+    kind: str, remat: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    step, state = _gpt_step(remat=remat)
+    most: dict[int, int] = {}
+    compute = PipelineExecutor.compute
+
+    def recording(self, st, action):
+        compute(self, st, action)
+        live = {id(t): t for values in st.saved.values() for t in values[0]}  # member 0
+        held = sum(t.nbytes for t in live.values())
+        most[st.pipeline_rank] = max(most.get(st.pipeline_rank, 0), held)
+
+    monkeypatch.setattr(PipelineExecutor, "compute", recording)
+    with schedule.options(pipeline_microbatches=4, pipeline_schedule=kind):
+        memory = step.memory(state, *batch())
+        step(state, *batch())
+    assert most == {r.pipeline_rank: r.saved_bytes for r in memory.ranks}
