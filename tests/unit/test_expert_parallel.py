@@ -68,12 +68,15 @@ def test_gradients_on_dp_x_ep_match_torch_autograd() -> None:
     (reference_moe(*leaves, K, CAPACITY) * u).sum().backward()
     for name, got, leaf in zip(("x", "router", "w1", "w2"), grads, leaves, strict=True):
         torch.testing.assert_close(got, leaf.grad, rtol=F64, atol=F64, msg=name)
-    # forward dispatch and combine, backward their transposes, and the dispatched
-    # tokens sent again for w1's gradient (its transpose is taken before the forward's
-    # all-to-all): five all-to-alls over ep; the expert weights' gradients are reduced
-    # over dp only (each ep rank holds its experts'), the router's over dp and ep
+    # forward dispatch and combine, backward their two transposes: four all-to-alls over
+    # ep, each of one group's [E, C, H] slots (the formula); w1's gradient transposes the
+    # tokens as moved by the forward's dispatch all-to-all, not sends them again. The
+    # expert weights' gradients are reduced over dp only (each ep rank holds its
+    # experts'), the router's over dp and ep
     lowered = step.lower(x, wr, w1, w2, u)
-    assert _all_to_alls(lowered) == [("ep",)] * 5
+    assert _all_to_alls(lowered) == [("ep",)] * 4
+    a2a = [c.nbytes for c in lowered.collectives() if c.kind == "all_to_all"]
+    assert a2a == [E * CAPACITY * 8 * 8] * 4
     reduced = [c.mesh_axes for c in lowered.collectives() if c.kind == "all_reduce"]
     assert sorted(reduced) == [("dp",), ("dp",), ("dp", "ep")], reduced
 
