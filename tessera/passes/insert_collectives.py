@@ -149,7 +149,9 @@ class _Inserter:
         source_dims: list[tuple[str, ...]] = [()] * len(perm)
         for i, p in enumerate(perm):
             source_dims[p] = target.dims[i]
-        moved = self.resharded.get((owner.operands[0], Sharding(tuple(source_dims), target.partial)))
+        moved = self.resharded.get(
+            (owner.operands[0], Sharding(tuple(source_dims), target.partial))
+        )
         if moved is None:
             return None
         op = graph.build(graph.TransposeOp, [moved], perm=perm)
