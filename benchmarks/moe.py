@@ -16,7 +16,8 @@ mesh ``[ep, dp]``, ep major: each expert group spans the 8 nodes, so the all-to-
 cross InfiniBand. E = exposed communication fraction, serial (every collective waited
 for at once) and with ``overlap-comm``; for the routed experts alone and with a shared
 SwiGLU expert of the same width (``op.moe_block``: its matmuls run while the combine
-all-to-all is in flight).
+all-to-all is in flight). Last, one all-to-all of those bytes over EP groups spanning
+nodes: the cost model's flat (direct) and hierarchical times (``perf.algorithms_for``).
 
     python benchmarks/moe.py [--seq 4096] [--dp 8]
 """
@@ -31,7 +32,7 @@ import time
 import torch
 
 import tessera as ts
-from tessera import dist, op, schedule
+from tessera import dist, op, perf, schedule
 
 BF16 = torch.bfloat16
 HIDDEN, FFN, EXPERTS, TOP_K, CF = 4096, 14336, 8, 2, 1.25
@@ -136,6 +137,22 @@ def main() -> None:
                   f"| {overlapped.step_time_s * 1e3:.3f} | {overlapped.compute_only_s * 1e3:.3f} "
                   f"| {overlapped.comm_time_s * 1e3:.3f} | {serial.exposed_fraction:.2f} "
                   f"| {overlapped.exposed_fraction:.2f} |")  # fmt: skip
+    print(
+        "\nOne all-to-all of the layer's per-rank bytes over an EP group of n ranks, "
+        "flat (direct) vs hierarchical (inside each node, then one message per node pair):\n"
+    )
+    print("| topology | EP group | direct (ms) | hierarchical (ms) | chosen |")
+    print("|---|---|---:|---:|---|")
+    for topology, group, ranks in (
+        ("gb200_nvl72", "64 ranks (one NVLink domain)", range(64)),
+        ("dgx_h100x8", "8 ranks (8 nodes x 1, the mesh above)", range(0, 64, 8)),
+        ("dgx_h100x8", "16 ranks (2 nodes x 8)", range(16)),
+        ("dgx_h100x8", "64 ranks (8 nodes x 8)", range(64)),
+    ):
+        times = perf.algorithms_for(perf.load_topology(topology), "all_to_all", one, ranks)
+        hier = times.get("hierarchical")
+        print(f"| {topology} | {group} | {times['direct'] * 1e3:.3f} "
+              f"| {'-' if hier is None else f'{hier * 1e3:.3f}'} | {min(times, key=times.__getitem__)} |")  # fmt: skip
     print(f"\n({time.time() - started:.0f} s; simulated, nothing ran on a GPU)")
 
 
