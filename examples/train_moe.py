@@ -3,6 +3,7 @@
     python examples/train_moe.py                       # virtual 2 x 2 mesh (dp x ep), 20 steps
     python examples/train_moe.py --tp 2                # dp x ep x tp = 2 x 2 x 2
     python examples/train_moe.py --dropless            # capacity = tokens per group: nothing dropped
+    python examples/train_moe.py --shared-expert       # plus a shared expert (DeepSeek/Qwen style)
     tessera run -n 4 examples/train_moe.py --steps 3   # one process per rank (gloo)
 
 The model: token embedding plus learned positions, ``--layers`` pre-RMSNorm blocks of
@@ -11,7 +12,9 @@ routing by a softmax router renormalised over the chosen experts, Mixtral's), a 
 norm and a tied output projection. The loss is the next-token cross-entropy plus the
 Switch load-balancing loss and the router z-loss. Each sequence is a routing group with
 ``ceil(T * k * capacity_factor / E)`` slots per expert (choices over capacity are
-dropped; first choices first). Sequences are split over ``dp x ep``, the experts'
+dropped; first choices first). With ``--shared-expert`` every token also goes through a
+shared SwiGLU expert (``op.moe_block``: its matmuls run while the combine all-to-all is
+in flight). Sequences are split over ``dp x ep``, the experts'
 weights ``[E, ...]`` over ``ep`` (and their hidden dim over ``tp``): the sharding passes
 insert the dispatch and combine all-to-alls over ep and their transposes in the
 backward. Each step's loss is compared with a float64 torch loop that routes the same
@@ -34,6 +37,10 @@ LOSS_RTOL = 2e-4  # f32 program vs float64 torch, per step
 AUX, Z = 0.01, 0.001  # weights of the load-balancing loss and the z-loss
 
 
+def swiglu(x, w1, w3, w2):
+    return (op.silu(x @ w1) * (x @ w3)) @ w2
+
+
 def moe_loss(p, tokens, targets, args):
     """Next-token cross-entropy plus the router losses of every layer."""
     B, T = tokens.shape
@@ -54,9 +61,15 @@ def moe_loss(p, tokens, targets, args):
         logits = h @ p[f"router_w{i}"]
         weights, experts, scores = op.router(logits, k=args.top_k)
         routing = op.route(experts, args.experts, capacity)
-        xe = op.dispatch(h, routing)  # [B, E, capacity, C]
-        ye = (op.silu(xe @ p[f"w1_{i}"]) * (xe @ p[f"w3_{i}"])) @ p[f"w2_{i}"]
-        x = x + op.combine(ye, routing, weights)
+        routed = [p[f"w1_{i}"], p[f"w3_{i}"], p[f"w2_{i}"]]  # [E, C, H], [E, C, H], [E, H, C]
+        shared = [p[f"s1_{i}"], p[f"s3_{i}"], p[f"s2_{i}"]] if args.shared_expert else None
+        x = x + op.moe_block(
+            h,
+            routing,
+            weights,
+            experts=lambda xe, w=routed: swiglu(xe, *w),  # xe: [B, E, capacity, C]
+            shared=(lambda t, w=shared: swiglu(t, *w)) if shared else None,
+        )
         aux = aux + AUX * op.load_balancing_loss(scores, experts) + Z * op.router_z_loss(logits)
     logits = op.rms_norm(x) @ op.transpose(p["wte"], (1, 0))
     return op.cross_entropy(logits, targets) + aux
@@ -102,6 +115,8 @@ def torch_loss(p, tokens, targets, args) -> torch.Tensor:
                         out[t] = out[t] + weights[b, t, j] * y
             rows.append(torch.stack(out))
         x = x + torch.stack(rows)
+        if args.shared_expert:
+            x = x + (F.silu(h @ p[f"s1_{i}"]) * (h @ p[f"s3_{i}"])) @ p[f"s2_{i}"]
         fraction = F.one_hot(chosen, E).to(x.dtype).mean((0, 1, 2))
         balance = E * (fraction * scores.mean((0, 1))).sum()
         aux = aux + AUX * balance + Z * (torch.logsumexp(logits, -1) ** 2).mean()
@@ -124,6 +139,11 @@ def init_params(args: argparse.Namespace, seed: int = 0) -> dict[str, torch.Tens
             f"w1_{i}": randn(E, C, H, scale=C**-0.5), f"w3_{i}": randn(E, C, H, scale=C**-0.5),
             f"w2_{i}": randn(E, H, C, scale=H**-0.5),
         }  # fmt: skip
+        if args.shared_expert:
+            p |= {
+                f"s1_{i}": randn(C, H, scale=C**-0.5), f"s3_{i}": randn(C, H, scale=C**-0.5),
+                f"s2_{i}": randn(H, C, scale=H**-0.5),
+            }  # fmt: skip
     return p
 
 
@@ -154,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--capacity-factor", type=float, default=1.25)
     parser.add_argument("--dropless", action="store_true", help="capacity = tokens per group")
+    parser.add_argument("--shared-expert", action="store_true", help="plus a shared expert")
     parser.add_argument("--lr", type=float, default=3e-3)
     args = parser.parse_args(argv)
     if args.dropless:

@@ -11,8 +11,9 @@ Their local semantics are the virtual mesh's (:mod:`tessera.backends.virtual`), 
 the oracle this backend is tested against.
 
 A ``schedule.start`` marked ``algorithm = hierarchical`` (``choose-collective-algorithms``)
-runs in three phases over subgroups of its group (:mod:`tessera.backends.hierarchical`):
-within domains of ``domain`` consecutive members, across domains, within domains again.
+runs in phases over subgroups of its group (:mod:`tessera.backends.hierarchical`):
+within domains of ``domain`` consecutive members, across domains, within domains again
+(an all_to_all: within domains, then across).
 Every rank creates all of these subgroups in :meth:`Runtime.prepare`, in the same order.
 The first phase is issued asynchronously at the start; the other phases depend on it and
 run (synchronously) at the wait, so only the first phase overlaps the kernels in between.
@@ -454,6 +455,24 @@ class _Phased:
         return True
 
 
+def _exchange(
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    group: _Group,
+    rank: int,
+    async_op: bool,
+) -> object:
+    """all_to_all over ``group`` (``inputs[i]`` to, ``outputs[i]`` from, the member of
+    group rank ``i``): point to point on gloo (no alltoall before torch 2.13)."""
+    if tdist.get_backend(group.handle) == "gloo":
+        work = _exchange_point_to_point(inputs, outputs, group.by_group_rank, rank, group.handle)
+    else:
+        work = tdist.all_to_all(list(outputs), list(inputs), group=group.handle, async_op=True)
+    if not async_op:
+        work.wait()  # type: ignore[attr-defined]
+    return work
+
+
 def _in_order(group: _Group, received: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Tensors received in torch's group-rank order, put in the group's (mesh) order."""
     by_rank = dict(zip(group.by_group_rank, received, strict=True))
@@ -461,7 +480,7 @@ def _in_order(group: _Group, received: Sequence[torch.Tensor]) -> list[torch.Ten
 
 
 def _issue_hierarchical(
-    op: _Start, x: torch.Tensor, intra: _Group, inter: _Group, members: list[int]
+    op: _Start, x: torch.Tensor, intra: _Group, inter: _Group, members: list[int], rank: int
 ) -> _Pending | torch.Tensor:
     """Issues the first phase of a hierarchical collective (see
     :mod:`tessera.backends.hierarchical`); the wait runs the others."""
@@ -516,11 +535,34 @@ def _issue_hierarchical(
             ordered = [by_position[p % d][p // d] for p in range(size)]
             state["out"] = torch.cat(ordered, attrs["dim"])
 
+    elif kind == "all_to_all":
+        chunks = x.chunk(size, attrs["split_dim"])
+        # domain position i receives the bundle of pieces k*d + i, one per domain k
+        bundles = [
+            torch.stack([chunks[k * d + i] for k in range(size // d)]).contiguous()
+            for i in range(d)
+        ]
+        inputs = [bundles[intra.position(r)] for r in intra.by_group_rank]
+        received = [torch.empty_like(b) for b in inputs]
+        first = _exchange(inputs, received, intra, rank, async_op=True)
+
+        def rest() -> None:
+            by_position = _in_order(intra, received)  # [j][k]: from member j, for domain k
+            pieces = [
+                torch.stack([by_position[j][inter.position(r)] for j in range(d)]).contiguous()
+                for r in inter.by_group_rank
+            ]
+            arrived = [torch.empty_like(p) for p in pieces]
+            _exchange(pieces, arrived, inter, rank, async_op=False)
+            by_domain = _in_order(inter, arrived)  # [k][j]: from member k*d + j
+            ordered = [by_domain[k][j] for k in range(size // d) for j in range(d)]
+            state["out"] = torch.cat(ordered, attrs["concat_dim"])
+
     else:
         raise ExecutionError(f"{kind} has no hierarchical algorithm")
 
     def result() -> torch.Tensor:
-        if kind == "all_gather":
+        if kind in ("all_gather", "all_to_all"):
             return state["out"]
         return hierarchical.finish(state["out"], attrs["kind"], size, x.dtype)
 
@@ -613,7 +655,7 @@ def _issue(
     if summed and numerics.deterministic():  # every rank adds the terms itself, in mesh order
         return _issue_ordered(op, x, group, rank, kind, attrs)
     if domains is not None:
-        return _issue_hierarchical(op, x, *domains, group.members)
+        return _issue_hierarchical(op, x, *domains, group.members, rank)
     if kind == "all_reduce":
         buffer = _accumulate(x, attrs["kind"])
         work = tdist.all_reduce(buffer, op=_reduce_op(attrs["kind"]), group=pg, async_op=True)

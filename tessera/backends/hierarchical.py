@@ -24,8 +24,16 @@ guide's hierarchical all-reduce and as ``tessera.perf.collective_cost`` prices t
 - ``all_gather`` along ``dim``: inter-domain all_gather (member ``k*d + i`` gets the
   bundle of pieces ``{k'*d + i : k'}``), then intra-domain all_gather of the bundles;
   the pieces are concatenated in member order.
+- ``all_to_all`` (``split_dim`` cut in ``n`` pieces, piece ``p`` for member ``p``;
+  received pieces concatenated along ``concat_dim`` in member order): intra-domain
+  all_to_all in which member ``j`` sends domain member ``i`` the bundle of its pieces
+  ``{k'*d + i : k'}`` (bound for position ``i`` of every domain), then inter-domain
+  all_to_all in which member ``k*d + i`` sends member ``k'*d + i`` the ``d`` pieces
+  bound for it, one from each member of domain ``k``. Each piece crosses the outer
+  links once, as in the flat all_to_all, but in ``n2 - 1`` messages ``d`` times larger.
 
-Sum and mean reduce in the accumulation dtype (f32 for f16/bf16, as the flat collectives
+All-to-all and all-gather move data only: their results equal the flat collective's
+exactly. Sum and mean reduce in the accumulation dtype (f32 for f16/bf16, as the flat collectives
 do) in every phase and round once at the end; mean divides by ``n`` at the end; max and
 min reduce in every phase. Results equal the flat collective's up to the order of
 floating-point additions (exactly, for max and min).
@@ -104,6 +112,8 @@ def run_group(
         return _reduce_scatter(xs, attrs["kind"], attrs["dim"], domain)
     if collective == "all_gather":
         return _all_gather(xs, attrs["dim"], domain)
+    if collective == "all_to_all":
+        return _all_to_all(xs, attrs["split_dim"], attrs["concat_dim"], domain)
     raise ExecutionError(f"{collective} has no hierarchical algorithm")
 
 
@@ -163,4 +173,25 @@ def _all_gather(xs: Sequence[torch.Tensor], dim: int, d: int) -> list[torch.Tens
             by_position = [bundles[m] for m in group]  # [i][k] is piece k*d + i
             ordered = [by_position[p % d][p // d] for p in range(n)]
             results[member] = torch.cat(ordered, dim)
+    return results
+
+
+def _all_to_all(
+    xs: Sequence[torch.Tensor], split_dim: int, concat_dim: int, d: int
+) -> list[torch.Tensor]:
+    n = len(xs)
+    n2 = n // d
+    intra, inter = domains(range(n), d)
+    pieces = [x.chunk(n, split_dim) for x in xs]  # pieces[member][piece]
+    # 1: within each domain, member j sends member i the pieces {k*d + i}: held[i][j][k]
+    held: list[list[list[torch.Tensor]]] = [[] for _ in range(n)]
+    for group in intra:
+        for i, member in enumerate(group):
+            held[member] = [[pieces[j][k * d + i] for k in range(n2)] for j in group]
+    # 2: across domains, member k*d + i sends member k'*d + i the pieces bound for it
+    results: list[torch.Tensor] = [torch.empty(0)] * n
+    for group in inter:
+        for k2, member in enumerate(group):
+            received = [held[source][j][k2] for source in group for j in range(d)]
+            results[member] = torch.cat(received, concat_dim)  # sources k*d + j, in order
     return results

@@ -136,7 +136,7 @@ _START_PROPERTIES = ("axes", "kind", "dim", "split_dim", "concat_dim", "src", "p
 # how a start runs, not what it computes: kept out of ``StartOp.attrs()``
 _PLACEMENT_PROPERTIES = ("stream", "algorithm", "domain")
 # collectives that a hierarchical (domain, then across domains) algorithm can run
-HIERARCHICAL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+HIERARCHICAL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
 # --- types ---------------------------------------------------------------------------------

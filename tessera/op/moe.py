@@ -14,11 +14,20 @@ data::
 ``moe_combine``; the router and the losses are compositions of other ops. With the
 groups split over ``dp × ep`` and the expert weights over ``ep`` along ``E``, the
 compiler inserts the dispatch and combine all-to-alls (expert parallelism).
+
+``moe_block`` composes dispatch, experts, an optional *shared expert* (an MLP every
+token goes through, DeepSeek-MoE's and Qwen-MoE's) and combine, traced in the order that
+lets the shared expert's matmuls run while the combine all-to-all is in flight::
+
+    y = op.moe_block(x, routing, weights,
+                     experts=lambda xe: op.silu(xe @ w1) @ w2,
+                     shared=lambda x: op.silu(x @ s1) @ s2)
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tessera.errors import ShapeError
@@ -29,6 +38,7 @@ from tessera.op.primitives import (
     Operand,
     _integer,
     _tensors,
+    add,
     astype,
     divide,
     mean,
@@ -118,6 +128,28 @@ def combine(expert_outputs: Operand, routing: Routing, weights: Operand) -> Tens
     return sum(multiply(rows, reshape(w, (*w.shape, 1))), axis=2)
 
 
+def moe_block(
+    x: Operand,
+    routing: Routing,
+    weights: Operand,
+    experts: Callable[[Tensor], Tensor],
+    shared: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
+    """``combine(experts(dispatch(x))) + shared(x)`` for tokens ``x [G, T, H]``:
+    ``experts`` maps the dispatched slots ``[G, E, C, H]`` to the experts' outputs
+    (same shape), ``shared`` (optional) maps ``x`` to ``[G, T, H]``.
+
+    The shared expert is traced after the routed experts and before ``combine``: under
+    expert parallelism its kernels sit between the start of the combine all-to-all
+    (which ``overlap-comm`` hoists to the experts' output) and its wait (sunk to
+    ``combine``), so they hide the transfer. Same values in any order."""
+    (tokens,) = _tensors(x)
+    outputs = experts(dispatch(tokens, routing))
+    common = shared(tokens) if shared is not None else None
+    y = combine(outputs, routing, weights)
+    return y if common is None else add(y, common)
+
+
 def load_balancing_loss(scores: Operand, experts: Operand) -> Tensor:
     """Switch's auxiliary loss ``E * sum_e f_e * P_e``: ``f_e`` the fraction of choices
     routed to expert ``e`` (over tokens and the ``k`` choices), ``P_e`` the mean score
@@ -144,6 +176,7 @@ __all__ = [
     "dispatch",
     "expert_capacity",
     "load_balancing_loss",
+    "moe_block",
     "route",
     "router",
     "router_z_loss",

@@ -20,17 +20,22 @@ dispatch (and back before combine) — expert parallelism as GShard's einsums do
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from xdsl.dialects.builtin import i32
+from xdsl.ir import SSAValue
 
 from tessera.errors import ExecutionError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import FactorKind, RuleBuilder, ShardingRule
-from tessera.ops.registry import NOT_LINEAR, Cotangents, Fusion, bound, register
+from tessera.ops.registry import NOT_LINEAR, Cotangents, Fusion, IndexMap, bound, register
 from tessera.ops.top_k import HOST_TILE
+
+if TYPE_CHECKING:
+    from tessera.codegen.evaluate import Evaluator, Index
 
 # --- sharding ---------------------------------------------------------------------------
 
@@ -147,6 +152,56 @@ def _combine_reference(op: graph.MoeCombineOp) -> Callable[..., torch.Tensor]:
     return run
 
 
+# --- tile code: gathers with a zero for empty slots ------------------------------------------
+
+
+def _row_or_zero(
+    ev: Evaluator, rows: SSAValue, lead: Index, flat: SSAValue, inner: tuple[int, ...], h: Any
+) -> SSAValue:
+    """``rows[lead..., flat as an index over dims of sizes inner..., h]``, 0 where
+    ``flat < 0`` (an empty slot or a dropped choice), like ``_take_rows``."""
+    b = ev.b
+    flat = b.convert(flat, i32)
+    components: list[Any] = []
+    rest = flat
+    for position, size in enumerate(inner):
+        below = 1
+        for s in inner[position + 1 :]:
+            below *= s
+        part = b.div(rest, b.index(below)) if below > 1 else rest
+        components.append(None if size == 1 else b.clamp(part, size))
+        if below > 1:
+            rest = b.rem(rest, b.index(below))
+    value = ev.at(rows, (*lead, *components, h))
+    return b.select(b.cmp("ge", flat, b.index(0)), value, b.constant(0.0))
+
+
+def _dispatch_tile(
+    ev: Evaluator, op: graph.MoeDispatchOp, value: SSAValue, index: Index
+) -> SSAValue:
+    """Slot ``(g, e, c)`` reads the token ``sources[g, e, c] // K`` (or the choice row
+    ``sources`` of ``[G, T, K, H]``), zero when empty."""
+    x, slots, sources = op.operands
+    g, e, c, h = index
+    source = ev.at(sources, (g, e, c))
+    t, k = aval(slots).shape[1:]
+    if aval(x).rank == 4:
+        return _row_or_zero(ev, x, (g,), source, (t, k), h)
+    b = ev.b
+    flat = b.convert(source, i32)
+    token = b.select(b.cmp("ge", flat, b.index(0)), b.div(flat, b.index(k)), b.index(-1))
+    return _row_or_zero(ev, x, (g,), token, (t,), h)
+
+
+def _combine_tile(ev: Evaluator, op: graph.MoeCombineOp, value: SSAValue, index: Index) -> SSAValue:
+    """Choice ``(g, t, j)`` reads the expert row at slot ``slots[g, t, j]`` of ``[G, E, C,
+    H]``, zero when dropped."""
+    y, slots, _ = op.operands
+    g, t, j, h = index
+    _, experts, capacity, _ = aval(y).shape
+    return _row_or_zero(ev, y, (g,), ev.at(slots, (g, t, j)), (experts, capacity), h)
+
+
 # --- gradients ------------------------------------------------------------------------------
 
 
@@ -191,8 +246,8 @@ register(
     partial=(0,),
     vjp=_dispatch_vjp,
     reference=_dispatch_reference,
-    tile=HOST_TILE,
-    fusion=Fusion.HOST,
+    tile=IndexMap(_dispatch_tile),
+    fusion=Fusion.LAYOUT,
 )
 register(
     graph.MoeCombineOp,
@@ -200,6 +255,6 @@ register(
     partial=(0,),
     vjp=_combine_vjp,
     reference=_combine_reference,
-    tile=HOST_TILE,
-    fusion=Fusion.HOST,
+    tile=IndexMap(_combine_tile),
+    fusion=Fusion.LAYOUT,
 )

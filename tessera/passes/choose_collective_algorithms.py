@@ -1,11 +1,12 @@
 """``choose-collective-algorithms``: mark each collective with the algorithm the cost model picks.
 
 Runs on the Schedule IR (after ``overlap-comm``, before ``plan-memory``). For every
-``schedule.start`` of an all_reduce, all_gather or reduce_scatter, it prices the
+``schedule.start`` of an all_reduce, all_gather, reduce_scatter or all_to_all, it prices the
 collective on ``topology`` (a :func:`~tessera.perf.topology.load_topology` name or JSON
 file; mesh rank ``r`` runs on device ``r``) with
 :func:`~tessera.perf.collective_cost.algorithms_for` and sets the start's ``algorithm``
-property to the fastest: ``ring``, ``tree``, ``hierarchical`` or ``nvls``. For one group
+property to the fastest: ``ring``, ``tree``, ``hierarchical`` or ``nvls`` (an all_to_all
+runs ``direct``, left unannotated, or ``hierarchical``). For one group
 this is ``collective_time(...).algorithm``; when the axes make several groups, the
 algorithm must apply to every group and the slowest group's time decides.
 
@@ -47,7 +48,7 @@ from tessera.ir.mesh_symbol import module_mesh
 from tessera.perf.collective_cost import ALGORITHMS, algorithms_for
 from tessera.perf.topology import Topology, load_topology
 
-CHOSEN_COLLECTIVES = schedule.HIERARCHICAL_COLLECTIVES  # all_reduce, all_gather, reduce_scatter
+CHOSEN_COLLECTIVES = schedule.HIERARCHICAL_COLLECTIVES  # the reductions, gathers, all_to_all
 
 
 @dataclass(frozen=True)
@@ -132,17 +133,22 @@ class _Chooser:
         result = AbstractTensor.from_xdsl(start.handle.type.tensor)
         nbytes = result.nbytes if kind == "all_gather" else aval(start.input).nbytes
         times = [algorithms_for(self.topology, kind, nbytes, g) for g in groups]
-        legal = [a for a in times[0] if a in ALGORITHMS and all(a in t for t in times)]
+        # every group's algorithms; "direct" (an all_to_all's pairwise exchange) is the
+        # default way to run, never written on the start
+        candidates = [a for a in times[0] if all(a in t for t in times)]
         domain = None
-        if "hierarchical" in legal:
+        if "hierarchical" in candidates:
             domains = {domain_of(self.topology, g) for g in groups}
             domain = domains.pop() if len(domains) == 1 else None
             if domain is None:
-                legal.remove("hierarchical")
+                candidates.remove("hierarchical")
+        legal = [a for a in candidates if a in ALGORITHMS]
         if not legal:
             return None
         if self.force in legal:
             algorithm = self.force
         else:  # the first fastest, in the cost model's order (as collective_time picks)
-            algorithm = min(legal, key=lambda a: max(t[a] for t in times))
+            algorithm = min(candidates, key=lambda a: max(t[a] for t in times))
+            if algorithm not in ALGORITHMS:
+                return None
         return algorithm, domain if algorithm == "hierarchical" else None

@@ -15,7 +15,12 @@ replicated). Walking each function in order, for every op:
 - constants are produced replicated (every rank builds them) and sliced where a split
   is needed, which is free.
 
-A value resharded the same way for several consumers is resharded once.
+A value resharded the same way for several consumers is resharded once, and a
+transpose of a value already resharded is taken of the moved value instead of moved
+itself: the backward's transposes of forward activations (a matmul's VJP transposes its
+operand as traced, before the operand's reshard) reuse the forward's collective, e.g.
+the dispatched tokens of expert parallelism are sent over ``ep`` once, not again for the
+experts' weight gradient. The bypassed transpose is erased when nothing else uses it.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class _Inserter:
         self.layout: dict[SSAValue, Sharding] = {}
         self.resharded: dict[tuple[SSAValue, Sharding], SSAValue] = {}
         self.points = ReductionPoints()
+        self.bypassed: list[Operation] = []
         for index, arg in enumerate(function.args):
             self.layout[arg] = arg_sharding(function, index) or Sharding.replicated(aval(arg).rank)
 
@@ -89,6 +95,9 @@ class _Inserter:
                 ):
                     op.operands[index] = self.reshard(value, needed, op)
                 self._record(op, list(layout.results))
+        for op in reversed(self.bypassed):
+            if all(not r.uses for r in op.results):
+                Rewriter.erase_op(op)
 
     def of(self, value: SSAValue) -> Sharding:
         return self.layout.get(value) or Sharding.replicated(aval(value).rank)
@@ -117,12 +126,39 @@ class _Inserter:
         key = (value, target)
         if key in self.resharded:
             return self.resharded[key]
+        moved = self._transpose_of_moved(value, target, before)
+        if moved is not None:
+            self.resharded[key] = moved
+            return moved
         result = value
         for step in plan_reshard(current, target):
             current = apply_step(current, step)
             result = self._emit(step, result, current, before)
         self.resharded[key] = result
         return result
+
+    def _transpose_of_moved(
+        self, value: SSAValue, target: Sharding, before: Operation
+    ) -> SSAValue | None:
+        """``transpose(x)`` laid out as ``target`` when ``x`` has already been resharded
+        to the matching layout: the transpose of that value, no collective."""
+        owner = value.owner
+        if not isinstance(owner, graph.TransposeOp):
+            return None
+        perm = list(owner.attrs()["perm"])
+        source_dims: list[tuple[str, ...]] = [()] * len(perm)
+        for i, p in enumerate(perm):
+            source_dims[p] = target.dims[i]
+        moved = self.resharded.get(
+            (owner.operands[0], Sharding(tuple(source_dims), target.partial))
+        )
+        if moved is None:
+            return None
+        op = graph.build(graph.TransposeOp, [moved], perm=perm)
+        Rewriter.insert_op(op, InsertPoint.before(before))
+        self._record(op, [target])
+        self.bypassed.append(owner)
+        return op.results[0]
 
     def _emit(
         self, step: ReshardStep, value: SSAValue, after: Sharding, before: Operation

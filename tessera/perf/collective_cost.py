@@ -20,6 +20,8 @@ rank costs nothing (``"direct"``). The closed forms (Thakur, Rabenseifner & Grop
                 hierarchical  AG: AG(n2, S/n1, outer) + AG(n1, S, inner);
                               RS: RS(n1, S, inner) + RS(n2, S/n1, outer)
     all_to_all  direct        (n-1)α + (n-1)/n · S/B          (pairwise exchange)
+                hierarchical  A2A(n1, S, inner) + A2A(n2, S, outer)
+                                                              (within domains, then across)
     broadcast   tree          ⌈log2 n⌉α + S/B
     send, recv  direct        α + S/B                         (ranks: the two peers)
     collective_permute
@@ -99,13 +101,21 @@ def algorithms_for(
         return {"direct": link.latency_s + nbytes / link.bandwidth}
     if kind == "broadcast":
         return {"tree": _steps(n) * link.latency_s + nbytes / link.bandwidth}
-    if kind == "all_to_all":
-        return {"direct": _ring_gather(n, nbytes, link)}
 
     counts = topology.group_counts(ranks)
     two_level = len(counts) > 1 and counts[0] > 1 and len(set(counts)) == 1
     n1, n2 = counts[0], len(counts)
     inner = topology.levels[level - 1]
+    if kind == "all_to_all":
+        # hierarchical: each member first exchanges with its domain the pieces bound for
+        # every domain's member at each position (all S bytes, inner links), then with
+        # the members at its position in the other domains (S bytes, n2 - 1 messages)
+        times = {"direct": _ring_gather(n, nbytes, link)}
+        if two_level:
+            times["hierarchical"] = _ring_gather(n1, nbytes, inner) + _ring_gather(
+                n2, nbytes, link
+            )
+        return times
     if kind == "all_reduce":
         times = {
             "ring": _ring_all_reduce(n, nbytes, link),

@@ -116,12 +116,16 @@ def test_train_gpt_with_context_parallelism(
     assert "collective_permute[cp]" in out, out[-2000:]
 
 
-def test_train_moe_on_dp_x_ep(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """``examples/train_moe.py``: top-2 of 8 experts on a 2 x 2 (dp x ep) virtual mesh;
-    each step's loss matches the float64 torch loop and decreases (reference kernels:
-    short; the generated kernels of the layer are tested in test_moe_ops.py)."""
+@pytest.mark.parametrize("extra", [[], ["--shared-expert"]], ids=["routed", "shared-expert"])
+def test_train_moe_on_dp_x_ep(
+    extra: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``examples/train_moe.py``: top-2 of 8 experts on a 2 x 2 (dp x ep) virtual mesh,
+    with and without a shared expert; each step's loss matches the float64 torch loop and
+    decreases (reference kernels: short; the generated kernels of the layer are tested in
+    test_moe_ops.py)."""
     monkeypatch.setenv("TESSERA_KERNELS", "reference")
-    load_example("train_moe").main(["--steps", "2", "--layers", "1"])
+    load_example("train_moe").main(["--steps", "2", "--layers", "1", *extra])
     out = capsys.readouterr().out
     assert out.rstrip().endswith("OK"), out[-2000:]
     assert "all_to_all[ep]" in out

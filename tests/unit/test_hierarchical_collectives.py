@@ -468,3 +468,104 @@ def test_four_gloo_ranks_run_hierarchical_collectives(tmp_path: Path) -> None:
             in result.stdout
         )
         assert f"rank {rank}: every hierarchical collective matches" in result.stdout
+
+
+# --- all_to_all -------------------------------------------------------------------------------
+
+
+def scheduled_all_to_all(
+    mesh: dist.Mesh, axes: tuple[str, ...], shape: tuple[int, ...], split: int, concat: int
+) -> ModuleOp:
+    """A scheduled ``@f(%x)`` of one all_to_all over ``axes`` (``split`` → ``concat``)."""
+    n = len(mesh.groups(axes)[0])
+    out = list(shape)
+    out[split] //= n
+    out[concat] *= n
+    t, r = _tensor(shape, "f32"), _tensor(tuple(out), "f32")
+    mesh_axes = ", ".join(f"{a} = {s}" for a, s in zip(mesh.axis_names, mesh.shape, strict=True))
+    props = f"axes = [{', '.join(axes)}], split_dim = {split}, concat_dim = {concat}"
+    text = (
+        f"graph.mesh @mesh axes = [{mesh_axes}]\n"
+        f"func.func @f(%x: {t}) -> {r} attributes {{graph.partitioned}} {{\n"
+        f"  %h = schedule.start all_to_all %x {{{props}}} : {t} -> !schedule.handle<{r}>\n"
+        f"  %y = schedule.wait %h : !schedule.handle<{r}> -> {r}\n"
+        f"  func.return %y : {r}\n}}\n"
+    )
+    module = Parser(_context(), text).parse_module()
+    module.verify()
+    return module
+
+
+def test_all_to_all_across_nodes_is_hierarchical() -> None:
+    """Over both DGX nodes (dp x tp), the two-level all_to_all (within each node, then one
+    message per node pair across InfiniBand) is cheaper than the flat pairwise exchange,
+    whose 15 messages all go at InfiniBand's latency and bandwidth; inside a node it does
+    not apply and the start stays unannotated (direct)."""
+    shape = (16, 4096)  # 256 KiB per rank
+    group = MESH16.groups(("dp", "tp"))[0]
+    times = algorithms_for(TWO_NODES, "all_to_all", nbytes(shape), group)
+    assert set(times) == {"direct", "hierarchical"}
+    assert times["hierarchical"] < times["direct"]
+    start = choose(scheduled_all_to_all(MESH16, ("dp", "tp"), shape, 0, 1))
+    assert (start.algorithm_name, start.domain_size) == ("hierarchical", 8)
+    assert "split_dim = 0, concat_dim = 1, algorithm = hierarchical, domain = 8}" in str(start)
+    within = choose(scheduled_all_to_all(MESH16, ("tp",), shape, 0, 1))
+    assert set(algorithms_for(TWO_NODES, "all_to_all", nbytes(shape), range(8))) == {"direct"}
+    assert within.algorithm_name is None
+    forced = choose(scheduled_all_to_all(MESH16, ("tp",), shape, 0, 1), force="hierarchical")
+    assert forced.algorithm_name is None  # one node: not legal
+    # interleaved domains ([0, 8, 1, 9, ...]): not the runtimes' domains, so direct
+    assert choose(scheduled_all_to_all(MESH16, ("tp", "dp"), shape, 0, 1)).algorithm_name is None
+    # the simulator prices the annotated start as the cost model does
+    module = scheduled_all_to_all(MESH16, ("dp", "tp"), shape, 0, 1)
+    choose(module)
+    sim = simulate(module, "f", MESH16, TWO_NODES)
+    assert sim.comm_time_s == pytest.approx(times["hierarchical"])
+
+
+@pytest.mark.parametrize(("split", "concat"), [(0, 1), (1, 0), (0, 2), (1, 2)], ids=str)
+@pytest.mark.parametrize(("mesh", "axes", "domain"), CASES, ids=lambda c: str(c))
+def test_virtual_hierarchical_all_to_all_equals_flat(
+    split: int, concat: int, mesh: dist.Mesh, axes: tuple, domain: int
+) -> None:
+    """Data movement only: exactly the flat all_to_all's result, piece for piece."""
+    n = len(mesh.groups(axes)[0])
+    shape = (2 * n, n, 3)
+    flat = scheduled_all_to_all(mesh, axes, shape, split, concat)
+    phased = _annotated(flat.clone(), domain)
+    args = _rank_args(mesh, shape, seed=2)
+    want = run_virtual(flat, "f", mesh, args)
+    got = run_virtual(phased, "f", mesh, args)
+    for (w,), (g,) in zip(want, got, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_expert_parallel_across_two_nodes_runs_hierarchical_all_to_alls() -> None:
+    """EP over 16 ranks of two DGX nodes (ep = 16, 16 experts): the dispatch and combine
+    all-to-alls are hierarchical (domain 8) and the layer equals the flat program's."""
+    from moe_reference import reference_moe
+
+    experts, k, capacity = 16, 2, 2
+
+    def layer(x, wr, w1, w2):
+        weights, chosen, _ = op.router(x @ wr, k=k)
+        routing = op.route(chosen, num_experts=experts, capacity=capacity)
+        return op.combine(op.relu(op.dispatch(x, routing) @ w1) @ w2, routing, weights)
+
+    mesh = dist.Mesh(axes=["ep"], shape=(16,))
+    groups = dist.ShardSpec(partition=(0,), mesh_axes=("ep",))
+    split = dist.ShardSpec(partition=(0,), mesh_axes=("ep",))
+    g = torch.Generator().manual_seed(3)
+    shapes = [(16, 4, 8), (8, experts), (experts, 8, 8), (experts, 8, 8)]
+    args = [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+    results = {}
+    for algorithms in (True, False):
+        with schedule.options(topology="dgx_h100x2", collective_algorithms=algorithms):
+            f = ts.jit(layer, mesh=mesh, in_shardings=(groups, None, split, split))
+            text = f.lower(*args).as_text("schedule")
+            results[algorithms] = f(*args)
+        marked = text.count("algorithm = hierarchical, domain = 8")
+        assert marked == (2 if algorithms else 0), text
+    assert torch.equal(results[True], results[False])
+    want = reference_moe(*args, k, capacity)
+    torch.testing.assert_close(results[True], want, rtol=1e-10, atol=1e-10)

@@ -45,13 +45,14 @@ func.func @within_a_node(%x: tensor<1024x1024xf32>, %s: tensor<8x8xf32>, %b: ten
 
 // -----
 
-// all_gather and reduce_scatter across nodes are hierarchical too; a broadcast, an
-// all_to_all and a one-rank group are left alone (and lose a stale annotation).
+// all_gather, reduce_scatter and all_to_all across nodes are hierarchical too (the
+// all_to_all: within each node, then one message per node pair); a broadcast and a
+// one-rank group are left alone (and lose a stale annotation).
 // CHECK-LABEL: func.func @gather_and_scatter
 // CHECK:         schedule.start all_gather %x {axes = [dp, tp], dim = 0, algorithm = hierarchical, domain = 8} :
 // CHECK:         schedule.start reduce_scatter %y {axes = [dp, tp], kind = mean, dim = 1, algorithm = hierarchical, domain = 8} :
 // CHECK:         schedule.start broadcast %y {axes = [dp, tp], src = 3} :
-// CHECK:         schedule.start all_to_all %y {axes = [dp, tp], split_dim = 0, concat_dim = 1} :
+// CHECK:         schedule.start all_to_all %y {axes = [dp, tp], split_dim = 0, concat_dim = 1, algorithm = hierarchical, domain = 8} :
 // CHECK:         schedule.start all_reduce %y {axes = [one], kind = sum} :
 // RING-LABEL:  func.func @gather_and_scatter
 // RING:          schedule.start all_gather %x {axes = [dp, tp], dim = 0, algorithm = ring} :

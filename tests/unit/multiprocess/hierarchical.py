@@ -5,7 +5,8 @@ over gloo, on a machine of 2 domains x 2 devices (the JSON file).
    its all_reduce ``hierarchical`` with ``domain = 2``; the result equals the flat
    all-reduce's (``collective_algorithms=False``) and the virtual mesh's.
 2. Hand-written schedules of every hierarchical collective (all_reduce sum, mean, max,
-   min on sizes that need padding; reduce_scatter; all_gather; on 1-D and 2-D meshes, in
+   min on sizes that need padding; reduce_scatter; all_gather; all_to_all along both
+   dims; on 1-D and 2-D meshes, in
    both axis orders so that domains are not always the consecutive ranks): each rank's
    result equals the virtual mesh's hierarchical and flat results (exactly for max, min,
    all_gather and integer-valued inputs; up to the order of additions for random ones).
@@ -96,6 +97,7 @@ def program(mesh_axes: str, axes: str, dtype: str = "f32") -> str:
     the 4 ranks, hierarchical with domains of 2."""
     a, v = f"tensor<5x7x{dtype}>", f"tensor<3x{dtype}>"
     m, s, big = f"tensor<4x8x{dtype}>", f"tensor<4x2x{dtype}>", f"tensor<16x8x{dtype}>"
+    row, col = f"tensor<1x32x{dtype}>", f"tensor<16x2x{dtype}>"
     body = "".join(
         [
             start("s", "all_reduce", "x", axes, ", kind = sum", a, a),
@@ -106,10 +108,12 @@ def program(mesh_axes: str, axes: str, dtype: str = "f32") -> str:
             start("rs", "reduce_scatter", "m", axes, ", dim = 1, kind = sum", m, s),
             start("rm", "reduce_scatter", "m", axes, ", dim = 1, kind = mean", m, s),
             start("ag", "all_gather", "m", axes, ", dim = 0", m, big),
+            start("aa", "all_to_all", "m", axes, ", split_dim = 0, concat_dim = 1", m, row),
+            start("ab", "all_to_all", "m", axes, ", split_dim = 1, concat_dim = 0", m, col),
         ]
     )
-    results = ["s", "mn", "mx", "mi", "vs", "rs", "rm", "ag"]
-    types = [a, a, a, v, v, s, s, big]
+    results = ["s", "mn", "mx", "mi", "vs", "rs", "rm", "ag", "aa", "ab"]
+    types = [a, a, a, v, v, s, s, big, row, col]
     return (
         f"graph.mesh @mesh axes = [{mesh_axes}]\n"
         f"func.func @f(%x: {a}, %v: {v}, %m: {m}) -> ({', '.join(types)}) "
@@ -155,11 +159,14 @@ def check_schedules() -> None:
             flat = run_virtual(flat_copy(module), "f", mesh, rank_args)[RANK]
             PHASED.clear()
             got, record = run_rank(module, "f", mesh, rank_args[RANK])
-            assert PHASED == ["all_reduce"] * 5 + ["reduce_scatter"] * 2 + ["all_gather"], PHASED
-            assert len(record.collectives) == 8, record.collectives
+            assert PHASED == (
+                ["all_reduce"] * 5 + ["reduce_scatter"] * 2 + ["all_gather"] + ["all_to_all"] * 2
+            ), PHASED
+            assert len(record.collectives) == 10, record.collectives
             names = ["sum", "mean", "max", "min", "sum(3)", "rs sum", "rs mean", "all_gather"]
+            names += ["all_to_all 0->1", "all_to_all 1->0"]
             for name, x, h, f in zip(names, got, hierarchical, flat, strict=True):
-                exact = integers or name in ("max", "min", "all_gather")
+                exact = integers or name in ("max", "min", "all_gather") or "all_to_all" in name
                 tol = EXACT if exact else CLOSE32
                 what = (
                     f"{name} ({'integer-valued' if integers else 'randn'}) over [{axes}] of {mesh}"

@@ -295,7 +295,7 @@ func.func @start_domain_without_hierarchical(%x: tensor<8xf32>) {
 graph.mesh @mesh axes = [dp = 2, tp = 4]
 // Only all_reduce, all_gather and reduce_scatter run hierarchically.
 func.func @start_hierarchical_broadcast(%x: tensor<8xf32>) {
-  // CHECK: schedule.start broadcast: algorithm hierarchical applies only to ('all_reduce', 'all_gather', 'reduce_scatter'){{$}}
+  // CHECK: schedule.start broadcast: algorithm hierarchical applies only to ('all_reduce', 'all_gather', 'reduce_scatter', 'all_to_all'){{$}}
   %h = schedule.start broadcast %x {axes = [dp, tp], src = 0, algorithm = hierarchical, domain = 2} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
   %r = schedule.wait %h : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
   func.return
