@@ -17,7 +17,8 @@ replicated). Walking each function in order, for every op:
 
 A value resharded the same way for several consumers is resharded once, and a
 transpose of a value already resharded is taken of the moved value instead of moved
-itself: the backward's transposes of forward activations (a matmul's VJP transposes its
+itself, unless the move gathered it (holding a gathered activation until the backward
+costs memory the collective saves; Megatron's sequence parallelism gathers again too): the backward's transposes of forward activations (a matmul's VJP transposes its
 operand as traced, before the operand's reshard) reuse the forward's collective, e.g.
 the dispatched tokens of expert parallelism are sent over ``ep`` once, not again for the
 experts' weight gradient. The bypassed transpose is erased when nothing else uses it.
@@ -25,6 +26,7 @@ experts' weight gradient. The bypassed transpose is erased when nothing else use
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -149,16 +151,20 @@ class _Inserter:
         source_dims: list[tuple[str, ...]] = [()] * len(perm)
         for i, p in enumerate(perm):
             source_dims[p] = target.dims[i]
-        moved = self.resharded.get(
-            (owner.operands[0], Sharding(tuple(source_dims), target.partial))
-        )
-        if moved is None:
-            return None
+        source = owner.operands[0]
+        moved = self.resharded.get((source, Sharding(tuple(source_dims), target.partial)))
+        if moved is None or self._pieces(moved) < self._pieces(source):
+            return None  # a gathered value is not kept for later: it is gathered again
         op = graph.build(graph.TransposeOp, [moved], perm=perm)
         Rewriter.insert_op(op, InsertPoint.before(before))
         self._record(op, [target])
         self.bypassed.append(owner)
         return op.results[0]
+
+    def _pieces(self, value: SSAValue) -> int:
+        """How many pieces ``value``'s layout splits it into (its size per rank is its
+        size over this)."""
+        return math.prod(self.mesh.axis_size(a) for d in self.of(value).dims for a in d)
 
     def _emit(
         self, step: ReshardStep, value: SSAValue, after: Sharding, before: Operation
