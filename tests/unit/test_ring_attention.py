@@ -12,49 +12,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+from attention_reference import close as _close
+from attention_reference import inputs as _inputs
+from attention_reference import spec as _spec
+from attention_reference import torch_attention as _torch_attention
+from attention_reference import torch_grads as _torch_grads
 
 import tessera as ts
 from tessera import dist, op, schedule
 from tessera.errors import TesseraError
-
-TOLERANCE = 1e-10
-
-
-def _inputs(
-    shape: tuple[int, ...], count: int, seed: int = 0, kv_heads: int | None = None
-) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(count):
-        s = list(shape)
-        if kv_heads is not None and i in (1, 2):
-            s[1] = kv_heads
-        out.append(torch.randn(s, generator=g, dtype=torch.float64))
-    return out
-
-
-def _torch_attention(q, k, v, causal):
-    if k.shape[1] != q.shape[1]:
-        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-
-def _torch_grads(q, k, v, w, causal):
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    (_torch_attention(*leaves, causal) * w).sum().backward()
-    return [t.grad for t in leaves]
-
-
-def _close(got, want, tolerance=TOLERANCE):
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g.double(), w.double(), rtol=tolerance, atol=tolerance)
-
-
-def _spec(*axes_by_dim: tuple[int, str]) -> dist.ShardSpec:
-    return dist.ShardSpec(
-        partition=tuple(d for d, _ in axes_by_dim), mesh_axes=tuple(a for _, a in axes_by_dim)
-    )
 
 
 def _loss(causal):
