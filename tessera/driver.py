@@ -13,7 +13,7 @@ Stages, in order (``traced`` is the module as the tracer built it):
 - ``graph``: clean-up (``canonicalize``, ``cse``, ``dce``), so a value nobody returns —
   the loss ``ts.grad`` drops, say — never reaches sharding;
 - ``sharded``: ``shard-propagate``, ``insert-collectives``;
-- ``partitioned``: ``shard-partition`` (per-rank shapes);
+- ``partitioned``: ``shard-partition`` (per-rank shapes), ``unzigzag-attention``;
 - ``schedule``: the schedule options' passes, from ``lower-graph-to-schedule`` to
   ``plan-memory`` (see :meth:`tessera.schedule.ScheduleOptions.passes`);
 - ``tile``: ``lower-schedule-to-tile``.
@@ -41,7 +41,7 @@ KERNEL_BACKENDS = ("triton", "reference")
 _FIXED_STAGE_PASSES: dict[str, tuple[str, ...]] = {
     "graph": ("canonicalize", "cse", "dce"),
     "sharded": ("shard-propagate", "insert-collectives"),
-    "partitioned": ("shard-partition",),
+    "partitioned": ("shard-partition", "unzigzag-attention"),
     "tile": ("lower-schedule-to-tile",),
 }
 
@@ -104,7 +104,7 @@ def stage_passes(stage: str, config: CompileConfig) -> list[PassSpec]:
     if stage == "schedule":
         return _schedule_passes(config.schedule)
     if stage == "partitioned":
-        return [_partition_pass(config.schedule)]
+        return [_partition_pass(config.schedule), PassSpec.of("unzigzag-attention")]
     return [PassSpec.of(flag) for flag in _FIXED_STAGE_PASSES[stage]]
 
 

@@ -467,6 +467,11 @@ def lower_attention_op(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT)
         )
     attrs = op.attrs()
     causal, scale = attrs["causal"], attrs["scale"]
+    if causal and attrs.get("zigzag"):
+        raise IRError(
+            f"@{kernel.kernel_name}: the kernel masks in natural order; run "
+            f"unzigzag-attention on attention stored in zig-zag order first"
+        )
     shift = position_shift(frame, op.positions) if causal else None
     outputs = dict(zip(yielded(kernel), frame.outputs, strict=True))
 

@@ -11,6 +11,7 @@ from tessera.dist.collectives import (
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dist.tensor import DistTensor, tensor
 from tessera.ir.mesh import Mesh, mesh
+from tessera.ir.zigzag import zigzag_order
 
 __all__ = [
     "DistTensor",
@@ -24,4 +25,5 @@ __all__ = [
     "reduce_scatter",
     "shard",
     "tensor",
+    "zigzag_order",
 ]

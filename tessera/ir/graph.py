@@ -36,6 +36,7 @@ from xdsl.irdl import (
     IRDLOperation,
     irdl_op_definition,
     operand_def,
+    opt_prop_def,
     prop_def,
     result_def,
     traits_def,
@@ -73,7 +74,11 @@ class GraphOp(IRDLOperation):
 
     def attrs(self) -> dict[str, Any]:
         """The op's properties as Python values, in declaration order."""
-        return {name: to_python(self.properties[name]) for name in self._property_names()}
+        return {
+            name: to_python(self.properties[name])
+            for name in self._property_names()
+            if name in self.properties  # an optional property may be absent
+        }
 
     def rule_attrs(self) -> dict[str, Any]:
         """The keyword arguments of :attr:`shape_rule` (defaults to :meth:`attrs`)."""
@@ -448,7 +453,9 @@ class AttentionOp(GraphOp):
     ``causal``, query ``i`` sees key ``j`` iff ``q0 + i >= k0 + j``, where the optional
     i32 scalar operands ``q0, k0`` (``positions``) are the global positions of the
     first query and key (0 without them): a block of a longer sequence, as context
-    parallelism computes. A row that sees no key gives 0 and an lse of -inf. k and v may
+    parallelism computes. With ``zigzag = n`` the sequences of q and of k, v are stored
+    in zig-zag order over ``n`` ranks (:mod:`tessera.ir.zigzag`) and the mask compares
+    their true positions. A row that sees no key gives 0 and an lse of -inf. k and v may
     have fewer heads than q (grouped-query attention, heads in dim -3)."""
 
     name = "graph.attention"
@@ -460,6 +467,7 @@ class AttentionOp(GraphOp):
     lse = result_def(TensorType)
     causal = prop_def(BoolAttr)
     scale = prop_def(FloatAttr)
+    zigzag = opt_prop_def(IntegerAttr)
     shape_rule = staticmethod(shape_rules.attention)
 
 
@@ -472,7 +480,8 @@ class AttentionBackwardOp(GraphOp):
 
     from the output's cotangent ``do``, the forward's ``lse`` and ``delta =
     rowsum(do * o)`` (``[..., Tq]``, the lse's dtype); the probabilities are recomputed
-    block by block from ``lse``. ``positions``, ``causal`` and ``scale`` as the forward's."""
+    block by block from ``lse``. ``positions``, ``causal``, ``scale`` and ``zigzag`` as
+    the forward's."""
 
     name = "graph.attention_backward"
     q = operand_def(TensorType)
@@ -487,6 +496,7 @@ class AttentionBackwardOp(GraphOp):
     dv = result_def(TensorType)
     causal = prop_def(BoolAttr)
     scale = prop_def(FloatAttr)
+    zigzag = opt_prop_def(IntegerAttr)
     shape_rule = staticmethod(shape_rules.attention_backward)
 
 

@@ -21,12 +21,15 @@ while the own block computes, whose share is added at home.
 
 Causal attention is load-balanced by the zig-zag split: a rank's block is two half
 chunks, and rank ``r`` computes with chunks ``r`` and ``2n - 1 - r`` of the ``2n``
-chunks of the sequence, so every rank has the same work at every step. The inputs
-arrive split contiguously (chunks ``2r, 2r + 1``), so q, k and v (and the backward's
-do, lse, delta) are moved to zig-zag once by collective permutes of half blocks, and
-the results moved back. The pair (chunk ``r`` of queries, chunk ``2n - 1 - j`` of keys)
-is always masked (without user offsets) and is not computed; each rank's causal positions (``q0``, ``k0``) are
-i32 scalars computed from ``graph.axis_index``.
+chunks of the sequence, so every rank has the same work at every step. When the op says
+its sequence is stored in that order (``zigzag = n``, a data loader's choice, see
+:mod:`tessera.ir.zigzag`) the contiguous split already gives each rank its pair and only
+k and v move. Otherwise the inputs arrive as chunks ``2r, 2r + 1``, so q, k and v (and
+the backward's do, lse, delta) are moved to zig-zag once by collective permutes of half
+blocks, and the results moved back (the *relayout*). The pair (chunk ``r`` of queries,
+chunk ``2n - 1 - j`` of keys) is always masked (without user offsets) and is not
+computed; each rank's causal positions (``q0``, ``k0``) are i32 scalars computed from
+``graph.axis_index``.
 """
 
 from __future__ import annotations
@@ -258,18 +261,25 @@ def _offsets(
     ]
 
 
+def _block_attributes(op: graph.GraphOp) -> dict[str, object]:
+    """The attributes of a ring's per-block calls: the op's, in natural order (the
+    blocks' true positions are explicit operands)."""
+    return {name: value for name, value in op.attrs().items() if name != "zigzag"}
+
+
 def ring_forward(
-    ring: Ring, op: graph.AttentionOp, layouts: RingLayouts, zigzag: bool
+    ring: Ring, op: graph.AttentionOp, layouts: RingLayouts, zigzag: bool, relayout: bool
 ) -> list[SSAValue]:
-    """``(o, lse)`` of ``op`` (local operands), computed round the ring."""
-    attrs = op.attrs()
+    """``(o, lse)`` of ``op`` (local operands), computed round the ring; ``zigzag``: the
+    blocks hold zig-zag chunk pairs, ``relayout``: moved there from a contiguous split."""
+    attrs = _block_attributes(op)
     causal = attrs["causal"]
     q, k, v = op.operands[:3]
     user = list(op.operands[3:])
     q_layout, k_layout, v_layout = layouts.operands[:3]
     o_layout, lse_layout = layouts.results
     rows = aval(q).rank - 2
-    if zigzag:
+    if relayout:
         q, k, v = (
             ring.zigzag(x, rows, lay) for x, lay in ((q, q_layout), (k, k_layout), (v, v_layout))
         )
@@ -318,7 +328,7 @@ def ring_forward(
     outs = [m[0] for m in merged if m is not None]
     lses = [m[1] for m in merged if m is not None]
     o, lse = ring.join(outs, rows, o_layout), ring.join(lses, rows, lse_layout)
-    if zigzag:
+    if relayout:
         o, lse = ring.unzigzag(o, rows, o_layout), ring.unzigzag(lse, rows, lse_layout)
     return [o, lse]
 
@@ -359,19 +369,19 @@ def _merge(
 
 
 def ring_backward(
-    ring: Ring, op: graph.AttentionBackwardOp, layouts: RingLayouts, zigzag: bool
+    ring: Ring, op: graph.AttentionBackwardOp, layouts: RingLayouts, zigzag: bool, relayout: bool
 ) -> list[SSAValue]:
     """``(dq, dk, dv)`` of ``op`` (local operands), computed round the ring; the dk and
     dv accumulators of a block travel round the ring and arrive home after ``n - 1``
-    permutes."""
-    attrs = op.attrs()
+    permutes. ``zigzag`` and ``relayout`` as :func:`ring_forward`'s."""
+    attrs = _block_attributes(op)
     causal = attrs["causal"]
     values = list(op.operands[:6])
     user = list(op.operands[6:])
     in_layouts = layouts.operands[:6]
     dq_layout, dk_layout, dv_layout = layouts.results
     rows = aval(values[0]).rank - 2
-    if zigzag:  # the sequence is dim -2 of q, k, v, do and dim -1 (the same) of lse, delta
+    if relayout:  # the sequence is dim -2 of q, k, v, do and dim -1 (the same) of lse, delta
         values = [ring.zigzag(x, rows, lay) for x, lay in zip(values, in_layouts, strict=True)]
     q, k, v, do, lse, delta = values
     length = aval(q).shape[rows]
@@ -443,7 +453,7 @@ def ring_backward(
     if sent is not None:
         dk, dv = ring.add(sent[0], dk, dk_layout), ring.add(sent[1], dv, dv_layout)
     results = [ring.join([d for d in dq if d is not None], rows, dq_layout), dk, dv]
-    if zigzag:
+    if relayout:
         results = [
             ring.unzigzag(x, rows, lay)
             for x, lay in zip(results, (dq_layout, dk_layout, dv_layout), strict=True)

@@ -16,6 +16,7 @@ from typing import Any
 from tessera.dtypes import DType
 from tessera.errors import ShapeError
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.zigzag import check_zigzag
 
 REDUCTION_KINDS = ("mean", "sum", "none")
 COMPARE_PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge")
@@ -229,6 +230,14 @@ def _check_positions(positions: Sequence[AbstractTensor]) -> None:
             raise ShapeError(f"expected the {role} position offset to be an i32 scalar, found {p}")
 
 
+def _check_zigzag(zigzag: int) -> None:
+    """A zig-zag order is over a positive number of ranks (0: none). Whether the
+    sequences cut into its chunks is checked where the global lengths are known (the
+    tracer) and by the passes that cut them (a partitioned op holds a part)."""
+    if zigzag:
+        check_zigzag(0, zigzag)
+
+
 def _check_attention_operands(
     q: AbstractTensor, k: AbstractTensor, v: AbstractTensor, scale: float
 ) -> None:
@@ -270,13 +279,16 @@ def attention(
     *positions: AbstractTensor,
     causal: bool,
     scale: float,
+    zigzag: int = 0,
 ) -> tuple[AbstractTensor, AbstractTensor]:
     """``softmax(scale · q kᵀ [masked]) v`` and its per-row log-sum-exp ``[..., Tq]``.
 
     ``positions`` are the optional causal offsets ``q0, k0`` (i32 scalars): query ``i``
-    sees key ``j`` iff ``q0 + i >= k0 + j``."""
+    sees key ``j`` iff ``q0 + i >= k0 + j``; ``zigzag = n``: q, k and v are stored in
+    zig-zag order over ``n`` ranks (``i`` and ``j`` are their true positions)."""
     _check_attention_operands(q, k, v, scale)
     _check_positions(positions)
+    _check_zigzag(zigzag)
     out = q.with_shape((*q.shape[:-1], v.shape[-1]))
     return out, AbstractTensor(q.shape[:-1], attention_statistics_dtype(q))
 
@@ -291,11 +303,13 @@ def attention_backward(
     *positions: AbstractTensor,
     causal: bool,
     scale: float,
+    zigzag: int = 0,
 ) -> tuple[AbstractTensor, AbstractTensor, AbstractTensor]:
     """``dq, dk, dv`` of :func:`attention` from the output's cotangent ``do``, the
     forward's ``lse`` and ``delta = rowsum(do * o)`` (both ``[..., Tq]``)."""
     _check_attention_operands(q, k, v, scale)
     _check_positions(positions)
+    _check_zigzag(zigzag)
     want = q.with_shape((*q.shape[:-1], v.shape[-1]))
     if do != want:
         raise ShapeError(f"expected the output cotangent to be {want}, found {do}")

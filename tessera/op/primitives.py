@@ -26,6 +26,7 @@ from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.dense import dense_from_numpy
 from tessera.ir.shape_rules import normalize_axis
+from tessera.ir.zigzag import check_zigzag
 
 Operand = Tensor | float | int | bool | np.ndarray | torch.Tensor
 Axis = int | Sequence[int] | None
@@ -310,6 +311,7 @@ def attention(
     scale: float | None = None,
     q_offset: Operand | None = None,
     k_offset: Operand | None = None,
+    zigzag: int | None = None,
 ) -> Tensor:
     """Scaled dot-product attention, ``softmax(scale · q kᵀ) v`` over the keys, as one
     fused op (torch's ``F.scaled_dot_product_attention``, ``jax.nn.dot_product_attention``).
@@ -322,6 +324,12 @@ def attention(
     that sees no key gives 0. Neither direction materialises the ``[Tq, Tk]`` scores
     (flash attention forward and backward), and with the sequence split over a mesh
     axis it runs context-parallel (see ``graph.attention``).
+
+    ``zigzag=n``: the sequences arrive in zig-zag order over ``n`` ranks, as a data loader
+    stores them with ``x[..., dist.zigzag_order(T, n), :]`` (Megatron-LM's load-balanced
+    context parallelism); the causal mask compares true positions. With the sequence
+    split over ``n`` ranks every rank then has the same causal work and ring attention
+    moves no token but k and v.
     """
     tensors = _tensors(q, k, v)  # one dtype: mixed floats promote as in torch
     if scale is None:
@@ -334,10 +342,26 @@ def attention(
     positions = []
     if q_offset is not None or k_offset is not None:
         positions = [_position(q_offset, "q_offset"), _position(k_offset, "k_offset")]
+    order = {} if zigzag is None else {"zigzag": _zigzag_ranks(zigzag, *tensors[:2])}
     out, _ = current_trace().bind(
-        graph.AttentionOp, [*tensors, *positions], causal=bool(causal), scale=float(scale)
+        graph.AttentionOp,
+        [*tensors, *positions],
+        causal=bool(causal),
+        scale=float(scale),
+        **order,
     )
     return out
+
+
+def _zigzag_ranks(zigzag: Any, q: Tensor, k: Tensor) -> int:
+    """``attention``'s ``zigzag``: a number of ranks whose ``2n`` chunks cut both sequences."""
+    try:
+        check_zigzag(0, zigzag)
+        for role, x in (("query", q), ("key", k)):
+            check_zigzag(x.shape[-2] if x.ndim >= 2 else 0, zigzag, f"{role} sequence")
+    except ShapeError as error:
+        raise ShapeError(f"graph.attention: {error}, at {user_location()}") from None
+    return int(zigzag)
 
 
 def _position(offset: Operand | None, what: str) -> Tensor:

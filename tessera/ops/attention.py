@@ -13,7 +13,10 @@ is a ``CONTEXT`` factor: with q, k and v split over a mesh axis ``cp`` along the
 sequence, each rank keeps its queries, and ``shard-partition`` all-gathers k and v for
 the op (Llama 3's context parallelism) and reduce-scatters dk and dv, adding each rank's
 query offset to the causal positions (``ShardingRule.positions``). The head dims are
-needed whole.
+needed whole. With ``zigzag = n`` (the sequence stored in zig-zag order,
+:mod:`tessera.ir.zigzag`) the causal mask compares true positions; ``shard-partition``
+runs it as a ring with no relayout, or ``unzigzag-attention`` rewrites it into
+natural-order calls.
 
 References compute in f32 (f64 for f64 inputs) and round once, as the kernels do.
 """
@@ -30,6 +33,7 @@ from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import FactorKind, Rule, RuleBuilder, ShardingRule
+from tessera.ir.zigzag import zigzag_order
 from tessera.ops.registry import NOT_LINEAR, Cotangents, Fusion, Kernel, bound, register
 
 FORWARD_OPERANDS = 3  # q, k, v; then the optional positions q0, k0
@@ -92,10 +96,17 @@ def _scores(
     scores = q @ k.transpose(-1, -2) * attrs["scale"]
     if attrs["causal"]:
         q0, k0 = (int(p) for p in positions) if positions else (0, 0)
-        rows = torch.arange(q.shape[-2]) + q0
-        cols = torch.arange(k.shape[-2]) + k0
+        rows = _true_positions(q.shape[-2], attrs.get("zigzag", 0)) + q0
+        cols = _true_positions(k.shape[-2], attrs.get("zigzag", 0)) + k0
         scores = scores.masked_fill(rows[:, None] < cols[None, :], float("-inf"))
     return scores
+
+
+def _true_positions(length: int, zigzag: int) -> torch.Tensor:
+    """The true position of each stored token (``zigzag``: ranks of a zig-zag order)."""
+    if not zigzag:
+        return torch.arange(length)
+    return torch.from_numpy(zigzag_order(length, zigzag))
 
 
 def _probabilities(scores: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
@@ -177,11 +188,7 @@ def _attention_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotang
         delta = b.sub(delta, d_lse)
     attrs = op.attrs()
     q, k, v = op.operands[:FORWARD_OPERANDS]
-    dq, dk, dv = b.ops(
-        graph.AttentionBackwardOp,
-        q, k, v, d_out, lse, delta, *positions,
-        causal=attrs["causal"], scale=attrs["scale"],
-    )  # fmt: skip
+    dq, dk, dv = b.ops(graph.AttentionBackwardOp, q, k, v, d_out, lse, delta, *positions, **attrs)
     return [dq, dk, dv, *[None] * len(positions)]
 
 

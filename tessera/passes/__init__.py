@@ -25,6 +25,7 @@ _PASSES: dict[str, tuple[str, str]] = {
     "shard-propagate": ("tessera.passes.shard_propagate", "ShardPropagatePass"),
     "insert-collectives": ("tessera.passes.insert_collectives", "InsertCollectivesPass"),
     "shard-partition": ("tessera.passes.shard_partition", "ShardPartitionPass"),
+    "unzigzag-attention": ("tessera.passes.unzigzag_attention", "UnzigzagAttentionPass"),
     "lower-graph-to-schedule": (
         "tessera.passes.lower_graph_to_schedule",
         "LowerGraphToSchedulePass",

@@ -283,7 +283,8 @@ class _Partitioner:
             for index, (current, needed) in enumerate(zip(have, operands, strict=True)):
                 if current != needed:
                     op.operands[index] = self._gathered(op.operands[index], current, needed, op)
-            self._localize_positions(op, rule, assignment)
+            if not _stored_zigzag(op):  # else ``unzigzag-attention`` places its chunks
+                self._localize_positions(op, rule, assignment)
             for result, layout in zip(op.results, computed, strict=True):
                 Rewriter.replace_value_with_new_type(result, self.local(result, layout).to_xdsl())
             set_op_shardings(op, self.mesh_name, computed)
@@ -313,7 +314,7 @@ class _Partitioner:
         erased and its local results returned."""
         ring = Ring(op, self.mesh_name, plan.axes, plan.size, self.zigzagged)
         expand = ring_forward if isinstance(op, graph.AttentionOp) else ring_backward
-        results = expand(ring, op, plan.layouts, plan.zigzag)  # type: ignore[arg-type]
+        results = expand(ring, op, plan.layouts, plan.zigzag, plan.relayout)  # type: ignore[arg-type]
         for old, new in zip(op.results, results, strict=True):
             old.replace_all_uses_with(new)
         Rewriter.erase_op(op)
@@ -445,6 +446,14 @@ class _Emitter(GraphEmitter):
         op = graph.build(graph.ConstantOp, [], value=dense)
         Rewriter.insert_op(op, InsertPoint.before(self.anchor))
         return op.results[0]
+
+
+def _stored_zigzag(op: Operation) -> bool:
+    """Whether ``op`` is causal attention over a sequence stored in zig-zag order."""
+    if not isinstance(op, graph.AttentionOp | graph.AttentionBackwardOp):
+        return False
+    attrs = op.attrs()
+    return bool(attrs["causal"] and attrs.get("zigzag"))
 
 
 def _check_local(op: Operation) -> None:

@@ -83,6 +83,7 @@ class RingPlan:
     axes: tuple[str, ...]
     size: int
     zigzag: bool  # causal: the zig-zag split balances the ranks' work
+    relayout: bool  # the zig-zag pairs are moved there (the op's sequence is not stored so)
     layouts: RingLayouts
 
     def cost(self, topology: str) -> ContextCost:
@@ -101,7 +102,7 @@ class RingPlan:
             dtype=str(q.dtype),
             calls_per_step=3 if self.zigzag else 1,
             merge_bytes=(6 if backward else 3) * q.nbytes,  # accumulators: read 2, write 1
-            relayout_bytes=io if self.zigzag else 0,
+            relayout_bytes=io if self.relayout else 0,
         )
 
 
@@ -114,8 +115,8 @@ def ring_plan(
 ) -> RingPlan | None:
     """The ring for ``op`` (with local operand types) when it can run as one: attention
     whose query rows and keys are split over the same axes, every operand in the layout
-    the split implies, and as many local queries as keys; None otherwise (it then
-    all-gathers k and v)."""
+    the split implies, as many local queries as keys, and (causal) no zig-zag order
+    but over the ring's ranks; None otherwise (it then all-gathers k and v)."""
     if not isinstance(op, graph.AttentionOp | graph.AttentionBackwardOp):
         return None
     rows, keys = rule.operands[0][-2], rule.operands[1][-2]
@@ -133,9 +134,14 @@ def ring_plan(
     q, k = aval(op.operands[0]), aval(op.operands[1])
     if q.shape[-2] != k.shape[-2]:
         return None
-    zigzag = bool(op.attrs()["causal"]) and q.shape[-2] % 2 == 0
+    attrs = op.attrs()
+    stored = attrs.get("zigzag", 0)
+    if attrs["causal"] and stored and (stored != size or q.shape[-2] % 2):
+        return None  # not the ring's zig-zag pairs: gathered (see ``unzigzag-attention``)
+    zigzag = bool(attrs["causal"]) and q.shape[-2] % 2 == 0
+    relayout = zigzag and not stored
     layouts = RingLayouts(wanted, tuple(implied(dims) for dims in rule.results))
-    return RingPlan(op, tuple(axes), size, zigzag, layouts)
+    return RingPlan(op, tuple(axes), size, zigzag, relayout, layouts)
 
 
 __all__ = ["ContextCost", "RingPlan", "context_cost", "ring_plan"]

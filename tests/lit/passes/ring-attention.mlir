@@ -58,3 +58,27 @@ func.func @ring_backward_zigzag(%q: tensor<1x16x4xf32> {graph.sharding = #graph.
   %dq, %dk, %dv = graph.attention_backward %q, %k, %v, %do, %lse, %lse {causal = true, scale = 0.5} : tensor<1x16x4xf32>, tensor<1x16x4xf32>, tensor<1x16x4xf32>, tensor<1x16x4xf32>, tensor<1x16xf32>, tensor<1x16xf32> -> (tensor<1x16x4xf32>, tensor<1x16x4xf32>, tensor<1x16x4xf32>)
   func.return %dq, %dk, %dv : tensor<1x16x4xf32>, tensor<1x16x4xf32>, tensor<1x16x4xf32>
 }
+
+// -----
+
+// Causal, the sequence stored in zig-zag order over the ring's 2 ranks (zigzag = 2, as
+// a data loader stores it): the contiguous split already gives rank r chunks r and
+// 3 - r, so only k and v move (one ring step on cp = 2: no relayout permutes), and the
+// per-block calls are in natural order with explicit positions (no zigzag attribute).
+
+// CHECK-LABEL: func.func @ring_forward_stored_zigzag
+// CHECK-NOT:     graph.all_gather
+// CHECK:         graph.collective_permute %{{.*}} {axes = [cp], pairs = {{\[\[}}0, 1], [1, 0]]}
+// CHECK-NEXT:    graph.collective_permute %{{.*}} {axes = [cp], pairs = {{\[\[}}0, 1], [1, 0]]}
+// CHECK-NOT:     graph.collective_permute
+// CHECK-NOT:     zigzag
+// CHECK-COUNT-3: graph.attention %{{.*}} {causal = true, scale = 0.5}
+// CHECK-NOT:     graph.collective_permute
+// CHECK:         func.return
+graph.mesh @mesh axes = [cp = 2]
+func.func @ring_forward_stored_zigzag(%q: tensor<1x16x4xf32> {graph.sharding = #graph.sharding<@mesh, [[], [cp], []]>},
+                                      %k: tensor<1x16x4xf32> {graph.sharding = #graph.sharding<@mesh, [[], [cp], []]>},
+                                      %v: tensor<1x16x4xf32> {graph.sharding = #graph.sharding<@mesh, [[], [cp], []]>}) -> tensor<1x16x4xf32> {
+  %o, %lse = graph.attention %q, %k, %v {causal = true, scale = 0.5, zigzag = 2} : tensor<1x16x4xf32>, tensor<1x16x4xf32>, tensor<1x16x4xf32> -> (tensor<1x16x4xf32>, tensor<1x16xf32>)
+  func.return %o : tensor<1x16x4xf32>
+}
