@@ -11,6 +11,8 @@ from __future__ import annotations
 from xdsl.ir import Operation
 from xdsl.utils.exceptions import PassFailedException, VerifyException
 
+from tessera.errors import ShardingError
+
 
 class LocatedVerifyException(VerifyException):
     """A verification failure at ``op``."""
@@ -26,3 +28,8 @@ class LocatedPassFailure(PassFailedException):
     def __init__(self, op: Operation, message: str) -> None:
         super().__init__(message)
         self.op = op
+
+
+class LocatedShardingFailure(LocatedPassFailure, ShardingError):
+    """A program's layouts that a pass cannot compile, at ``op``: a user's error (a
+    :class:`~tessera.errors.ShardingError` to ``ts.jit``), located for ``tessera-opt``."""

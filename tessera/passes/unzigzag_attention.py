@@ -35,7 +35,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from tessera.dtypes import DType
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
-from tessera.ir.located_error import LocatedPassFailure
+from tessera.ir.located_error import LocatedPassFailure, LocatedShardingFailure
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import module_mesh
 from tessera.ir.sharding import (
@@ -172,7 +172,7 @@ class _Unzigzag:
         axes = self._query_axes()
         pieces = math.prod(self.mesh.axis_size(a) for a in axes) if self.mesh and axes else 1
         if self.ranks % pieces:
-            raise LocatedPassFailure(
+            raise LocatedShardingFailure(
                 op,
                 f"unzigzag-attention: the queries are split into {pieces} pieces over "
                 f"{list(axes)}, which does not divide the zig-zag order's {self.ranks} ranks "
