@@ -62,7 +62,9 @@ def test_the_contiguous_split_of_the_stored_order_is_each_ranks_zigzag_pair(rank
         assert block.tolist() == [c * chunk + i for c in pair for i in range(chunk)]
         assert [true_chunk(2 * rank + s, ranks) for s in (0, 1)] == list(pair)
     # causal work (visible keys) per rank: equal
-    work = [sum(int(p) + 1 for p in order[r * 2 * chunk : (r + 1) * 2 * chunk]) for r in range(ranks)]
+    work = [
+        sum(int(p) + 1 for p in order[r * 2 * chunk : (r + 1) * 2 * chunk]) for r in range(ranks)
+    ]
     assert len(set(work)) == 1
 
 
@@ -89,7 +91,9 @@ def test_grouped_query_heads_offsets_and_full_attention() -> None:
     g = ts.jit(ts.grad(_loss(2, q_offset=8, k_offset=4), argnums=(0, 1, 2)), kernels="reference")
     plain = ts.jit(
         ts.grad(
-            lambda q, k, v, w: op.sum(op.attention(q, k, v, causal=True, q_offset=8, k_offset=4) * w),
+            lambda q, k, v, w: op.sum(
+                op.attention(q, k, v, causal=True, q_offset=8, k_offset=4) * w
+            ),
             argnums=(0, 1, 2),
         ),
         kernels="reference",
@@ -242,5 +246,7 @@ def test_queries_split_finer_than_the_order_are_named() -> None:
             lambda q, k, v: op.attention(q, k, v, causal=True, zigzag=2),
             mesh=dist.mesh({"cp": 4}), in_shardings=(spec((2, "cp")),) * 3,
         )  # fmt: skip
-        with pytest.raises(TesseraError, match="split into 4 pieces over \\['cp'\\], which does not divide"):
+        with pytest.raises(
+            TesseraError, match="split into 4 pieces over \\['cp'\\], which does not divide"
+        ):
             f(q, q, q)
