@@ -20,7 +20,9 @@ speedup of the overlapped schedule.
   ``[1, heads, 131072, 128]`` bf16 split over cp = 8 along the sequence (DGX H100: one
   NVLink node), forward and a grad step (dq, dk, dv), as ring attention (k/v blocks
   passed round by collective permutes, zig-zag causal split) and as the all-gather of
-  k and v (``schedule.options(context_parallel=...)``). The ring overlaps each step's
+  k and v (``schedule.options(context_parallel=...)``), each with the sequence stored in
+  zig-zag order by the data loader (``zigzag=cp``) and in natural order (the ring then
+  moves q, k, v to the zig-zag split and the results back). The ring overlaps each step's
   block with the next block's transfer; the all-gather's k and v are needed whole by the
   first kernel, so overlap cannot hide it.
 
@@ -126,15 +128,17 @@ CP_SEQUENCE = dist.ShardSpec(partition=(2,), mesh_axes=("cp",))  # [B, H, T, D] 
 
 def cp_attention(
     method: str, overlap: bool, topology: str, seq: int, heads: int, head_dim: int, cp: int,
-    grad: bool,
+    grad: bool, zigzag: bool,
 ):  # fmt: skip
-    """Causal attention with the sequence split over cp: forward, or the grad step."""
+    """Causal attention with the sequence split over cp: forward, or the grad step;
+    ``zigzag``: the sequence stored in zig-zag order over cp (by the data loader)."""
+    order = cp if zigzag else None
 
     def forward(q, k, v):
-        return op.attention(q, k, v, causal=True)
+        return op.attention(q, k, v, causal=True, zigzag=order)
 
     def loss(q, k, v):
-        return op.sum(op.attention(q, k, v, causal=True))
+        return op.sum(op.attention(q, k, v, causal=True, zigzag=order))
 
     fn = ts.grad(loss, argnums=(0, 1, 2)) if grad else forward
     with schedule.all_reduce_overlap(overlap), schedule.options(
@@ -192,14 +196,15 @@ def main() -> None:
             print(row(case, topology, serial, overlapped, goal))
     cp_sizes = (args.cp_seq, args.cp_heads, args.cp_head_dim, args.cp)
     for grad in (False, True):
-        for method in ("ring", "all_gather"):
+        for method, zigzag in (("ring", True), ("ring", False), ("all_gather", True), ("all_gather", False)):
             serial, overlapped = (
-                cp_attention(method, o, "dgx_h100", *cp_sizes, grad) for o in (False, True)
+                cp_attention(method, o, "dgx_h100", *cp_sizes, grad, zigzag) for o in (False, True)
             )
             step = "grad step" if grad else "forward"
+            order = "zig-zag stored" if zigzag else "natural order"
             case = (
-                f"CP causal attention {step}, {method}, seq={args.cp_seq}, cp={args.cp}, "
-                f"{args.cp_heads}×{args.cp_head_dim} heads"
+                f"CP causal attention {step}, {method}, {order}, seq={args.cp_seq}, "
+                f"cp={args.cp}, {args.cp_heads}×{args.cp_head_dim} heads"
             )
             goal = "ring: E ≤ 0.30" if method == "ring" else "(reference)"
             print(row(case, "dgx_h100", serial, overlapped, goal))

@@ -494,16 +494,23 @@ PROGRAMS += [
 # forward, 3(cp-1)/cp for a grad step) is stated in benchmarks/RESULTS.md.
 
 
-def _jax_attention(q: Any, k: Any, v: Any, causal: bool = False) -> Any:
+def _jax_attention(q: Any, k: Any, v: Any, causal: bool = False, zigzag: int = 0) -> Any:
+    """``zigzag``: the sequence stored in zig-zag order over that many ranks; the mask
+    compares true positions (``dist.zigzag_order``), a constant to GSPMD."""
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])
     if causal:
-        rows, cols = scores.shape[-2:]
-        scores = jnp.where(jnp.tril(jnp.ones((rows, cols), dtype=bool)), scores, -jnp.inf)
+        rows = scores.shape[-2]  # Tq = Tk here
+        true = dist.zigzag_order(rows, zigzag) if zigzag else np.arange(rows)
+        visible = true[:, None] >= true[None, :]
+        scores = jnp.where(jnp.asarray(visible), scores, -jnp.inf)
     return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
 
 
 def _add_attention_ops(tessera_ns: SimpleNamespace, jax_ns: SimpleNamespace) -> None:
-    tessera_ns.attention = lambda q, k, v, causal=False: op.attention(q, k, v, causal=causal)
+    def tessera_attention(q: Any, k: Any, v: Any, causal: bool = False, zigzag: int = 0) -> Any:
+        return op.attention(q, k, v, causal=causal, zigzag=zigzag or None)
+
+    tessera_ns.attention = tessera_attention
     jax_ns.attention = _jax_attention
 
 
@@ -515,11 +522,16 @@ def cp_attention_causal(m: SimpleNamespace, q: Any, k: Any, v: Any) -> Any:
     return m.attention(q, k, v, causal=True)
 
 
-def _cp_grad(m: SimpleNamespace, q: Any, k: Any, v: Any, causal: bool) -> Any:
+def cp_attention_zigzag(m: SimpleNamespace, q: Any, k: Any, v: Any) -> Any:
+    """Causal, the sequence stored in zig-zag order over cp by the data loader."""
+    return m.attention(q, k, v, causal=True, zigzag=CP)
+
+
+def _cp_grad(m: SimpleNamespace, q: Any, k: Any, v: Any, causal: bool, zigzag: int = 0) -> Any:
     """dq + dk + dv of sum(attention²): every gradient, in the sequence layout."""
 
     def loss(a: Any, b: Any, c: Any) -> Any:
-        out = m.attention(a, b, c, causal=causal)
+        out = m.attention(a, b, c, causal=causal, zigzag=zigzag)
         return m.sum(out * out)
 
     dq, dk, dv = m.grad(loss, argnums=(0, 1, 2))(q, k, v)
@@ -534,6 +546,10 @@ def cp_attention_causal_grad(m: SimpleNamespace, q: Any, k: Any, v: Any) -> Any:
     return _cp_grad(m, q, k, v, causal=True)
 
 
+def cp_attention_zigzag_grad(m: SimpleNamespace, q: Any, k: Any, v: Any) -> Any:
+    return _cp_grad(m, q, k, v, causal=True, zigzag=CP)
+
+
 CP = 8
 _CP_MESH = (("cp",), (CP,))
 _CP_QKV = (((1, 2, 8 * CP, 16), (None, None, "cp", None)),) * 3
@@ -541,15 +557,21 @@ _CP_OUT = (None, None, "cp", None)
 _CP_PROGRAMS = [
     ("CP attention", cp_attention),
     ("CP attention, causal", cp_attention_causal),
+    ("CP attention, causal zig-zag", cp_attention_zigzag),
     ("CP attention, grad", cp_attention_grad),
     ("CP attention, causal, grad", cp_attention_causal_grad),
+    ("CP attention, causal zig-zag, grad", cp_attention_zigzag_grad),
 ]
+# A causal ring over a sequence in natural order must first move q, k, v into the
+# zig-zag split (and the results back): data loaders store the sequence zig-zag instead
+# (the "zig-zag" programs), so the causal natural-order programs run all-gather CP only.
+_RING_PROGRAMS = [(n, fn) for n, fn in _CP_PROGRAMS if "causal" not in n or "zig-zag" in n]
 PROGRAMS += [
     Program(
         f"{name}, {method} (cp={CP})", fn, _CP_QKV, _CP_OUT, mesh=_CP_MESH, context_parallel=method
     )
     for method in ("all_gather", "ring")
-    for name, fn in _CP_PROGRAMS
+    for name, fn in (_CP_PROGRAMS if method == "all_gather" else _RING_PROGRAMS)
 ]
 
 

@@ -14,8 +14,8 @@ sequence is stored zig-zag is rewritten into calls whose chunks are in true orde
   ``(2n - 1 - r·m/2 - (j-1)/2) · c`` for an odd one (``c`` the chunk length, ``r`` from
   ``graph.axis_index``): the dk and dv of the calls are summed.
 
-Nothing moves between ranks. Non-causal attention does not depend on the order: the
-attribute is dropped. Ring attention (``shard-partition``) consumes the order itself,
+Nothing moves between ranks. Non-causal attention does not depend on the order, and an
+order over one rank is the natural one: the attribute is dropped. Ring attention (``shard-partition``) consumes the order itself,
 so this pass runs after it and before ``lower-graph-to-schedule``.
 """
 
@@ -65,17 +65,26 @@ class UnzigzagAttentionPass(ModulePass):
             if not isinstance(function, func.FuncOp):
                 continue
             partitioned = graph.PARTITIONED in function.attributes
+            reordered: dict[tuple[SSAValue, int, bool], SSAValue] = {}  # shared by ops
             for inner in list(function.body.ops):
                 attention = isinstance(inner, graph.AttentionOp | graph.AttentionBackwardOp)
                 if attention and "zigzag" in inner.properties:
-                    _Unzigzag(inner, mesh if partitioned else None, function).run()
+                    mesh_here = mesh if partitioned else None
+                    _Unzigzag(inner, mesh_here, function, reordered).run()
 
 
 class _Unzigzag:
     """The rewrite of one op (``mesh``: the function is partitioned over it)."""
 
-    def __init__(self, op: graph.GraphOp, mesh: Mesh | None, function: func.FuncOp):
+    def __init__(
+        self,
+        op: graph.GraphOp,
+        mesh: Mesh | None,
+        function: func.FuncOp,
+        reordered: dict[tuple[SSAValue, int, bool], SSAValue],
+    ):
         self.op = op
+        self.reordered = reordered  # a backward reuses its forward's keys in true order
         self.function = function
         self.mesh = mesh
         self.attrs = op.attrs()
@@ -141,7 +150,13 @@ class _Unzigzag:
 
     def reorder(self, value: SSAValue, dim: int, to_true: bool) -> SSAValue:
         """``value`` (whole along ``dim``: ``2n`` chunks) from stored to true order
-        (``to_true``) or back."""
+        (``to_true``) or back (once per value)."""
+        key = (value, dim, to_true)
+        if key not in self.reordered:
+            self.reordered[key] = self._reorder(value, dim, to_true)
+        return self.reordered[key]
+
+    def _reorder(self, value: SSAValue, dim: int, to_true: bool) -> SSAValue:
         chunks = 2 * self.ranks
         length = aval(value).shape[dim] // chunks
         if to_true:  # true chunk t lies at stored chunk 2t (t < n) or 2(2n-1-t)+1
@@ -155,7 +170,7 @@ class _Unzigzag:
 
     def run(self) -> None:
         op = self.op
-        if not self.attrs["causal"] or not self.ranks:  # the order does not matter
+        if not self.attrs["causal"] or self.ranks <= 1:  # natural order, or it does not matter
             del op.properties["zigzag"]
             return
         first = _BACKWARD_OPERANDS if self.backward else _FORWARD_OPERANDS

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from math import prod
 
+from xdsl.ir import SSAValue
+
 from tessera.ir import graph, schedule
 from tessera.ir.abstract import aval
 from tessera.perf.topology import Device
@@ -63,14 +65,26 @@ def kernel_flops(kernel: schedule.KernelOp) -> float:
 
 
 def kernel_bytes(kernel: schedule.KernelOp) -> int:
-    """Bytes read and written at the kernel's boundary."""
-    boundary = [*kernel.inputs, *kernel.results]
+    """Bytes read and written at the kernel's boundary: an input read only by slices
+    counts the windows it reads."""
     constants = [
         op.results[0]
         for op in kernel.body.block.ops
         if isinstance(op, graph.ConstantOp) and aval(op.results[0]).size > 1
     ]
-    return sum(aval(v).nbytes for v in [*boundary, *constants])
+    reads = sum(
+        _read_bytes(value, argument)
+        for value, argument in zip(kernel.inputs, kernel.body.block.args, strict=False)
+    )
+    return reads + sum(aval(v).nbytes for v in [*kernel.results, *constants])
+
+
+def _read_bytes(value: SSAValue, argument: SSAValue) -> int:
+    """What a kernel reads of ``value`` (its block argument ``argument``)."""
+    users = [use.operation for use in argument.uses]
+    if users and all(isinstance(u, graph.SliceOp) for u in users):
+        return min(aval(value).nbytes, sum(aval(u.results[0]).nbytes for u in users))
+    return aval(value).nbytes
 
 
 def compute_time(device: Device, flops: float, nbytes: float, dtype: str) -> float:
