@@ -7,6 +7,8 @@
     python examples/train_gpt.py --remat nothing      # recompute each block's activations
     python examples/train_gpt.py --precision bf16     # bf16 compute, f32 master weights
     python examples/train_gpt.py --deterministic      # sums over ranks in a fixed order
+    python examples/train_gpt.py --cp 2 --tp 1        # the sequence split over cp: ring attention
+    python examples/train_gpt.py --cp 2 --tp 1 --no-zigzag   # ... with the batch in natural order
     python examples/train_gpt.py --steps 5 --save ckpt && python examples/train_gpt.py --resume ckpt
     tessera run -n 4 examples/train_gpt.py --steps 5  # one process per rank (gloo)
     tessera run -n 8 examples/train_gpt.py --pp 2 --microbatches 4 --schedule 1f1b
@@ -25,9 +27,19 @@ splits the tied embedding over tp by vocabulary rows, Megatron's vocab-parallel
 embedding and cross-entropy). With ``--pp``, the
 mesh gets a ``pp`` axis: the forward is split into balanced pipeline stages, each batch
 into ``--microbatches``, run with the ``--schedule`` (gpipe, 1f1b, interleaved with
-``--virtual`` chunks per rank, zb-h1). Each transformer block is a ``graph.checkpoint``
-block: ``--remat`` says what the backward keeps of it (``everything``, the default;
-``matmuls``; ``nothing``: only the block's input, the rest recomputed). ``--precision bf16``
+``--virtual`` chunks per rank, zb-h1). With ``--cp N`` the mesh gets a ``cp`` axis the
+sequence is split over (contiguous blocks), attention runs context-parallel
+(``--cp-method``: ring attention by default), and the batch arrives as Megatron-LM's
+``get_batch_on_this_cp_rank`` stores it: each sequence in zig-zag order over cp
+(``tokens[:, dist.zigzag_order(T, N)]``, 2N chunks, rank r holding true chunks r and
+2N-1-r, which balances the causal work), the position embedding looked up at the true
+positions and attention told so (``zigzag=N``). The ring then moves only k and v (every
+collective permute over cp a shift from rank i to i + 1; the report counts them), and
+the loss, a mean over tokens, equals the natural-order loss. ``--no-zigzag`` keeps the
+batch in natural order: the ring then moves q, k, v into the zig-zag layout and the
+results back by extra permutes ("relayouts" in the report). Each transformer block is a
+``graph.checkpoint`` block: ``--remat`` says what the backward keeps of it (``everything``,
+the default; ``matmuls``; ``nothing``: only the block's input, the rest recomputed). ``--precision bf16``
 computes in bf16 with f32 master weights and AdamW state and f32 gradient reductions (the loss is then compared with torch to
 ``LOSS_RTOL_MIXED``). ``--deterministic`` selects the deterministic numerics (every sum
 over ranks added in mesh order: bit-identical runs). ``--save DIR`` writes the training
@@ -55,25 +67,34 @@ LOSS_RTOL_MIXED = 5e-2  # bf16 program (8 mantissa bits) vs float64 torch
 
 
 @graph.checkpoint
-def gpt_block(p, x, i: int, n_head: int):
-    """Transformer block ``i`` (pre-LN, causal attention, GELU MLP) of ``x [B, T, C]``."""
+def gpt_block(p, x, i: int, n_head: int, zigzag: int | None = None):
+    """Transformer block ``i`` (pre-LN, causal attention, GELU MLP) of ``x [B, T, C]``;
+    ``zigzag = n``: the sequence stored in zig-zag order over ``n`` ranks."""
     B, T, C = x.shape
     D = C // n_head
     h = op.layer_norm(x, weight=p[f"ln1_w{i}"], bias=p[f"ln1_b{i}"])
     q, k, v = op.chunk(h @ p[f"attn_w{i}"], 3, axis=-1)
     q, k, v = (op.transpose(op.reshape(t, (B, T, n_head, D)), (0, 2, 1, 3)) for t in (q, k, v))
-    attn = op.reshape(op.transpose(op.attention(q, k, v, causal=True), (0, 2, 1, 3)), (B, T, C))
+    attn = op.attention(q, k, v, causal=True, zigzag=zigzag)
+    attn = op.reshape(op.transpose(attn, (0, 2, 1, 3)), (B, T, C))
     x = x + attn @ p[f"proj_w{i}"]
     h = op.layer_norm(x, weight=p[f"ln2_w{i}"], bias=p[f"ln2_b{i}"])
     return x + op.gelu(h @ p[f"fc_w{i}"]) @ p[f"out_w{i}"]
 
 
-def gpt_loss(p, tokens, targets, n_head: int, n_layer: int):
-    """Mean next-token cross-entropy of ``tokens [B, T]``."""
+def gpt_loss(p, tokens, targets, n_head: int, n_layer: int, zigzag: int | None = None):
+    """Mean next-token cross-entropy of ``tokens [B, T]``. ``zigzag = n``: tokens and
+    targets stored in zig-zag order over ``n`` ranks (``[:, dist.zigzag_order(T, n)]``),
+    so the positions are looked up at their true places and attention masks by them;
+    the mean over tokens does not depend on their order."""
     T = tokens.shape[1]
-    x = op.take(p["wte"], tokens, axis=0) + p["wpe"][:T]
+    if zigzag is None:
+        positions = p["wpe"][:T]
+    else:  # the rows of the true positions, in stored order
+        positions = op.take(p["wpe"], dist.zigzag_order(T, zigzag), axis=0)
+    x = op.take(p["wte"], tokens, axis=0) + positions
     for i in range(n_layer):
-        x = gpt_block(p, x, i, n_head)
+        x = gpt_block(p, x, i, n_head, zigzag)
     logits = op.layer_norm(x) @ op.transpose(p["wte"], (1, 0))
     return op.cross_entropy(logits, targets)
 
@@ -125,6 +146,7 @@ def megatron_layout(params: dict[str, torch.Tensor], vocab_parallel: bool = Fals
 def make_step(mesh: dist.Mesh, params: dict[str, torch.Tensor], args: argparse.Namespace) -> graph.TrainingStep:
     cp = getattr(args, "cp", 1)
     sequence = dist.ShardSpec(partition=(0, 1), mesh_axes=("dp", "cp"))  # batch over dp, sequence over cp
+    zigzag = cp if cp > 1 and getattr(args, "zigzag", True) else None  # batch in zig-zag order
 
     @graph.training_step(
         optimizer=optim.AdamW(lr=args.lr, weight_decay=0.0), mesh=mesh, zero=args.zero,
@@ -134,10 +156,17 @@ def make_step(mesh: dist.Mesh, params: dict[str, torch.Tensor], args: argparse.N
         numerics="deterministic" if getattr(args, "deterministic", False) else None,
     )  # fmt: skip
     def step(p, tokens, targets):
-        loss = gpt_loss(p, tokens, targets, args.heads, args.layers)
+        loss = gpt_loss(p, tokens, targets, args.heads, args.layers, zigzag)
         return graph.backward(loss), {"loss": loss}
 
     return step
+
+
+def is_ring_shift(pairs: tuple[tuple[int, int], ...], ranks: int) -> bool:
+    """Whether a collective permute's (source, target) pairs pass every rank's block to
+    the next round a ring of ``ranks`` (ring attention's k/v step); other permutes
+    reorder the sequence."""
+    return set(pairs) == {(i, (i + 1) % ranks) for i in range(ranks)}
 
 
 def resume_reference(reference: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer, saved: dict) -> None:
@@ -175,6 +204,11 @@ def main(argv: list[str] | None = None) -> None:
         help="how attention runs with --cp: ring attention, all-gathered k/v, or the cost model's pick",
     )  # fmt: skip
     parser.add_argument(
+        "--no-zigzag", dest="zigzag", action="store_false",
+        help="with --cp: keep the batch in natural order (the ring then moves q, k, v into the "
+        "zig-zag layout and the results back)",
+    )  # fmt: skip
+    parser.add_argument(
         "--remat", default="everything", choices=("everything", "matmuls", "nothing"),
         help="what the backward keeps of each transformer block (the rest is recomputed)",
     )  # fmt: skip
@@ -210,6 +244,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
         error(f"{processes} processes for a {args.pp} x {args.dp} x {args.cp} x {args.tp} mesh (pp x dp x cp x tp)")
     if args.cp > 1 and (args.pp > 1 or args.seq % args.cp):
         error(f"--cp {args.cp} needs --pp 1 and a --seq ({args.seq}) it divides")
+    zigzag = args.cp > 1 and args.zigzag
+    if zigzag and args.seq % (2 * args.cp):
+        error(
+            f"--cp {args.cp} stores the sequence in {2 * args.cp} zig-zag chunks: "
+            f"--seq ({args.seq}) must divide by {2 * args.cp} (or pass --no-zigzag)"
+        )
     splits = args.dp * (args.microbatches if args.pp > 1 else 1)  # rows per step split this many ways
     if args.batch is None:
         args.batch = max(4, splits)
@@ -231,7 +271,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
 
     g = torch.Generator().manual_seed(1)
     stream = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
-    tokens, targets = stream[:, :-1], stream[:, 1:]
+    tokens, targets = stream[:, :-1], stream[:, 1:]  # natural order (the torch loop's)
+    batch = (tokens, targets)
+    if zigzag:  # stored in zig-zag order over cp, as Megatron-LM's get_batch_on_this_cp_rank
+        order = torch.from_numpy(dist.zigzag_order(args.seq, args.cp))
+        batch = (tokens[:, order], targets[:, order])
 
     torch_optimizer = torch.optim.AdamW(reference.values(), lr=args.lr, weight_decay=0.0)
     if args.resume:
@@ -243,7 +287,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
     worst, first_loss, loss_value = 0.0, None, None
     start = time.perf_counter()
     for i in range(args.steps):
-        loss = step(state, tokens, targets)["loss"]
+        loss = step(state, *batch)["loss"]
         loss = loss.full() if processes and args.pp == 1 else loss  # gather our rank's value
         torch_optimizer.zero_grad()
         expected = torch_loss(reference, tokens, targets, args.heads, args.layers)
@@ -260,7 +304,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
         if rank0:
             print(f"saved step {state.step} to {args.save}")
     if rank0 and args.pp > 1:
-        pipeline = step.pipeline().compiled(state, (tokens, targets))
+        pipeline = step.pipeline().compiled(state, batch)
         print(
             f"mesh pp {args.pp} x dp {args.dp} x tp {args.tp}, {args.schedule} schedule, "
             f"{args.microbatches} microbatches, {len(pipeline.stages)} stages (cut before forward ops "
@@ -268,12 +312,23 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
         )
         print(f"largest per-step loss difference vs torch: {worst:.1e} (tolerance {tolerance:.0e})")
     elif rank0:
-        lowered = step.lower(state, tokens, targets)
-        kinds = sorted({f"{c.kind}[{','.join(c.mesh_axes)}]" for c in lowered.collectives()})
+        lowered = step.lower(state, *batch)
+        collectives = lowered.collectives()
+        kinds = sorted({f"{c.kind}[{','.join(c.mesh_axes)}]" for c in collectives})
         stats = lowered.memory()
         memory = stats.model_states
         shape = f"dp {args.dp} x cp {args.cp} x tp {args.tp}" if args.cp > 1 else f"{args.dp} x {args.tp}"
         print(f"mesh {shape}, ZeRO-{args.zero}, remat {args.remat}, {args.precision}, {args.steps} steps in {time.perf_counter() - start:.1f} s; collectives: {', '.join(kinds) or 'none'}")
+        if args.cp > 1:
+            permutes = [
+                c for c in collectives if c.kind == "collective_permute" and c.mesh_axes == ("cp",)
+            ]
+            shifts = sum(is_ring_shift(c.pairs, args.cp) for c in permutes)
+            print(
+                f"sequence over cp in {'zig-zag' if zigzag else 'natural'} order: "
+                f"{len(permutes)} collective permutes over cp, {shifts} ring shifts "
+                f"(rank i to i + 1) and {len(permutes) - shifts} relayouts"
+            )
         print(f"per-rank bytes: params {memory.params}, grads {memory.grads}, optimizer state {memory.optimizer_state}, peak {stats.peak_bytes}")
         print(f"largest per-step loss difference vs torch: {worst:.1e} (tolerance {tolerance:.0e})")
     assert first_loss is not None and loss_value is not None

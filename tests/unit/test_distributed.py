@@ -421,7 +421,8 @@ def test_train_gpt_over_four_processes() -> None:
 def test_ring_attention_over_four_processes() -> None:
     """Ring attention (causal, zig-zag) over cp = 4, one rank per process (gloo): k/v
     blocks and dk/dv accumulators pass round the ring as send/recv pairs; results and
-    gradients match torch autograd in float64."""
+    gradients match torch autograd in float64, for inputs in natural order (relayout into
+    zig-zag and back) and stored in zig-zag order (``zigzag=4``: ring shifts only)."""
     result = tessera_run(4, SCRIPTS / "ring_attention.py", limit=240.0)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in range(4):

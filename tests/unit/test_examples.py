@@ -4,12 +4,16 @@ which run the examples too, are tested in test_readme.py."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+
+from tessera import dist, schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 RTOL, ATOL = 1e-5, 1e-5  # f32
@@ -102,18 +106,64 @@ def test_train_gpt_with_a_vocab_parallel_embedding(
     assert layout["wte"] is not None and train_gpt.megatron_layout(params)["wte"] is None
 
 
-@pytest.mark.parametrize("mesh", [["--dp", "1", "--tp", "1"], ["--dp", "2", "--tp", "1"]], ids=["cp2", "dp2xcp2"])
+CP_PERMUTES = re.compile(
+    r"sequence over cp in (\S+) order: (\d+) collective permutes over cp, (\d+) ring shifts "
+    r"\(rank i to i \+ 1\) and (\d+) relayouts"
+)
+
+
+@pytest.mark.parametrize(
+    "mesh",
+    [["--dp", "1", "--tp", "1"], ["--dp", "2", "--tp", "1"], ["--dp", "1", "--tp", "1", "--no-zigzag"]],
+    ids=["cp2", "dp2xcp2", "cp2-natural-order"],
+)  # fmt: skip
 def test_train_gpt_with_context_parallelism(
     mesh: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``examples/train_gpt.py --cp 2`` (alone and with dp): the sequence split over cp,
     attention as ring attention (k/v blocks by collective permutes); each step's loss
-    matches torch (float64) and the loss decreases. Reference kernels keep it short."""
+    matches torch (float64, natural order) and the loss decreases. The batch arrives in
+    zig-zag order, so every permute over cp is a ring shift; with ``--no-zigzag`` the
+    ring also relayouts q, k, v and the results. Reference kernels keep it short."""
     monkeypatch.setenv("TESSERA_KERNELS", "reference")
     load_example("train_gpt").main(["--steps", "2", "--cp", "2", "--layers", "1", *mesh])
     out = capsys.readouterr().out
     assert out.rstrip().endswith("OK"), out[-2000:]
     assert "collective_permute[cp]" in out, out[-2000:]
+    found = CP_PERMUTES.search(out)
+    assert found is not None, out[-2000:]
+    order, permutes, shifts, relayouts = found[1], *map(int, found.groups()[1:])
+    assert shifts > 0 and permutes == shifts + relayouts, found[0]
+    if "--no-zigzag" in mesh:
+        assert order == "natural" and relayouts > 0, found[0]
+    else:
+        assert order == "zig-zag" and relayouts == 0, found[0]
+
+
+def test_train_gpt_zigzag_batch_moves_only_k_and_v(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step of ``train_gpt.py --cp 4`` lowered (not run) for a batch in zig-zag order:
+    every collective permute over cp passes blocks from rank i to i + 1 (ring attention's
+    k/v and dk/dv steps, no relayout of q, k, v or the results); the natural-order step
+    moves the same ring blocks plus relayout permutes."""
+    monkeypatch.setenv("TESSERA_KERNELS", "reference")
+    train_gpt = load_example("train_gpt")
+    cp, seq = 4, 8
+    ring = {(i, (i + 1) % cp) for i in range(cp)}
+    mesh = dist.Mesh(axes=["dp", "cp", "tp"], shape=(1, cp, 1))
+    params = train_gpt.init_params(64, seq, 32, 1)
+    tokens = torch.randint(0, 64, (2, seq), generator=torch.Generator().manual_seed(0))
+    pairs = {}
+    for zigzag in (True, False):
+        args = argparse.Namespace(lr=1e-3, zero=0, heads=2, layers=1, cp=cp, zigzag=zigzag)
+        with schedule.options(context_parallel="ring"):
+            step = train_gpt.make_step(mesh, params, args)
+            lowered = step.lower(step.init({k: v.clone() for k, v in params.items()}), tokens, tokens)
+        pairs[zigzag] = [
+            set(c.pairs) for c in lowered.collectives() if c.kind == "collective_permute" and c.mesh_axes == ("cp",)
+        ]  # fmt: skip
+    assert pairs[True] and all(p == ring for p in pairs[True]), pairs[True]
+    assert sum(p == ring for p in pairs[False]) == len(pairs[True]) < len(pairs[False])
+    assert all(train_gpt.is_ring_shift(tuple(p), cp) == (p == ring) for p in pairs[True] + pairs[False])
 
 
 @pytest.mark.parametrize("extra", [[], ["--shared-expert"]], ids=["routed", "shared-expert"])
