@@ -5,6 +5,7 @@ which run the examples too, are tested in test_readme.py."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -16,6 +17,10 @@ RTOL, ATOL = 1e-5, 1e-5  # f32
 
 
 def load_example(name: str) -> ModuleType:
+    """``examples/{name}.py`` as a module, its directory on ``sys.path`` as when it runs
+    as a script (the training examples import ``examples/_report.py``)."""
+    if str(ROOT / "examples") not in sys.path:
+        sys.path.insert(0, str(ROOT / "examples"))
     spec = importlib.util.spec_from_file_location(
         f"example_{name}", ROOT / "examples" / f"{name}.py"
     )
