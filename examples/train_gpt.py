@@ -59,6 +59,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from _report import LossCheck
 
 from tessera import dist, graph, op, optim, schedule
 
@@ -284,7 +285,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
         if rank0:
             print(f"resumed from {args.resume} at step {state.step}")
     tolerance = LOSS_RTOL if args.precision == "f32" else LOSS_RTOL_MIXED
-    worst, first_loss, loss_value = 0.0, None, None
+    check = LossCheck(args.steps, tolerance, every=10, show=rank0)
     start = time.perf_counter()
     for i in range(args.steps):
         loss = step(state, *batch)["loss"]
@@ -293,12 +294,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
         expected = torch_loss(reference, tokens, targets, args.heads, args.layers)
         expected.backward()
         torch_optimizer.step()
-        loss_value = float(loss)
-        first_loss = loss_value if first_loss is None else first_loss
-        error = abs(loss_value - expected.item()) / max(1.0, abs(expected.item()))
-        worst = max(worst, error)
-        if rank0 and (i % 10 == 0 or i == args.steps - 1):
-            print(f"step {i:3d}  loss {loss_value:.5f}  torch {expected.item():.5f}  rel. diff {error:.1e}")
+        check.add(i, float(loss), expected.item())
     if args.save:
         step.save(state, args.save)  # every rank writes its own pieces
         if rank0:
@@ -310,7 +306,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
             f"{args.microbatches} microbatches, {len(pipeline.stages)} stages (cut before forward ops "
             f"{pipeline.cuts}), {args.steps} steps in {time.perf_counter() - start:.1f} s"
         )
-        print(f"largest per-step loss difference vs torch: {worst:.1e} (tolerance {tolerance:.0e})")
     elif rank0:
         lowered = step.lower(state, *batch)
         collectives = lowered.collectives()
@@ -330,14 +325,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
                 f"(rank i to i + 1) and {len(permutes) - shifts} relayouts"
             )
         print(f"per-rank bytes: params {memory.params}, grads {memory.grads}, optimizer state {memory.optimizer_state}, peak {stats.peak_bytes}")
-        print(f"largest per-step loss difference vs torch: {worst:.1e} (tolerance {tolerance:.0e})")
-    assert first_loss is not None and loss_value is not None
-    if worst > tolerance or (args.steps > 1 and loss_value >= first_loss):
-        if rank0:
-            print("MISMATCH" if worst > tolerance else "the loss did not decrease")
-        raise SystemExit(1)
-    if rank0:
-        print("OK")
+    check.finish()
 
 
 if __name__ == "__main__":

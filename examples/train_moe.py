@@ -30,6 +30,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from _report import LossCheck
 
 from tessera import dist, graph, op, optim
 
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     stream = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
     tokens, targets = stream[:, :-1], stream[:, 1:]
     torch_optimizer = torch.optim.AdamW(reference.values(), lr=args.lr, weight_decay=0.0)
-    worst, first_loss, loss_value = 0.0, None, None
+    check = LossCheck(args.steps, LOSS_RTOL, every=5, show=rank0)
     start = time.perf_counter()
     for i in range(args.steps):
         loss = step(state, tokens, targets)["loss"]
@@ -214,14 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         expected = torch_loss(reference, tokens, targets, args)
         expected.backward()
         torch_optimizer.step()
-        loss_value = float(loss)
-        first_loss = loss_value if first_loss is None else first_loss
-        error = abs(loss_value - expected.item()) / max(1.0, abs(expected.item()))
-        worst = max(worst, error)
-        if rank0 and (i % 5 == 0 or i == args.steps - 1):
-            print(
-                f"step {i:3d}  loss {loss_value:.5f}  torch {expected.item():.5f}  rel. diff {error:.1e}"
-            )
+        check.add(i, float(loss), expected.item())
     if rank0:
         lowered = step.lower(state, tokens, targets)
         kinds = sorted({f"{c.kind}[{','.join(c.mesh_axes)}]" for c in lowered.collectives()})
@@ -231,14 +225,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.steps} steps in {time.perf_counter() - start:.1f} s; collectives: {', '.join(kinds)}"
         )
         print(f"all-to-all bytes per rank per step: {a2a}")
-        print(f"largest per-step loss difference vs torch: {worst:.1e} (tolerance {LOSS_RTOL:.0e})")
-    assert first_loss is not None and loss_value is not None
-    if worst > LOSS_RTOL or (args.steps > 1 and loss_value >= first_loss):
-        if rank0:
-            print("MISMATCH" if worst > LOSS_RTOL else "the loss did not decrease")
-        raise SystemExit(1)
-    if rank0:
-        print("OK")
+    check.finish()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@
 
 ``reshard_cost`` prices a plan in bytes received per device under ring algorithms (the
 beta term of an alpha-beta model; the alpha term breaks ties by counting collectives).
+``step_collective`` builds a step's collective op (for insert-collectives, in global
+types, and shard-partition, in local ones).
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from math import prod
 
+from xdsl.ir import SSAValue
+
 from tessera.errors import ShardingError
+from tessera.ir import graph
 from tessera.ir.sharding import AxisSizes, MeshLike, Sharding
 
 
@@ -163,3 +168,29 @@ def apply_step(sharding: Sharding, step: ReshardStep) -> Sharding:
         dims[step.concat_dim] = [a for a in dims[step.concat_dim] if a not in step.axes]
         dims[step.dim].extend(step.axes)
     return Sharding(tuple(tuple(d) for d in dims), tuple(partial))
+
+
+_STEP_OPS: dict[str, type[graph.GraphOp]] = {
+    "all_reduce": graph.AllReduceOp,
+    "reduce_scatter": graph.ReduceScatterOp,
+    "all_slice": graph.AllSliceOp,
+    "all_to_all": graph.AllToAllOp,
+    "all_gather": graph.AllGatherOp,
+}
+
+
+def step_collective(
+    step: ReshardStep, value: SSAValue, group_size: int | None = None
+) -> graph.GraphOp:
+    """The collective op of one reshard step on ``value`` (built, not inserted): in global
+    types, or with ``group_size`` (the ranks over ``step.axes``) in local (per-rank) ones."""
+    attrs: dict[str, object] = {"axes": step.axes}
+    if step.kind == "all_to_all":
+        attrs |= {"split_dim": step.dim, "concat_dim": step.concat_dim}
+    elif step.dim is not None:
+        attrs["dim"] = step.dim
+    if step.reduction is not None:
+        attrs["kind"] = step.reduction
+    if group_size is not None:
+        attrs["group_size"] = group_size
+    return graph.build(_STEP_OPS[step.kind], [value], **attrs)

@@ -42,17 +42,9 @@ from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
-from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard
+from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard, step_collective
 from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
 from tessera.ops import has_sharding_rule
-
-_STEP_OPS: dict[str, type[graph.GraphOp]] = {
-    "all_reduce": graph.AllReduceOp,
-    "reduce_scatter": graph.ReduceScatterOp,
-    "all_slice": graph.AllSliceOp,
-    "all_to_all": graph.AllToAllOp,
-    "all_gather": graph.AllGatherOp,
-}
 
 
 @dataclass(frozen=True)
@@ -169,14 +161,7 @@ class _Inserter:
     def _emit(
         self, step: ReshardStep, value: SSAValue, after: Sharding, before: Operation
     ) -> SSAValue:
-        attrs: dict[str, object] = {"axes": step.axes}
-        if step.kind == "all_to_all":
-            attrs |= {"split_dim": step.dim, "concat_dim": step.concat_dim}
-        elif step.dim is not None:
-            attrs["dim"] = step.dim
-        if step.reduction is not None:
-            attrs["kind"] = step.reduction
-        op = graph.build(_STEP_OPS[step.kind], [value], **attrs)
+        op = step_collective(step, value)
         Rewriter.insert_op(op, InsertPoint.before(before))
         self._record(op, [after])
         return op.results[0]

@@ -60,15 +60,12 @@ from tessera.ir.graph_emitter import GraphEmitter
 from tessera.ir.located_error import LocatedPassFailure
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
-from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard
+from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard, step_collective
 from tessera.ir.ring_attention import Ring, ring_backward, ring_forward
 from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
 from tessera.ir.sharding_rules import FactorKind, FactorWindows, ShardingRule, context_layouts
 from tessera.ops import Partition, has_sharding_rule, lookup, sharding_rule
 from tessera.perf.context_parallel import RingPlan, ring_plan
-
-# the collective op of each reshard step kind (``graph.all_gather`` for "all_gather", ...)
-_COLLECTIVES = {t.name.removeprefix("graph."): t for t in graph.COLLECTIVE_OPS}
 
 
 @dataclass(frozen=True)
@@ -337,15 +334,8 @@ class _Partitioner:
         self, step: ReshardStep, value: SSAValue, after: Sharding, before: Operation
     ) -> SSAValue:
         """The collective of one reshard step, in local (per-rank) types."""
-        attrs: dict[str, object] = {"axes": step.axes}
-        if step.kind == "all_to_all":
-            attrs |= {"split_dim": step.dim, "concat_dim": step.concat_dim}
-        elif step.dim is not None:
-            attrs["dim"] = step.dim
-        if step.reduction is not None:
-            attrs["kind"] = step.reduction
         group_size = math.prod(self.mesh.axis_size(a) for a in step.axes)
-        op = graph.build(_COLLECTIVES[step.kind], [value], **attrs, group_size=group_size)
+        op = step_collective(step, value, group_size)
         Rewriter.insert_op(op, InsertPoint.before(before))
         set_op_shardings(op, self.mesh_name, [after])
         return op.results[0]

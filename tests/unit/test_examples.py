@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import re
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +21,10 @@ RTOL, ATOL = 1e-5, 1e-5  # f32
 
 
 def load_example(name: str) -> ModuleType:
+    """``examples/{name}.py`` as a module, its directory on ``sys.path`` as when it runs
+    as a script (the training examples import ``examples/_report.py``)."""
+    if str(ROOT / "examples") not in sys.path:
+        sys.path.insert(0, str(ROOT / "examples"))
     spec = importlib.util.spec_from_file_location(
         f"example_{name}", ROOT / "examples" / f"{name}.py"
     )
