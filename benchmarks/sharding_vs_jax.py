@@ -16,10 +16,11 @@ Context-parallel attention rows run on a ``cp = 8`` mesh, with Tessera's
 gathers k and v for the same program (a ring's analytic reference, which JAX cannot
 express, is in ``benchmarks/RESULTS.md``).
 
-Bytes follow Tessera's ``CollectiveInfo.nbytes`` convention (per device: the local operand
-of all_reduce / all_to_all / collective_permute, the gathered result of all_gather, the
-unscattered input of reduce_scatter) and, separately, bytes *received* per device under
-ring algorithms: all_reduce 2(n-1)/n·S, all_gather (n-1)/n·S_result, reduce_scatter
+Bytes follow Tessera's ``CollectiveInfo.nbytes`` convention ("operand bytes", per device:
+the local operand of all_reduce / all_to_all / collective_permute, the gathered result of
+all_gather, the unscattered input of reduce_scatter; it counts an all-reduce's operand
+once though a ring all-reduce moves it twice) and, separately, the bytes a device
+*receives* ("received", what the links carry) under ring algorithms: all_reduce 2(n-1)/n·S, all_gather (n-1)/n·S_result, reduce_scatter
 (n-1)/n·S_input, all_to_all (n-1)/n·S, collective_permute and broadcast S. Each column is
 the busiest device's sum over the program's collectives (every device takes part in every
 all_* collective; a collective_permute counts on its target devices only). Both programs
@@ -780,8 +781,8 @@ def _ratio(tessera_bytes: float, jax_bytes: float) -> str:
 
 def table(rows: Sequence[Row]) -> str:
     lines = [
-        "| program | Tessera collectives | Tessera bytes | JAX collectives | JAX bytes | ratio Tessera/JAX "
-        "| Tessera ring recv/dev | JAX ring recv/dev | ring ratio |",
+        "| program | Tessera collectives | Tessera operand bytes | JAX collectives | JAX operand bytes "
+        "| operand ratio | Tessera received/dev | JAX received/dev | received ratio |",
         "|---|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
