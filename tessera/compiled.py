@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, UnitAttr
-from xdsl.ir import Attribute, BlockArgument, SSAValue
+from xdsl.ir import Attribute
 
 from tessera import environment, program_cache, schedule
 from tessera import op as _op_library  # noqa: F401 (gives traced tensors their operators)
@@ -53,7 +53,13 @@ from tessera.ir.abstract import AbstractTensor
 from tessera.ir.graph import DONATED
 from tessera.ir.mesh import Mesh
 from tessera.ir.serialize import SerializeError
-from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr, arg_sharding, op_shardings
+from tessera.ir.sharding import (
+    SHARDING_KEY,
+    Sharding,
+    ShardingAttr,
+    arg_sharding,
+    value_sharding,
+)
 from tessera.passes.plan_memory import peak_bytes
 from tessera.program_cache import ProgramCache
 from tessera.schedule import ScheduleOptions
@@ -327,7 +333,7 @@ class Lowered:
                 or Sharding.replicated(AbstractTensor.from_xdsl(a.type).rank)
                 for i, a in enumerate(function.args)
             ]
-            results = [_value_sharding(function, v) for v in function.body.block.last_op.operands]
+            results = [value_sharding(function, v) for v in function.body.block.last_op.operands]
             self._layout_cache = (args, results)
             if self._program_cache:
                 self._program_cache.store_layouts(self._layout_cache)
@@ -392,15 +398,6 @@ class Lowered:
         if device not in self._devices:
             self._devices[device] = VirtualMesh(Mesh(("device",), (1,)), device)
         return self._devices[device]
-
-
-def _value_sharding(function: func.FuncOp, value: SSAValue) -> Sharding:
-    """The layout of a value of a sharded function (arguments and op results)."""
-    if isinstance(value, BlockArgument):
-        found = arg_sharding(function, value.index)
-    else:
-        found = (op_shardings(value.owner) or [None] * (value.index + 1))[value.index]
-    return found or Sharding.replicated(AbstractTensor.from_xdsl(value.type).rank)
 
 
 def _home_device(arrays: Sequence[Any]) -> torch.device:

@@ -467,12 +467,7 @@ def lower_attention_op(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT)
         )
     attrs = op.attrs()
     causal, scale = attrs["causal"], attrs["scale"]
-    if causal and attrs.get("zigzag"):
-        raise IRError(
-            f"@{kernel.kernel_name}: the kernel masks in natural order; run "
-            f"unzigzag-attention on attention stored in zig-zag order first"
-        )
-    shift = position_shift(frame, op.positions) if causal else None
+    shift = causal_shift(kernel, frame, op) if causal else None
     outputs = dict(zip(yielded(kernel), frame.outputs, strict=True))
 
     def scores(block: KeyBlock) -> Value:
@@ -498,12 +493,21 @@ def head_groups(q: SSAValue, k: SSAValue) -> int:
     return q_dims[-3] // k_dims[-3]
 
 
-def position_shift(frame: Frame, positions: Sequence[SSAValue]) -> Value | None:
-    """``q0 - k0`` (an i32 scalar) from the op's position operands; None without them."""
-    if not positions:
+def causal_shift(
+    kernel: schedule.KernelOp, frame: Frame, op: graph.AttentionOp | graph.AttentionBackwardOp
+) -> Value | None:
+    """``q0 - k0`` (an i32 scalar) of a causal attention op from its position operands;
+    None without them. The kernels mask in natural order: an op still stored in zig-zag
+    order (``unzigzag-attention`` not run) is an error."""
+    if op.attrs().get("zigzag"):
+        raise IRError(
+            f"@{kernel.kernel_name}: the kernel masks in natural order; run "
+            f"unzigzag-attention on attention stored in zig-zag order first"
+        )
+    if not op.positions:
         return None
     ev = frame.evaluator(Space((), (), (), []))
-    q0, k0 = (ev.at(p, ()) for p in positions)
+    q0, k0 = (ev.at(p, ()) for p in op.positions)
     return frame.b.sub(q0, k0)
 
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from xdsl.dialects.builtin import Float64Type, f32, f64
 from xdsl.ir import SSAValue
 
-from tessera.codegen.attention import MAX_HEAD_DIM, grouped_index, head_groups, position_shift
+from tessera.codegen.attention import MAX_HEAD_DIM, causal_shift, grouped_index, head_groups
 from tessera.codegen.builder import TileBuilder, Value
 from tessera.codegen.evaluate import dims_of
 from tessera.codegen.kernels import (
@@ -68,12 +68,7 @@ def lower_attention_backward(
         )
     attrs = op.attrs()
     causal, scale = attrs["causal"], attrs["scale"]
-    if causal and attrs.get("zigzag"):
-        raise IRError(
-            f"@{kernel.kernel_name}: the kernel masks in natural order; run "
-            f"unzigzag-attention on attention stored in zig-zag order first"
-        )
-    shift = position_shift(frame, op.positions) if causal else None
+    shift = causal_shift(kernel, frame, op) if causal else None
     pointers = {t: frame.pointers[t] for t in tensors}
     outputs = dict(zip(yielded(kernel), frame.outputs, strict=True))
     element = op.q.type.element_type  # type: ignore[attr-defined]

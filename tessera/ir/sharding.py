@@ -18,7 +18,7 @@ from typing import Protocol
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, StringAttr, SymbolRefAttr
-from xdsl.ir import Operation, ParametrizedAttribute
+from xdsl.ir import BlockArgument, Operation, ParametrizedAttribute, SSAValue
 from xdsl.irdl import irdl_attr_definition, param_def
 from xdsl.parser import AttrParser
 from xdsl.printer import Printer
@@ -245,6 +245,19 @@ def arg_sharding(function: func.FuncOp, index: int) -> Sharding | None:
         return None
     attr = function.arg_attrs.data[index].data.get(SHARDING_KEY)
     return attr.sharding if isinstance(attr, ShardingAttr) else None
+
+
+def value_sharding(function: func.FuncOp, value: SSAValue) -> Sharding:
+    """How ``value`` of ``function`` lies over the mesh: its argument's or its producer's
+    annotation, replicated without one."""
+    if isinstance(value, BlockArgument):
+        found = arg_sharding(function, value.index)
+    else:
+        annotated = op_shardings(value.owner)  # type: ignore[arg-type]
+        found = annotated[value.index] if annotated else None  # type: ignore[attr-defined]
+    if found is not None:
+        return found
+    return Sharding.replicated(len(value.type.get_shape()))  # type: ignore[attr-defined]
 
 
 def set_arg_sharding(function: func.FuncOp, index: int, mesh: str, sharding: Sharding) -> None:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, FunctionType, ModuleOp, UnitAttr
-from xdsl.ir import BlockArgument, Operation, SSAValue
+from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import VerifyException
@@ -62,7 +62,13 @@ from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard, step_collective
 from tessera.ir.ring_attention import Ring, ring_backward, ring_forward
-from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
+from tessera.ir.sharding import (
+    Sharding,
+    arg_sharding,
+    op_shardings,
+    set_op_shardings,
+    value_sharding,
+)
 from tessera.ir.sharding_rules import FactorKind, FactorWindows, ShardingRule, context_layouts
 from tessera.ops import Partition, has_sharding_rule, lookup, sharding_rule
 from tessera.perf.context_parallel import RingPlan, ring_plan
@@ -256,12 +262,7 @@ class _Partitioner:
 
     def sharding_of(self, value: SSAValue) -> Sharding:
         """How ``value`` lies over the mesh (its producer's annotation)."""
-        if isinstance(value, BlockArgument):
-            found = arg_sharding(self.function, value.index)
-        else:
-            annotated = op_shardings(value.owner)  # type: ignore[arg-type]
-            found = annotated[value.index] if annotated else None  # type: ignore[attr-defined]
-        return found or Sharding.replicated(aval(value).rank)
+        return value_sharding(self.function, value)
 
     def _expand_sequences(
         self, op: graph.GraphOp, rule: ShardingRule, shardings: Sequence[Sharding]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp
-from xdsl.ir import BlockArgument, SSAValue
+from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
@@ -42,9 +42,9 @@ from tessera.ir.sharding import (
     SHARDING_KEY,
     Sharding,
     ShardingAttr,
-    arg_sharding,
     op_shardings,
     set_op_shardings,
+    value_sharding,
 )
 from tessera.ir.zigzag import true_chunk
 
@@ -132,12 +132,7 @@ class _Unzigzag:
         """How ``value`` lies over the mesh (None in an unsharded function)."""
         if self.mesh_name is None:
             return None
-        if isinstance(value, BlockArgument):
-            found = arg_sharding(self.function, value.index)
-        else:
-            annotated = op_shardings(value.owner)  # type: ignore[arg-type]
-            found = annotated[value.index] if annotated else None  # type: ignore[attr-defined]
-        return found or Sharding.replicated(aval(value).rank)
+        return value_sharding(self.function, value)
 
     def cut(self, value: SSAValue, dim: int, start: int, length: int) -> SSAValue:
         shape = aval(value).shape
