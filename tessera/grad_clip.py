@@ -19,11 +19,22 @@ EPS = 1e-6  # as torch's clip_grad_norm_
 
 def clip_by_global_norm(grads: Sequence[Tensor], max_norm: float) -> tuple[list[Tensor], Tensor]:
     """``grads`` scaled to a global norm of at most ``max_norm``, and their norm before."""
+    norm = op.sqrt(squared_norm(grads))
+    return clip_to_norm(grads, norm, max_norm), norm
+
+
+def squared_norm(grads: Sequence[Tensor]) -> Tensor:
+    """``Σ_i Σ g_i²``: the squared global norm of ``grads``."""
     total = None
     for g in grads:
         square = op.sum(g * g)
         total = square if total is None else total + square
     assert total is not None, "a training step has parameters"
-    norm = op.sqrt(total)
+    return total
+
+
+def clip_to_norm(grads: Sequence[Tensor], norm: Tensor, max_norm: float) -> list[Tensor]:
+    """``grads`` scaled by ``min(1, max_norm / (norm + 1e-6))``, where ``norm`` is their
+    global norm (computed here, or summed over the stages of a pipeline)."""
     scale = op.minimum(max_norm / (norm + EPS), 1.0)
-    return [g * scale for g in grads], norm
+    return [g * op.astype(scale, g.aval.dtype) for g in grads]

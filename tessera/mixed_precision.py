@@ -137,15 +137,15 @@ class LossScaled:
             "loss_scale": {"scale": scalar, "good_steps": scalar},
         }
 
-    def update(self, params: Any, grads: Any, state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    def update(
+        self, params: Any, grads: Any, state: dict[str, Any], finite: Tensor | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         """The inner update where every (unscaled) gradient is finite, else the old
-        state; the next loss scale."""
-        leaves = pytree.flatten(grads)[0]
-        total = None
-        for g in leaves:  # inf · 0 and NaN · 0 are NaN: one scalar says if any is not finite
-            term = op.sum(g * 0.0)
-            total = term if total is None else total + term
-        finite = op.equal(total, total)
+        state; the next loss scale. ``finite`` (a bool scalar) says whether the gradients
+        are finite when they are not all here (a pipeline rank updates its stages'
+        parameters only; the check spans every stage)."""
+        if finite is None:
+            finite = all_finite(pytree.flatten(grads)[0])
         new_params, new_state = self.inner.update(params, grads, state["optimizer"])
         keep = lambda new, old: op.where(finite, new, old)  # noqa: E731
         new_params = _map(keep, new_params, params)
@@ -164,6 +164,23 @@ class LossScaled:
             "optimizer": new_state,
             "loss_scale": {"scale": scale, "good_steps": good},
         }
+
+
+def nonfinite_probe(grads: Any) -> Tensor:
+    """A scalar that is NaN when any gradient holds an inf or NaN, else 0 (inf · 0 and
+    NaN · 0 are NaN)."""
+    total = None
+    for g in grads:
+        term = op.sum(g * 0.0)
+        total = term if total is None else total + term
+    assert total is not None, "a training step has parameters"
+    return total
+
+
+def all_finite(grads: Any) -> Tensor:
+    """A bool scalar: whether every gradient is finite."""
+    probe = nonfinite_probe(grads)
+    return op.equal(probe, probe)
 
 
 def _map(fn: Any, *trees: Any) -> Any:

@@ -248,9 +248,13 @@ class TrainingStep:
         self.clip_grad_norm = clip_grad_norm
         self.accumulate = accumulate
         self.precision = Precision.of(precision)
-        self.numerics = None if numerics is None else numerics_policy.check(numerics, "training_step: numerics")
+        self.numerics = (
+            None if numerics is None else numerics_policy.check(numerics, "training_step: numerics")
+        )
         self.fn = fn
-        self.optimizer = LossScaled(optimizer, self.precision) if self.precision.scaled else optimizer
+        self.optimizer = (
+            LossScaled(optimizer, self.precision) if self.precision.scaled else optimizer
+        )
         self.mesh = mesh
         check_shard_specs(param_shardings, "training_step: param_shardings")
         check_shard_specs(batch_shardings, "training_step: batch_shardings")
@@ -261,20 +265,19 @@ class TrainingStep:
         self.kernels = kernels
         self.__name__ = module or getattr(fn, "__name__", "training_step")
         self.pp_axis = pp_axis if mesh is not None and pp_axis in mesh.axis_names else None
-        if self.pp_axis and zero:
+        if self.pp_axis and zero >= 3:
             raise ShardingError(
-                f"training_step: zero={zero} with the pipeline axis {pp_axis!r} is not "
-                f"supported yet; use zero=0 on a mesh with {pp_axis!r}"
-            )
-        if self.pp_axis and accumulate > 1:
-            raise ShardingError(
-                f"training_step: a pipelined step already splits the batch into microbatches "
-                f"(schedule.pipeline_microbatches); drop accumulate={accumulate}"
+                f"training_step: zero=3 (parameters sharded over {dp_axis!r}) with the "
+                f"pipeline axis {pp_axis!r} is not supported: a pipeline stage's programs "
+                f"read whole parameters between microbatches; use zero=2 (gradients and "
+                f"optimizer state sharded over {dp_axis!r}) or zero=1 with pipelining"
             )
         if self.pp_axis and batch_shardings is not None:
             raise ShardingError(
-                f"training_step: a pipelined step splits the batch over {dp_axis!r} itself; "
-                f"drop batch_shardings"
+                f"training_step: batch_shardings with the pipeline axis {pp_axis!r}: a "
+                f"pipelined step splits every batch leaf over {dp_axis!r} (dim 0) and into "
+                f"microbatches itself; drop batch_shardings (tensor-parallel layouts of "
+                f"activations come from param_shardings)"
             )
         self._jit: dict[tuple[pytree.TreeDef, int], tuple[JitFunction, _Layouts]] = {}
 
@@ -302,7 +305,7 @@ class TrainingStep:
         ):
             write_result(old, new)  # one process per rank: its shard only
         state.step += 1
-        return metrics
+        return global_metrics(metrics)
 
     def state_dict(self, state: TrainState) -> dict[str, Any]:
         """The whole training state on every rank, as ``{"params", "opt_state", "step"}``
@@ -406,7 +409,9 @@ class TrainingStep:
         """How the state is laid out between steps: each parameter, each optimizer-state
         leaf."""
         layouts = self._layouts(leaves, tree)
-        state_tree = self.optimizer.state_layout(pytree.unflatten(tree, layouts.state), Sharding(()))
+        state_tree = self.optimizer.state_layout(
+            pytree.unflatten(tree, layouts.state), Sharding(())
+        )
         return layouts.stored, pytree.flatten(state_tree)[0]
 
     def lower(self, state: TrainState, *batch: Any) -> Lowered:
@@ -432,7 +437,9 @@ class TrainingStep:
         if (tree, batch_args) in self._jit:
             return self._jit[tree, batch_args]
         layouts = self._layouts(leaves, tree)
-        state_tree = self.optimizer.state_layout(pytree.unflatten(tree, layouts.state), Sharding(()))
+        state_tree = self.optimizer.state_layout(
+            pytree.unflatten(tree, layouts.state), Sharding(())
+        )
         layouts.opt_state = self._state_layouts(leaves, tree)[1]
 
         def specs(shardings: list[Sharding], structure: pytree.TreeDef = tree) -> Any:
@@ -567,7 +574,7 @@ class TrainingStep:
             new_params, new_state = optimizer.update(
                 params, pytree.unflatten(tree, grad_leaves), opt_state
             )
-            return new_params, new_state, metrics
+            return new_params, new_state, widened_metrics(metrics)
 
         program.__name__ = self.__name__
         return program
@@ -598,6 +605,36 @@ class TrainingStep:
             grads=local_bytes(layouts.grad, param_leaves),
             optimizer_state=local_bytes(state_layouts, state_leaves),
         )
+
+
+def metric_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a metric is reported in: its own, widened to at least float32."""
+    return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else dtype
+
+
+def widened_metrics(metrics: Any) -> Any:
+    """While tracing: every float metric cast to at least float32 (a bf16 step's loss is
+    reported in f32, a float64 step's in f64)."""
+    leaves, tree = pytree.flatten(metrics)
+    widened = []
+    for leaf in leaves:
+        if isinstance(leaf, Tensor) and leaf.aval.dtype.is_float:
+            leaf = op.astype(leaf, metric_dtype(leaf.aval.dtype.to_torch()))
+        widened.append(leaf)
+    return pytree.unflatten(tree, widened)
+
+
+def global_metrics(metrics: Any) -> Any:
+    """Metrics as values on every process: under ``tessera run`` a replicated result is
+    this rank's copy, any other is gathered (a collective, called by every rank in the
+    same order, as the step is)."""
+    leaves, tree = pytree.flatten(metrics)
+    values = []
+    for leaf in leaves:
+        if isinstance(leaf, distributed.LocalResult):
+            leaf = leaf.local if leaf.sharding.is_replicated else leaf.full()
+        values.append(leaf)
+    return pytree.unflatten(tree, values)
 
 
 def _float_tensors(params: Any) -> Any:

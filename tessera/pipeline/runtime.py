@@ -181,9 +181,15 @@ class PipelineExecutor:
 
     # --- the virtual mesh -----------------------------------------------------------------
 
-    def run_virtual(self, lists: Sequence[Sequence[A.Action]]) -> list[RankState]:
-        """Runs every pipeline rank's list in this process."""
-        states = [RankState(r, self.placement.members(r)) for r in range(len(lists))]
+    def run_virtual(
+        self, lists: Sequence[Sequence[A.Action]], states: list[RankState] | None = None
+    ) -> list[RankState]:
+        """Runs every pipeline rank's list in this process; given ``states`` (from an
+        earlier round of gradient accumulation), adds to their gradients and metrics."""
+        if states is None:
+            states = [RankState(r, self.placement.members(r)) for r in range(len(lists))]
+        for st in states:
+            st.position = 0
         while any(st.position < len(lists[st.pipeline_rank]) for st in states):
             progressed = False
             for st in states:
@@ -222,10 +228,13 @@ class PipelineExecutor:
         stages = len(self.stages)
         return ((action.microbatch * stages + sender_stage) * 2 + grad) * 64 + index  # type: ignore[operator]
 
-    def run_process(self, lists: Sequence[Sequence[A.Action]], rank: int) -> RankState:
-        """Runs this process's pipeline rank's list (one member: ``rank``)."""
+    def run_process(
+        self, lists: Sequence[Sequence[A.Action]], rank: int, state: RankState | None = None
+    ) -> RankState:
+        """Runs this process's pipeline rank's list (one member: ``rank``); given
+        ``state`` (an earlier round's), adds to its gradients and metrics."""
         pipeline_rank = self.placement.pipeline_rank(rank)
-        st = RankState(pipeline_rank, [rank])
+        st = state or RankState(pipeline_rank, [rank])
         rt = distributed.runtime()
         for action in lists[pipeline_rank]:
             if action.kind in A.COMPUTE_KINDS:

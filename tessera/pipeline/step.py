@@ -25,29 +25,42 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as tdist
+from xdsl.ir import Operation
 
 from tessera import numerics, op, schedule
 from tessera.backends import distributed
 from tessera.backends.execution import Execution, execution_for
 from tessera.backends.layout import block
 from tessera.compiled import JitFunction, default_kernels
+from tessera.dist.collectives import shard
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dist.tensor import DistTensor
 from tessera.driver import CompileConfig
+from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, tracing
+from tessera.grad_clip import clip_to_norm, squared_norm
 from tessera.ir import pipeline_actions as A
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.sharding import Sharding
+from tessera.mixed_precision import nonfinite_probe, to_compute
 from tessera.perf.topology import load_topology
 from tessera.pipeline.memory import PipelineMemoryStats, pipeline_memory
 from tessera.pipeline.programs import StagePrograms, stage_programs
 from tessera.pipeline.runtime import PipelineExecutor, Placement, RankState
 from tessera.pipeline.split import balanced_cuts, plan_stages
-from tessera.training import TrainingStep, TrainState, forward_only, training_params
+from tessera.training import (
+    TrainingStep,
+    TrainState,
+    forward_only,
+    metric_dtype,
+    training_params,
+    zero_sharding,
+)
 from tessera.training_state import gathered, local_piece, write_piece
 
 if TYPE_CHECKING:
@@ -67,6 +80,13 @@ class CompiledPipeline:
     microbatches: int
     cuts: list[int]
     metric_tree: pytree.TreeDef
+    metric_dtypes: list[torch.dtype]  # each metric's reported dtype (at least float32)
+    # per pipeline rank, when the update needs every stage's gradients (clipping by the
+    # global norm, the loss scale's overflow check): the program reducing the gradients
+    # and computing this rank's share of the global statistics (see _reduce_program)
+    reductions: list[Lowered | None]
+    batch_tree: pytree.TreeDef | None = None  # the batch arguments' structure
+    stats_dtype: torch.dtype = torch.float32  # the global statistics' dtype (the masters')
 
 
 class PipelineStep:
@@ -93,32 +113,54 @@ class PipelineStep:
             options.pipeline_virtual,
         )
         leaves, tree = pytree.flatten(state.params)
-        batch_avals = [self._microbatch_aval(b, i, m) for i, b in enumerate(batch)]
+        batch_leaves, batch_tree, paths = self._batch_leaves(batch)
+        chunks = m * self.step.accumulate
+        batch_avals = [
+            self._microbatch_aval(b, path, m) for b, path in zip(batch_leaves, paths, strict=True)
+        ]
         key = (
             tree,
             tuple(AbstractTensor(tuple(x.shape), _dtype(x)) for x in leaves),
+            batch_tree,
             tuple(batch_avals),
             options,
+            chunks,
         )
         if key not in self._cache:
             self._cache[key] = self._compile(
-                state, tree, leaves, batch_avals, m, kind, virtual, options
+                state, tree, leaves, batch_avals, m, kind, virtual, options, batch_tree
             )
         return self._cache[key]
 
-    def _microbatch_aval(self, value: Any, index: int, m: int) -> AbstractTensor:
+    def _batch_leaves(self, batch: Sequence[Any]) -> tuple[list[Any], pytree.TreeDef, list[str]]:
+        """The batch arguments' tensors (pytrees of them: tuples, lists, dicts), their
+        structure and a name for each."""
+        leaves, tree = pytree.flatten(tuple(batch))
+        paths = [f"batch argument {p}" for p in _leaf_paths(tree)]
+        for leaf, path in zip(leaves, paths, strict=True):
+            if not isinstance(leaf, (torch.Tensor, np.ndarray)):
+                raise TesseraError(
+                    f"{self.step.__name__}: {path} is a {type(leaf).__name__}; a pipelined "
+                    f"step's batch holds tensors (split into microbatches along dim 0)"
+                )
+        return leaves, tree, paths
+
+    def _microbatch_aval(self, value: Any, path: str, m: int) -> AbstractTensor:
         tensor = torch.as_tensor(value)
         rows = tensor.shape[0] if tensor.dim() else 0
-        if tensor.dim() == 0 or rows % (self.dp * m):
+        k = self.step.accumulate
+        if tensor.dim() == 0 or rows % (self.dp * m * k):
+            rounds = f" x accumulate={k}" if k > 1 else ""
             raise ShardingError(
-                f"{self.step.__name__}: batch argument {index} has {rows} rows (dim 0), which "
-                f"must split evenly over {self.dp} data-parallel ranks x {m} microbatches"
+                f"{self.step.__name__}: {path} has {rows} rows (dim 0), which must split "
+                f"evenly over {self.dp} data-parallel ranks x {m} microbatches{rounds}"
             )
-        return AbstractTensor((rows // (self.dp * m), *tensor.shape[1:]), _dtype(tensor))
+        return AbstractTensor((rows // (self.dp * m * k), *tensor.shape[1:]), _dtype(tensor))
 
     def _compile(
         self, state: TrainState, tree: pytree.TreeDef, leaves: list[torch.Tensor],
         batch_avals: list[AbstractTensor], m: int, kind: str, virtual: int, options: Any,
+        batch_tree: pytree.TreeDef,
     ) -> CompiledPipeline:  # fmt: skip
         from tessera.ir.pipeline_schedules import actions_of, pipeline_op, pipeline_schedule
 
@@ -132,26 +174,44 @@ class PipelineStep:
                     f"{self.pp_axis!r}; stages own whole parameters"
                 )
         count = self.ranks * virtual
-        # trace the forward of one microbatch (graph.backward records the loss only)
+        precision = step.precision
+        # trace the forward of one microbatch (graph.backward records the loss only); with
+        # loss scaling one more argument, the scale, multiplies the loss the backward seeds
         param_avals = [AbstractTensor(tuple(x.shape), _dtype(x)) for x in leaves]
-        trace = Trace(name, [*param_avals, *batch_avals], mesh=self.mesh)
+        scale_avals = [AbstractTensor((), as_dtype(torch.float32))] if precision.scaled else []
+        trace = Trace(name, [*param_avals, *batch_avals, *scale_avals], mesh=self.mesh)
         args = list(trace.block.args)
-        params = pytree.unflatten(tree, [Tensor(trace, a) for a in args[: len(leaves)]])
-        batch = [Tensor(trace, a) for a in args[len(leaves) :]]
-        with tracing(trace), forward_only() as recorded, training_params(params):
-            returned = step.fn(params, *batch)
-        if not (isinstance(returned, tuple) and len(returned) == 2) or not recorded:
-            raise TraceError(f"{name} must return (graph.backward(loss), metrics)")
-        loss = recorded[-1]
-        metric_leaves, metric_tree = pytree.flatten(returned[1])
-        for leaf in metric_leaves:
-            if not isinstance(leaf, Tensor) or leaf.aval.shape != ():
-                raise TraceError(
-                    f"{name}: pipelined steps report scalar metrics only, found {leaf!r}"
-                )
+        n, b = len(leaves), len(batch_avals)
+        params = pytree.unflatten(tree, [Tensor(trace, a) for a in args[:n]])
+        batch = [Tensor(trace, a) for a in args[n : n + b]]
+        with tracing(trace), forward_only() as recorded:
+            # mixed precision: the stages compute in the compute dtype from f32 masters
+            params, batch = to_compute(params, precision), to_compute(batch, precision)
+            casts = list(trace.block.ops)
+            with training_params(params):
+                returned = step.fn(params, *pytree.unflatten(batch_tree, batch))
+            if not (isinstance(returned, tuple) and len(returned) == 2) or not recorded:
+                raise TraceError(f"{name} must return (graph.backward(loss), metrics)")
+            loss = recorded[-1]
+            metric_leaves, metric_tree = pytree.flatten(returned[1])
+            for leaf in metric_leaves:
+                if not isinstance(leaf, Tensor) or leaf.aval.shape != ():
+                    raise TraceError(
+                        f"{name}: a pipelined step reports scalar metrics only (each the mean "
+                        f"over microbatches and data-parallel ranks), found {leaf!r}; reduce "
+                        f"it to a scalar (op.mean) or compute it outside the step"
+                    )
+            if precision.scaled:  # the gradients of scale · loss, seeded as graph.backward does
+                loss = loss * op.astype(Tensor(trace, args[-1]), loss.aval.dtype)
         outputs = [loss.value, *(t.value for t in metric_leaves)]
-        forward = list(trace.block.ops)
-        marks = trace.stage_marks
+        metric_dtypes = [metric_dtype(t.aval.dtype.to_torch()) for t in metric_leaves]
+        traced = list(trace.block.ops)
+        marked = [traced[p] if p < len(traced) else None for p in trace.stage_marks]
+        forward = _sink(traced, casts)
+        marks = [
+            _cut_before_casts(forward, forward.index(o) if o else len(forward), casts)
+            for o in marked
+        ]
         if marks and len(marks) != count - 1:
             raise TraceError(
                 f"{name}: {len(marks)} graph.stage() marks make {len(marks) + 1} stages, but the "
@@ -159,6 +219,7 @@ class PipelineStep:
             )
         topology = load_topology(options.topology)
         cuts = list(marks) if marks else balanced_cuts(forward, outputs, count, topology)
+        cuts = [_cut_before_casts(forward, c, casts) for c in cuts]
         plan = plan_stages(forward, cuts, outputs)
         kernels = step.kernels or default_kernels()
         split = kind == "zb-h1"
@@ -166,9 +227,9 @@ class PipelineStep:
         stages = stage_programs(
             name,
             plan,
-            args[: len(leaves)],
+            args[:n],
             layouts,
-            args[len(leaves) :],
+            args[n:],
             outputs,
             split,
             config,
@@ -182,43 +243,23 @@ class PipelineStep:
         for s in stages:
             for position, p in enumerate(s.params):
                 grad_layouts.setdefault(p, s.param_grad_layouts[position])
-        updates, update_params = [], []
+        updates: list[Lowered] = []
+        reductions: list[Lowered | None] = []
+        update_params: list[list[int]] = []
+        counted: set[int] = set()  # a tied parameter's gradient counts once in the norm
         for rank in range(self.ranks):
             owned = sorted(
                 {p for s in stages if A.rank_of(s.index, self.ranks) == rank for p in s.params}
             )
-            updates.append(
-                self._update_program(state, leaves, owned, layouts, grad_layouts, m, kernels)
-            )
+            update = _UpdateBuilder(self, state, leaves, owned, layouts, grad_layouts, m, kernels)
+            reductions.append(update.reduction([p for p in owned if p not in counted]))
+            counted.update(owned)
+            updates.append(update.update())
             update_params.append(owned)
         return CompiledPipeline(
-            stages, lists, ir, updates, update_params, layouts, m, cuts, metric_tree
-        )
-
-    def _update_program(
-        self, state: TrainState, leaves: list[torch.Tensor], owned: list[int],
-        layouts: list[Sharding], grad_layouts: dict[int, Sharding], m: int, kernels: str,
-    ) -> Lowered:  # fmt: skip
-        optimizer, scale = self.step.optimizer, 1.0 / (m * self.dp)
-        dp = self.step.dp_axis
-
-        def update(params: list[Any], opt_state: Any, grads: list[Any]) -> Any:
-            total = [op.sum(g, axis=0) * scale for g in grads]
-            return optimizer.update(params, total, opt_state)
-
-        update.__name__ = f"{self.step.__name__}_update"
-        params = [leaves[i] for i in owned]
-        opt_state = _state_subset(optimizer, state.opt_state, len(leaves), owned)
-        param_specs = [ShardSpec.from_sharding(layouts[i]) for i in owned]
-        state_specs = optimizer.state_layout(param_specs, None)
-        stacked = [Sharding(((dp,) if dp else (), *grad_layouts[i].dims)) for i in owned]
-        grads = [torch.empty((self.dp, *leaves[i].shape), dtype=leaves[i].dtype) for i in owned]
-        jitted = JitFunction(
-            update, mesh=self.mesh, kernels=kernels, donate_argnums=(0, 1),
-            in_shardings=(param_specs, state_specs, [ShardSpec.from_sharding(s) for s in stacked]),
-            out_shardings=(param_specs, state_specs),
+            stages, lists, ir, updates, update_params, layouts, m, cuts, metric_tree,
+            metric_dtypes, reductions, batch_tree, _stats_dtype(leaves),
         )  # fmt: skip
-        return jitted.lower(params, opt_state, grads)
 
     # --- one step -------------------------------------------------------------------------
 
@@ -227,9 +268,9 @@ class PipelineStep:
         compiled = self._latest = self.compiled(state, batch)
         leaves = pytree.flatten(state.params)[0]
         layouts = compiled.param_layouts
-        mesh, m = self.mesh, compiled.microbatches
-        tensors = [torch.as_tensor(b) for b in batch]
-        rows = [t.shape[0] // (self.dp * m) for t in tensors]
+        mesh, m, k = self.mesh, compiled.microbatches, self.step.accumulate
+        tensors = [torch.as_tensor(b) for b in pytree.flatten(tuple(batch))[0]]
+        rows = [t.shape[0] // (self.dp * m * k) for t in tensors]
         dp_axis = self.step.dp_axis
 
         kernels = self.step.kernels or default_kernels()
@@ -239,29 +280,43 @@ class PipelineStep:
         def param_piece(index: int, rank: int) -> torch.Tensor:
             return local_piece(leaves[index], layouts[index], mesh, rank).to(device)
 
+        current_round = 0  # accumulate > 1: the schedule runs once per round of m microbatches
+
         def batch_piece(index: int, mb: int, rank: int) -> torch.Tensor:
+            if index == len(tensors):  # the loss scale (see _compile)
+                return self._loss_scale(state, rank).to(device)
             d = mesh.coords(rank)[dp_axis] if dp_axis else 0
-            start = (d * m + mb) * rows[index]
+            start = ((d * k + current_round) * m + mb) * rows[index]
             return tensors[index][start : start + rows[index]].to(device)
 
         executor = PipelineExecutor(
             compiled.stages, self.placement, param_piece, batch_piece, execution
         )
+        states: list[RankState] | None = None
         if processes:
             rt = distributed.runtime()
             rt.check_mesh(mesh)
             self._prepare_groups(compiled, rt)
-            states = [executor.run_process(compiled.lists, rt.rank)]
-        else:
-            states = executor.run_virtual(compiled.lists)
+        for current_round in range(k):  # noqa: B007 - read by batch_piece
+            if processes:
+                states = [executor.run_process(compiled.lists, rt.rank, states and states[0])]
+            else:
+                states = executor.run_virtual(compiled.lists, states)
+        assert states is not None
         self._sum_shared_grads(compiled, states, processes)
+        reduced, stats = self._reduce(compiled, states, state, processes)
         # every update reads the old values before any writes (a tied parameter is
         # updated on each pipeline rank holding it)
-        writes = [w for st in states for w in self._update(compiled, st, state, processes)]
+        writes = [w for st in states for w in self._update(compiled, st, state, reduced, stats)]
         for target, member, layout, value in writes:
             write_piece(target, layout, mesh, member, value)
         state.step += 1
-        return self._metrics(compiled, states, processes)
+        return self._metrics(compiled, states, processes, stats)
+
+    def _loss_scale(self, state: TrainState, rank: int) -> torch.Tensor:
+        """The loss scale the forward multiplies the loss by (fp16 steps)."""
+        leaf = state.opt_state["loss_scale"]["scale"]
+        return local_piece(leaf, Sharding(()), self.mesh, rank).float()
 
     def gather(self, state: TrainState) -> TrainState:
         """The state with whole tensors on every process (a collective). Each process
@@ -385,9 +440,63 @@ class PipelineStep:
                 total = total + part
             st.grads[p] = [total]
 
+    def _run_update(
+        self, lowered: Lowered, st: RankState, per_member: list[list[torch.Tensor]]
+    ) -> list[list[torch.Tensor]]:
+        execution = self._execution
+        assert execution is not None
+        plan = lowered.launch_plan(execution, st.members)
+        return [list(r) for r in execution.run_plan(plan, per_member, check_program=False)]
+
+    def _reduce(
+        self, compiled: CompiledPipeline, states: list[RankState], state: TrainState,
+        processes: bool,
+    ) -> tuple[dict[int, list[list[torch.Tensor]]], torch.Tensor | None]:  # fmt: skip
+        """When the update needs the whole model's gradients (clipping by the global norm,
+        the loss scale's overflow check): runs each pipeline rank's reduction program,
+        which reduces its gradients over data-parallel ranks and computes its share of
+        the statistics, and sums the shares over pipeline ranks. Returns the reduced
+        gradients (per pipeline rank, per member) and the global statistics ``[nan probe,
+        squared norm]`` (float64), or ``({}, None)`` when the update needs neither."""
+        if all(r is None for r in compiled.reductions):
+            return {}, None
+        execution = self._execution
+        assert execution is not None
+        totals = torch.zeros(2, dtype=torch.float64)
+        reduced: dict[int, list[list[torch.Tensor]]] = {}
+        for st in states:
+            lowered = compiled.reductions[st.pipeline_rank]
+            owned = compiled.update_params[st.pipeline_rank]
+            if lowered is None:
+                continue
+            scaled = self.step.precision.scaled
+            per_member = [
+                [st.grads[p][position].unsqueeze(0) for p in owned]
+                + ([self._loss_scale(state, member).to(execution.device)] if scaled else [])
+                for position, member in enumerate(st.members)
+            ]
+            results = self._run_update(lowered, st, per_member)
+            reduced[st.pipeline_rank] = [r[: len(owned)] for r in results]
+            first = self.placement.members(st.pipeline_rank)[0]
+            if first in st.members:  # the statistics are replicated over the members
+                probe, squares = results[st.members.index(first)][len(owned) :]
+                totals += torch.stack([probe.double().cpu(), squares.double().cpu()])
+        if processes:
+            rt = distributed.runtime()
+            what = "summing the gradients' global norm over pipeline ranks"
+            try:
+                on_device = totals.to(rt.device)
+                with rt.waiting(what):
+                    tdist.all_reduce(on_device)
+                totals = on_device.cpu()
+            except Exception as error:
+                raise distributed.failure(rt, what, error) from None
+        return reduced, totals
+
     def _update(
-        self, compiled: CompiledPipeline, st: RankState, state: TrainState, processes: bool
-    ) -> list[tuple[Any, int, Sharding, torch.Tensor]]:
+        self, compiled: CompiledPipeline, st: RankState, state: TrainState,
+        reduced: dict[int, list[list[torch.Tensor]]], stats: torch.Tensor | None,
+    ) -> list[tuple[Any, int, Sharding, torch.Tensor]]:  # fmt: skip
         """Runs pipeline rank ``st``'s update program; returns the writes of the new values
         of its parameters and optimizer state into ``state``: (state leaf, member, layout,
         the member's new piece)."""
@@ -409,18 +518,25 @@ class PipelineStep:
                 local_piece(t, layout, self.mesh, member).to(execution.device)
                 for t, layout in zip(targets, arg_layouts[: len(targets)], strict=True)
             ]
-            grads = [st.grads[p][position].unsqueeze(0) for p in owned]
+            if stats is None:
+                grads = [st.grads[p][position].unsqueeze(0) for p in owned]
+            else:
+                grads = reduced[st.pipeline_rank][position]
+                grads += [v.to(compiled.stats_dtype).to(execution.device) for v in stats]
             per_member.append(values + grads)
-        plan = lowered.launch_plan(execution, st.members)
-        results = execution.run_plan(plan, per_member, check_program=False)
+        results = self._run_update(lowered, st, per_member)
         return [
             (target, member, layout, value)
             for member, outputs in zip(st.members, results, strict=True)
             for target, value, layout in zip(targets, outputs, out_layouts, strict=True)
         ]
 
-    def _metrics(self, compiled: CompiledPipeline, states: list[RankState], processes: bool) -> Any:
-        """Every metric, averaged over microbatches and data-parallel ranks."""
+    def _metrics(
+        self, compiled: CompiledPipeline, states: list[RankState], processes: bool,
+        stats: torch.Tensor | None,
+    ) -> Any:  # fmt: skip
+        """Every metric, averaged over microbatches and data-parallel ranks, as a 0-d
+        tensor in its dtype widened to at least float32; with clipping, ``grad_norm``."""
         last = A.rank_of(len(compiled.stages) - 1, self.ranks)
         members = len(self.placement.members(last))
         count = compiled.stages[-1].metric_outputs
@@ -441,13 +557,59 @@ class PipelineStep:
                 totals = on_device.cpu()
             except Exception as error:
                 raise distributed.failure(rt, what, error) from None
-        means = (totals / (members * compiled.microbatches)).float()
-        return pytree.unflatten(compiled.metric_tree, list(means[1:]))
+        means = totals / (members * compiled.microbatches * self.step.accumulate)
+        values = [v.to(d) for v, d in zip(means[1:], compiled.metric_dtypes, strict=True)]
+        metrics = pytree.unflatten(compiled.metric_tree, values)
+        if self.step.clip_grad_norm is not None and isinstance(metrics, dict) and stats is not None:
+            metrics = {**metrics, "grad_norm": stats[1].sqrt().to(compiled.stats_dtype)}
+        return metrics
+
+
+def _sink(ops: list[Operation], casts: Sequence[Operation]) -> list[Operation]:
+    """``ops`` with each of ``casts`` (of parameters and batch leaves to the compute dtype,
+    traced before the user's function) moved to just before its first user, so that it
+    falls in the stage that uses it: a stage casts the parameters it owns instead of
+    receiving them cast from the first stage."""
+    moved = {c for c in casts if c.results[0].uses}
+    rest = [o for o in ops if o not in moved]
+    first_user: dict[Operation, Operation] = {}
+    position = {o: i for i, o in enumerate(rest)}
+    for cast in moved:
+        users = [u.operation for u in cast.results[0].uses if u.operation in position]
+        first_user[cast] = min(users, key=position.__getitem__)
+    before: dict[Operation, list[Operation]] = {}
+    for cast in casts:  # in trace order
+        if cast in moved:
+            before.setdefault(first_user[cast], []).append(cast)
+    return [x for o in rest for x in (*before.get(o, ()), o)]
+
+
+def _cut_before_casts(ops: Sequence[Operation], cut: int, casts: Sequence[Operation]) -> int:
+    """A cut position moved before the casts just ahead of it (they feed the op after
+    the cut: they belong to its stage)."""
+    cast_set = {c for c in casts if c.results[0].uses}
+    while 0 < cut <= len(ops) and ops[cut - 1] in cast_set:
+        cut -= 1
+    return cut
+
+
+def _leaf_paths(tree: pytree.TreeDef) -> list[str]:
+    """``[0]``, ``[1]['x']``, …: where each leaf of a tuple of arguments is."""
+    paths: list[str] = []
+
+    def visit(node: pytree.TreeDef, path: str) -> None:
+        if node.kind == "leaf":
+            paths.append(path)
+            return
+        keys = node.meta if node.kind == "dict" else range(len(node.children))
+        for key, child in zip(keys, node.children, strict=True):
+            visit(child, f"{path}[{key!r}]")
+
+    visit(tree, "")
+    return paths
 
 
 def _dtype(value: Any) -> Any:
-    from tessera.dtypes import as_dtype
-
     return as_dtype(value.dtype if isinstance(value, DistTensor) else torch.as_tensor(value).dtype)
 
 
@@ -476,6 +638,129 @@ def _state_subset(optimizer: Any, opt_state: Any, count: int, owned: list[int]) 
         picked.append(queues[slot][taken.get(slot, 0)])
         taken[slot] = taken.get(slot, 0) + 1
     return pytree.unflatten(subset_tree, picked)
+
+
+def _stats_dtype(leaves: Sequence[torch.Tensor]) -> torch.dtype:
+    """The widest parameter dtype: that of the gradients' global statistics."""
+    dtype = torch.float32
+    for leaf in leaves:
+        dtype = torch.promote_types(dtype, _dtype(leaf).to_torch())
+    return dtype
+
+
+class _UpdateBuilder:
+    """One pipeline rank's update: the optimizer step of the parameters its stages own.
+
+    The gradients arrive summed over microbatches on each (dp, tp) member, stacked along a
+    leading dim split over dp; their sum over it is the data-parallel reduction, which
+    the sharding passes make an all-reduce, or a reduce-scatter into the shard each rank
+    updates under ``zero=2`` (the optimizer state is sharded over dp from ``zero=1`` on,
+    as in the unpipelined step). When the update depends on every stage's gradients
+    (``clip_grad_norm``, fp16 loss scaling), it is split in two: a reduction program
+    (gradients reduced and unscaled, this rank's share of ``[Σ g·0, Σ g²]``) and the
+    update proper, which reads the shares summed over pipeline ranks."""
+
+    def __init__(
+        self, pipeline: PipelineStep, state: TrainState, leaves: list[torch.Tensor],
+        owned: list[int], layouts: list[Sharding], grad_layouts: dict[int, Sharding],
+        m: int, kernels: str,
+    ):  # fmt: skip
+        step = self.step = pipeline.step
+        self.mesh, self.kernels, self.owned = pipeline.mesh, kernels, owned
+        self.mean = 1.0 / (m * step.accumulate * pipeline.dp)
+        self.params = [leaves[i] for i in owned]
+        self.masters = [_dtype(x) for x in self.params]
+        self.opt_state = _state_subset(step.optimizer, state.opt_state, len(leaves), owned)
+        dp = step.dp_axis
+        self.compute = [layouts[i] for i in owned]
+        sharded = [
+            zero_sharding(layout, tuple(x.shape), self.mesh, dp) if dp else layout
+            for layout, x in zip(self.compute, self.params, strict=True)
+        ]
+        self.state_layouts = sharded if step.zero >= 1 else self.compute
+        self.grad_layouts = sharded if step.zero >= 2 else self.compute
+        self.stacked = [Sharding(((dp,) if dp else (), *grad_layouts[i].dims)) for i in owned]
+        self.dp = pipeline.dp
+        self.global_stats = step.clip_grad_norm is not None or step.precision.scaled
+        self.stats_dtype = _stats_dtype(leaves)
+
+    def _specs(self, layouts: Sequence[Sharding]) -> list[ShardSpec]:
+        return [ShardSpec.from_sharding(s) for s in layouts]
+
+    def _reduced(self, stacked: list[Tensor], scale: Tensor | None) -> list[Tensor]:
+        """The mean gradients over microbatches and dp ranks (unscaled), as the optimizer
+        consumes them."""
+        precision = self.step.precision
+        totals = []
+        for g, want, master in zip(stacked, self.grad_layouts, self.masters, strict=True):
+            if precision.mixed and precision.reduce == "compute":
+                g = op.astype(g, precision.dtype)
+            total = op.astype(shard(op.sum(g, axis=0), want), master) * self.mean
+            totals.append(total if scale is None else total / op.astype(scale, master))
+        return totals
+
+    def _grads_like(self) -> list[torch.Tensor]:
+        return [torch.empty((self.dp, *x.shape), dtype=x.dtype) for x in self.params]
+
+    def reduction(self, counted: list[int]) -> Lowered | None:
+        """The reduction program (when the update needs global statistics): stacked
+        gradients (and the loss scale) → reduced gradients, ``Σ g·0`` and ``Σ g²`` over
+        the gradients ``counted`` here (a parameter shared by several pipeline ranks is
+        counted on the first)."""
+        if not self.global_stats or not self.owned:
+            return None
+        positions = [self.owned.index(p) for p in counted]
+        scaled, dtype = self.step.precision.scaled, self.stats_dtype
+
+        def reduce(grads: list[Any], *scale: Any) -> Any:
+            totals = self._reduced(grads, scale[0] if scaled else None)
+            mine = [op.astype(totals[i], dtype) for i in positions]
+            if not mine:
+                zero = op.zeros((), dtype)
+                return totals, zero, zero
+            return totals, nonfinite_probe(mine), squared_norm(mine)
+
+        reduce.__name__ = f"{self.step.__name__}_reduce"
+        scale_args = [torch.tensor(1.0)] if scaled else []
+        jitted = JitFunction(
+            reduce, mesh=self.mesh, kernels=self.kernels,
+            in_shardings=(self._specs(self.stacked), *([None] * len(scale_args))),
+            out_shardings=(self._specs(self.grad_layouts), None, None),
+        )  # fmt: skip
+        return jitted.lower(self._grads_like(), *scale_args)
+
+    def update(self) -> Lowered:
+        """The update program: parameters, their optimizer state, the gradients (stacked,
+        or reduced by :meth:`reduction`, then followed by the global statistics) → the new
+        parameters and state."""
+        step, optimizer = self.step, self.step.optimizer
+        clip, scaled = step.clip_grad_norm, step.precision.scaled
+
+        def update(params: list[Any], opt_state: Any, grads: list[Any], *stats: Any) -> Any:
+            if not self.global_stats:
+                return optimizer.update(params, self._reduced(grads, None), opt_state)
+            probe, squares = stats
+            if clip is not None:
+                grads = clip_to_norm(grads, op.sqrt(squares), clip)
+            if scaled:
+                return optimizer.update(params, grads, opt_state, finite=op.equal(probe, probe))
+            return optimizer.update(params, grads, opt_state)
+
+        update.__name__ = f"{step.__name__}_update"
+        param_specs = self._specs(self.compute)
+        state_specs = optimizer.state_layout(self._specs(self.state_layouts), None)
+        if self.global_stats:
+            grads = [torch.empty(tuple(x.shape), dtype=x.dtype) for x in self.params]
+            grad_specs = self._specs(self.grad_layouts)
+            stats = [torch.zeros((), dtype=self.stats_dtype)] * 2
+        else:
+            grads, grad_specs, stats = self._grads_like(), self._specs(self.stacked), []
+        jitted = JitFunction(
+            update, mesh=self.mesh, kernels=self.kernels, donate_argnums=(0, 1),
+            in_shardings=(param_specs, state_specs, grad_specs, *([None] * len(stats))),
+            out_shardings=(param_specs, state_specs),
+        )  # fmt: skip
+        return jitted.lower(self.params, self.opt_state, grads, *stats)
 
 
 class PipelinedTrainingStep(TrainingStep):
