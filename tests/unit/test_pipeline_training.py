@@ -169,7 +169,7 @@ def test_balanced_split_is_the_best_split() -> None:
 def test_pipeline_errors_name_the_problem() -> None:
     params = _mlp_params()
     mesh = dist.Mesh(axes=["pp", "dp"], shape=(2, 2))
-    with pytest.raises(ShardingError, match="zero=3 .* with the pipeline axis 'pp' is not supported"):
+    with pytest.raises(ShardingError, match=r"zero=3 .* with the pipeline axis 'pp' is not supported"):
         graph.training_step(lambda p, x: None, optimizer=optim.SGD(), mesh=mesh, zero=3)
     step = _mlp_step(mesh, marks=1)
     state = step.init(params)
