@@ -1,0 +1,157 @@
+"""A Llama-style decoder (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU),
+written with ``tessera.op`` and, independently, with torch: the model of the feature
+matrix (``benchmarks/feature_matrix.py``).
+
+Rotary embeddings use the rotate-half convention (Llama's and ``transformers``'): the
+cos/sin tables are computed with torch and enter the program as constants; under
+context parallelism ``positions`` gives the true position of each stored token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tessera import dist, graph, op
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab: int = 64
+    dim: int = 32
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 64
+    seq: int = 8
+    theta: float = 10000.0
+    eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+def init_params(
+    config: LlamaConfig, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
+    """Random weights (normal, scaled by fan-in), norms' weights near 1."""
+    g = torch.Generator().manual_seed(seed)
+    c, kv = config, config.kv_heads * config.head_dim
+
+    def randn(*shape: int) -> torch.Tensor:
+        return (torch.randn(shape, generator=g, dtype=torch.float64) * shape[0] ** -0.5).to(dtype)
+
+    def norm() -> torch.Tensor:
+        return (1 + 0.1 * torch.randn(c.dim, generator=g, dtype=torch.float64)).to(dtype)
+
+    p = {"embed": randn(c.vocab, c.dim) * c.vocab**0.5 * 0.5}
+    for i in range(c.layers):
+        p |= {
+            f"attn_norm{i}": norm(), f"wq{i}": randn(c.dim, c.dim), f"wk{i}": randn(c.dim, kv),
+            f"wv{i}": randn(c.dim, kv), f"wo{i}": randn(c.dim, c.dim), f"mlp_norm{i}": norm(),
+            f"w_gate{i}": randn(c.dim, c.ffn), f"w_up{i}": randn(c.dim, c.ffn), f"w_down{i}": randn(c.ffn, c.dim),
+        }  # fmt: skip
+    return p | {"final_norm": norm(), "head": randn(c.dim, c.vocab)}
+
+
+def megatron_layout(params: dict[str, torch.Tensor]) -> dict[str, dist.ShardSpec | None]:
+    """Tensor parallelism over ``tp``: q, k, v, gate and up by columns (heads split), o
+    and down by rows; norms, the embedding and the head replicated."""
+    columns = dist.ShardSpec(partition=(1,), mesh_axes=("tp",))
+    rows = dist.ShardSpec(partition=(0,), mesh_axes=("tp",))
+    by_columns = ("wq", "wk", "wv", "w_gate", "w_up")
+    return {
+        k: columns if k.startswith(by_columns) else rows if k.startswith(("wo", "w_down")) else None
+        for k in params
+    }
+
+
+def rope_tables(config: LlamaConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of ``positions · θ^(-2j/d)``, ``[T, head_dim]`` (rotate-half layout)."""
+    half = config.head_dim // 2
+    inv_freq = config.theta ** (-torch.arange(half, dtype=torch.float64) * 2 / config.head_dim)
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def _positions(T: int, zigzag: int | None) -> torch.Tensor:
+    """The true position of each stored token."""
+    return torch.arange(T) if zigzag is None else torch.as_tensor(dist.zigzag_order(T, zigzag))
+
+
+def _rope(x, cos, sin):
+    first, second = op.split(x, 2, axis=-1)
+    rotated = op.concat([-second, first], axis=-1)
+    return x * op.astype(op.constant(cos), x.dtype) + rotated * op.astype(op.constant(sin), x.dtype)
+
+
+@graph.checkpoint
+def block(p, x, i: int, config: LlamaConfig, zigzag: int | None = None):
+    """Decoder layer ``i`` of ``x [B, T, C]``."""
+    B, T, C = x.shape
+    H, KV, D = config.heads, config.kv_heads, config.head_dim
+    h = op.rms_norm(x, eps=config.eps, weight=p[f"attn_norm{i}"])
+    q = op.transpose(op.reshape(h @ p[f"wq{i}"], (B, T, H, D)), (0, 2, 1, 3))
+    k = op.transpose(op.reshape(h @ p[f"wk{i}"], (B, T, KV, D)), (0, 2, 1, 3))
+    v = op.transpose(op.reshape(h @ p[f"wv{i}"], (B, T, KV, D)), (0, 2, 1, 3))
+    cos, sin = rope_tables(config, _positions(T, zigzag))
+    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+
+    def repeat_kv(t):  # [B, KV, T, D] -> [B, H, T, D], each kv head shared by H / KV heads
+        t = op.broadcast_to(op.reshape(t, (B, KV, 1, T, D)), (B, KV, H // KV, T, D))
+        return op.reshape(t, (B, H, T, D))
+
+    attn = op.attention(q, repeat_kv(k), repeat_kv(v), causal=True, zigzag=zigzag)
+    x = x + op.reshape(op.transpose(attn, (0, 2, 1, 3)), (B, T, C)) @ p[f"wo{i}"]
+    h = op.rms_norm(x, eps=config.eps, weight=p[f"mlp_norm{i}"])
+    return x + (op.silu(h @ p[f"w_gate{i}"]) * (h @ p[f"w_up{i}"])) @ p[f"w_down{i}"]
+
+
+def loss(
+    p, tokens, targets, config: LlamaConfig, zigzag: int | None = None,
+    sequence_parallel: dist.ShardSpec | None = None,
+):  # fmt: skip
+    """Mean next-token cross-entropy of ``tokens [B, T]`` (stored in zig-zag order over
+    ``zigzag`` ranks when given: the rotary tables follow the true positions). With
+    ``sequence_parallel`` (a layout of ``[B, T, C]`` splitting T over tp), the residual
+    stream between layers is kept in that layout (Megatron's sequence parallelism)."""
+    x = op.take(p["embed"], tokens, axis=0)
+    for i in range(config.layers):
+        if sequence_parallel is not None:
+            x = dist.shard(x, sequence_parallel)
+        x = block(p, x, i, config, zigzag)
+    logits = op.rms_norm(x, eps=config.eps, weight=p["final_norm"]) @ p["head"]
+    return op.cross_entropy(logits, targets)
+
+
+def torch_loss(p, tokens, targets, config: LlamaConfig) -> torch.Tensor:
+    """The same model, written independently with torch (``repeat_interleave`` for the
+    shared kv heads, SDPA for attention)."""
+    B, T = tokens.shape
+    H, KV, D = config.heads, config.kv_heads, config.head_dim
+    cos, sin = (t.to(p["embed"].dtype) for t in rope_tables(config, torch.arange(T)))
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + config.eps) * w
+
+    def rope(x):
+        first, second = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+    x = p["embed"][tokens]
+    for i in range(config.layers):
+        h = rms(x, p[f"attn_norm{i}"])
+        q = rope((h @ p[f"wq{i}"]).view(B, T, H, D).transpose(1, 2))
+        k = rope((h @ p[f"wk{i}"]).view(B, T, KV, D).transpose(1, 2))
+        v = (h @ p[f"wv{i}"]).view(B, T, KV, D).transpose(1, 2)
+        k, v = (t.repeat_interleave(H // KV, dim=1) for t in (k, v))
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + attn.transpose(1, 2).reshape(B, T, H * D) @ p[f"wo{i}"]
+        h = rms(x, p[f"mlp_norm{i}"])
+        x = x + (F.silu(h @ p[f"w_gate{i}"]) * (h @ p[f"w_up{i}"])) @ p[f"w_down{i}"]
+    logits = rms(x, p["final_norm"]) @ p["head"]
+    return F.cross_entropy(logits.reshape(-1, config.vocab), targets.reshape(-1))
