@@ -70,44 +70,65 @@ def transformer_layer(x: torch.Tensor, p: dict[str, torch.Tensor], heads: int) -
     return x + op.gelu(h @ p["w1"]) @ p["w2"]
 
 
-def layouts(mesh: dist.Mesh, has_dp: bool) -> tuple[dist.ShardSpec, dict[str, dist.ShardSpec | None]]:
+def layouts(
+    mesh: dist.Mesh, has_dp: bool
+) -> tuple[dist.ShardSpec, dict[str, dist.ShardSpec | None]]:
     columns = dist.ShardSpec(partition=(1,), mesh_axes=("tp",))
     rows = dist.ShardSpec(partition=(0,), mesh_axes=("tp",))
     params = {
         "ln1_w": None, "ln1_b": None, "ln2_w": None, "ln2_b": None,
         "wq": columns, "wk": columns, "wv": columns, "wo": rows, "w1": columns, "w2": rows,
     }  # fmt: skip
-    batch = dist.ShardSpec(partition=(0,), mesh_axes=("dp",)) if has_dp else dist.ShardSpec(replicate=True)
+    batch = (
+        dist.ShardSpec(partition=(0,), mesh_axes=("dp",))
+        if has_dp
+        else dist.ShardSpec(replicate=True)
+    )
     return batch, params
 
 
 def measure(
-    dp: int, tp: int, batch: int, seq: int, dim: int, heads: int, check: tuple[int, int, int, int] | None = None
+    dp: int,
+    tp: int,
+    batch: int,
+    seq: int,
+    dim: int,
+    heads: int,
+    check: tuple[int, int, int, int] | None = None,
 ) -> dict[str, object]:
     """The collectives of the layer at (batch, seq, dim, heads), and its largest error vs
     the unsharded layer run at ``check`` = (B, T, C, heads) (default: the same sizes)."""
     axes, shape = (["dp", "tp"], (dp, tp)) if dp > 1 else (["tp"], (tp,))
     mesh = dist.Mesh(axes=axes, shape=shape)
     x_spec, p_specs = layouts(mesh, dp > 1)
-    layer = ts.jit(transformer_layer, static_argnums=2, mesh=mesh, in_shardings=(x_spec, p_specs, None))
+    layer = ts.jit(
+        transformer_layer, static_argnums=2, mesh=mesh, in_shardings=(x_spec, p_specs, None)
+    )
     x, params = layer_inputs(batch, seq, dim, random=False)
     infos = layer.lower(x, params, heads).collectives()
     moved = sum(i.nbytes for i in infos)
-    received = sum(2 * (i.group_size - 1) / i.group_size * i.nbytes for i in infos if i.kind == "all_reduce")
+    received = sum(
+        2 * (i.group_size - 1) / i.group_size * i.nbytes for i in infos if i.kind == "all_reduce"
+    )
     received += sum(i.nbytes for i in infos if i.kind != "all_reduce")  # other kinds: count fully
     minimum = 2 * (batch // dp) * seq * dim * 4  # two all-reduces of [B/dp, T, C] f32
     b, t, c, h = check or (batch, seq, dim, heads)
     x, params = layer_inputs(b, t, c)
     reference = ts.jit(transformer_layer, static_argnums=2)(x, params, h)
     error = (layer(x, params, h) - reference).abs().max().item()
-    kinds = ", ".join(f"{n}× {k}[{','.join(a)}]" for (k, a), n in Counter((i.kind, i.mesh_axes) for i in infos).items())
+    kinds = ", ".join(
+        f"{n}× {k}[{','.join(a)}]"
+        for (k, a), n in Counter((i.kind, i.mesh_axes) for i in infos).items()
+    )
     return {
         "mesh": f"dp={dp} × tp={tp}", "collectives": kinds or "none", "bytes": moved,
         "received": received, "minimum": minimum, "ratio": moved / minimum, "error": error,
     }  # fmt: skip
 
 
-def layer_inputs(batch: int, seq: int, dim: int, random: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def layer_inputs(
+    batch: int, seq: int, dim: int, random: bool = True
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The layer's input and parameters (random, or uninitialised for compiling only)."""
     g = torch.Generator().manual_seed(0)
 
@@ -117,7 +138,9 @@ def layer_inputs(batch: int, seq: int, dim: int, random: bool = True) -> tuple[t
     x = randn(batch, seq, dim) * dim**0.5 if random else torch.empty(batch, seq, dim)
     params = {n: randn(dim, dim) for n in ("wq", "wk", "wv", "wo")}
     params |= {"w1": randn(dim, 4 * dim), "w2": randn(4 * dim, dim)}
-    params |= {n: torch.ones(dim) for n in ("ln1_w", "ln2_w")} | {n: torch.zeros(dim) for n in ("ln1_b", "ln2_b")}
+    params |= {n: torch.ones(dim) for n in ("ln1_w", "ln2_w")} | {
+        n: torch.zeros(dim) for n in ("ln1_b", "ln2_b")
+    }
     return x, params
 
 
@@ -138,7 +161,9 @@ def layer_params(dim: int, layers: int, materialize: bool = True) -> dict[str, t
     g = torch.Generator().manual_seed(0)
 
     def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(shape, generator=g) / shape[0] ** 0.5 if materialize else torch.empty(shape)
+        return (
+            torch.randn(shape, generator=g) / shape[0] ** 0.5 if materialize else torch.empty(shape)
+        )
 
     params = {}
     for i in range(layers):
@@ -151,13 +176,23 @@ def layer_params(dim: int, layers: int, materialize: bool = True) -> dict[str, t
     return params
 
 
-def training_step(mesh: dist.Mesh | None, zero: int, layers: int, heads: int, tp: bool) -> graph.TrainingStep:
+def training_step(
+    mesh: dist.Mesh | None, zero: int, layers: int, heads: int, tp: bool
+) -> graph.TrainingStep:
     layout = layouts(mesh, False)[1] if tp else {}
     specs = {f"{n}{i}": spec for i in range(layers) for n, spec in layout.items()} or None
 
     def step(p, x):
         for i in range(layers):
-            x = transformer_layer(x, {n: p[f"{n}{i}"] for n in layout or ("wq", "wk", "wv", "wo", "w1", "w2", "ln1_w", "ln1_b", "ln2_w", "ln2_b")}, heads)
+            x = transformer_layer(
+                x,
+                {
+                    n: p[f"{n}{i}"]
+                    for n in layout
+                    or ("wq", "wk", "wv", "wo", "w1", "w2", "ln1_w", "ln1_b", "ln2_w", "ln2_b")
+                },
+                heads,
+            )
         loss = op.mean(x * x)
         return graph.backward(loss), {"loss": loss}
 
@@ -168,13 +203,20 @@ def training_step(mesh: dist.Mesh | None, zero: int, layers: int, heads: int, tp
 
 
 def measure_training(
-    dp: int, tp: int, zero: int, dims: tuple[int, int, int, int], check: tuple[int, int, int, int], layers: int
+    dp: int,
+    tp: int,
+    zero: int,
+    dims: tuple[int, int, int, int],
+    check: tuple[int, int, int, int],
+    layers: int,
 ) -> dict[str, object]:
     """Collectives of one step at ``dims`` = (B, T, C, heads) (compiled, not run) and the
     largest parameter difference after one step run at ``check`` against one device."""
     batch, seq, dim, heads = dims
     mesh = dist.mesh({"dp": dp, "tp": tp})
-    params = {k: torch.empty(v.shape) for k, v in layer_params(dim, layers, materialize=False).items()}
+    params = {
+        k: torch.empty(v.shape) for k, v in layer_params(dim, layers, materialize=False).items()
+    }
     x = torch.empty(batch, seq, dim)
     step = training_step(mesh, zero, layers, heads, tp > 1)
     state = step.init(params)
@@ -183,7 +225,10 @@ def measure_training(
     memory = lowered.memory().model_states
     assert memory is not None
     # the analytic volume, from the model's dimensions alone
-    per_rank = sum(v.numel() * 4 / (tp if k[:2] in ("wq", "wk", "wv", "wo", "w1", "w2") else 1) for k, v in params.items())
+    per_rank = sum(
+        v.numel() * 4 / (tp if k[:2] in ("wq", "wk", "wv", "wo", "w1", "w2") else 1)
+        for k, v in params.items()
+    )
     n, t = dp, tp
     dp_factor = {0: 2, 1: 3, 2: 2, 3: 2}[zero] * (n - 1) / n
     tp_factor = 2 * (t - 1) / t
@@ -192,7 +237,10 @@ def measure_training(
     # over dp before the all-reduce over tp
     norm_grads = 2 * tp_factor * dim * 4 / (n if zero >= 2 else 1)
     formula = dp_factor * per_rank + 2 * (n - 1) / n * 4 + activations + norm_grads
-    kinds = ", ".join(f"{c}× {k}[{','.join(a)}]" for (k, a), c in sorted(Counter((i.kind, i.mesh_axes) for i in infos).items()))
+    kinds = ", ".join(
+        f"{c}× {k}[{','.join(a)}]"
+        for (k, a), c in sorted(Counter((i.kind, i.mesh_axes) for i in infos).items())
+    )
     return {
         "mesh": f"dp={dp} × tp={tp}", "zero": zero, "collectives": kinds, "received": received(infos),
         "formula": formula, "ratio": received(infos) / formula, "error": check_training(dp, tp, zero, check, layers),
@@ -200,7 +248,9 @@ def measure_training(
     }  # fmt: skip
 
 
-def check_training(dp: int, tp: int, zero: int, dims: tuple[int, int, int, int], layers: int) -> float:
+def check_training(
+    dp: int, tp: int, zero: int, dims: tuple[int, int, int, int], layers: int
+) -> float:
     """Largest parameter difference after one sharded step vs the same step on one device."""
     batch, seq, dim, heads = dims
     params = layer_params(dim, layers)
@@ -220,12 +270,22 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=4096)
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--train", type=int, nargs=4, default=(8, 512, 4096, 32), metavar=("B", "T", "C", "HEADS"))
-    parser.add_argument("--check", type=int, nargs=4, default=(8, 16, 64, 8), metavar=("B", "T", "C", "HEADS"))
+    parser.add_argument(
+        "--train", type=int, nargs=4, default=(8, 512, 4096, 32), metavar=("B", "T", "C", "HEADS")
+    )
+    parser.add_argument(
+        "--check", type=int, nargs=4, default=(8, 16, 64, 8), metavar=("B", "T", "C", "HEADS")
+    )
     args = parser.parse_args()
-    print(f"Megatron layer forward: B={args.batch}, T={args.seq}, C={args.dim}, heads={args.heads}, f32")
-    print(f"(volumes of the program compiled at that size; errors from a run at B, T, C, heads = {tuple(args.check)})")
-    print("| mesh | collectives inserted | bytes (nbytes sum) | ring bytes received | analytic minimum | ratio | max error vs unsharded |")
+    print(
+        f"Megatron layer forward: B={args.batch}, T={args.seq}, C={args.dim}, heads={args.heads}, f32"
+    )
+    print(
+        f"(volumes of the program compiled at that size; errors from a run at B, T, C, heads = {tuple(args.check)})"
+    )
+    print(
+        "| mesh | collectives inserted | bytes (nbytes sum) | ring bytes received | analytic minimum | ratio | max error vs unsharded |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for dp, tp in ((1, 2), (1, 4), (1, 8), (2, 2), (2, 4)):
         r = measure(dp, tp, args.batch, args.seq, args.dim, args.heads, tuple(args.check))
@@ -235,11 +295,23 @@ def main() -> None:
         )
     print()
     (batch, seq, dim, heads), check = args.train, args.check
-    print(f"Training step (forward, backward, AdamW): {args.layers} layers, B={batch}, T={seq}, C={dim}, heads={heads}, f32")
-    print(f"(volumes of the program compiled at that size; errors from one step run at B, T, C, heads = {tuple(check)})")
-    print("| mesh | ZeRO | collectives inserted | ring bytes received | formula | ratio | params / grads / optimizer state (bytes per rank) | max error vs one device |")
+    print(
+        f"Training step (forward, backward, AdamW): {args.layers} layers, B={batch}, T={seq}, C={dim}, heads={heads}, f32"
+    )
+    print(
+        f"(volumes of the program compiled at that size; errors from one step run at B, T, C, heads = {tuple(check)})"
+    )
+    print(
+        "| mesh | ZeRO | collectives inserted | ring bytes received | formula | ratio | params / grads / optimizer state (bytes per rank) | max error vs one device |"
+    )
     print("|---|---:|---|---:|---:|---:|---|---:|")
-    configs = [(4, 1, z) for z in (0, 1, 2, 3)] + [(1, 4, 0), (2, 2, 0), (2, 2, 1), (2, 2, 2), (2, 2, 3)]
+    configs = [(4, 1, z) for z in (0, 1, 2, 3)] + [
+        (1, 4, 0),
+        (2, 2, 0),
+        (2, 2, 1),
+        (2, 2, 2),
+        (2, 2, 3),
+    ]
     for dp, tp, zero in configs:
         r = measure_training(dp, tp, zero, tuple(args.train), tuple(check), args.layers)
         print(

@@ -72,7 +72,9 @@ def main() -> None:
             lowered(x, params, args.heads)
     measured = {name: statistics.median(t) for name, t in timeline.kernel_times().items()}
 
-    kernels = [o for o in lowered.module_at("schedule").walk() if isinstance(o, schedule_ir.KernelOp)]
+    kernels = [
+        o for o in lowered.module_at("schedule").walk() if isinstance(o, schedule_ir.KernelOp)
+    ]
     simulation = lowered.simulate(topology)
     where = torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter)"
     print(f"# {where}; model: {topology.device.name} ({args.topology}); hidden {args.hidden}, "

@@ -43,7 +43,14 @@ def matmul_rows() -> list[dict[str, object]]:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         ms = time_ms(lambda a=a, b=b: a @ b)
-        rows.append({"op": "matmul bf16", "shape": f"{m}x{n}x{k}", "ms": ms, "tflops": 2 * m * n * k / ms / 1e9})
+        rows.append(
+            {
+                "op": "matmul bf16",
+                "shape": f"{m}x{n}x{k}",
+                "ms": ms,
+                "tflops": 2 * m * n * k / ms / 1e9,
+            }
+        )
     return rows
 
 
@@ -62,7 +69,14 @@ def bandwidth_rows() -> list[dict[str, object]]:
         }
         for name, fn in cases.items():
             ms = time_ms(fn)
-            rows.append({"op": f"{name} bf16", "shape": f"{rows_}x{cols}", "ms": ms, "gbps": nbytes / ms / 1e6})
+            rows.append(
+                {
+                    "op": f"{name} bf16",
+                    "shape": f"{rows_}x{cols}",
+                    "ms": ms,
+                    "gbps": nbytes / ms / 1e6,
+                }
+            )
     return rows
 
 

@@ -25,7 +25,6 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,9 +33,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-import llama  # noqa: E402
+import llama
 
-from tessera import TesseraError, dist, graph, optim, schedule  # noqa: E402
+from tessera import TesseraError, dist, graph, optim, schedule
 
 CONFIG = llama.LlamaConfig()
 STEPS = 3
@@ -292,7 +291,7 @@ def table(cells: dict[tuple[str, str], Cell], layouts: list[str], options: list[
         lines.append(f"| {layout} | " + " | ".join(row) + " |")
     notes = [f"- {layout} × {option}: {cell.status}: {cell.reason}" for (layout, option), cell in cells.items()
              if cell.status != "ok"]  # fmt: skip
-    return "\n".join(lines + ([""] + notes if notes else []))
+    return "\n".join(lines + (["", *notes] if notes else []))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -91,11 +91,14 @@ def tp_forward(kind: str, overlap: bool, topology: str, dim: int, seq: int, head
     specs |= {"wqkv": COLUMNS} if fused else {n: COLUMNS for n in ("wq", "wk", "wv")}
     specs |= {n: None for n in ("ln1_w", "ln1_b", "ln2_w", "ln2_b")}
     x_spec = SEQUENCE if fused else None
-    with schedule.all_reduce_overlap(overlap), schedule.options(
-        topology=topology, collective_matmul=True
+    with (
+        schedule.all_reduce_overlap(overlap),
+        schedule.options(topology=topology, collective_matmul=True),
     ):
         jitted = ts.jit(layer, static_argnums=2, mesh=mesh, in_shardings=(x_spec, specs, None))
-        lowered = jitted.lower(torch.empty(1, seq, dim, dtype=BF16), layer_params(dim, fused), heads)
+        lowered = jitted.lower(
+            torch.empty(1, seq, dim, dtype=BF16), layer_params(dim, fused), heads
+        )
         return lowered.simulate(topology)
 
 
@@ -114,8 +117,9 @@ def dp_training(
 
     params = comm_volume.layer_params(dim, layers, materialize=False)
     params = {k: torch.empty(v.shape, dtype=BF16) for k, v in params.items()}
-    with schedule.all_reduce_overlap(overlap), schedule.options(
-        topology=topology, bucket_bytes=bucket_bytes
+    with (
+        schedule.all_reduce_overlap(overlap),
+        schedule.options(topology=topology, bucket_bytes=bucket_bytes),
     ):
         training = graph.training_step(step, optimizer=optim.SGD(lr=1e-3), mesh=mesh)
         state = training.init(params)
@@ -141,8 +145,9 @@ def cp_attention(
         return op.sum(op.attention(q, k, v, causal=True, zigzag=order))
 
     fn = ts.grad(loss, argnums=(0, 1, 2)) if grad else forward
-    with schedule.all_reduce_overlap(overlap), schedule.options(
-        topology=topology, context_parallel=method
+    with (
+        schedule.all_reduce_overlap(overlap),
+        schedule.options(topology=topology, context_parallel=method),
     ):
         jitted = ts.jit(fn, mesh=dist.mesh({"cp": cp}), in_shardings=(CP_SEQUENCE,) * 3)
         x = torch.empty(1, heads, seq, head_dim, dtype=BF16)
@@ -196,7 +201,12 @@ def main() -> None:
             print(row(case, topology, serial, overlapped, goal))
     cp_sizes = (args.cp_seq, args.cp_heads, args.cp_head_dim, args.cp)
     for grad in (False, True):
-        for method, zigzag in (("ring", True), ("ring", False), ("all_gather", True), ("all_gather", False)):
+        for method, zigzag in (
+            ("ring", True),
+            ("ring", False),
+            ("all_gather", True),
+            ("all_gather", False),
+        ):
             serial, overlapped = (
                 cp_attention(method, o, "dgx_h100", *cp_sizes, grad, zigzag) for o in (False, True)
             )

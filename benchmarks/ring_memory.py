@@ -45,7 +45,9 @@ def activation(method: str, causal: bool, cp: int, zigzag: bool = False) -> tupl
 
 def main() -> None:
     started = time.time()
-    print("| method | causal | order | cp | peak bytes | arguments | activation | activation·cp / cp=1 |")
+    print(
+        "| method | causal | order | cp | peak bytes | arguments | activation | activation·cp / cp=1 |"
+    )
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for causal, zigzag in ((False, False), (True, True), (True, False)):
         alone = None

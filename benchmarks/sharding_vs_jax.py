@@ -333,8 +333,12 @@ PROGRAMS = [
 
 # blocks along a sharded dim (issue 19: collective permutes)
 PROGRAMS += [
-    Program("chunk(2) along sharded dim", chunk2_product, (((64, 256), (None, "tp")),), (None, "tp")),
-    Program("chunk(3) along sharded dim", chunk3_combine, (((64, 384), (None, "tp")),), (None, "tp")),
+    Program(
+        "chunk(2) along sharded dim", chunk2_product, (((64, 256), (None, "tp")),), (None, "tp")
+    ),
+    Program(
+        "chunk(3) along sharded dim", chunk3_combine, (((64, 384), (None, "tp")),), (None, "tp")
+    ),
     Program(
         "concat along sharded dim",
         concat_branches,
@@ -350,7 +354,11 @@ PROGRAMS += [
     Program(
         "3-D: SwiGLU, gate/up over (tp,sp)",
         swiglu_mlp,
-        (((64, C), ("dp", None)), ((C, 2 * F), (None, ("tp", "sp"))), ((F, C), (("tp", "sp"), None))),
+        (
+            ((64, C), ("dp", None)),
+            ((C, 2 * F), (None, ("tp", "sp"))),
+            ((F, C), (("tp", "sp"), None)),
+        ),
         ("dp", None),
         mesh=(("dp", "tp", "sp"), (2, 2, 2)),
     ),
@@ -447,7 +455,11 @@ _HEAD = ((C, VOCAB), (None, "tp"))  # an untied output projection, split on the 
 PROGRAMS += [
     Program("vocab-parallel embedding", embedding, (_TABLE, _IDS), ("dp", None), ids=((1, VOCAB),)),
     Program(
-        "vocab-parallel embedding, grad", embedding_grad, (_TABLE, _IDS), ("tp", None), ids=((1, VOCAB),)
+        "vocab-parallel embedding, grad",
+        embedding_grad,
+        (_TABLE, _IDS),
+        ("tp", None),
+        ids=((1, VOCAB),),
     ),
     Program("vocab-parallel cross-entropy", cross_entropy, (_LOGITS, _IDS), (), ids=((1, VOCAB),)),
     Program(

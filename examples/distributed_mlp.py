@@ -34,8 +34,14 @@ def main() -> None:
     args = parser.parse_args()
 
     ranks = int(os.environ.get("WORLD_SIZE", "4"))
-    mesh = dist.Mesh(axes=["dp", "tp"], shape=(2, 2)) if ranks == 4 else dist.Mesh(axes=["tp"], shape=(ranks,))
-    batch_split = dist.ShardSpec(partition=(0,), mesh_axes=("dp",)) if "dp" in mesh.axis_names else None
+    mesh = (
+        dist.Mesh(axes=["dp", "tp"], shape=(2, 2))
+        if ranks == 4
+        else dist.Mesh(axes=["tp"], shape=(ranks,))
+    )
+    batch_split = (
+        dist.ShardSpec(partition=(0,), mesh_axes=("dp",)) if "dp" in mesh.axis_names else None
+    )
     column_split = dist.ShardSpec(partition=("col",), mesh_axes=("tp",))
     row_split = dist.ShardSpec(partition=("row",), mesh_axes=("tp",))
     sharded_mlp = ts.jit(mlp, mesh=mesh, in_shardings=(batch_split, column_split, row_split))
@@ -50,7 +56,9 @@ def main() -> None:
     first = sharded_mlp.lower(x, w1, w2).last_run  # the first call also creates process groups
     result = sharded_mlp(x, w1, w2)
     run = sharded_mlp.lower(x, w1, w2).last_run
-    if run is None or first is None:  # not launched: the virtual mesh ran every rank and returned the global value
+    if (
+        run is None or first is None
+    ):  # not launched: the virtual mesh ran every rank and returned the global value
         torch.testing.assert_close(result, expected, rtol=1e-5, atol=1e-5)
         print(f"virtual mesh {mesh}: OK")
         return

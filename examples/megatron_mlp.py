@@ -45,8 +45,10 @@ def main() -> None:
     lowered = sharded_mlp.lower(x, w1, w2)
     print(lowered.as_text("partitioned"))
     for info in lowered.collectives():
-        print(f"collective: {info.kind} over {list(info.mesh_axes)} ({info.group_size} ranks), "
-              f"local shape {list(info.shape)} {info.dtype}, {info.nbytes} bytes")
+        print(
+            f"collective: {info.kind} over {list(info.mesh_axes)} ({info.group_size} ranks), "
+            f"local shape {list(info.shape)} {info.dtype}, {info.nbytes} bytes"
+        )
 
     result = sharded_mlp(x, w1, w2)
     expected = torch.nn.functional.gelu(x @ w1) @ w2

@@ -117,7 +117,9 @@ def torch_loss(p, tokens, targets, n_head: int, n_layer: int) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def init_params(vocab: int, seq: int, dim: int, n_layer: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def init_params(
+    vocab: int, seq: int, dim: int, n_layer: int, seed: int = 0
+) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
 
     def randn(*shape: int, scale: float) -> torch.Tensor:
@@ -134,19 +136,28 @@ def init_params(vocab: int, seq: int, dim: int, n_layer: int, seed: int = 0) -> 
     return p
 
 
-def megatron_layout(params: dict[str, torch.Tensor], vocab_parallel: bool = False) -> dict[str, dist.ShardSpec | None]:
+def megatron_layout(
+    params: dict[str, torch.Tensor], vocab_parallel: bool = False
+) -> dict[str, dist.ShardSpec | None]:
     """Megatron layout over tp: qkv and fc by columns, proj and out by rows; with
     ``vocab_parallel`` the tied embedding by rows too (its vocabulary split: the lookup
     and the cross-entropy over the logits all-reduce small results, never the table)."""
     columns = dist.ShardSpec(partition=(1,), mesh_axes=("tp",))
     rows = dist.ShardSpec(partition=(0,), mesh_axes=("tp",))
     by_rows = ("proj_w", "out_w", "wte") if vocab_parallel else ("proj_w", "out_w")
-    return {k: columns if k.startswith(("attn_w", "fc_w")) else rows if k.startswith(by_rows) else None for k in params}
+    return {
+        k: columns if k.startswith(("attn_w", "fc_w")) else rows if k.startswith(by_rows) else None
+        for k in params
+    }
 
 
-def make_step(mesh: dist.Mesh, params: dict[str, torch.Tensor], args: argparse.Namespace) -> graph.TrainingStep:
+def make_step(
+    mesh: dist.Mesh, params: dict[str, torch.Tensor], args: argparse.Namespace
+) -> graph.TrainingStep:
     cp = getattr(args, "cp", 1)
-    sequence = dist.ShardSpec(partition=(0, 1), mesh_axes=("dp", "cp"))  # batch over dp, sequence over cp
+    sequence = dist.ShardSpec(
+        partition=(0, 1), mesh_axes=("dp", "cp")
+    )  # batch over dp, sequence over cp
     zigzag = cp if cp > 1 and getattr(args, "zigzag", True) else None  # batch in zig-zag order
 
     @graph.training_step(
@@ -170,7 +181,9 @@ def is_ring_shift(pairs: tuple[tuple[int, int], ...], ranks: int) -> bool:
     return set(pairs) == {(i, (i + 1) % ranks) for i in range(ranks)}
 
 
-def resume_reference(reference: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer, saved: dict) -> None:
+def resume_reference(
+    reference: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer, saved: dict
+) -> None:
     """The torch loop's weights and AdamW state from a resumed training state."""
     with torch.no_grad():
         for name, value in reference.items():
@@ -197,9 +210,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp")
-    parser.add_argument("--vocab-parallel", action="store_true", help="split the tied embedding's vocabulary over tp")
-    parser.add_argument("--cp", type=int, default=1, help="context parallelism: the sequence split over cp ranks")
+    parser.add_argument(
+        "--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp"
+    )
+    parser.add_argument(
+        "--vocab-parallel",
+        action="store_true",
+        help="split the tied embedding's vocabulary over tp",
+    )
+    parser.add_argument(
+        "--cp", type=int, default=1, help="context parallelism: the sequence split over cp ranks"
+    )
     parser.add_argument(
         "--cp-method", default="ring", choices=("ring", "all_gather", "auto"),
         help="how attention runs with --cp: ring attention, all-gathered k/v, or the cost model's pick",
@@ -213,20 +234,39 @@ def main(argv: list[str] | None = None) -> None:
         "--remat", default="everything", choices=("everything", "matmuls", "nothing"),
         help="what the backward keeps of each transformer block (the rest is recomputed)",
     )  # fmt: skip
-    parser.add_argument("--precision", default="f32", choices=("f32", "bf16"), help="compute dtype (f32 master weights)")
-    parser.add_argument("--deterministic", action="store_true", help="sums over ranks in a fixed order")
-    parser.add_argument("--save", default=None, help="write a sharded checkpoint to this directory at the end")
-    parser.add_argument("--resume", default=None, help="start from the sharded checkpoint in this directory")
+    parser.add_argument(
+        "--precision",
+        default="f32",
+        choices=("f32", "bf16"),
+        help="compute dtype (f32 master weights)",
+    )
+    parser.add_argument(
+        "--deterministic", action="store_true", help="sums over ranks in a fixed order"
+    )
+    parser.add_argument(
+        "--save", default=None, help="write a sharded checkpoint to this directory at the end"
+    )
+    parser.add_argument(
+        "--resume", default=None, help="start from the sharded checkpoint in this directory"
+    )
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages (ranks along pp)")
-    parser.add_argument("--microbatches", type=int, default=4, help="microbatches per step (with --pp)")
-    parser.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved", "zb-h1"))
-    parser.add_argument("--virtual", type=int, default=1, help="model chunks per pipeline rank (interleaved)")
+    parser.add_argument(
+        "--microbatches", type=int, default=4, help="microbatches per step (with --pp)"
+    )
+    parser.add_argument(
+        "--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved", "zb-h1")
+    )
+    parser.add_argument(
+        "--virtual", type=int, default=1, help="model chunks per pipeline rank (interleaved)"
+    )
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as settings:  # schedule options for this run's programs
         run(args, parser, settings)
 
 
-def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: contextlib.ExitStack) -> None:
+def run(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, settings: contextlib.ExitStack
+) -> None:
     """Trains ``args.steps`` steps, each checked against torch."""
 
     processes = int(os.environ.get("WORLD_SIZE", "0"))
@@ -242,7 +282,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
         raise SystemExit(2)
 
     if processes and processes != args.pp * args.dp * args.cp * args.tp:
-        error(f"{processes} processes for a {args.pp} x {args.dp} x {args.cp} x {args.tp} mesh (pp x dp x cp x tp)")
+        error(
+            f"{processes} processes for a {args.pp} x {args.dp} x {args.cp} x {args.tp} mesh (pp x dp x cp x tp)"
+        )
     if args.cp > 1 and (args.pp > 1 or args.seq % args.cp):
         error(f"--cp {args.cp} needs --pp 1 and a --seq ({args.seq}) it divides")
     zigzag = args.cp > 1 and args.zigzag
@@ -251,11 +293,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
             f"--cp {args.cp} stores the sequence in {2 * args.cp} zig-zag chunks: "
             f"--seq ({args.seq}) must divide by {2 * args.cp} (or pass --no-zigzag)"
         )
-    splits = args.dp * (args.microbatches if args.pp > 1 else 1)  # rows per step split this many ways
+    splits = args.dp * (
+        args.microbatches if args.pp > 1 else 1
+    )  # rows per step split this many ways
     if args.batch is None:
         args.batch = max(4, splits)
     if args.batch % splits:
-        what = f"{args.dp} data-parallel ranks" + (f" x {args.microbatches} microbatches" if args.pp > 1 else "")
+        what = f"{args.dp} data-parallel ranks" + (
+            f" x {args.microbatches} microbatches" if args.pp > 1 else ""
+        )
         error(f"--batch {args.batch} does not split evenly over {what}")
     if args.pp > 1:
         mesh = dist.Mesh(axes=["pp", "dp", "tp"], shape=(args.pp, args.dp, args.tp))
@@ -312,8 +358,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
         kinds = sorted({f"{c.kind}[{','.join(c.mesh_axes)}]" for c in collectives})
         stats = lowered.memory()
         memory = stats.model_states
-        shape = f"dp {args.dp} x cp {args.cp} x tp {args.tp}" if args.cp > 1 else f"{args.dp} x {args.tp}"
-        print(f"mesh {shape}, ZeRO-{args.zero}, remat {args.remat}, {args.precision}, {args.steps} steps in {time.perf_counter() - start:.1f} s; collectives: {', '.join(kinds) or 'none'}")
+        shape = (
+            f"dp {args.dp} x cp {args.cp} x tp {args.tp}"
+            if args.cp > 1
+            else f"{args.dp} x {args.tp}"
+        )
+        print(
+            f"mesh {shape}, ZeRO-{args.zero}, remat {args.remat}, {args.precision}, {args.steps} steps in {time.perf_counter() - start:.1f} s; collectives: {', '.join(kinds) or 'none'}"
+        )
         if args.cp > 1:
             permutes = [
                 c for c in collectives if c.kind == "collective_permute" and c.mesh_axes == ("cp",)
@@ -324,7 +376,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, settings: con
                 f"{len(permutes)} collective permutes over cp, {shifts} ring shifts "
                 f"(rank i to i + 1) and {len(permutes) - shifts} relayouts"
             )
-        print(f"per-rank bytes: params {memory.params}, grads {memory.grads}, optimizer state {memory.optimizer_state}, peak {stats.peak_bytes}")
+        print(
+            f"per-rank bytes: params {memory.params}, grads {memory.grads}, optimizer state {memory.optimizer_state}, peak {stats.peak_bytes}"
+        )
     check.finish()
 
 

@@ -17,7 +17,9 @@ bin_dir = os.path.dirname(sys.executable)
 config.environment["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])  # noqa: F821
 config.environment["PYTHONPATH"] = root  # noqa: F821
 config.environment["TRITON_INTERPRET"] = "1"  # noqa: F821
-tessera_opt = shutil.which("tessera-opt", path=bin_dir) or os.path.join(root, "tools", "tessera-opt")
+tessera_opt = shutil.which("tessera-opt", path=bin_dir) or os.path.join(
+    root, "tools", "tessera-opt"
+)
 config.substitutions.append(("tessera-opt", f"{tessera_opt}"))  # noqa: F821
 config.substitutions.append(("%python", sys.executable))  # noqa: F821
 config.substitutions.append(("%root", root))  # noqa: F821

@@ -11,7 +11,9 @@ from tessera import dist
 TOLERANCE = 1e-10
 
 
-def inputs(shape: tuple[int, ...], count: int, seed: int = 0, kv_heads: int | None = None) -> list[torch.Tensor]:
+def inputs(
+    shape: tuple[int, ...], count: int, seed: int = 0, kv_heads: int | None = None
+) -> list[torch.Tensor]:
     """``count`` float64 tensors of ``shape``; the 2nd and 3rd (k, v) with ``kv_heads``
     heads if given."""
     g = torch.Generator().manual_seed(seed)
@@ -44,4 +46,6 @@ def close(got, want, tolerance=TOLERANCE):
 
 def spec(*axes_by_dim: tuple[int, str]) -> dist.ShardSpec:
     """``spec((2, "cp"))``: dim 2 split over cp."""
-    return dist.ShardSpec(partition=tuple(d for d, _ in axes_by_dim), mesh_axes=tuple(a for _, a in axes_by_dim))
+    return dist.ShardSpec(
+        partition=tuple(d for d, _ in axes_by_dim), mesh_axes=tuple(a for _, a in axes_by_dim)
+    )

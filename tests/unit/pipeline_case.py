@@ -23,7 +23,13 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def losses_and_params(
-    pp: int, dp: int, tp: int, microbatches: int = 1, kind: str = "1f1b", virtual: int = 1, steps: int = 2
+    pp: int,
+    dp: int,
+    tp: int,
+    microbatches: int = 1,
+    kind: str = "1f1b",
+    virtual: int = 1,
+    steps: int = 2,
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Per-step losses and the parameters after ``steps`` AdamW steps of the GPT on a
     ``pp x dp x tp`` mesh (no pp axis when ``pp`` is 0: the unpipelined step)."""
@@ -37,7 +43,9 @@ def losses_and_params(
     state = step.init(params)
     tokens, targets = batch()
     losses = []
-    with schedule.options(pipeline_microbatches=microbatches, pipeline_schedule=kind, pipeline_virtual=virtual):
+    with schedule.options(
+        pipeline_microbatches=microbatches, pipeline_schedule=kind, pipeline_virtual=virtual
+    ):
         for _ in range(steps):
             loss = step(state, tokens, targets)["loss"]
             losses.append(float(loss.full() if hasattr(loss, "full") else loss))

@@ -29,7 +29,14 @@ GRAD_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 3e-
 
 
 def _inputs(
-    batch: tuple[int, ...], tq: int, tk: int, d: int, dv: int, dtype: torch.dtype, kv_heads: int | None = None, seed: int = 0
+    batch: tuple[int, ...],
+    tq: int,
+    tk: int,
+    d: int,
+    dv: int,
+    dtype: torch.dtype,
+    kv_heads: int | None = None,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
     kv_batch = (*batch[:-1], kv_heads) if kv_heads is not None else batch
@@ -62,7 +69,9 @@ def _with_lse(causal: bool, q0: int | None = None, k0: int | None = None) -> Cal
     def fn(q, k, v):
         positions = [] if q0 is None else [op.constant(np.int32(q0)), op.constant(np.int32(k0))]
         scale = 1 / q.shape[-1] ** 0.5
-        out, lse = current_trace().bind(graph.AttentionOp, [q, k, v, *positions], causal=causal, scale=scale)
+        out, lse = current_trace().bind(
+            graph.AttentionOp, [q, k, v, *positions], causal=causal, scale=scale
+        )
         return out, lse
 
     return fn
@@ -70,7 +79,9 @@ def _with_lse(causal: bool, q0: int | None = None, k0: int | None = None) -> Cal
 
 def _close(got: torch.Tensor, want: torch.Tensor, tolerance: float, what: str = "") -> None:
     assert not got.isnan().any(), what
-    torch.testing.assert_close(got.double(), want.double(), rtol=tolerance, atol=tolerance, msg=what)
+    torch.testing.assert_close(
+        got.double(), want.double(), rtol=tolerance, atol=tolerance, msg=what
+    )
 
 
 # --- forward -----------------------------------------------------------------------------------
@@ -90,20 +101,32 @@ SHAPES = [  # batch dims, Tq, Tk, D, Dv
 def test_forward_and_lse_match_torch(causal, batch, tq, tk, d, dv, dtype) -> None:
     q, k, v, _ = _inputs(batch, tq, tk, d, dv, dtype)
     out, lse = _triton(_with_lse(causal))(q, k, v)
-    assert out.dtype == dtype and lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert out.dtype == dtype and lse.dtype == (
+        torch.float64 if dtype == torch.float64 else torch.float32
+    )
     want_out, want_lse = _reference(q, k, v, causal)
     if causal:
-        want_out = F.scaled_dot_product_attention(
-            *(t.double() for t in (q, k, v)), is_causal=True
-        ) if tq <= tk else want_out  # torch's is_causal: query i sees keys j <= i
+        want_out = (
+            F.scaled_dot_product_attention(*(t.double() for t in (q, k, v)), is_causal=True)
+            if tq <= tk
+            else want_out
+        )  # torch's is_causal: query i sees keys j <= i
     _close(out, want_out, TOLERANCE[dtype], "output")
     _close(lse, want_lse, TOLERANCE[dtype], "lse")
 
 
 def test_bf16_forward_and_backward() -> None:
     q, k, v, w = _inputs((2, 2), 40, 40, 32, 32, torch.bfloat16)
-    _close(_triton(lambda q, k, v: op.attention(q, k, v, causal=True))(q, k, v), _reference(q, k, v, True)[0], TOLERANCE[torch.bfloat16])
-    grads = _triton(ts.grad(lambda q, k, v, w: op.sum(op.attention(q, k, v, causal=True) * w), argnums=(0, 1, 2)))(q, k, v, w)
+    _close(
+        _triton(lambda q, k, v: op.attention(q, k, v, causal=True))(q, k, v),
+        _reference(q, k, v, True)[0],
+        TOLERANCE[torch.bfloat16],
+    )
+    grads = _triton(
+        ts.grad(
+            lambda q, k, v, w: op.sum(op.attention(q, k, v, causal=True) * w), argnums=(0, 1, 2)
+        )
+    )(q, k, v, w)
     _check_grads(grads, q, k, v, w, True, tolerance=GRAD_TOLERANCE[torch.bfloat16])
 
 
@@ -157,7 +180,10 @@ def test_traced_offsets_are_operands() -> None:
         return op.sum(op.attention(q, k, v, causal=True, q_offset=q0, k_offset=k0) * w)
 
     step = _triton(ts.grad(loss, argnums=(0, 1, 2)))
-    offsets = [(torch.tensor(a, dtype=torch.int32), torch.tensor(b, dtype=torch.int32)) for a, b in [(16, 0), (0, 8)]]
+    offsets = [
+        (torch.tensor(a, dtype=torch.int32), torch.tensor(b, dtype=torch.int32))
+        for a, b in [(16, 0), (0, 8)]
+    ]
     for q0, k0 in offsets:
         _check_grads(step(q, k, v, w, q0, k0), q, k, v, w, True, int(q0), int(k0))
     assert step.lower(q, k, v, w, *offsets[0]) is step.lower(q, k, v, w, *offsets[1])  # one program
@@ -168,7 +194,11 @@ def test_grouped_query_heads(causal: bool) -> None:
     """k and v with fewer heads than q: each serves a group of query heads; dk and dv sum
     over the group."""
     q, k, v, w = _inputs((2, 4), 33, 33, 16, 16, torch.float64, kv_heads=2)
-    _close(_triton(lambda q, k, v: op.attention(q, k, v, causal=causal))(q, k, v), _reference(q, k, v, causal)[0], 1e-10)
+    _close(
+        _triton(lambda q, k, v: op.attention(q, k, v, causal=causal))(q, k, v),
+        _reference(q, k, v, causal)[0],
+        1e-10,
+    )
     grads = _triton(ts.grad(_loss(causal), argnums=(0, 1, 2)))(q, k, v, w)
     _check_grads(grads, q, k, v, w, causal)
 
@@ -210,13 +240,19 @@ def test_backward_is_one_kernel_without_a_scores_buffer() -> None:
         return [k for k in lowered.module_at("schedule").walk() if isinstance(k, schedule.KernelOp)]
 
     def scores_buffers(lowered) -> int:
-        return sum(tuple(r.type.get_shape())[-2:] == (64, 64) for k in kernels(lowered) for r in k.results)
+        return sum(
+            tuple(r.type.get_shape())[-2:] == (64, 64) for k in kernels(lowered) for r in k.results
+        )
 
     classes = [kernel_class(k) for k in kernels(fused)]
     assert classes == ["attention", "reduction", "attention_backward"], classes
     assert scores_buffers(fused) == 0 and scores_buffers(pattern) > 0
     assert fused.memory().peak_bytes < pattern.memory().peak_bytes
-    (backward,) = [t for t in fused.module_at("tile").walk() if isinstance(t, tile.KernelOp) and t.kernel_name.endswith("attention_backward")]
+    (backward,) = [
+        t
+        for t in fused.module_at("tile").walk()
+        if isinstance(t, tile.KernelOp) and t.kernel_name.endswith("attention_backward")
+    ]
     assert backward.grid_size == (2, 4, 1)  # max(query, key blocks of 32) x batch
     names = [o.name for o in backward.walk()]
     # dk, dv: k qᵀ, pᵀ do, v doᵀ, dsᵀ q; dq: q kᵀ, do vᵀ, ds k (atomic-free: two recomputed)
@@ -230,10 +266,14 @@ def test_causal_kernels_skip_masked_blocks() -> None:
     it); the backward's loops start (dk, dv) or stop (dq) there."""
     q, k, v, w = _inputs((1,), 64, 64, 16, 16, torch.float32)
     module = _triton(ts.grad(_loss(True), argnums=(0, 1, 2))).lower(q, k, v, w).module_at("tile")
-    forward, backward = (t for t in module.walk() if isinstance(t, tile.KernelOp) and "attention" in t.kernel_name)
+    forward, backward = (
+        t for t in module.walk() if isinstance(t, tile.KernelOp) and "attention" in t.kernel_name
+    )
     assert [o.name for o in forward.walk()].count("scf.for") == 2
     assert [o.name for o in backward.walk()].count("scf.for") == 2
-    assert "arith.minsi" in [o.name for o in forward.walk()] and "arith.divsi" in [o.name for o in backward.walk()]
+    assert "arith.minsi" in [o.name for o in forward.walk()] and "arith.divsi" in [
+        o.name for o in backward.walk()
+    ]
 
 
 # --- errors at the user's line ------------------------------------------------------------------
@@ -241,15 +281,22 @@ def test_causal_kernels_skip_masked_blocks() -> None:
 
 def test_bad_inputs_are_errors_at_the_users_line() -> None:
     q = torch.randn(2, 8, 16)
-    with pytest.raises(ts.ShapeError, match=r"(?s)q and k must have one head dim .*test_attention_op.py:"):
+    with pytest.raises(
+        ts.ShapeError, match=r"(?s)q and k must have one head dim .*test_attention_op.py:"
+    ):
         _triton(lambda q, k: op.attention(q, k, k))(q, torch.randn(2, 8, 12))
     with pytest.raises(ts.ShapeError, match=r"query heads .* must be a multiple"):
         _triton(lambda q, k: op.attention(q, k, k))(torch.randn(3, 8, 16), torch.randn(2, 8, 16))
-    with pytest.raises(ts.ShapeError, match=r"(?s)q_offset must be an int or an integer scalar tensor.*test_attention_op.py:"):
+    with pytest.raises(
+        ts.ShapeError,
+        match=r"(?s)q_offset must be an int or an integer scalar tensor.*test_attention_op.py:",
+    ):
         _triton(lambda q: op.attention(q, q, q, causal=True, q_offset=1.5))(q)
     with pytest.raises(ts.ShapeError, match=r"scale must be a Python number"):
         _triton(lambda q: op.attention(q, q, q, scale="big"))(q)
-    with pytest.raises(ts.ShapeError, match=r"(?s)expected floating-point q, k and v.*test_attention_op.py:"):
+    with pytest.raises(
+        ts.ShapeError, match=r"(?s)expected floating-point q, k and v.*test_attention_op.py:"
+    ):
         _triton(lambda q: op.attention(q, q, q))(torch.ones(2, 8, 16, dtype=torch.int64))
     # mixed float dtypes promote as in torch
     out = _triton(lambda q, k: op.attention(q, k, k))(q, q.double())
@@ -274,7 +321,12 @@ def test_key_blocks_merge_by_their_lse() -> None:
         results = []
         for start in (0, 20):
             block_k, block_v = k[:, start : start + 20], v[:, start : start + 20]
-            results += current_trace().bind(graph.AttentionOp, [q, block_k, block_v, *_positions(0, start + 4)], causal=True, scale=0.25)
+            results += current_trace().bind(
+                graph.AttentionOp,
+                [q, block_k, block_v, *_positions(0, start + 4)],
+                causal=True,
+                scale=0.25,
+            )
         return results
 
     o1, l1, o2, l2 = _triton(blocks)(q, k, v)
@@ -295,13 +347,25 @@ def test_backward_by_key_blocks_sums_to_the_whole() -> None:
     scale = 16**-0.5
 
     def whole_and_blocks(q, k, v, do):
-        out, lse = current_trace().bind(graph.AttentionOp, [q, k, v, *_positions(8, 0)], causal=True, scale=scale)
+        out, lse = current_trace().bind(
+            graph.AttentionOp, [q, k, v, *_positions(8, 0)], causal=True, scale=scale
+        )
         delta = op.sum(out * do, axis=-1)
-        whole = current_trace().bind(graph.AttentionBackwardOp, [q, k, v, do, lse, delta, *_positions(8, 0)], causal=True, scale=scale)
+        whole = current_trace().bind(
+            graph.AttentionBackwardOp,
+            [q, k, v, do, lse, delta, *_positions(8, 0)],
+            causal=True,
+            scale=scale,
+        )
         parts = []
         for start in (0, 16, 32):
             kb, vb = k[:, :, start : start + 16], v[:, :, start : start + 16]
-            parts += current_trace().bind(graph.AttentionBackwardOp, [q, kb, vb, do, lse, delta, *_positions(8, start)], causal=True, scale=scale)
+            parts += current_trace().bind(
+                graph.AttentionBackwardOp,
+                [q, kb, vb, do, lse, delta, *_positions(8, start)],
+                causal=True,
+                scale=scale,
+            )
         return (*whole, *parts)
 
     dq, dk, dv, *parts = _triton(whole_and_blocks)(q, k, v, do)

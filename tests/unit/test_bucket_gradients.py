@@ -38,7 +38,9 @@ def setup(width: int = 8, seed: int = 0):
 
 def _lowered(bucket_bytes: int, mesh: dist.Mesh, width: int = 8) -> ts.Lowered:
     with schedule.options(bucket_bytes=bucket_bytes):
-        f = ts.jit(training_step, mesh=mesh, in_shardings=(None, None, ROWS, ROWS), kernels="reference")
+        f = ts.jit(
+            training_step, mesh=mesh, in_shardings=(None, None, ROWS, ROWS), kernels="reference"
+        )
         return f.lower(*setup(width))
 
 
@@ -53,7 +55,9 @@ def test_buckets_keep_every_step_bit_identical() -> None:
     runs = {}
     for bucket_bytes in (0, 2**20):
         with schedule.options(bucket_bytes=bucket_bytes):
-            f = ts.jit(training_step, mesh=mesh, in_shardings=(None, None, ROWS, ROWS), kernels="reference")
+            f = ts.jit(
+                training_step, mesh=mesh, in_shardings=(None, None, ROWS, ROWS), kernels="reference"
+            )
             params, state, x, y = setup()
             losses = []
             for _ in range(3):
@@ -108,7 +112,9 @@ def test_tensor_parallel_all_reduces_are_not_bucketed() -> None:
 
     shapes = ((4, 8), (8, 16), (16, 8), (8, 16), (16, 8))
     args = [torch.randn(s) for s in shapes]
-    f = ts.jit(two_mlps, mesh=mesh, in_shardings=(None, cols, rows, cols, rows), kernels="reference")
+    f = ts.jit(
+        two_mlps, mesh=mesh, in_shardings=(None, cols, rows, cols, rows), kernels="reference"
+    )
     assert len(_starts(f.lower(*args))) == 2
 
 

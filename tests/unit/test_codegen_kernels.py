@@ -489,7 +489,9 @@ def test_axis_index_is_the_rank_argument() -> None:
     )
     assert any("positions" in k.attributes for k in compiled.tile_kernels())
     pieces = table.chunk(2)
-    rank_args = [[pieces[KernelContext(mesh, r).position(("tp",))[0]], ids] for r in range(mesh.size)]
+    rank_args = [
+        [pieces[KernelContext(mesh, r).position(("tp",))[0]], ids] for r in range(mesh.size)
+    ]
     per_rank = compiled.run([table, ids], mesh, rank_args)
     for rank, (out,) in enumerate(per_rank):
         assert_close(out, table.double()[ids], F32_POINTWISE, f"rank {rank}")
@@ -786,7 +788,8 @@ def test_every_op_is_exercised() -> None:
     expected = {
         t
         for t, d in registered().items()
-        if isinstance(d.tile, Pointwise | IndexMap | RowReduction) and d.fusion is not Fusion.CONSTANT
+        if isinstance(d.tile, Pointwise | IndexMap | RowReduction)
+        and d.fusion is not Fusion.CONSTANT
     }
     missing = sorted(t.__name__ for t in expected - exercised)
     assert not missing, f"not exercised: {missing}"

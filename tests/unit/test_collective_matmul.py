@@ -71,8 +71,7 @@ def random_rank_args(
     generator = torch.Generator().manual_seed(seed)
     types = [AbstractTensor.from_xdsl(a.type) for a in function_of(module).args]
     return [
-        [scale * torch.randn(t.shape, generator=generator) for t in types]
-        for _ in range(mesh.size)
+        [scale * torch.randn(t.shape, generator=generator) for t in types] for _ in range(mesh.size)
     ]
 
 
@@ -294,7 +293,6 @@ def test_simulation_leaves_a_mesh_the_topology_cannot_hold() -> None:
     assert count(large_machine, graph.AllGatherOp) > 1
 
 
-
 # --- propagation: chunks flow through row-wise consumers ---------------------------------------
 
 
@@ -317,13 +315,23 @@ def megatron_tail(batch: tuple[int, ...]) -> ModuleOp:
     return partitioned(
         megatron_block,
         [(*batch, c), (*batch, c), (c, c), (c, 2 * c), (2 * c, c), (c,), (c,)],
-        in_shardings=(None, COLS if len(batch) == 1 else dist.ShardSpec(partition=(2,), mesh_axes=("tp",)), ROWS, COLS, ROWS, None, None),
+        in_shardings=(
+            None,
+            COLS if len(batch) == 1 else dist.ShardSpec(partition=(2,), mesh_axes=("tp",)),
+            ROWS,
+            COLS,
+            ROWS,
+            None,
+            None,
+        ),
     )
 
 
 @pytest.mark.parametrize("chunks", [2, 4])
 @pytest.mark.parametrize("batch", [(16,), (2, 8)], ids=["2d", "3d"])
-def test_chunks_propagate_through_a_megatron_layer_tail(batch: tuple[int, ...], chunks: int) -> None:
+def test_chunks_propagate_through_a_megatron_layer_tail(
+    batch: tuple[int, ...], chunks: int
+) -> None:
     before = megatron_tail(batch)
     assert count(before, graph.AllReduceOp) == 2 and count(before, graph.LayerNormOp) == 1
     after = chunked(before, chunks)

@@ -49,9 +49,19 @@ def test_forward_and_grad_equal_the_unsharded_attention(causal, axes, spec) -> N
     kernels run every rank on the virtual mesh; results and gradients match torch."""
     q, k, v, w = _inputs((2, 4, 16, 8), 4)
     mesh, layout = dist.mesh(axes), _spec(*spec)
-    f = ts.jit(lambda q, k, v: op.attention(q, k, v, causal=causal), mesh=mesh, in_shardings=(layout,) * 3, kernels="reference")
+    f = ts.jit(
+        lambda q, k, v: op.attention(q, k, v, causal=causal),
+        mesh=mesh,
+        in_shardings=(layout,) * 3,
+        kernels="reference",
+    )
     _close([f(q, k, v)], [_torch_attention(q, k, v, causal)])
-    g = ts.jit(ts.grad(_loss(causal), argnums=(0, 1, 2)), mesh=mesh, in_shardings=(layout,) * 4, kernels="reference")
+    g = ts.jit(
+        ts.grad(_loss(causal), argnums=(0, 1, 2)),
+        mesh=mesh,
+        in_shardings=(layout,) * 4,
+        kernels="reference",
+    )
     _close(g(q, k, v, w), _torch_grads(q, k, v, w, causal))
     kinds = {(c.kind, c.mesh_axes) for c in g.lower(q, k, v, w).collectives()}
     assert kinds == {("all_gather", ("cp",)), ("reduce_scatter", ("cp",))}, kinds
@@ -63,7 +73,12 @@ def test_generated_kernels_on_dp_x_cp(causal: bool) -> None:
     attention kernels from its position along cp), sizes not multiples of the blocks."""
     q, k, v, w = _inputs((2, 2, 40, 8), 4, seed=1)
     layout = _spec((0, "dp"), (2, "cp"))
-    g = ts.jit(ts.grad(_loss(causal), argnums=(0, 1, 2)), mesh=dist.mesh({"dp": 2, "cp": 2}), in_shardings=(layout,) * 4, kernels="triton")
+    g = ts.jit(
+        ts.grad(_loss(causal), argnums=(0, 1, 2)),
+        mesh=dist.mesh({"dp": 2, "cp": 2}),
+        in_shardings=(layout,) * 4,
+        kernels="triton",
+    )
     _close(g(q, k, v, w), _torch_grads(q, k, v, w, causal))
 
 
@@ -72,7 +87,12 @@ def test_sequence_split_over_two_axes() -> None:
     start in that order."""
     q, k, v, w = _inputs((1, 2, 16, 8), 4, seed=2)
     layout = dist.ShardSpec(partition=(2, 2), mesh_axes=("a", "b"))
-    g = ts.jit(ts.grad(_loss(True), argnums=(0, 1, 2)), mesh=dist.mesh({"a": 2, "b": 2}), in_shardings=(layout,) * 4, kernels="reference")
+    g = ts.jit(
+        ts.grad(_loss(True), argnums=(0, 1, 2)),
+        mesh=dist.mesh({"a": 2, "b": 2}),
+        in_shardings=(layout,) * 4,
+        kernels="reference",
+    )
     _close(g(q, k, v, w), _torch_grads(q, k, v, w, True))
 
 
@@ -80,7 +100,12 @@ def test_grouped_query_heads_with_context_parallelism() -> None:
     """k and v with fewer heads: the gathers move only their (smaller) heads."""
     q, k, v, w = _inputs((2, 4, 16, 8), 4, seed=3, kv_heads=2)
     layout = _spec((2, "cp"))
-    g = ts.jit(ts.grad(_loss(True), argnums=(0, 1, 2)), mesh=dist.mesh({"cp": 2}), in_shardings=(layout,) * 4, kernels="reference")
+    g = ts.jit(
+        ts.grad(_loss(True), argnums=(0, 1, 2)),
+        mesh=dist.mesh({"cp": 2}),
+        in_shardings=(layout,) * 4,
+        kernels="reference",
+    )
     _close(g(q, k, v, w), _torch_grads(q, k, v, w, True))
     gathered = [c.nbytes for c in g.lower(q, k, v, w).collectives() if c.kind == "all_gather"]
     assert gathered == [k.numel() * k.element_size()] * 2  # k and v whole on every rank: 2 heads
@@ -94,7 +119,12 @@ def test_offsets_given_by_the_user_shift_with_the_split() -> None:
     def loss(q, k, v, w):
         return op.sum(op.attention(q, k, v, causal=True, q_offset=8, k_offset=4) * w)
 
-    g = ts.jit(ts.grad(loss, argnums=(0, 1, 2)), mesh=dist.mesh({"cp": 2}), in_shardings=(layout,) * 4, kernels="reference")
+    g = ts.jit(
+        ts.grad(loss, argnums=(0, 1, 2)),
+        mesh=dist.mesh({"cp": 2}),
+        in_shardings=(layout,) * 4,
+        kernels="reference",
+    )
     single = ts.jit(ts.grad(loss, argnums=(0, 1, 2)), kernels="reference")
     _close(g(q, k, v, w), single(q, k, v, w))
 
@@ -108,14 +138,21 @@ def test_bytes_moved_equal_the_formula() -> None:
     batch, heads, seq, dim, dp, cp = 2, 2, 64, 8, 2, 4
     q, k, v, w = (t.float() for t in _inputs((batch, heads, seq, dim), 4))
     layout = _spec((0, "dp"), (2, "cp"))
-    lowered = ts.jit(ts.grad(_loss(True), argnums=(0, 1, 2)), mesh=dist.mesh({"dp": dp, "cp": cp}), in_shardings=(layout,) * 4).lower(q, k, v, w)
+    lowered = ts.jit(
+        ts.grad(_loss(True), argnums=(0, 1, 2)),
+        mesh=dist.mesh({"dp": dp, "cp": cp}),
+        in_shardings=(layout,) * 4,
+    ).lower(q, k, v, w)
     received: dict[str, float] = {}
     for c in lowered.collectives():
         assert c.mesh_axes == ("cp",) and c.group_size == cp
         # nbytes: the gathered result of an all_gather, the unscattered input of a reduce_scatter
         received[c.kind] = received.get(c.kind, 0.0) + c.nbytes * (cp - 1) / cp
     kv_bytes = 2 * (batch // dp) * heads * seq * dim * 4  # k and v of this dp shard, f32
-    assert received == {"all_gather": kv_bytes * (cp - 1) / cp, "reduce_scatter": kv_bytes * (cp - 1) / cp}
+    assert received == {
+        "all_gather": kv_bytes * (cp - 1) / cp,
+        "reduce_scatter": kv_bytes * (cp - 1) / cp,
+    }
     sharded = lowered.as_text("sharded")
     assert "all_gather" not in sharded and "reduce_scatter" not in sharded  # expanded at partition
 
@@ -126,7 +163,11 @@ def test_per_rank_memory_falls_with_cp() -> None:
     peaks = []
     for cp in (1, 2, 4):
         layout = _spec((2, "cp"))
-        lowered = ts.jit(ts.grad(_loss(True), argnums=(0, 1, 2)), mesh=dist.mesh({"cp": cp}), in_shardings=(layout,) * 4).lower(q, k, v, w)
+        lowered = ts.jit(
+            ts.grad(_loss(True), argnums=(0, 1, 2)),
+            mesh=dist.mesh({"cp": cp}),
+            in_shardings=(layout,) * 4,
+        ).lower(q, k, v, w)
         peaks.append(lowered.memory().peak_bytes)
     assert peaks[0] > peaks[1] > peaks[2], peaks
 
@@ -135,7 +176,12 @@ def test_heads_over_tp_move_nothing() -> None:
     """Megatron: q, k and v split by heads over tp, the attention moves nothing."""
     q, k, v, w = _inputs((2, 4, 16, 8), 4)
     layout = _spec((1, "tp"))
-    g = ts.jit(ts.grad(_loss(True), argnums=(0, 1, 2)), mesh=dist.mesh({"tp": 2}), in_shardings=(layout,) * 4, kernels="reference")
+    g = ts.jit(
+        ts.grad(_loss(True), argnums=(0, 1, 2)),
+        mesh=dist.mesh({"tp": 2}),
+        in_shardings=(layout,) * 4,
+        kernels="reference",
+    )
     assert g.lower(q, k, v, w).collectives() == []
     _close(g(q, k, v, w), _torch_grads(q, k, v, w, True))
 
@@ -152,7 +198,12 @@ def test_ulysses_all_to_all_keeps_working() -> None:
         out = dist.shard(op.attention(q, k, v, causal=True), by_sequence)
         return op.sum(out * w)
 
-    g = ts.jit(ts.grad(loss, argnums=(0, 1, 2)), mesh=dist.mesh({"cp": 2}), in_shardings=(by_sequence,) * 4, kernels="reference")
+    g = ts.jit(
+        ts.grad(loss, argnums=(0, 1, 2)),
+        mesh=dist.mesh({"cp": 2}),
+        in_shardings=(by_sequence,) * 4,
+        kernels="reference",
+    )
     _close(g(q, k, v, w), _torch_grads(q, k, v, w, True))
     kinds = {c.kind for c in g.lower(q, k, v, w).collectives()}
     assert kinds == {"all_to_all"}, kinds
@@ -169,7 +220,9 @@ def _layer(x, p, heads):
         return op.transpose(op.reshape(t, (batch, seq, heads, dim // heads)), (0, 2, 1, 3))
 
     q, k, v = split(h @ p["wq"]), split(h @ p["wk"]), split(h @ p["wv"])
-    attn = op.reshape(op.transpose(op.attention(q, k, v, causal=True), (0, 2, 1, 3)), (batch, seq, dim))
+    attn = op.reshape(
+        op.transpose(op.attention(q, k, v, causal=True), (0, 2, 1, 3)), (batch, seq, dim)
+    )
     x = x + attn @ p["wo"]
     return x + op.gelu(op.layer_norm(x) @ p["w1"]) @ p["w2"]
 
@@ -182,7 +235,11 @@ def _torch_layer(x, p, heads):
         return t.reshape(batch, seq, heads, dim // heads).transpose(1, 2)
 
     q, k, v = split(h @ p["wq"]), split(h @ p["wk"]), split(h @ p["wv"])
-    attn = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(batch, seq, dim)
+    attn = (
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        .transpose(1, 2)
+        .reshape(batch, seq, dim)
+    )
     x = x + attn @ p["wo"]
     return x + F.gelu(F.layer_norm(x, (dim,)) @ p["w1"]) @ p["w2"]
 
@@ -196,13 +253,21 @@ def test_transformer_layer_trains_sequence_sharded() -> None:
     p = {n: torch.randn(s, generator=g, dtype=torch.float64) / np.sqrt(s[0]) for n, s in {
         "wq": (dim, dim), "wk": (dim, dim), "wv": (dim, dim), "wo": (dim, dim), "w1": (dim, 4 * dim), "w2": (4 * dim, dim),
     }.items()}  # fmt: skip
-    p["ln_w"], p["ln_b"] = 1 + 0.1 * torch.randn(dim, generator=g, dtype=torch.float64), 0.1 * torch.randn(dim, generator=g, dtype=torch.float64)
+    p["ln_w"], p["ln_b"] = (
+        1 + 0.1 * torch.randn(dim, generator=g, dtype=torch.float64),
+        0.1 * torch.randn(dim, generator=g, dtype=torch.float64),
+    )
     x = torch.randn(2, 16, dim, generator=g, dtype=torch.float64)
 
     def loss(p, x):
         return op.mean(_layer(x, p, heads) ** 2)
 
-    step = ts.jit(ts.value_and_grad(loss), mesh=dist.mesh({"dp": 2, "cp": 2}), in_shardings=(None, _spec((0, "dp"), (1, "cp"))), kernels="reference")
+    step = ts.jit(
+        ts.value_and_grad(loss),
+        mesh=dist.mesh({"dp": 2, "cp": 2}),
+        in_shardings=(None, _spec((0, "dp"), (1, "cp"))),
+        kernels="reference",
+    )
     value, grads = step(p, x)
     leaves = {n: t.clone().requires_grad_() for n, t in p.items()}
     want = (_torch_layer(x, leaves, heads) ** 2).mean()

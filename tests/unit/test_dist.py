@@ -94,8 +94,14 @@ def test_mesh_groups_partition_the_ranks(axes: list[str]) -> None:
     ("make", "message"),
     [
         (lambda: Mesh(axes=["dp", "dp"], shape=(2, 2)), r"distinct, found \['dp', 'dp'\]"),
-        (lambda: Mesh(axes=["dp", "tp"], shape=(2, 4), devices=range(6)), "needs 8 devices, found 6"),
-        (lambda: Mesh(axes=["dp", "tp"], devices=range(8)), "cannot infer the shape of a 2-axis mesh over 8"),
+        (
+            lambda: Mesh(axes=["dp", "tp"], shape=(2, 4), devices=range(6)),
+            "needs 8 devices, found 6",
+        ),
+        (
+            lambda: Mesh(axes=["dp", "tp"], devices=range(8)),
+            "cannot infer the shape of a 2-axis mesh over 8",
+        ),
         (lambda: Mesh(axes=["dp"]), r"shape=\.\.\. or devices=\.\.\."),
         (lambda: Mesh(axes=[], shape=()), "at least one axis"),
         (lambda: Mesh(axes=["dp", "tp"], shape=(8,)), r"2 axes \['dp', 'tp'\] but shape \[8\]"),
@@ -144,13 +150,17 @@ def test_shard_spec_to_sharding(spec: ShardSpec, expected: tuple[tuple[str, ...]
         (ShardSpec(("col",), ("tp",)), (8,), r"w1: partition dim 'col' \(split over 'tp'\) is out of range for a tensor of rank 1"),
     ],
 )  # fmt: skip
-def test_shard_spec_errors_name_tensor_dim_and_axis(spec: ShardSpec, shape: tuple[int, ...], message: str) -> None:
+def test_shard_spec_errors_name_tensor_dim_and_axis(
+    spec: ShardSpec, shape: tuple[int, ...], message: str
+) -> None:
     with pytest.raises(ShardingError, match=message):
         spec.to_sharding(MESH, shape, "w1")
 
 
 def test_shard_spec_construction_errors() -> None:
-    with pytest.raises(ShardingError, match=r"a dim index \(an int\) or 'row' / 'col', found 'diag'"):
+    with pytest.raises(
+        ShardingError, match=r"a dim index \(an int\) or 'row' / 'col', found 'diag'"
+    ):
         ShardSpec(partition=("diag",), mesh_axes=("tp",))
     with pytest.raises(ShardingError, match=r"partition=\['row', 'col'\] but mesh_axes=\['tp'\]"):
         ShardSpec(partition=("row", "col"), mesh_axes=("tp",))
@@ -169,7 +179,9 @@ def _position(mesh: Mesh, axes: tuple[str, ...], coords: dict[str, int]) -> int:
     return position
 
 
-def _assemble(pieces: dict[tuple[int, ...], torch.Tensor], counts: tuple[int, ...], dim: int = 0) -> torch.Tensor:
+def _assemble(
+    pieces: dict[tuple[int, ...], torch.Tensor], counts: tuple[int, ...], dim: int = 0
+) -> torch.Tensor:
     """Concatenate blocks (keyed by block position) back into the tensor they tile."""
     if dim == len(counts):
         return pieces[()]
@@ -200,7 +212,9 @@ def layouts(draw: st.DrawFn) -> tuple[tuple[int, ...], ShardSpec]:
 
 
 @given(layouts(), st.integers(0, 2**31 - 1))
-def test_local_pieces_reassemble_the_global_tensor(layout: tuple[tuple[int, ...], ShardSpec], seed: int) -> None:
+def test_local_pieces_reassemble_the_global_tensor(
+    layout: tuple[tuple[int, ...], ShardSpec], seed: int
+) -> None:
     shape, spec = layout
     data = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     x = dist.tensor(data, spec, mesh=MESH)

@@ -38,12 +38,32 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "unit" / "multiprocess"
 
 
-def tessera_run(nproc: int, script: Path, *args: str, timeout: float = 60.0, limit: float = 90.0, kernels: str | None = None) -> subprocess.CompletedProcess[str]:
+def tessera_run(
+    nproc: int,
+    script: Path,
+    *args: str,
+    timeout: float = 60.0,
+    limit: float = 90.0,
+    kernels: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     """``tessera run -n nproc script args`` (through ``python -m``), with a hard wall limit."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")
+    }
     if kernels is not None:
         env["TESSERA_KERNELS"] = kernels
-    command = [sys.executable, "-m", "tessera.tools.launch", "run", "-n", str(nproc), "--timeout", str(timeout), str(script), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "tessera.tools.launch",
+        "run",
+        "-n",
+        str(nproc),
+        "--timeout",
+        str(timeout),
+        str(script),
+        *args,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=limit, env=env, cwd=ROOT)
 
 
@@ -73,7 +93,10 @@ def test_vocab_parallel_programs_over_four_processes() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in range(4):
         assert f"rank {rank} OK" in result.stdout
-        assert f"rank {rank}: vocab-parallel cross-entropy gradient: max error vs eager" in result.stdout
+        assert (
+            f"rank {rank}: vocab-parallel cross-entropy gradient: max error vs eager"
+            in result.stdout
+        )
 
 
 def test_context_parallel_attention_over_two_processes() -> None:
@@ -93,31 +116,42 @@ def test_collective_permutes_and_block_moves_over_four_processes() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in range(4):
         assert f"rank {rank} OK" in result.stdout
-        assert f"rank {rank}: collective permutes over ['dp', 'tp'] of Mesh(dp=2, tp=2) match numpy" in result.stdout
+        assert (
+            f"rank {rank}: collective permutes over ['dp', 'tp'] of Mesh(dp=2, tp=2) match numpy"
+            in result.stdout
+        )
         assert f"rank {rank}: block moves on Mesh(dp=2, tp=2) match torch eager" in result.stdout
 
 
 def test_readme_example_with_the_console_script() -> None:
     """``tessera run -n 4 examples/distributed_mlp.py``, as the README shows it (Triton kernels)."""
     console = Path(sys.executable).parent / "tessera"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")
+    }
     env["TESSERA_KERNELS"] = "triton"
     result = subprocess.run(
         [str(console), "run", "-n", "4", "examples/distributed_mlp.py"],
         capture_output=True, text=True, timeout=180, env=env, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    for rank, coords in enumerate(["{'dp': 0, 'tp': 0}", "{'dp': 0, 'tp': 1}", "{'dp': 1, 'tp': 0}", "{'dp': 1, 'tp': 1}"]):
+    for rank, coords in enumerate(
+        ["{'dp': 0, 'tp': 0}", "{'dp': 0, 'tp': 1}", "{'dp': 1, 'tp': 0}", "{'dp': 1, 'tp': 1}"]
+    ):
         assert f"rank {rank} {coords}: local result [8, 64] of [16, 64]" in result.stdout
     assert result.stdout.count("collectives: all_reduce[tp] f32[8, 64]") == 4
     assert result.stdout.rstrip().endswith("OK")
 
 
 def _line_of(statement: str, script: Path = SCRIPTS / "failures.py") -> int:
-    return next(i for i, line in enumerate(script.read_text().splitlines(), 1) if line.strip() == statement)
+    return next(
+        i for i, line in enumerate(script.read_text().splitlines(), 1) if line.strip() == statement
+    )
 
 
-def misbehave(mode: str, nproc: int = 2, timeout: float = 30.0) -> tuple[subprocess.CompletedProcess[str], float, str]:
+def misbehave(
+    mode: str, nproc: int = 2, timeout: float = 30.0
+) -> tuple[subprocess.CompletedProcess[str], float, str]:
     """``failures.py MODE`` as ``nproc`` ranks: the result, the seconds from rank 1's
     misbehaviour to the end of the job, and the summary line."""
     result = tessera_run(nproc, SCRIPTS / "failures.py", mode, timeout=timeout, kernels="reference")
@@ -132,7 +166,10 @@ def misbehave(mode: str, nproc: int = 2, timeout: float = 30.0) -> tuple[subproc
 
 EXITS = {  # mode: (exit code, how the summary names rank 1, first); "raise": below, on 4 ranks
     "exit": (3, f"rank 1 exited with code 3 at failures.py:{_line_of('sys.exit(3)')} in <module>"),
-    "exit0": (1, f"rank 1 exited with code 0 at failures.py:{_line_of('sys.exit(0)')} in <module> before the others were done"),
+    "exit0": (
+        1,
+        f"rank 1 exited with code 0 at failures.py:{_line_of('sys.exit(0)')} in <module> before the others were done",
+    ),
     "os_exit": (3, "rank 1 exited with code 3"),
     "kill": (137, "rank 1 was killed by SIGKILL (exit code 137)"),
 }
@@ -149,7 +186,9 @@ def test_any_exit_of_a_rank_ends_the_job_at_once_naming_it(mode: str) -> None:
     code, cause = EXITS[mode]
     assert seconds < 10, (seconds, result.stderr[-3000:])
     assert result.returncode == code, result.stderr[-3000:]
-    assert summary in (f"{cause}; rank 0 failed waiting for it", f"{cause}; rank 0 was stopped"), summary
+    assert summary in (f"{cause}; rank 0 failed waiting for it", f"{cause}; rank 0 was stopped"), (
+        summary
+    )
 
 
 def test_a_hung_rank_is_named_at_the_timeout() -> None:
@@ -160,7 +199,9 @@ def test_a_hung_rank_is_named_at_the_timeout() -> None:
     assert seconds < 3 + 10, (seconds, result.stderr[-3000:])
     assert result.returncode == 1
     line = _line_of("time.sleep(120)")
-    assert summary == f"rank 1 hung at failures.py:{line} in <module>; rank 0 failed waiting for it", summary
+    assert (
+        summary == f"rank 1 hung at failures.py:{line} in <module>; rank 0 failed waiting for it"
+    ), summary
     assert "it did not come within the timeout of 3 s (TESSERA_TIMEOUT)" in result.stderr
 
 
@@ -172,7 +213,9 @@ def test_a_raising_rank_ends_the_job_at_once_with_one_traceback_and_a_short_summ
     result, seconds, summary = misbehave("raise", nproc=4)
     assert seconds < 10 and result.returncode == 1, (seconds, result.stderr[-3000:])
     assert result.stderr.count("Traceback (most recent call last):") == 1, result.stderr
-    assert summary.startswith("rank 1 failed with exit code 1: ValueError: rank 1 fails on purpose; ")
+    assert summary.startswith(
+        "rank 1 failed with exit code 1: ValueError: rank 1 fails on purpose; "
+    )
     assert len(summary) < 200, summary
 
 
@@ -189,7 +232,9 @@ def test_programs_with_the_same_collectives_are_compared_whole() -> None:
     result, _, summary = misbehave("different")
     assert result.returncode == 1, result.stderr[-3000:]
     assert "rank 0: finished" not in result.stdout and "rank 1: finished" not in result.stdout
-    assert summary.startswith("ranks 0-1 failed with exit code 1: DistributedError: @<lambda>: the ranks run different programs: line ")
+    assert summary.startswith(
+        "ranks 0-1 failed with exit code 1: DistributedError: @<lambda>: the ranks run different programs: line "
+    )
     assert "matmul" in summary and "tanh" in summary and "on rank 0 but" in summary
 
 
@@ -221,7 +266,9 @@ def test_first_difference_names_the_collective_and_rank() -> None:
     assert text == "collective #1 is b on rank 0 but nothing (the program ends) on rank 2"
 
 
-def _failure(exitcode: int, message: str = "", trace: str = "", **tessera: object) -> SimpleNamespace:
+def _failure(
+    exitcode: int, message: str = "", trace: str = "", **tessera: object
+) -> SimpleNamespace:
     """A torchrun ProcessFailure as the worker's error file fills it."""
     if not (message or trace or tessera):
         return SimpleNamespace(exitcode=exitcode, message="")
@@ -231,17 +278,25 @@ def _failure(exitcode: int, message: str = "", trace: str = "", **tessera: objec
 
 def test_launcher_report_puts_the_root_cause_first() -> None:
     failures = {
-        0: _failure(1, "DistributedError: rank 0: all_reduce failed: another rank failed, exited or ..."),
+        0: _failure(
+            1, "DistributedError: rank 0: all_reduce failed: another rank failed, exited or ..."
+        ),
         1: _failure(1, "ValueError: boom"),
         2: _failure(-15),
     }
     report = Report(failures)
-    assert report.summary() == "rank 1 failed with exit code 1: ValueError: boom; rank 0 failed waiting for it; rank 2 was stopped"
+    assert (
+        report.summary()
+        == "rank 1 failed with exit code 1: ValueError: boom; rank 0 failed waiting for it; rank 2 was stopped"
+    )
     assert report.exit_code() == 1
     assert Report({0: _failure(-9), 1: _failure(-15)}).exit_code() == 137
     # a rank that recorded its error and was stopped while exiting is still the root cause
     late = Report({0: failures[0], 1: _failure(-15, "ValueError: boom")})
-    assert late.summary() == "rank 1 failed with exit code 1: ValueError: boom; rank 0 failed waiting for it"
+    assert (
+        late.summary()
+        == "rank 1 failed with exit code 1: ValueError: boom; rank 0 failed waiting for it"
+    )
     assert late.exit_code() == 1
 
 
@@ -249,7 +304,17 @@ def test_launcher_report_names_the_rank_another_one_blamed() -> None:
     """A rank that hung (torchrun then stopped it) or exited 0 early is not a failure to
     torchrun: the rank that waited for it names it, and the report names it first."""
     trace = 'Traceback (most recent call last):\n  File "job.py", line 3, in <module>\n    f(x)\ntessera.errors.DistributedError: rank {r}: all_reduce failed: rank 1 hung at job.py:9'
-    waited = {r: _failure(1, f"DistributedError: rank {r}: ...", trace.format(r=r), kind="failed", cause_rank=1, cause="hung at job.py:9") for r in (0, 2, 3)}
+    waited = {
+        r: _failure(
+            1,
+            f"DistributedError: rank {r}: ...",
+            trace.format(r=r),
+            kind="failed",
+            cause_rank=1,
+            cause="hung at job.py:9",
+        )
+        for r in (0, 2, 3)
+    }
     report = Report({**waited, 1: _failure(-15)})
     assert report.summary() == "rank 1 hung at job.py:9; ranks 0, 2, 3 failed waiting for it"
     assert report.exit_code() == 1
@@ -258,7 +323,12 @@ def test_launcher_report_names_the_rank_another_one_blamed() -> None:
     assert ranks == [0, 2, 3] and shown == trace.format(r=0)
     exited = Report({0: waited[0]})  # rank 1 exited 0: torchrun has no failure for it
     assert exited.summary() == "rank 1 hung at job.py:9; rank 0 failed waiting for it"
-    by_exit = Report({1: _failure(3, "sys.exit(3)", kind="exit", code=3, at="job.py:4 in main"), 0: _failure(-15)})
+    by_exit = Report(
+        {
+            1: _failure(3, "sys.exit(3)", kind="exit", code=3, at="job.py:4 in main"),
+            0: _failure(-15),
+        }
+    )
     assert by_exit.summary() == "rank 1 exited with code 3 at job.py:4 in main; rank 0 was stopped"
     assert by_exit.exit_code() == 3
 
@@ -274,12 +344,27 @@ def test_liveness_blames_the_rank_that_exited_failed_or_hung() -> None:
             ranks[0]._publish()
             assert ranks[1].blame([0, 1, 2], "all_reduce over ['tp']", timed_out=False) is None
             hung = ranks[1].blame([0, 1, 2], "all_reduce over ['tp']", timed_out=True)
-            assert hung is not None and hung.rank == 2 and hung.reason.startswith("hung at test_distributed.py:")
+            assert (
+                hung is not None
+                and hung.rank == 2
+                and hung.reason.startswith("hung at test_distributed.py:")
+            )
             ranks[2].record_exit(liveness.Ending("exit", 3, "sys.exit(3)", at="job.py:7 in main"))
-            assert ranks[1].blame([0, 1, 2], "x", timed_out=False) == liveness.Blame(2, "exited with code 3 at job.py:7 in main")
+            assert ranks[1].blame([0, 1, 2], "x", timed_out=False) == liveness.Blame(
+                2, "exited with code 3 at job.py:7 in main"
+            )
             # a rank that failed because of rank 2 points to it
-            ranks[0].record_exit(liveness.Ending("failed", 1, "DistributedError: ...", cause=liveness.Blame(2, "hung at job.py:7")))
-            assert ranks[1].blame([0, 1], "x", timed_out=False) == liveness.Blame(2, "hung at job.py:7")
+            ranks[0].record_exit(
+                liveness.Ending(
+                    "failed",
+                    1,
+                    "DistributedError: ...",
+                    cause=liveness.Blame(2, "hung at job.py:7"),
+                )
+            )
+            assert ranks[1].blame([0, 1], "x", timed_out=False) == liveness.Blame(
+                2, "hung at job.py:7"
+            )
     finally:
         for rank in ranks:
             rank.close()
@@ -292,14 +377,26 @@ def test_liveness_blames_a_dead_rank_before_one_that_exited_cleanly() -> None:
     ranks = [liveness.Liveness(tdist.PrefixStore("job/", server.clone()), r, 3) for r in range(3)]
     try:
         ranks[1].record_exit(liveness.Ending("clean", 0, at="job.py:9 in main"))
-        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        dead = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+        )
         ranks[2].close()
         ranks[2]._thread.join()  # its heartbeat stops: the one below stays
-        beat = {"t": time.time(), "pid": int(dead.stdout), "host": ranks[2].host, "at": "job.py:5 in step", "waiting": None}
+        beat = {
+            "t": time.time(),
+            "pid": int(dead.stdout),
+            "host": ranks[2].host,
+            "at": "job.py:5 in step",
+            "waiting": None,
+        }
         ranks[2].store.set("beat/2", json.dumps(beat))
         ranks[2].store.add("beats", 1)
-        assert ranks[0].blame([0, 1, 2], "x", timed_out=False) == liveness.Blame(2, "ended without saying why (killed?)")
-        assert ranks[0].blame([0, 1], "x", timed_out=False) == liveness.Blame(1, "exited with code 0 at job.py:9 in main before the others were done")
+        assert ranks[0].blame([0, 1, 2], "x", timed_out=False) == liveness.Blame(
+            2, "ended without saying why (killed?)"
+        )
+        assert ranks[0].blame([0, 1], "x", timed_out=False) == liveness.Blame(
+            1, "exited with code 0 at job.py:9 in main before the others were done"
+        )
     finally:
         for rank in ranks:
             rank.close()
@@ -321,7 +418,9 @@ def test_a_leaving_rank_waits_for_the_others_but_not_for_one_that_waits_for_it()
             rank.close()
 
 
-def test_tessera_errors_show_the_users_frames_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tessera_errors_show_the_users_frames_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A Tessera error says what went wrong at the user's line: the worker leaves
     Tessera's frames out of its traceback, unless TESSERA_DEBUG=1."""
     script = tmp_path / "job.py"
@@ -358,7 +457,9 @@ def test_dist_tensor_from_a_local_shard() -> None:
 
 
 def _checkpoint_script() -> Any:
-    spec = importlib.util.spec_from_file_location("multiprocess_checkpoint", SCRIPTS / "checkpoint.py")
+    spec = importlib.util.spec_from_file_location(
+        "multiprocess_checkpoint", SCRIPTS / "checkpoint.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -382,7 +483,9 @@ def test_a_saved_state_dict_holds_the_whole_model(mode: str, nproc: int, tmp_pat
     pipeline), rank 0 saves ``step.state_dict(state)``: the whole model and optimizer
     state, equal to the virtual mesh's, not each rank's shard over stale initial values.
     A state resumed from it trains on as the virtual mesh does."""
-    result = tessera_run(nproc, SCRIPTS / "checkpoint.py", mode, str(tmp_path), timeout=60, kernels="reference")
+    result = tessera_run(
+        nproc, SCRIPTS / "checkpoint.py", mode, str(tmp_path), timeout=60, kernels="reference"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert all(f"rank {r} OK" in result.stdout for r in range(nproc))
     script = _checkpoint_script()
@@ -400,22 +503,53 @@ def test_train_moe_over_four_processes() -> None:
     """``tessera run -n 4 examples/train_moe.py``: expert parallelism over gloo, dp x ep
     = 2 x 2, the dispatch and combine all-to-alls between processes; every step's loss
     equals the float64 torch loop that routes the same way (the script checks it)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")}
-    command = [sys.executable, "-m", "tessera.tools.launch", "run", "-n", "4", "--timeout", "300", "examples/train_moe.py", "--steps", "2", "--layers", "1"]
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "tessera.tools.launch",
+        "run",
+        "-n",
+        "4",
+        "--timeout",
+        "300",
+        "examples/train_moe.py",
+        "--steps",
+        "2",
+        "--layers",
+        "1",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=420, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "all_to_all[ep]" in result.stdout and result.stdout.rstrip().endswith("OK"), result.stdout[-2000:]
+    assert "all_to_all[ep]" in result.stdout and result.stdout.rstrip().endswith("OK"), (
+        result.stdout[-2000:]
+    )
 
 
 def test_train_gpt_over_four_processes() -> None:
     """``tessera run -n 4 examples/train_gpt.py``: a dp x tp training step per rank (gloo);
     every step's loss equals the torch single-device loop (the script checks it)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")}
-    command = [sys.executable, "-m", "tessera.tools.launch", "run", "-n", "4", "--timeout", "120", "examples/train_gpt.py", "--steps", "2"]
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "tessera.tools.launch",
+        "run",
+        "-n",
+        "4",
+        "--timeout",
+        "120",
+        "examples/train_gpt.py",
+        "--steps",
+        "2",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mesh 2 x 2" in result.stdout and result.stdout.rstrip().endswith("OK")
-
 
 
 def test_ring_attention_over_four_processes() -> None:
@@ -430,13 +564,25 @@ def test_ring_attention_over_four_processes() -> None:
 
 
 @pytest.mark.parametrize("precision", ["f32", "bf16", "fp16"])
-def test_remat_clipping_and_accumulation_over_processes_equal_the_virtual_mesh(precision: str, tmp_path: Path) -> None:
+def test_remat_clipping_and_accumulation_over_processes_equal_the_virtual_mesh(
+    precision: str, tmp_path: Path
+) -> None:
     """A ZeRO-3 dp x tp step with recomputed blocks, clipping by global norm, four
     accumulated microbatches, mixed precision and the deterministic numerics: four gloo
     processes train bit-identically to the virtual mesh (reference kernels)."""
-    result = tessera_run(4, SCRIPTS / "training_options.py", str(tmp_path), precision, timeout=90, limit=150.0, kernels="reference")
+    result = tessera_run(
+        4,
+        SCRIPTS / "training_options.py",
+        str(tmp_path),
+        precision,
+        timeout=90,
+        limit=150.0,
+        kernels="reference",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    spec = importlib.util.spec_from_file_location("multiprocess_training_options", SCRIPTS / "training_options.py")
+    spec = importlib.util.spec_from_file_location(
+        "multiprocess_training_options", SCRIPTS / "training_options.py"
+    )
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

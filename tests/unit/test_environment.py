@@ -111,7 +111,17 @@ def test_a_call_with_an_invalid_kernel_choice_fails_before_tracing(monkeypatch):
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "soon"])
 def test_tessera_run_rejects_a_bad_timeout(value):
     result = subprocess.run(
-        [sys.executable, "-m", "tessera.tools.launch", "run", "-n", "2", "--timeout", value, "x.py"],
+        [
+            sys.executable,
+            "-m",
+            "tessera.tools.launch",
+            "run",
+            "-n",
+            "2",
+            "--timeout",
+            value,
+            "x.py",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -105,7 +105,9 @@ def test_train_gpt_with_a_vocab_parallel_embedding(
     train_gpt.main(["--steps", "3", "--vocab-parallel"])
     out = capsys.readouterr().out
     assert out.rstrip().endswith("OK"), out[-2000:]
-    assert "all_gather[dp]" not in out  # (the default gathers the lookup gradient's one-hot over dp)
+    assert (
+        "all_gather[dp]" not in out
+    )  # (the default gathers the lookup gradient's one-hot over dp)
     params = train_gpt.init_params(64, 8, 32, 2)
     layout = train_gpt.megatron_layout(params, vocab_parallel=True)
     assert layout["wte"] is not None and train_gpt.megatron_layout(params)["wte"] is None
@@ -162,13 +164,17 @@ def test_train_gpt_zigzag_batch_moves_only_k_and_v(monkeypatch: pytest.MonkeyPat
         args = argparse.Namespace(lr=1e-3, zero=0, heads=2, layers=1, cp=cp, zigzag=zigzag)
         with schedule.options(context_parallel="ring"):
             step = train_gpt.make_step(mesh, params, args)
-            lowered = step.lower(step.init({k: v.clone() for k, v in params.items()}), tokens, tokens)
+            lowered = step.lower(
+                step.init({k: v.clone() for k, v in params.items()}), tokens, tokens
+            )
         pairs[zigzag] = [
             set(c.pairs) for c in lowered.collectives() if c.kind == "collective_permute" and c.mesh_axes == ("cp",)
         ]  # fmt: skip
     assert pairs[True] and all(p == ring for p in pairs[True]), pairs[True]
     assert sum(p == ring for p in pairs[False]) == len(pairs[True]) < len(pairs[False])
-    assert all(train_gpt.is_ring_shift(tuple(p), cp) == (p == ring) for p in pairs[True] + pairs[False])
+    assert all(
+        train_gpt.is_ring_shift(tuple(p), cp) == (p == ring) for p in pairs[True] + pairs[False]
+    )
 
 
 @pytest.mark.parametrize("extra", [[], ["--shared-expert"]], ids=["routed", "shared-expert"])

@@ -90,7 +90,7 @@ def test_the_numerics_option_orders_the_sums(layout: str, monkeypatch: pytest.Mo
     calls = []
     ordered = collective.ordered_sum
 
-    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def counting(*args, **kwargs):
         calls.append(1)
         return ordered(*args, **kwargs)
 

@@ -20,7 +20,11 @@ def mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
 
 def _inputs(seed: int = 0) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(16, 64, generator=g), torch.randn(64, 32, generator=g), torch.randn(32, 8, generator=g)
+    return (
+        torch.randn(16, 64, generator=g),
+        torch.randn(64, 32, generator=g),
+        torch.randn(32, 8, generator=g),
+    )
 
 
 def test_megatron_mlp_is_annotated_and_computes_the_global_result() -> None:
@@ -29,7 +33,9 @@ def test_megatron_mlp_is_annotated_and_computes_the_global_result() -> None:
     lowered = f.lower(x, w1, w2)
     graph_text = lowered.as_text("graph")
     assert "graph.mesh @mesh axes = [dp = 2, tp = 4]" in graph_text
-    assert "%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], []]>}" in graph_text
+    assert (
+        "%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], []]>}" in graph_text
+    )
     sharded = lowered.as_text("sharded")
     assert "#graph.sharding<@mesh, [[dp], [tp]]>" in sharded  # x @ w1 and gelu
     assert "#graph.sharding<@mesh, [[dp], []], partial = sum[tp]>" in sharded  # @ w2
@@ -40,11 +46,17 @@ def test_megatron_mlp_is_annotated_and_computes_the_global_result() -> None:
 def test_dist_tensor_layout_becomes_the_input_sharding() -> None:
     f = ts.jit(mlp, mesh=MESH)
     x, w1, w2 = _inputs(1)
-    args = (dist.tensor(x, layout=ROWS_DP, mesh=MESH), dist.tensor(w1, layout=COLS_TP, mesh=MESH), w2)
+    args = (
+        dist.tensor(x, layout=ROWS_DP, mesh=MESH),
+        dist.tensor(w1, layout=COLS_TP, mesh=MESH),
+        w2,
+    )
     text = f.lower(*args).as_text("graph")
     assert "%w1: tensor<64x32xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>}" in text
     assert "%w2: tensor<32x8xf32>) ->" in text  # unannotated: open
-    torch.testing.assert_close(f(*args), torch.nn.functional.gelu(x @ w1) @ w2, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        f(*args), torch.nn.functional.gelu(x @ w1) @ w2, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_pytree_prefix_shardings_and_out_shardings() -> None:
@@ -54,7 +66,9 @@ def test_pytree_prefix_shardings_and_out_shardings() -> None:
 
     w, b = torch.randn(8, 12), torch.randn(12)
     text = layer.lower({"w": w, "b": b}).as_text("graph")
-    assert "%params_w: tensor<8x12xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>}" in text
+    assert (
+        "%params_w: tensor<8x12xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>}" in text
+    )
     assert "graph.shard" in text and "#graph.sharding<@mesh, [[tp], []]>" in text
     torch.testing.assert_close(layer({"w": w, "b": b}), w + b)
 
@@ -78,10 +92,42 @@ def test_explicit_collectives_are_layout_statements() -> None:
     [
         ({"in_shardings": (ROWS_DP,)}, "need a mesh"),
         ({"mesh": MESH, "in_shardings": (ROWS_DP,)}, "1 entries for 3 positional arguments"),
-        ({"mesh": MESH, "in_shardings": (dist.ShardSpec(partition=(1,), mesh_axes=("pp",)), None, None)}, "unknown mesh axis 'pp'"),
-        ({"mesh": MESH, "in_shardings": (dist.ShardSpec(partition=(0,), mesh_axes=(("dp", "tp"),)), None, ROWS_TP)}, None),
-        ({"mesh": MESH, "in_shardings": (None, None, dist.ShardSpec(partition=(1,), mesh_axes=(("dp", "tp", "dp"),)))}, "mesh axis 'dp' splits dim 1 and again dim 1"),
-        ({"mesh": MESH, "in_shardings": (dist.ShardSpec(partition=(2,), mesh_axes=("tp",)), None, None)}, r"partition dim 2 \(split over 'tp'\) is out of range for a tensor of rank 2"),
+        (
+            {
+                "mesh": MESH,
+                "in_shardings": (dist.ShardSpec(partition=(1,), mesh_axes=("pp",)), None, None),
+            },
+            "unknown mesh axis 'pp'",
+        ),
+        (
+            {
+                "mesh": MESH,
+                "in_shardings": (
+                    dist.ShardSpec(partition=(0,), mesh_axes=(("dp", "tp"),)),
+                    None,
+                    ROWS_TP,
+                ),
+            },
+            None,
+        ),
+        (
+            {
+                "mesh": MESH,
+                "in_shardings": (
+                    None,
+                    None,
+                    dist.ShardSpec(partition=(1,), mesh_axes=(("dp", "tp", "dp"),)),
+                ),
+            },
+            "mesh axis 'dp' splits dim 1 and again dim 1",
+        ),
+        (
+            {
+                "mesh": MESH,
+                "in_shardings": (dist.ShardSpec(partition=(2,), mesh_axes=("tp",)), None, None),
+            },
+            r"partition dim 2 \(split over 'tp'\) is out of range for a tensor of rank 2",
+        ),
     ],
 )
 def test_bad_shardings_name_the_problem(kwargs: dict, message: str | None) -> None:
@@ -95,7 +141,9 @@ def test_bad_shardings_name_the_problem(kwargs: dict, message: str | None) -> No
 
 def test_indivisible_dim_is_named() -> None:
     f = ts.jit(lambda x: x * 2, mesh=MESH, in_shardings=(ROWS_TP,))
-    with pytest.raises(ts.ShardingError, match="dim 0 of size 6 is not divisible by mesh axes tp=4"):
+    with pytest.raises(
+        ts.ShardingError, match="dim 0 of size 6 is not divisible by mesh axes tp=4"
+    ):
         f(torch.randn(6, 4))
 
 
@@ -158,7 +206,11 @@ def test_swiglu_with_a_fused_gate_up_projection_moves_blocks_not_the_whole_dim()
         return (op.silu(gate) * up) @ w_down
 
     g = torch.Generator().manual_seed(4)
-    x, w_fused, w_down = torch.randn(16, 32, generator=g), torch.randn(32, 128, generator=g), torch.randn(64, 32, generator=g)
+    x, w_fused, w_down = (
+        torch.randn(16, 32, generator=g),
+        torch.randn(32, 128, generator=g),
+        torch.randn(64, 32, generator=g),
+    )
     mesh = dist.Mesh(axes=["tp"], shape=(4,))
     f = ts.jit(swiglu, mesh=mesh, in_shardings=(None, COLS_TP, ROWS_TP))
     lowered = f.lower(x, w_fused, w_down)
@@ -171,17 +223,30 @@ def test_swiglu_with_a_fused_gate_up_projection_moves_blocks_not_the_whole_dim()
             received[position] += c.nbytes
     assert received == [16 * 16 * 4 * blocks for blocks in (1, 2, 2, 1)]
     gate, up = (x @ w_fused).chunk(2, -1)
-    torch.testing.assert_close(f(x, w_fused, w_down), (torch.nn.functional.silu(gate) * up) @ w_down, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        f(x, w_fused, w_down), (torch.nn.functional.silu(gate) * up) @ w_down, rtol=1e-4, atol=1e-4
+    )
 
 
 def test_concat_of_column_split_branches_keeps_the_split() -> None:
     """concat([x @ a, x @ b]) of two column-split branches stays split over tp: blocks
     move into place, nothing is gathered."""
     g = torch.Generator().manual_seed(5)
-    x, a, b = torch.randn(8, 16, generator=g), torch.randn(16, 32, generator=g), torch.randn(16, 64, generator=g)
-    f = ts.jit(lambda x, a, b: op.concat([x @ a, x @ b], axis=1), mesh=MESH, in_shardings=(ROWS_DP, COLS_TP, COLS_TP), out_shardings=dist.ShardSpec(partition=(0, 1), mesh_axes=("dp", "tp")))
+    x, a, b = (
+        torch.randn(8, 16, generator=g),
+        torch.randn(16, 32, generator=g),
+        torch.randn(16, 64, generator=g),
+    )
+    f = ts.jit(
+        lambda x, a, b: op.concat([x @ a, x @ b], axis=1),
+        mesh=MESH,
+        in_shardings=(ROWS_DP, COLS_TP, COLS_TP),
+        out_shardings=dist.ShardSpec(partition=(0, 1), mesh_axes=("dp", "tp")),
+    )
     lowered = f.lower(x, a, b)
-    assert 0 < _block_bytes_received(lowered, MESH) <= 2 * 24 * 4 * 4  # at most this rank's result block
+    assert (
+        0 < _block_bytes_received(lowered, MESH) <= 2 * 24 * 4 * 4
+    )  # at most this rank's result block
     torch.testing.assert_close(f(x, a, b), torch.cat([x @ a, x @ b], 1), rtol=1e-5, atol=1e-5)
 
 

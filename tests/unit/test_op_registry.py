@@ -62,7 +62,9 @@ def test_every_graph_op_has_a_definition() -> None:
     assert ops == set(registered()), {o.name for o in ops ^ set(registered())}
 
 
-@pytest.mark.parametrize("op_type", sorted(registered(), key=lambda t: t.name), ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "op_type", sorted(registered(), key=lambda t: t.name), ids=lambda t: t.name
+)
 def test_every_field_is_set(op_type: type[graph.GraphOp]) -> None:
     definition = op_def(op_type)
     assert definition.op_type is op_type
@@ -76,7 +78,9 @@ def test_every_field_is_set(op_type: type[graph.GraphOp]) -> None:
     assert definition.shape_rule is op_type.shape_rule
 
 
-@pytest.mark.parametrize("op_type", sorted(registered(), key=lambda t: t.name), ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "op_type", sorted(registered(), key=lambda t: t.name), ids=lambda t: t.name
+)
 def test_fusion_matches_tile_code(op_type: type[graph.GraphOp]) -> None:
     """Elementwise ops have pointwise tile code, row reductions row code, layout ops and
     constants an index map; collectives and constraints never reach a kernel."""

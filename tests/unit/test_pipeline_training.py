@@ -129,7 +129,9 @@ def test_stage_marks_must_match_the_stage_count() -> None:
     mesh = dist.Mesh(axes=["pp"], shape=(2,))
     step = _mlp_step(mesh, marks=2)
     state = step.init(_mlp_params())
-    with pytest.raises(TraceError, match=r"2 graph.stage\(\) marks make 3 stages, but the mesh's pp=2"):
+    with pytest.raises(
+        TraceError, match=r"2 graph.stage\(\) marks make 3 stages, but the mesh's pp=2"
+    ):
         step(state, torch.randn(4, 16), torch.randn(4, 16))
 
 
@@ -141,7 +143,9 @@ def test_balanced_split_is_the_best_split() -> None:
     state = step.init(params)
     compiled = step.pipeline().compiled(state, (torch.randn(512, 256), torch.randn(512, 256)))
     assert all(s.params for s in compiled.stages)  # every stage holds layers
-    trace = Trace("f", [AbstractTensor((256, 256), F32)] * 8 + [AbstractTensor((512, 256), F32)] * 2)
+    trace = Trace(
+        "f", [AbstractTensor((256, 256), F32)] * 8 + [AbstractTensor((512, 256), F32)] * 2
+    )
     args = [Tensor(trace, a) for a in trace.block.args]
     with tracing(trace):
         h = args[8]
@@ -169,17 +173,25 @@ def test_balanced_split_is_the_best_split() -> None:
 def test_pipeline_errors_name_the_problem() -> None:
     params = _mlp_params()
     mesh = dist.Mesh(axes=["pp", "dp"], shape=(2, 2))
-    with pytest.raises(ShardingError, match=r"zero=3 .* with the pipeline axis 'pp' is not supported"):
+    with pytest.raises(
+        ShardingError, match=r"zero=3 .* with the pipeline axis 'pp' is not supported"
+    ):
         graph.training_step(lambda p, x: None, optimizer=optim.SGD(), mesh=mesh, zero=3)
     step = _mlp_step(mesh, marks=1)
     state = step.init(params)
-    with schedule.options(pipeline_microbatches=4), pytest.raises(
-        ShardingError, match=r"6 rows \(dim 0\), which must split evenly over 2 data-parallel ranks x 4"
+    with (
+        schedule.options(pipeline_microbatches=4),
+        pytest.raises(
+            ShardingError,
+            match=r"6 rows \(dim 0\), which must split evenly over 2 data-parallel ranks x 4",
+        ),
     ):
         step(state, torch.randn(6, 16), torch.randn(6, 16))
     interleaved = _mlp_step(mesh, marks=3)
     with (
-        schedule.options(pipeline_microbatches=3, pipeline_schedule="interleaved", pipeline_virtual=2),
+        schedule.options(
+            pipeline_microbatches=3, pipeline_schedule="interleaved", pipeline_virtual=2
+        ),
         pytest.raises(TesseraError, match="interleaved"),
     ):
         interleaved(interleaved.init(params), torch.randn(12, 16), torch.randn(12, 16))
@@ -188,9 +200,13 @@ def test_pipeline_errors_name_the_problem() -> None:
         lambda p, x: (graph.backward(op.sum(x @ p["w0"])), {}), optimizer=optim.SGD(), mesh=mesh,
         param_shardings={"w0": split_over_pp},
     )  # fmt: skip
-    with pytest.raises(ShardingError, match="over the pipeline axis 'pp'; stages own whole parameters"):
+    with pytest.raises(
+        ShardingError, match="over the pipeline axis 'pp'; stages own whole parameters"
+    ):
         bad(bad.init({"w0": torch.randn(16, 16)}), torch.randn(4, 16))
-    with pytest.raises(TesseraError, match=r"is pipelined over 'pp': it compiles into stage programs"):
+    with pytest.raises(
+        TesseraError, match=r"is pipelined over 'pp': it compiles into stage programs"
+    ):
         step.lower(state, torch.randn(8, 16), torch.randn(8, 16))
     with pytest.raises(TesseraError, match="expects a count >= 1"):
         schedule.pipeline_microbatches(0)
@@ -227,7 +243,9 @@ def test_pipelined_gpt_over_processes_equals_the_virtual_mesh(
     for rank in range(processes):
         assert f"rank {rank} OK" in result.stdout
         # a process compiles its own stage's programs and update only
-        line = next(x for x in result.stdout.splitlines() if x.startswith(f"rank {rank} scheduled:"))
+        line = next(
+            x for x in result.stdout.splitlines() if x.startswith(f"rank {rank} scheduled:")
+        )
         stages = {int(m) for m in re.findall(r"_s(\d+)_", line)}
         assert stages == {mesh.coords(rank)["pp"]}, line
         assert line.count("_update") == 1, line

@@ -95,7 +95,9 @@ def _demo() -> tuple[Run, ...]:
     for line in (line.strip() for line in lines):
         if not line or line.startswith("#"):
             continue
-        assert line.startswith("python examples/"), f"scripts/demo.sh: cover {line!r} in test_readme.py"
+        assert line.startswith("python examples/"), (
+            f"scripts/demo.sh: cover {line!r} in test_readme.py"
+        )
         command = ".venv/bin/" + line.replace(' "$@"', "").replace("--steps 10", "--steps 2")
         kernels = "reference" if "train_gpt" in line else "triton"
         runs.append(Run(command, kernels=kernels, check=DEMO_CHECKS.get(line.split()[1])))
@@ -240,11 +242,20 @@ RUNS = [
 
 @pytest.mark.parametrize(("readme", "run"), RUNS)
 def test_readme_command(readme: str, run: Run) -> None:
-    command = (readme if run.command == AS_WRITTEN else run.command).replace(".venv/bin/", f"{BIN}/")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")}
+    command = (readme if run.command == AS_WRITTEN else run.command).replace(
+        ".venv/bin/", f"{BIN}/"
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")
+    }
     env["TESSERA_KERNELS"] = run.kernels
     result = subprocess.run(
-        ["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=run.timeout
+        ["bash", "-c", command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=run.timeout,
     )
     assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     out = result.stdout
@@ -323,7 +334,9 @@ def test_launcher_names_ranks_that_failed_alike_together() -> None:
 def test_a_failing_job_prints_its_traceback_once(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text('def main():\n    raise ValueError("bad input")\n\n\nmain()\n')
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")
+    }
     result = subprocess.run(
         [str(BIN / "tessera"), "run", "-n", "2", str(script)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,

@@ -56,7 +56,9 @@ def _block(mesh: Mesh, sharding: Sharding, data: np.ndarray, rank: int) -> np.nd
     return data[tuple(index)]
 
 
-def _distribute(mesh: Mesh, sharding: Sharding, data: np.ndarray, rng: np.random.Generator) -> Pieces:
+def _distribute(
+    mesh: Mesh, sharding: Sharding, data: np.ndarray, rng: np.random.Generator
+) -> Pieces:
     """Per-rank pieces; over partial axes each rank holds a random term of its piece."""
     pieces = {rank: _block(mesh, sharding, data, rank).copy() for rank in range(mesh.size)}
     if not sharding.partial:
@@ -77,7 +79,9 @@ def _distribute(mesh: Mesh, sharding: Sharding, data: np.ndarray, rng: np.random
     return pieces
 
 
-def _apply(mesh: Mesh, sharding: Sharding, pieces: Pieces, step: ReshardStep) -> tuple[Sharding, Pieces]:
+def _apply(
+    mesh: Mesh, sharding: Sharding, pieces: Pieces, step: ReshardStep
+) -> tuple[Sharding, Pieces]:
     """One collective with per-rank semantics; checks it is a valid collective first."""
     dims = [list(d) for d in sharding.dims]
     partial = dict(sharding.partial)
@@ -91,9 +95,13 @@ def _apply(mesh: Mesh, sharding: Sharding, pieces: Pieces, step: ReshardStep) ->
     if step.kind == "reduce_scatter":
         assert not set(sharding.split_axes) & set(axes), f"{step} on {sharding}"
     if step.kind == "all_gather":
-        assert dims[step.dim][-len(axes) :] == axes, f"{step} gathers a non-minor axis of {sharding}"
+        assert dims[step.dim][-len(axes) :] == axes, (
+            f"{step} gathers a non-minor axis of {sharding}"
+        )
     if step.kind == "all_to_all":
-        assert dims[step.concat_dim][-len(axes) :] == axes, f"{step} moves a non-minor axis of {sharding}"
+        assert dims[step.concat_dim][-len(axes) :] == axes, (
+            f"{step} moves a non-minor axis of {sharding}"
+        )
         assert not in_use - set(dims[step.concat_dim]) & set(axes), f"{step} on {sharding}"
     result: Pieces = {}
     for group in mesh.groups(axes):
@@ -103,7 +111,9 @@ def _apply(mesh: Mesh, sharding: Sharding, pieces: Pieces, step: ReshardStep) ->
             if step.kind == "all_reduce":
                 result[rank] = REDUCE[step.reduction](np.stack(members))
             elif step.kind == "reduce_scatter":
-                result[rank] = np.split(REDUCE[step.reduction](np.stack(members)), n, axis=step.dim)[i]
+                result[rank] = np.split(
+                    REDUCE[step.reduction](np.stack(members)), n, axis=step.dim
+                )[i]
             elif step.kind == "all_slice":
                 result[rank] = np.split(pieces[rank], n, axis=step.dim)[i]
             elif step.kind == "all_gather":
@@ -128,7 +138,9 @@ def _apply(mesh: Mesh, sharding: Sharding, pieces: Pieces, step: ReshardStep) ->
     return after, result
 
 
-def _check(mesh: Mesh, sharding: Sharding, pieces: Pieces, data: np.ndarray, exact: bool = True) -> None:
+def _check(
+    mesh: Mesh, sharding: Sharding, pieces: Pieces, data: np.ndarray, exact: bool = True
+) -> None:
     """Every rank holds its piece of ``data`` (its groups' terms reduce to it, if partial).
 
     Pieces that only moved are compared exactly; reduced ones to rounding (``exact=False``).
@@ -145,7 +157,9 @@ def _check(mesh: Mesh, sharding: Sharding, pieces: Pieces, data: np.ndarray, exa
         if exact:
             np.testing.assert_array_equal(pieces[rank], expected[rank], err_msg=f"rank {rank}")
         else:
-            np.testing.assert_allclose(pieces[rank], expected[rank], rtol=1e-12, atol=1e-12, err_msg=f"rank {rank}")
+            np.testing.assert_allclose(
+                pieces[rank], expected[rank], rtol=1e-12, atol=1e-12, err_msg=f"rank {rank}"
+            )
 
 
 # --- random pairs -----------------------------------------------------------------------------
@@ -153,7 +167,9 @@ def _check(mesh: Mesh, sharding: Sharding, pieces: Pieces, data: np.ndarray, exa
 MESHES = [Mesh(["x", "y"], (2, 2)), Mesh(["x", "y"], (2, 3)), Mesh(["x", "y"], (3, 2))]
 
 
-def _sharding(rank: int, roles: dict[str, int | str | None], order: Sequence[str], kind: str) -> Sharding:
+def _sharding(
+    rank: int, roles: dict[str, int | str | None], order: Sequence[str], kind: str
+) -> Sharding:
     """``roles`` maps each mesh axis to a dim it splits, "partial" or None; ``order`` ranks
     axes on one dim (major first)."""
     dims = tuple(tuple(a for a in order if roles[a] == d) for d in range(rank))
@@ -169,7 +185,11 @@ def reshard_cases(draw: st.DrawFn) -> tuple[Mesh, tuple[int, ...], Sharding, Sha
     axes = mesh.axis_names
     src_roles = {a: draw(st.sampled_from([None, "partial", *range(rank)])) for a in axes}
     dst_roles = {
-        a: draw(st.sampled_from([None, *range(rank), *(["partial"] if src_roles[a] == "partial" else [])]))
+        a: draw(
+            st.sampled_from(
+                [None, *range(rank), *(["partial"] if src_roles[a] == "partial" else [])]
+            )
+        )
         for a in axes
     }
     src = _sharding(rank, src_roles, draw(st.permutations(axes)), kind)
@@ -179,7 +199,9 @@ def reshard_cases(draw: st.DrawFn) -> tuple[Mesh, tuple[int, ...], Sharding, Sha
 
 @settings(max_examples=300)
 @given(reshard_cases(), st.integers(0, 2**32 - 1))
-def test_plan_moves_every_rank_to_its_target_piece(case: tuple[Mesh, tuple[int, ...], Sharding, Sharding], seed: int) -> None:
+def test_plan_moves_every_rank_to_its_target_piece(
+    case: tuple[Mesh, tuple[int, ...], Sharding, Sharding], seed: int
+) -> None:
     mesh, shape, src, dst = case
     rng = np.random.default_rng(seed)
     data = rng.standard_normal(shape)
@@ -205,7 +227,9 @@ def test_plans_for_the_named_cases() -> None:
     rows, cols = Sharding((("y",), ())), Sharding(((), ("y",)))
     partial = Sharding(((), ()), (("y", "sum"),))
     assert plan_reshard(partial, rep) == [ReshardStep("all_reduce", ("y",), reduction="sum")]
-    assert plan_reshard(partial, cols) == [ReshardStep("reduce_scatter", ("y",), dim=1, reduction="sum")]
+    assert plan_reshard(partial, cols) == [
+        ReshardStep("reduce_scatter", ("y",), dim=1, reduction="sum")
+    ]
     assert plan_reshard(rows, rep) == [ReshardStep("all_gather", ("y",), dim=0)]
     assert plan_reshard(rep, rows) == [ReshardStep("all_slice", ("y",), dim=0)]
     assert plan_reshard(rows, cols) == [ReshardStep("all_to_all", ("y",), dim=1, concat_dim=0)]
@@ -264,9 +288,17 @@ def test_reshard_cost_one_collective(src: Sharding, dst: Sharding, expected: flo
             3 / 4 * 256 + ALPHA_BYTES + 1 * 64 + ALPHA_BYTES,
         ),
         # all_reduce over dp of 128-byte tp pieces: n = 2
-        (Sharding((("tp",), ()), (("dp", "sum"),)), Sharding((("tp",), ())), 2 * 1 / 2 * 128 + ALPHA_BYTES),
+        (
+            Sharding((("tp",), ()), (("dp", "sum"),)),
+            Sharding((("tp",), ())),
+            2 * 1 / 2 * 128 + ALPHA_BYTES,
+        ),
         # gather both axes of a dim: tp (minor) on 64-byte pieces, then dp on 256-byte ones
-        (Sharding((("dp", "tp"), ())), Sharding(((), ())), 3 * 64 + ALPHA_BYTES + 1 * 256 + ALPHA_BYTES),
+        (
+            Sharding((("dp", "tp"), ())),
+            Sharding(((), ())),
+            3 * 64 + ALPHA_BYTES + 1 * 256 + ALPHA_BYTES,
+        ),
     ],
 )
 def test_reshard_cost_sums_its_steps(src: Sharding, dst: Sharding, expected: float) -> None:
@@ -275,4 +307,6 @@ def test_reshard_cost_sums_its_steps(src: Sharding, dst: Sharding, expected: flo
 
 def test_reshard_cost_prefers_slicing_to_gathering() -> None:
     split = Sharding((("tp",), ()))
-    assert reshard_cost(Sharding(((), ())), split, SHAPE, F32, TP) < reshard_cost(split, Sharding(((), ())), SHAPE, F32, TP)
+    assert reshard_cost(Sharding(((), ())), split, SHAPE, F32, TP) < reshard_cost(
+        split, Sharding(((), ())), SHAPE, F32, TP
+    )

@@ -52,7 +52,9 @@ def test_comm_volume_benchmark_matches_megatron_minimum() -> None:
         assert row["error"] < 1e-4, row
 
 
-@pytest.mark.parametrize(("dp", "tp", "zero"), [(4, 1, 0), (4, 1, 1), (4, 1, 2), (4, 1, 3), (1, 4, 0), (2, 2, 3)])
+@pytest.mark.parametrize(
+    ("dp", "tp", "zero"), [(4, 1, 0), (4, 1, 1), (4, 1, 2), (4, 1, 3), (1, 4, 0), (2, 2, 3)]
+)
 def test_comm_volume_training_matches_the_formulas(dp: int, tp: int, zero: int) -> None:
     """A training step's volume equals the analytic formula (DP, ZeRO stages, TP), and the
     sharded step computes what the single-device step does (f32, 1e-5)."""

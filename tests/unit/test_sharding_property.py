@@ -56,7 +56,9 @@ class Program:
         return values[-1], values[len(xs)] if len(values) > len(xs) + 1 else values[-1]
 
     def __repr__(self) -> str:
-        layout = ", ".join(f"{tuple(x.shape)}:{s}" for x, s in zip(self.inputs, self.specs, strict=True))
+        layout = ", ".join(
+            f"{tuple(x.shape)}:{s}" for x, s in zip(self.inputs, self.specs, strict=True)
+        )
         return f"Program({self.mesh}, inputs=[{layout}], steps={[n for n, _ in self.steps]})"
 
 
@@ -70,7 +72,11 @@ def specs(draw: st.DrawFn, mesh: dist.Mesh, rank: int) -> dist.ShardSpec | None:
         if dim >= 0:
             partition.append(dim)
             axes.append(axis)
-    return dist.ShardSpec(partition=tuple(partition), mesh_axes=tuple(axes)) if partition else dist.ShardSpec(replicate=True)
+    return (
+        dist.ShardSpec(partition=tuple(partition), mesh_axes=tuple(axes))
+        if partition
+        else dist.ShardSpec(replicate=True)
+    )
 
 
 @st.composite
@@ -91,10 +97,22 @@ def programs(draw: st.DrawFn) -> Program:
         ))  # fmt: skip
         a = draw(st.integers(0, last))
         sa = shapes[a]
-        if not sa and choice in ("bias", "reduce", "norm", "constrain", "chunk", "split", "rotate", "concat", "slice"):
+        if not sa and choice in (
+            "bias",
+            "reduce",
+            "norm",
+            "constrain",
+            "chunk",
+            "split",
+            "rotate",
+            "concat",
+            "slice",
+        ):
             continue  # a scalar (a whole reduction's result) has no axis to use
         if choice == "matmul":
-            partners = [i for i, s in enumerate(shapes) if len(s) == 2 and len(sa) == 2 and s[0] == sa[1]]
+            partners = [
+                i for i, s in enumerate(shapes) if len(s) == 2 and len(sa) == 2 and s[0] == sa[1]
+            ]
             if not partners:
                 continue
             b = draw(st.sampled_from(partners))
@@ -117,12 +135,23 @@ def programs(draw: st.DrawFn) -> Program:
             axis = draw(st.integers(0, len(sa) - 1))
             keep = draw(st.booleans())
             fn = draw(st.sampled_from([op.sum, op.mean, op.max, op.min]))
-            steps.append((f"{fn.__name__}{axis}", lambda v, a=a, axis=axis, keep=keep, fn=fn: fn(v[a], axis=axis, keepdims=keep)))
-            shapes.append(tuple(1 if d == axis else s for d, s in enumerate(sa)) if keep else tuple(s for d, s in enumerate(sa) if d != axis))
+            steps.append(
+                (
+                    f"{fn.__name__}{axis}",
+                    lambda v, a=a, axis=axis, keep=keep, fn=fn: fn(v[a], axis=axis, keepdims=keep),
+                )
+            )
+            shapes.append(
+                tuple(1 if d == axis else s for d, s in enumerate(sa))
+                if keep
+                else tuple(s for d, s in enumerate(sa) if d != axis)
+            )
         elif choice == "norm":
             axis = draw(st.integers(0, len(sa) - 1))
             fn = draw(st.sampled_from([op.softmax, op.log_softmax, op.layer_norm, op.rms_norm]))
-            steps.append((f"{fn.__name__}{axis}", lambda v, a=a, axis=axis, fn=fn: fn(v[a], axis=axis)))
+            steps.append(
+                (f"{fn.__name__}{axis}", lambda v, a=a, axis=axis, fn=fn: fn(v[a], axis=axis))
+            )
             shapes.append(sa)
         elif choice == "transpose" and len(sa) == 2:
             steps.append(("transpose", lambda v, a=a: v[a].T))
@@ -130,7 +159,9 @@ def programs(draw: st.DrawFn) -> Program:
         elif choice == "reshape" and len(sa) == 2:
             split_rows = sa[0] % 2 == 0 and draw(st.booleans())
             target = (2, sa[0] // 2, sa[1]) if split_rows else (sa[0] * sa[1],)
-            steps.append((f"reshape{target}", lambda v, a=a, target=target: op.reshape(v[a], target)))
+            steps.append(
+                (f"reshape{target}", lambda v, a=a, target=target: op.reshape(v[a], target))
+            )
             shapes.append(target)
         elif choice in ("chunk", "rotate"):  # a piece, or the pieces in another order
             axis = draw(st.integers(0, len(sa) - 1))
@@ -139,11 +170,25 @@ def programs(draw: st.DrawFn) -> Program:
                 continue
             if choice == "chunk":
                 index = draw(st.integers(0, pieces - 1))
-                steps.append((f"chunk{pieces}[{index}]@{axis}", lambda v, a=a, n=pieces, i=index, axis=axis: op.chunk(v[a], n, axis=axis)[i]))
+                steps.append(
+                    (
+                        f"chunk{pieces}[{index}]@{axis}",
+                        lambda v, a=a, n=pieces, i=index, axis=axis: op.chunk(v[a], n, axis=axis)[
+                            i
+                        ],
+                    )
+                )
                 shapes.append(tuple(s // pieces if d == axis else s for d, s in enumerate(sa)))
             else:
                 order = draw(st.permutations(range(pieces)))
-                steps.append((f"rotate{list(order)}@{axis}", lambda v, a=a, n=pieces, order=order, axis=axis: op.concat([op.chunk(v[a], n, axis=axis)[i] for i in order], axis=axis)))
+                steps.append(
+                    (
+                        f"rotate{list(order)}@{axis}",
+                        lambda v, a=a, n=pieces, order=order, axis=axis: op.concat(
+                            [op.chunk(v[a], n, axis=axis)[i] for i in order], axis=axis
+                        ),
+                    )
+                )
                 shapes.append(sa)
         elif choice == "split":  # numpy's split points: uneven pieces
             axis = draw(st.integers(0, len(sa) - 1))
@@ -152,15 +197,34 @@ def programs(draw: st.DrawFn) -> Program:
             points = sorted(draw(st.sets(st.integers(1, sa[axis] - 1), min_size=1, max_size=2)))
             index = draw(st.integers(0, len(points)))
             bounds = [0, *points, sa[axis]]
-            steps.append((f"split{points}[{index}]@{axis}", lambda v, a=a, p=points, i=index, axis=axis: op.split(v[a], p, axis=axis)[i]))
-            shapes.append(tuple(bounds[index + 1] - bounds[index] if d == axis else s for d, s in enumerate(sa)))
+            steps.append(
+                (
+                    f"split{points}[{index}]@{axis}",
+                    lambda v, a=a, p=points, i=index, axis=axis: op.split(v[a], p, axis=axis)[i],
+                )
+            )
+            shapes.append(
+                tuple(
+                    bounds[index + 1] - bounds[index] if d == axis else s for d, s in enumerate(sa)
+                )
+            )
         elif choice == "concat":
             axis = draw(st.integers(0, len(sa) - 1))
-            partners = [i for i, s in enumerate(shapes) if len(s) == len(sa) and all(x == y for d, (x, y) in enumerate(zip(s, sa, strict=True)) if d != axis)]
+            partners = [
+                i
+                for i, s in enumerate(shapes)
+                if len(s) == len(sa)
+                and all(x == y for d, (x, y) in enumerate(zip(s, sa, strict=True)) if d != axis)
+            ]
             b = draw(st.sampled_from(partners))
             if sa[axis] + shapes[b][axis] > 48:
                 continue  # keep the tensors small
-            steps.append((f"concat@{axis}", lambda v, a=a, b=b, axis=axis: op.concat([v[a], v[b]], axis=axis)))
+            steps.append(
+                (
+                    f"concat@{axis}",
+                    lambda v, a=a, b=b, axis=axis: op.concat([v[a], v[b]], axis=axis),
+                )
+            )
             shapes.append(tuple(x + shapes[b][axis] if d == axis else x for d, x in enumerate(sa)))
         elif choice == "slice":  # a contiguous range of one dim
             axis = draw(st.integers(0, len(sa) - 1))
@@ -190,7 +254,9 @@ def programs(draw: st.DrawFn) -> Program:
 @settings(max_examples=220, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs())
 def test_sharded_execution_equals_unsharded(program: Program) -> None:
-    unconstrained = Program(program.mesh, program.inputs, program.specs, program.steps, constrain=False)
+    unconstrained = Program(
+        program.mesh, program.inputs, program.specs, program.steps, constrain=False
+    )
     reference = ts.jit(unconstrained)(*program.inputs)
     sharded = ts.jit(program, mesh=program.mesh, in_shardings=tuple(program.specs))
     result = sharded(*program.inputs)
@@ -242,11 +308,15 @@ def vocab_cases(draw: st.DrawFn, negative: bool = True, rows: int | None = None)
     for axis in vocab_axes:
         ways *= sizes[axis]
     vocab = ways * draw(st.integers(1, 5))
-    count = (sizes[batch_axis] if batch_axis else 1) * draw(st.integers(1, 4)) if rows is None else rows
+    count = (
+        (sizes[batch_axis] if batch_axis else 1) * draw(st.integers(1, 4)) if rows is None else rows
+    )
     local = vocab // ways
     edges = [v for start in range(0, vocab, local) for v in (start, start + local - 1)]
     low = -vocab if negative else 0
-    pool = st.one_of(st.sampled_from(edges + ([-1, -vocab] if negative else [])), st.integers(low, vocab - 1))
+    pool = st.one_of(
+        st.sampled_from(edges + ([-1, -vocab] if negative else [])), st.integers(low, vocab - 1)
+    )
     ids = torch.tensor(draw(st.lists(pool, min_size=count, max_size=count)), dtype=torch.int64)
     return VocabCase(mesh, vocab_axes, batch_axis, vocab, ids)
 
@@ -267,12 +337,16 @@ def test_vocab_parallel_embedding_equals_unsharded(case: VocabCase, width: int) 
     lookup = ts.jit(lambda t, ids: op.embedding(ids, t), mesh=case.mesh, in_shardings=specs[:2])
     torch.testing.assert_close(lookup(table, case.ids), table[case.ids], **TIGHT)
     kinds = sorted({c.kind for c in lookup.lower(table, case.ids).collectives()})
-    event(f"lookup: {'masked local lookup' if 'axis_index' in lookup.lower(table, case.ids).as_text('partitioned') else 'gathered table'} {kinds}")
+    event(
+        f"lookup: {'masked local lookup' if 'axis_index' in lookup.lower(table, case.ids).as_text('partitioned') else 'gathered table'} {kinds}"
+    )
     grad = ts.jit(ts.grad(loss), mesh=case.mesh, in_shardings=specs, out_shardings=table_spec)
     eager = table.clone().requires_grad_()
     (eager[case.ids] * weights).sum().backward()
     torch.testing.assert_close(grad(table, case.ids, weights), eager.grad, **TIGHT)
-    event(f"gradient: {sorted({c.kind for c in grad.lower(table, case.ids, weights).collectives()})}")
+    event(
+        f"gradient: {sorted({c.kind for c in grad.lower(table, case.ids, weights).collectives()})}"
+    )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -289,7 +363,11 @@ def test_vocab_parallel_cross_entropy_equals_unsharded(case: VocabCase, reductio
         losses = op.cross_entropy(x, labels, reduction=reduction)
         return op.sum(losses * weights) if reduction == "none" else losses
 
-    forward = ts.jit(lambda x, labels: op.cross_entropy(x, labels, reduction=reduction), mesh=case.mesh, in_shardings=specs)
+    forward = ts.jit(
+        lambda x, labels: op.cross_entropy(x, labels, reduction=reduction),
+        mesh=case.mesh,
+        in_shardings=specs,
+    )
     expected = torch.nn.functional.cross_entropy(logits, case.ids, reduction=reduction)
     torch.testing.assert_close(forward(logits, case.ids), expected, **TIGHT)
     grad = ts.jit(ts.grad(loss), mesh=case.mesh, in_shardings=specs, out_shardings=specs[0])
@@ -311,7 +389,12 @@ def test_logsumexp_over_a_split_axis_equals_unsharded(case: VocabCase) -> None:
     spec = case.rows_and_vocab()
     forward = ts.jit(lambda v: op.logsumexp(v, axis=-1), mesh=case.mesh, in_shardings=(spec,))
     torch.testing.assert_close(forward(x), torch.logsumexp(x, -1), **TIGHT)
-    grad = ts.jit(ts.grad(lambda v: op.sum(op.logsumexp(v, axis=-1))), mesh=case.mesh, in_shardings=(spec,), out_shardings=spec)
+    grad = ts.jit(
+        ts.grad(lambda v: op.sum(op.logsumexp(v, axis=-1))),
+        mesh=case.mesh,
+        in_shardings=(spec,),
+        out_shardings=spec,
+    )
     torch.testing.assert_close(grad(x), torch.softmax(x, -1), **TIGHT)
     for compiled, args in ((forward, (x,)), (grad, (x,))):
         kinds = {c.kind for c in compiled.lower(*args).collectives()}
@@ -320,11 +403,20 @@ def test_logsumexp_over_a_split_axis_equals_unsharded(case: VocabCase) -> None:
 
 # --- blocks along a sharded dim, and collective permutes ----------------------------------------
 
-BLOCK_MESHES = [(("x",), (2,)), (("x",), (3,)), (("x",), (4,)), (("x",), (6,)), (("x", "y"), (2, 3)), (("x", "y"), (2, 2))]
+BLOCK_MESHES = [
+    (("x",), (2,)),
+    (("x",), (3,)),
+    (("x",), (4,)),
+    (("x",), (6,)),
+    (("x", "y"), (2, 3)),
+    (("x", "y"), (2, 2)),
+]
 
 
 @st.composite
-def block_programs(draw: st.DrawFn) -> tuple[dist.Mesh, list[torch.Tensor], list[dist.ShardSpec], Callable[..., Any], str]:
+def block_programs(
+    draw: st.DrawFn,
+) -> tuple[dist.Mesh, list[torch.Tensor], list[dist.ShardSpec], Callable[..., Any], str]:
     """One chunk / split / concat / slice (or a chunk rotated and concatenated back) along
     a dim split over one or two mesh axes, the other dim maybe split too."""
     names, sizes = draw(st.sampled_from(BLOCK_MESHES))
@@ -389,7 +481,11 @@ def test_blocks_along_a_sharded_dim_equal_unsharded(case: tuple, keep_split: boo
     result = sharded(*inputs)
     kinds = sorted({c.kind for c in sharded.lower(*inputs).collectives()})
     event(f"collectives: {kinds}")
-    for got, want in zip(result if isinstance(result, tuple) else (result,), reference if isinstance(reference, tuple) else (reference,), strict=True):
+    for got, want in zip(
+        result if isinstance(result, tuple) else (result,),
+        reference if isinstance(reference, tuple) else (reference,),
+        strict=True,
+    ):
         torch.testing.assert_close(got, want, rtol=0, atol=0, msg=label)
 
 
@@ -427,13 +523,20 @@ def test_collective_permute_and_its_vjp(case: tuple) -> None:
     module = Parser(context, text).parse_module()
     function = next(o for o in module.ops if o.name == "func.func")
     permute = next(o for o in function.walk() if o.name == "graph.collective_permute")
-    (transposed,) = op_def(permute).vjp(GradBuilder(InsertPoint.before(function.body.block.last_op)), permute, [function.args[1]])
+    (transposed,) = op_def(permute).vjp(
+        GradBuilder(InsertPoint.before(function.body.block.last_op)), permute, [function.args[1]]
+    )
     function.body.block.last_op.operands[1] = transposed
     module.verify()
     rng = np.random.default_rng(len(pairs))
     xs = [rng.standard_normal((3, 2)) for _ in range(mesh.size)]
     ys = [rng.standard_normal((3, 2)) for _ in range(mesh.size)]
-    results = run_partitioned(module, "f", mesh, [[torch.from_numpy(x), torch.from_numpy(y)] for x, y in zip(xs, ys, strict=True)])
+    results = run_partitioned(
+        module,
+        "f",
+        mesh,
+        [[torch.from_numpy(x), torch.from_numpy(y)] for x, y in zip(xs, ys, strict=True)],
+    )
     expected = [np.zeros((3, 2)) for _ in xs]
     for group in mesh.groups(axes):
         for source, target in pairs:

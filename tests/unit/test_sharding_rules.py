@@ -63,8 +63,23 @@ CASES: list[tuple[type[graph.GraphOp], list[tuple[tuple[int, ...], DType]], dict
     (graph.SplitOp, [((4, 6), F32)], {"axis": 1, "sizes": (2, 4)}),
     (graph.GatherOp, [((6, 4), F32), ((2, 4), I64)], {"axis": 0}),
     (graph.GatherOp, [((4, 6, 2), F32), ((4,), I64)], {"axis": 1}),
-    (graph.AttentionOp, [((2, 4, 6, 8), F32), ((2, 2, 4, 8), F32), ((2, 2, 4, 6), F32)], {"causal": False, "scale": 0.3}),
-    (graph.AttentionBackwardOp, [((2, 4, 6, 8), F32), ((2, 2, 4, 8), F32), ((2, 2, 4, 6), F32), ((2, 4, 6, 6), F32), ((2, 4, 6), F32), ((2, 4, 6), F32)], {"causal": False, "scale": 0.3}),
+    (
+        graph.AttentionOp,
+        [((2, 4, 6, 8), F32), ((2, 2, 4, 8), F32), ((2, 2, 4, 6), F32)],
+        {"causal": False, "scale": 0.3},
+    ),
+    (
+        graph.AttentionBackwardOp,
+        [
+            ((2, 4, 6, 8), F32),
+            ((2, 2, 4, 8), F32),
+            ((2, 2, 4, 6), F32),
+            ((2, 4, 6, 6), F32),
+            ((2, 4, 6), F32),
+            ((2, 4, 6), F32),
+        ],
+        {"causal": False, "scale": 0.3},
+    ),
     (graph.TopKOp, [((2, 4, 6), F32)], {"k": 3}),
     (graph.MoeRouteOp, [((2, 6, 2), I32)], {"experts": 4, "capacity": 3}),
     (graph.MoeDispatchOp, [((2, 6, 8), F32), ((2, 6, 2), I32), ((2, 4, 3), I32)], {}),
@@ -83,28 +98,55 @@ def _random(aval: AbstractTensor, bound: int, generator: torch.Generator) -> tor
     return torch.randn(aval.shape, generator=generator, dtype=torch.float64).float()
 
 
-def _run(op_type: type[graph.GraphOp], avals: list[AbstractTensor], attrs: dict[str, Any], inputs: list[torch.Tensor]) -> tuple[graph.GraphOp, tuple[torch.Tensor, ...]]:
+def _run(
+    op_type: type[graph.GraphOp],
+    avals: list[AbstractTensor],
+    attrs: dict[str, Any],
+    inputs: list[torch.Tensor],
+) -> tuple[graph.GraphOp, tuple[torch.Tensor, ...]]:
     block = Block(arg_types=[a.to_xdsl() for a in avals])
     op = graph.build(op_type, block.args, **attrs)
     result = op_def(op_type).reference(op, *inputs)
     return op, result if isinstance(result, tuple) else (result,)
 
 
-def _local_attrs(op_type: type[graph.GraphOp], attrs: dict[str, Any], rule: ShardingRule, factor: int, pieces: int) -> dict[str, Any]:
+def _local_attrs(
+    op_type: type[graph.GraphOp],
+    attrs: dict[str, Any],
+    rule: ShardingRule,
+    factor: int,
+    pieces: int,
+) -> dict[str, Any]:
     """Attributes of the op on one piece: shapes and slice bounds shrink with the split."""
     local = dict(attrs)
     if "shape" in attrs:
-        local["shape"] = tuple(s // pieces if f == factor else s for s, f in zip(attrs["shape"], rule.results[0], strict=True))
+        local["shape"] = tuple(
+            s // pieces if f == factor else s
+            for s, f in zip(attrs["shape"], rule.results[0], strict=True)
+        )
     if op_type is graph.SliceOp:
-        local["limits"] = tuple(lim // pieces if f == factor else lim for lim, f in zip(attrs["limits"], rule.operands[0], strict=True))
+        local["limits"] = tuple(
+            lim // pieces if f == factor else lim
+            for lim, f in zip(attrs["limits"], rule.operands[0], strict=True)
+        )
     return local
 
 
-@pytest.mark.parametrize(("op_type", "operands", "attrs"), CASES, ids=[f"{c[0].name}-{i}" for i, c in enumerate(CASES)])
-def test_splitting_a_factor_preserves_the_result(op_type: type[graph.GraphOp], operands: list[tuple[tuple[int, ...], DType]], attrs: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("op_type", "operands", "attrs"), CASES, ids=[f"{c[0].name}-{i}" for i, c in enumerate(CASES)]
+)
+def test_splitting_a_factor_preserves_the_result(
+    op_type: type[graph.GraphOp],
+    operands: list[tuple[tuple[int, ...], DType]],
+    attrs: dict[str, Any],
+) -> None:
     generator = torch.Generator().manual_seed(0)
     avals = [AbstractTensor(shape, dtype) for shape, dtype in operands]
-    bound = avals[0].shape[attrs.get("axis", -1)] if op_type in (graph.GatherOp, graph.CrossEntropyOp) else 2
+    bound = (
+        avals[0].shape[attrs.get("axis", -1)]
+        if op_type in (graph.GatherOp, graph.CrossEntropyOp)
+        else 2
+    )
     inputs = [_random(a, bound, generator) for a in avals]
     op, expected = _run(op_type, avals, attrs, inputs)
     rule = sharding_rule(op)
@@ -126,7 +168,14 @@ def test_splitting_a_factor_preserves_the_result(op_type: type[graph.GraphOp], o
                         x = x.chunk(2, dim=d)[piece]
                 local_inputs.append(x)
                 local_avals.append(AbstractTensor(tuple(x.shape), aval.dtype))
-            halves.append(_run(op_type, local_avals, _local_attrs(op_type, attrs, rule, factor, 2), local_inputs)[1])
+            halves.append(
+                _run(
+                    op_type,
+                    local_avals,
+                    _local_attrs(op_type, attrs, rule, factor, 2),
+                    local_inputs,
+                )[1]
+            )
         for index, (want, dims) in enumerate(zip(expected, rule.results, strict=True)):
             first, second = halves[0][index], halves[1][index]
             if info.kind == FactorKind.PARALLEL or factor in dims:  # a split result
@@ -138,7 +187,9 @@ def test_splitting_a_factor_preserves_the_result(op_type: type[graph.GraphOp], o
                 got = (first + second) / 2
             else:
                 got = COMBINE[rule.reduction_kind](first, second)
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"{op_type.name} {rule} factor {factor}")
+            torch.testing.assert_close(
+                got, want, rtol=1e-5, atol=1e-5, msg=f"{op_type.name} {rule} factor {factor}"
+            )
         checked += 1
     if op_type not in (graph.SplitOp,):
         assert checked > 0, f"no splittable factor was exercised for {op_type.name}: {rule}"
@@ -167,9 +218,15 @@ BLOCK_CASES: list[tuple[type[graph.GraphOp], list[tuple[int, ...]], dict[str, An
 ]
 
 
-@pytest.mark.parametrize(("op_type", "shapes", "attrs"), BLOCK_CASES, ids=[f"{c[0].name}-{i}" for i, c in enumerate(BLOCK_CASES)])
+@pytest.mark.parametrize(
+    ("op_type", "shapes", "attrs"),
+    BLOCK_CASES,
+    ids=[f"{c[0].name}-{i}" for i, c in enumerate(BLOCK_CASES)],
+)
 @pytest.mark.parametrize("ranks", [2, 3, 4, 6])
-def test_block_moves_build_every_result_block(op_type: type[graph.GraphOp], shapes: list[tuple[int, ...]], attrs: dict[str, Any], ranks: int) -> None:
+def test_block_moves_build_every_result_block(
+    op_type: type[graph.GraphOp], shapes: list[tuple[int, ...]], attrs: dict[str, Any], ranks: int
+) -> None:
     """A BLOCKS factor split ``ranks`` ways: every rank's block of every result, built
     as the plan says (slices of the operand blocks moved by permutes, summed where ranks
     take different moves, concatenated), equals that block of the op's result."""
@@ -184,7 +241,11 @@ def test_block_moves_build_every_result_block(op_type: type[graph.GraphOp], shap
         pytest.skip(f"{ranks} does not divide the windows {windows}")
     sources = [i for i, w in enumerate(windows.operands) if w is not None]
     targets = [j for j, w in enumerate(windows.results) if w is not None]
-    plan = plan_block_moves([Window(*windows.operands[i]) for i in sources], [Window(*windows.results[j]) for j in targets], ranks)
+    plan = plan_block_moves(
+        [Window(*windows.operands[i]) for i in sources],
+        [Window(*windows.results[j]) for j in targets],
+        ranks,
+    )
     blocks = [inputs[i].chunk(ranks, rule.operands[i].index(windows.factor)) for i in sources]
     for j, segments in zip(targets, plan, strict=True):
         dim = rule.results[j].index(windows.factor)
@@ -192,21 +253,29 @@ def test_block_moves_build_every_result_block(op_type: type[graph.GraphOp], shap
             pieces = []
             for segment in segments:
                 senders = [[s for s, t in move.pairs if t == p] for move in segment.moves]
-                assert sorted(len(s) for s in senders) == [0] * (len(senders) - 1) + [1]  # one move reaches p
+                assert sorted(len(s) for s in senders) == [0] * (len(senders) - 1) + [
+                    1
+                ]  # one move reaches p
                 total = None
                 for move, sender in zip(segment.moves, senders, strict=True):
-                    slices = [b.narrow(dim, move.start, segment.length) for b in blocks[move.source]]
+                    slices = [
+                        b.narrow(dim, move.start, segment.length) for b in blocks[move.source]
+                    ]
                     term = slices[sender[0]] if sender else torch.zeros_like(slices[0])
                     total = term if total is None else total + term
                 pieces.append(total)
             got = torch.cat(pieces, dim) if pieces else want
-            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"{op_type.name} result {j} rank {p}")
+            torch.testing.assert_close(
+                got, want, rtol=0, atol=0, msg=f"{op_type.name} result {j} rank {p}"
+            )
 
 
 def test_block_moves_of_a_fused_qkv_chunk() -> None:
     """chunk(x, 3) of a dim of 384 split over 4 ranks (blocks of 96; pieces' blocks of
     32): 9 moves, 7 of which send; every rank receives 2 of its 3 blocks of 32."""
-    plan = plan_block_moves([Window(0, 384)], [Window(0, 128), Window(128, 128), Window(256, 128)], 4)
+    plan = plan_block_moves(
+        [Window(0, 384)], [Window(0, 128), Window(128, 128), Window(256, 128)], 4
+    )
     assert [len(segments) for segments in plan] == [1, 1, 1]
     assert [[m.pairs for m in segments[0].moves] for segments in plan] == [
         [((0, 0), (1, 3)), ((0, 1),), ((0, 2),)],

@@ -111,7 +111,10 @@ def test_gloo_run_records_a_causal_timeline_and_overlap_keeps_results(tmp_path: 
                 continue
             event = next(comm)
             producer = o.operands[0].owner
-            assert event["ts"] >= by_kernel[producer.kernel_name]["ts"] + by_kernel[producer.kernel_name]["dur"]
+            assert (
+                event["ts"]
+                >= by_kernel[producer.kernel_name]["ts"] + by_kernel[producer.kernel_name]["dur"]
+            )
             wait = next(iter(o.handle.uses)).operation
             users = [u.operation for r in wait.results for u in r.uses]
             for user in users:

@@ -204,7 +204,11 @@ def test_a_state_dict_resumes_training_where_it_stopped() -> None:
     saved = step.state_dict(state)
     assert saved["step"] == 1 and saved["params"]["w1"] is params["w1"]  # updated in place
     leaves, tree = pytree.flatten(saved)
-    resumed = step.load_state_dict(pytree.unflatten(tree, [torch.clone(t) if isinstance(t, torch.Tensor) else t for t in leaves]))
+    resumed = step.load_state_dict(
+        pytree.unflatten(
+            tree, [torch.clone(t) if isinstance(t, torch.Tensor) else t for t in leaves]
+        )
+    )
     step(state, x, y)
     step(resumed, x, y)
     assert resumed.step == state.step == 2

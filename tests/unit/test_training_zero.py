@@ -35,7 +35,11 @@ def make_step(zero: int, mesh: dist.Mesh | None, kernels: str = "reference") -> 
         optimizer=optim.AdamW(lr=1e-2, weight_decay=0.1),
         mesh=mesh,
         zero=zero,
-        param_shardings={"w1": COLUMNS, "b1": dist.ShardSpec(partition=(0,), mesh_axes=("tp",)), "w2": ROWS}
+        param_shardings={
+            "w1": COLUMNS,
+            "b1": dist.ShardSpec(partition=(0,), mesh_axes=("tp",)),
+            "w2": ROWS,
+        }
         if mesh is not None
         else None,
         kernels=kernels,
@@ -81,7 +85,10 @@ def test_zero_stage_trains_like_torch_adamw_in_place(zero: int) -> None:
 def test_triton_kernels_and_single_device_agree_with_torch() -> None:
     params, x, y = init(1)
     expected_losses, _ = torch_steps(params, x, y, steps=2)
-    for step in (make_step(2, dist.mesh({"dp": DP, "tp": TP}), "triton"), make_step(0, None, "triton")):
+    for step in (
+        make_step(2, dist.mesh({"dp": DP, "tp": TP}), "triton"),
+        make_step(0, None, "triton"),
+    ):
         state = step.init({k: v.clone() for k, v in params.items()})
         losses = [float(step(state, x, y)["loss"]) for _ in range(2)]
         assert losses == pytest.approx(expected_losses, rel=1e-5)
@@ -103,7 +110,9 @@ def _dp_collectives(zero: int) -> Counter[str]:
         (3, {"all_gather": 3, "reduce_scatter": 3}),  # gathered once, at the start
     ],
 )
-def test_zero_stage_inserts_the_expected_dp_collectives(zero: int, expected: dict[str, int]) -> None:
+def test_zero_stage_inserts_the_expected_dp_collectives(
+    zero: int, expected: dict[str, int]
+) -> None:
     assert _dp_collectives(zero) == Counter(expected)
 
 
@@ -130,7 +139,9 @@ def test_donated_update_takes_the_place_of_its_inputs() -> None:
 
     args = [torch.randn(256, 256) for _ in range(3)]
     kept = ts.jit(update, kernels="reference").lower(*args).memory().peak_bytes
-    donated = ts.jit(update, kernels="reference", donate_argnums=(0, 1)).lower(*args).memory().peak_bytes
+    donated = (
+        ts.jit(update, kernels="reference", donate_argnums=(0, 1)).lower(*args).memory().peak_bytes
+    )
     size = 256 * 256 * 4
     assert kept == 5 * size  # three arguments and two results
     assert donated == 3 * size  # the results reuse p's and m's buffers
@@ -153,7 +164,9 @@ def test_training_step_errors_name_the_problem() -> None:
         no_metrics(no_metrics.init(params), x, y)
 
     @graph.training_step(
-        optimizer=optim.SGD(), mesh=dist.mesh({"dp": 2}), param_shardings=dist.ShardSpec(partition=(0,), mesh_axes=("dp",))
+        optimizer=optim.SGD(),
+        mesh=dist.mesh({"dp": 2}),
+        param_shardings=dist.ShardSpec(partition=(0,), mesh_axes=("dp",)),
     )
     def split_over_dp(p, x, y):
         return graph.backward(op.mean(x @ p["w1"])), {}
@@ -170,7 +183,9 @@ def test_sgd_momentum_training_step_on_a_dp_mesh() -> None:
     ref = {k: v.double().clone().requires_grad_() for k, v in params.items()}
     opt = torch.optim.SGD(ref.values(), lr=0.05, momentum=0.9)
 
-    @graph.training_step(optimizer=optim.SGD(lr=0.05, momentum=0.9), mesh=dist.mesh({"dp": 4}), zero=1)
+    @graph.training_step(
+        optimizer=optim.SGD(lr=0.05, momentum=0.9), mesh=dist.mesh({"dp": 4}), zero=1
+    )
     def step(p, x, y):
         out = op.gelu(x @ p["w1"] + p["b1"]) @ p["w2"]
         return graph.backward(op.mean((out - y) * (out - y))), {}
@@ -179,7 +194,11 @@ def test_sgd_momentum_training_step_on_a_dp_mesh() -> None:
     for _ in range(3):
         step(state, x, y)
         opt.zero_grad()
-        ((F.gelu(x.double() @ ref["w1"] + ref["b1"]) @ ref["w2"] - y.double()) ** 2).mean().backward()
+        (
+            (F.gelu(x.double() @ ref["w1"] + ref["b1"]) @ ref["w2"] - y.double()) ** 2
+        ).mean().backward()
         opt.step()
     for name in params:
-        torch.testing.assert_close(state.params[name].double(), ref[name].detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            state.params[name].double(), ref[name].detach(), rtol=1e-5, atol=1e-6
+        )

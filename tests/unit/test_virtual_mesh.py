@@ -406,8 +406,12 @@ def test_collective_permute_matches_numpy(mesh, axes, pattern):
         for rank, value in zip(group, np_permute(pairs, [inputs[r] for r in group]), strict=True):
             expected[rank] = value
     for rank in range(mesh.size):
-        np.testing.assert_array_equal(results[rank][0].numpy(), expected[rank], err_msg=f"rank {rank}")
-        np.testing.assert_array_equal(from_plan[rank][0].numpy(), expected[rank], err_msg=f"rank {rank}")
+        np.testing.assert_array_equal(
+            results[rank][0].numpy(), expected[rank], err_msg=f"rank {rank}"
+        )
+        np.testing.assert_array_equal(
+            from_plan[rank][0].numpy(), expected[rank], err_msg=f"rank {rank}"
+        )
 
 
 def test_collective_permute_info_counts_only_moving_permutes():
@@ -425,15 +429,21 @@ def test_collective_permute_info_counts_only_moving_permutes():
     )
     infos = collectives(module)
     assert infos == [  # %b keeps rank 2's own value and moves nothing: not listed
-        CollectiveInfo("collective_permute", ("tp",), 4, (4, 6), "f32", 4 * 6 * 4, ((0, 1), (2, 2))),
-        CollectiveInfo("collective_permute", ("dp", "tp"), 8, (4, 6), "f32", 4 * 6 * 4, ((7, 0), (3, 3))),
+        CollectiveInfo(
+            "collective_permute", ("tp",), 4, (4, 6), "f32", 4 * 6 * 4, ((0, 1), (2, 2))
+        ),
+        CollectiveInfo(
+            "collective_permute", ("dp", "tp"), 8, (4, 6), "f32", 4 * 6 * 4, ((7, 0), (3, 3))
+        ),
     ]
     assert [i.receivers for i in infos] == [(1,), (0,)]
 
 
 def test_collective_permute_has_no_global_value():
     with pytest.raises(ExecutionError, match="per-rank semantics only"):
-        module = collective_module(Mesh(["x"], (2,)), "collective_permute", ("x",), {"pairs": [[0, 1]]}, (2,))
+        module = collective_module(
+            Mesh(["x"], (2,)), "collective_permute", ("x",), {"pairs": [[0, 1]]}, (2,)
+        )
         (permute,) = [o for o in module.walk() if o.name == "graph.collective_permute"]
         op_def(permute).reference(permute, torch.zeros(2))
 
@@ -510,7 +520,10 @@ func.func @f(%x: tensor<2xi32>) -> tensor<2xi32> attributes {{graph.partitioned}
     args = [[torch.tensor([10, 20], dtype=torch.int32)] for _ in range(mesh.size)]
     scheduled = module.clone()
     LowerGraphToSchedulePass().apply(Context(), scheduled)
-    for per_rank in (run_partitioned(module, "f", mesh, args), run_virtual(scheduled, "f", mesh, args, reference_kernel)):
+    for per_rank in (
+        run_partitioned(module, "f", mesh, args),
+        run_virtual(scheduled, "f", mesh, args, reference_kernel),
+    ):
         for rank, (y,) in enumerate(per_rank):
             assert y.tolist() == [10 + expected[rank], 20 + expected[rank]], (axes, rank)
 
@@ -520,4 +533,6 @@ def test_axis_index_has_no_value_in_the_global_view() -> None:
     from tessera.ops import op_def
 
     with pytest.raises(ExecutionError, match=r"graph\.axis_index has a value per rank"):
-        op_def(graph.AxisIndexOp).reference(graph.AxisIndexOp.create(result_types=[], properties={}))
+        op_def(graph.AxisIndexOp).reference(
+            graph.AxisIndexOp.create(result_types=[], properties={})
+        )

@@ -34,7 +34,9 @@ def _data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return table, ids, logits
 
 
-def _collectives(compiled: JitFunction, *args: torch.Tensor) -> list[tuple[str, tuple[str, ...], tuple[int, ...]]]:
+def _collectives(
+    compiled: JitFunction, *args: torch.Tensor
+) -> list[tuple[str, tuple[str, ...], tuple[int, ...]]]:
     return [(c.kind, c.mesh_axes, c.shape) for c in compiled.lower(*args).collectives()]
 
 
@@ -50,7 +52,12 @@ def test_lookup_all_reduces_the_result_not_the_table() -> None:
 def test_lookup_reduce_scatters_into_a_split_consumer() -> None:
     table, ids, _ = _data(1)
     rows_tp = dist.ShardSpec(partition=(0,), mesh_axes=("tp",))
-    lookup = ts.jit(lambda t, i: op.embedding(i, t), mesh=MESH, in_shardings=(VOCAB_TP, None), out_shardings=rows_tp)
+    lookup = ts.jit(
+        lambda t, i: op.embedding(i, t),
+        mesh=MESH,
+        in_shardings=(VOCAB_TP, None),
+        out_shardings=rows_tp,
+    )
     torch.testing.assert_close(lookup(table, ids), table[ids], **TOL)
     assert [k for k, *_ in _collectives(lookup, table, ids)] == ["reduce_scatter"]
 
@@ -65,7 +72,9 @@ def test_lookup_gradient_is_computed_per_vocabulary_slice() -> None:
     def loss(t: torch.Tensor, i: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return op.sum(op.embedding(i, t) * w)
 
-    grad = ts.jit(ts.grad(loss), mesh=MESH, in_shardings=(VOCAB_TP, ROWS_DP, ROWS_DP), out_shardings=VOCAB_TP)
+    grad = ts.jit(
+        ts.grad(loss), mesh=MESH, in_shardings=(VOCAB_TP, ROWS_DP, ROWS_DP), out_shardings=VOCAB_TP
+    )
     eager = table.clone().requires_grad_()
     (eager[ids] * weights).sum().backward()
     torch.testing.assert_close(grad(table, ids, weights), eager.grad, **TOL)
@@ -87,8 +96,14 @@ def test_ids_out_of_range_give_zero_rows_when_the_vocabulary_is_split() -> None:
     with pytest.raises(ts.ExecutionError, match=r"indices must be in \[-256, 256\)"):
         ts.jit(lambda t, i: op.embedding(i, t))(table, ids)
     labels = torch.tensor([3, V, -1, 7] * (N // 4))
-    ce = ts.jit(lambda x, y: op.cross_entropy(x, y, reduction="none"), mesh=MESH, in_shardings=(LOGITS, ROWS_DP))
-    expected = torch.logsumexp(logits, -1) - logits.gather(1, labels.clamp(0, V - 1)[:, None])[:, 0] * (labels >= 0) * (labels < V)
+    ce = ts.jit(
+        lambda x, y: op.cross_entropy(x, y, reduction="none"),
+        mesh=MESH,
+        in_shardings=(LOGITS, ROWS_DP),
+    )
+    expected = torch.logsumexp(logits, -1) - logits.gather(1, labels.clamp(0, V - 1)[:, None])[
+        :, 0
+    ] * (labels >= 0) * (labels < V)
     torch.testing.assert_close(ce(logits, labels), expected, **TOL)
     with pytest.raises(ts.ExecutionError, match=r"labels must be in \[0, 256\)"):
         ts.jit(lambda x, y: op.cross_entropy(x, y))(logits, labels)
@@ -102,8 +117,14 @@ def test_cross_entropy_all_reduces_row_statistics_only(reduction: str) -> None:
     _, _, logits = _data(4)
     labels = torch.randint(0, V, (N,))
     labels[:2] = torch.tensor([0, V - 1])
-    ce = ts.jit(lambda x, y: op.cross_entropy(x, y, reduction=reduction), mesh=MESH, in_shardings=(LOGITS, ROWS_DP))
-    torch.testing.assert_close(ce(logits, labels), F.cross_entropy(logits, labels, reduction=reduction), **TOL)
+    ce = ts.jit(
+        lambda x, y: op.cross_entropy(x, y, reduction=reduction),
+        mesh=MESH,
+        in_shardings=(LOGITS, ROWS_DP),
+    )
+    torch.testing.assert_close(
+        ce(logits, labels), F.cross_entropy(logits, labels, reduction=reduction), **TOL
+    )
     statistic = ("all_reduce", ("tp",), (N // 2, 1))
     expected = [statistic] * 3 + ([] if reduction == "none" else [("all_reduce", ("dp",), ())])
     assert _collectives(ce, logits, labels) == expected
@@ -114,7 +135,12 @@ def test_cross_entropy_gradient_stays_split() -> None:
     the all-reduced row max and sum of exponentials."""
     _, _, logits = _data(5)
     labels = torch.randint(0, V, (N,))
-    grad = ts.jit(ts.grad(lambda x, y: op.cross_entropy(x, y)), mesh=MESH, in_shardings=(LOGITS, ROWS_DP), out_shardings=LOGITS)
+    grad = ts.jit(
+        ts.grad(lambda x, y: op.cross_entropy(x, y)),
+        mesh=MESH,
+        in_shardings=(LOGITS, ROWS_DP),
+        out_shardings=LOGITS,
+    )
     eager = logits.clone().requires_grad_()
     F.cross_entropy(eager, labels).backward()
     torch.testing.assert_close(grad(logits, labels), eager.grad, **TOL)
@@ -125,7 +151,12 @@ def test_logsumexp_gradient_all_reduces_forward_statistics_only() -> None:
     """logsumexp's shift (its row max) carries no gradient (stop_gradient, as in JAX): its
     gradient, softmax, needs only the forward's two row statistics."""
     _, _, x = _data(6)
-    grad = ts.jit(ts.grad(lambda v: op.sum(op.logsumexp(v, axis=-1))), mesh=MESH, in_shardings=(LOGITS,), out_shardings=LOGITS)
+    grad = ts.jit(
+        ts.grad(lambda v: op.sum(op.logsumexp(v, axis=-1))),
+        mesh=MESH,
+        in_shardings=(LOGITS,),
+        out_shardings=LOGITS,
+    )
     torch.testing.assert_close(grad(x), torch.softmax(x, -1), **TOL)
     assert _collectives(grad, x) == [("all_reduce", ("tp",), (N // 2, 1))] * 2
 
@@ -140,7 +171,12 @@ def test_tied_gpt_head_moves_no_table_over_tp() -> None:
     def head(t: torch.Tensor, i: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return op.cross_entropy(op.layer_norm(op.embedding(i, t)) @ op.transpose(t, (1, 0)), y)
 
-    step = ts.jit(ts.value_and_grad(head), mesh=MESH, in_shardings=(VOCAB_TP, ROWS_DP, ROWS_DP), out_shardings=(None, VOCAB_TP))
+    step = ts.jit(
+        ts.value_and_grad(head),
+        mesh=MESH,
+        in_shardings=(VOCAB_TP, ROWS_DP, ROWS_DP),
+        out_shardings=(None, VOCAB_TP),
+    )
     eager = table.clone().requires_grad_()
     expected = F.cross_entropy(F.layer_norm(eager[ids], (C,)) @ eager.T, labels)
     expected.backward()

@@ -39,7 +39,10 @@ def virtual(fn: Any, *args: Any) -> Any:
 def check(name: str, got: torch.Tensor, oracle: torch.Tensor, eager: torch.Tensor) -> None:
     torch.testing.assert_close(got, oracle, **TOL, msg=lambda m: f"{name} vs virtual: {m}")
     torch.testing.assert_close(got, eager, **TOL, msg=lambda m: f"{name} vs eager: {m}")
-    print(f"rank {RANK}: {name}: max error vs eager {(got - eager).abs().max().item():.1e}", flush=True)
+    print(
+        f"rank {RANK}: {name}: max error vs eager {(got - eager).abs().max().item():.1e}",
+        flush=True,
+    )
 
 
 def mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -48,8 +51,16 @@ def mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
 
 def check_mlp(mesh: dist.Mesh, local_args: bool = False) -> None:
     g = torch.Generator().manual_seed(1)
-    x, w1, w2 = torch.randn(8, 16, generator=g), torch.randn(16, 32, generator=g), torch.randn(32, 16, generator=g)
-    batch = dist.ShardSpec(partition=(0,), mesh_axes=("dp",)) if "dp" in mesh.axis_names else dist.ShardSpec(replicate=True)
+    x, w1, w2 = (
+        torch.randn(8, 16, generator=g),
+        torch.randn(16, 32, generator=g),
+        torch.randn(32, 16, generator=g),
+    )
+    batch = (
+        dist.ShardSpec(partition=(0,), mesh_axes=("dp",))
+        if "dp" in mesh.axis_names
+        else dist.ShardSpec(replicate=True)
+    )
     cols = dist.ShardSpec(partition=("col",), mesh_axes=("tp",))
     rows = dist.ShardSpec(partition=("row",), mesh_axes=("tp",))
     f = ts.jit(mlp, mesh=mesh, in_shardings=(batch, cols, rows))
@@ -57,15 +68,22 @@ def check_mlp(mesh: dist.Mesh, local_args: bool = False) -> None:
     oracle = virtual(f, x, w1, w2)
     if local_args:  # each rank builds its arguments from its own shards
         specs = (batch, cols, rows)
-        whole = [dist.tensor(a, layout=s, mesh=mesh) for a, s in zip((x, w1, w2), specs, strict=True)]
-        args = [DistTensor.from_local(w.local(RANK).clone(), s, mesh) for w, s in zip(whole, specs, strict=True)]
+        whole = [
+            dist.tensor(a, layout=s, mesh=mesh) for a, s in zip((x, w1, w2), specs, strict=True)
+        ]
+        args = [
+            DistTensor.from_local(w.local(RANK).clone(), s, mesh)
+            for w, s in zip(whole, specs, strict=True)
+        ]
         result = f(*args)
     else:
         result = f(x, w1, w2)
     run = f.lower(x, w1, w2).last_run
     assert run is not None and [c.kind for c in run.collectives] == ["all_reduce"], run
     assert tuple(result.shape) == tuple(eager.shape), result
-    check(f"mlp on {mesh}{' from local shards' if local_args else ''}", result.full(), oracle, eager)
+    check(
+        f"mlp on {mesh}{' from local shards' if local_args else ''}", result.full(), oracle, eager
+    )
 
 
 def eager_layer(x: torch.Tensor, p: dict[str, torch.Tensor], heads: int) -> torch.Tensor:
@@ -89,11 +107,16 @@ def check_layer(mesh: dist.Mesh) -> None:
     g = torch.Generator().manual_seed(2)
     x = torch.randn(batch, seq, dim, generator=g)
     p = {n: torch.randn(dim, dim, generator=g) / dim**0.5 for n in ("wq", "wk", "wv", "wo")}
-    p |= {"w1": torch.randn(dim, 4 * dim, generator=g) / dim**0.5, "w2": torch.randn(4 * dim, dim, generator=g) / (4 * dim) ** 0.5}
+    p |= {
+        "w1": torch.randn(dim, 4 * dim, generator=g) / dim**0.5,
+        "w2": torch.randn(4 * dim, dim, generator=g) / (4 * dim) ** 0.5,
+    }
     p |= {n: 1 + 0.1 * torch.randn(dim, generator=g) for n in ("ln1_w", "ln2_w")}
     p |= {n: 0.1 * torch.randn(dim, generator=g) for n in ("ln1_b", "ln2_b")}
     x_spec, p_specs = layouts(mesh, "dp" in mesh.axis_names)
-    layer = ts.jit(transformer_layer, static_argnums=2, mesh=mesh, in_shardings=(x_spec, p_specs, None))
+    layer = ts.jit(
+        transformer_layer, static_argnums=2, mesh=mesh, in_shardings=(x_spec, p_specs, None)
+    )
     oracle = virtual(layer, x, p, heads)
     result = layer(x, p, heads)
     kinds = [c.kind for c in layer.lower(x, p, heads).last_run.collectives]
@@ -137,14 +160,19 @@ def check_collectives() -> None:
     module = Parser(context, COLLECTIVES).parse_module()
     mesh = dist.Mesh(axes=["dp", "tp"], shape=(2, 2))
     g = torch.Generator().manual_seed(3)
-    rank_args = [[torch.randn(8, 12, generator=g), torch.randn(4, 6, generator=g).bfloat16()] for _ in range(WORLD)]
+    rank_args = [
+        [torch.randn(8, 12, generator=g), torch.randn(4, 6, generator=g).bfloat16()]
+        for _ in range(WORLD)
+    ]
     expected = run_partitioned(module, "f", mesh, rank_args)[RANK]
     scheduled = module.clone()
     LowerGraphToSchedulePass().apply(context, scheduled)
     got, run = run_rank(scheduled, "f", mesh, rank_args[RANK])
     assert len(run.collectives) == 8, run.collectives
     for index, (a, b) in enumerate(zip(got, expected, strict=True)):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=lambda m, i=index: f"result {i}: {m}")
+        torch.testing.assert_close(
+            a, b, rtol=1e-6, atol=1e-6, msg=lambda m, i=index: f"result {i}: {m}"
+        )
     print(f"rank {RANK}: every collective kind matches the virtual mesh", flush=True)
 
 

@@ -21,7 +21,10 @@ import tessera as ts
 from tessera import dist, op
 
 mesh = dist.Mesh(axes=["tp"], shape=(int(os.environ["WORLD_SIZE"]),))
-specs = (dist.ShardSpec(partition=(1,), mesh_axes=("tp",)), dist.ShardSpec(partition=(0,), mesh_axes=("tp",)))
+specs = (
+    dist.ShardSpec(partition=(1,), mesh_axes=("tp",)),
+    dist.ShardSpec(partition=(0,), mesh_axes=("tp",)),
+)
 matmul = ts.jit(lambda x, w: x @ w, mesh=mesh, in_shardings=specs)
 mode, rank = sys.argv[1], int(os.environ["RANK"])
 x, w = torch.randn(4, 8), torch.randn(8, 4)

@@ -51,7 +51,9 @@ def patterns(n: int) -> dict[str, list[list[int]]]:
     }
 
 
-def numpy_permute(pairs: list[list[int]], group: list[int], values: list[np.ndarray]) -> dict[int, np.ndarray]:
+def numpy_permute(
+    pairs: list[list[int]], group: list[int], values: list[np.ndarray]
+) -> dict[int, np.ndarray]:
     out = {rank: np.zeros_like(values[rank]) for rank in group}
     for source, target in pairs:
         out[group[target]] = values[group[source]]
@@ -82,13 +84,18 @@ def check_permutes(axes: dict[str, int], group_axes: tuple[str, ...]) -> None:
     expected = [
         shifted[RANK],
         numpy_permute(pairs["swap"], group, values)[RANK],
-        numpy_permute(pairs["single"], group, [shifted.get(r, v) for r, v in enumerate(values)])[RANK],
+        numpy_permute(pairs["single"], group, [shifted.get(r, v) for r, v in enumerate(values)])[
+            RANK
+        ],
     ]
     for index, (a, b, want) in enumerate(zip(got, oracle, expected, strict=True)):
         np.testing.assert_array_equal(a.numpy(), want, err_msg=f"result {index}")
         np.testing.assert_array_equal(b.numpy(), want, err_msg=f"virtual result {index}")
     assert [c.kind for c in run.collectives] == ["collective_permute"] * 3, run.collectives
-    print(f"rank {RANK}: collective permutes over {list(group_axes)} of {mesh} match numpy", flush=True)
+    print(
+        f"rank {RANK}: collective permutes over {list(group_axes)} of {mesh} match numpy",
+        flush=True,
+    )
 
 
 def virtual(fn, *args):  # type: ignore[no-untyped-def]
@@ -127,7 +134,12 @@ def check_block_moves(mesh: dist.Mesh) -> None:
     programs = {
         "swiglu": (swiglu, (x, w, w_down), (batch, cols, rows), (F.silu(gate) * up) @ w_down),
         "fused qkv": (fused_qkv, (x, w_qkv), (batch, cols), torch.softmax(q * k, -1) * v),
-        "concat of branches": (branches, (x, a, b), (batch, cols, cols), torch.tanh(torch.cat([x @ a, x @ b], -1))),
+        "concat of branches": (
+            branches,
+            (x, a, b),
+            (batch, cols, cols),
+            torch.tanh(torch.cat([x @ a, x @ b], -1)),
+        ),
     }
     for name, (fn, args, specs, eager) in programs.items():
         f = ts.jit(fn, mesh=mesh, in_shardings=specs)
@@ -136,8 +148,12 @@ def check_block_moves(mesh: dist.Mesh) -> None:
         kinds = {c.kind for c in f.lower(*args).last_run.collectives}
         assert "collective_permute" in kinds and "all_gather" not in kinds, (name, kinds)
         got = result.full()
-        torch.testing.assert_close(got, oracle, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n} vs virtual: {m}")
-        torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n} vs eager: {m}")
+        torch.testing.assert_close(
+            got, oracle, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n} vs virtual: {m}"
+        )
+        torch.testing.assert_close(
+            got, eager, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n} vs eager: {m}"
+        )
     print(f"rank {RANK}: block moves on {mesh} match torch eager", flush=True)
 
 

@@ -61,5 +61,6 @@ def _say(line: str) -> None:
     its newline apart, and another rank's line can come between)."""
     os.write(sys.stdout.fileno(), (line + "\n").encode())
 
+
 if __name__ == "__main__":
     main()

@@ -24,7 +24,9 @@ def two_mlps(x, w1, w2, v1, v2):
 def main(trace_path: str) -> None:
     mesh = dist.mesh({"tp": 2})
     g = torch.Generator().manual_seed(3)
-    args = [torch.randn(s, generator=g) for s in ((64, 32), (32, 128), (128, 32), (32, 128), (128, 32))]
+    args = [
+        torch.randn(s, generator=g) for s in ((64, 32), (32, 128), (128, 32), (32, 128), (128, 32))
+    ]
     shardings = (dist.ShardSpec(replicate=True), cols, rows, cols, rows)
     with schedule.all_reduce_overlap(False):
         serial = ts.jit(two_mlps, mesh=mesh, in_shardings=shardings)(*args)

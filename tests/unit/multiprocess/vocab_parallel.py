@@ -34,7 +34,9 @@ def virtual(fn: Any, *args: Any) -> Any:
         del os.environ["TESSERA_BACKEND"]
 
 
-def check(name: str, compiled: Any, args: tuple[Any, ...], eager: torch.Tensor, kinds: set[str]) -> None:
+def check(
+    name: str, compiled: Any, args: tuple[Any, ...], eager: torch.Tensor, kinds: set[str]
+) -> None:
     """``compiled``'s result on this rank's process, gathered, against the virtual mesh's
     and torch's; the run executed only collectives of ``kinds``."""
     oracle = virtual(compiled, *args)
@@ -46,7 +48,10 @@ def check(name: str, compiled: Any, args: tuple[Any, ...], eager: torch.Tensor, 
     full = result.full()
     torch.testing.assert_close(full, oracle, **TOL, msg=lambda m: f"{name} vs virtual: {m}")
     torch.testing.assert_close(full, eager, **TOL, msg=lambda m: f"{name} vs eager: {m}")
-    print(f"rank {RANK}: {name}: max error vs eager {(full - eager).abs().max().item():.1e}", flush=True)
+    print(
+        f"rank {RANK}: {name}: max error vs eager {(full - eager).abs().max().item():.1e}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -65,20 +70,48 @@ def main() -> None:
     def lookup_loss(t: Any, i: Any, w: Any) -> Any:
         return op.sum(op.embedding(i, t) * w)
 
-    grad = ts.jit(ts.grad(lookup_loss), mesh=MESH, in_shardings=(VOCAB_TP, ROWS_DP, ROWS_DP), out_shardings=VOCAB_TP)
+    grad = ts.jit(
+        ts.grad(lookup_loss),
+        mesh=MESH,
+        in_shardings=(VOCAB_TP, ROWS_DP, ROWS_DP),
+        out_shardings=VOCAB_TP,
+    )
     eager = table.clone().requires_grad_()
     (eager[ids] * weights).sum().backward()
     collectives = grad.lower(table, ids, weights).collectives()
     assert all(c.mesh_axes != ("tp",) for c in collectives), collectives  # no table over tp
-    check("vocab-parallel lookup gradient", grad, (table, ids, weights), eager.grad, {c.kind for c in collectives})
+    check(
+        "vocab-parallel lookup gradient",
+        grad,
+        (table, ids, weights),
+        eager.grad,
+        {c.kind for c in collectives},
+    )
 
     ce = ts.jit(lambda x, y: op.cross_entropy(x, y), mesh=MESH, in_shardings=(LOGITS, ROWS_DP))
-    check("vocab-parallel cross-entropy", ce, (logits, labels), F.cross_entropy(logits, labels), {"all_reduce"})
+    check(
+        "vocab-parallel cross-entropy",
+        ce,
+        (logits, labels),
+        F.cross_entropy(logits, labels),
+        {"all_reduce"},
+    )
 
-    ce_grad = ts.jit(ts.grad(lambda x, y: op.cross_entropy(x, y)), mesh=MESH, in_shardings=(LOGITS, ROWS_DP), out_shardings=LOGITS)
+    ce_grad = ts.jit(
+        ts.grad(lambda x, y: op.cross_entropy(x, y)),
+        mesh=MESH,
+        in_shardings=(LOGITS, ROWS_DP),
+        out_shardings=LOGITS,
+    )
     eager = logits.clone().requires_grad_()
     F.cross_entropy(eager, labels).backward()
-    check("vocab-parallel cross-entropy gradient", ce_grad, (logits, labels), eager.grad, {"all_reduce"})
+    check(
+        "vocab-parallel cross-entropy gradient",
+        ce_grad,
+        (logits, labels),
+        eager.grad,
+        {"all_reduce"},
+    )
     print(f"rank {RANK} OK", flush=True)
 
 
