@@ -563,18 +563,23 @@ def test_ring_attention_over_four_processes() -> None:
         assert f"rank {rank} OK" in result.stdout
 
 
-@pytest.mark.parametrize("precision", ["f32", "bf16", "fp16"])
+@pytest.mark.parametrize(
+    ("precision", "mesh"),
+    [("f32", "dp_tp"), ("bf16", "dp_tp"), ("fp16", "dp_tp"), ("bf16", "pp_dp"), ("fp16", "pp_dp")],
+)
 def test_remat_clipping_and_accumulation_over_processes_equal_the_virtual_mesh(
-    precision: str, tmp_path: Path
+    precision: str, mesh: str, tmp_path: Path
 ) -> None:
-    """A ZeRO-3 dp x tp step with recomputed blocks, clipping by global norm, four
-    accumulated microbatches, mixed precision and the deterministic numerics: four gloo
-    processes train bit-identically to the virtual mesh (reference kernels)."""
+    """A ZeRO-3 dp x tp step (or a ZeRO-2 pipelined pp x dp step) with recomputed blocks,
+    clipping by global norm, accumulated microbatches, mixed precision and the
+    deterministic numerics: four gloo processes train bit-identically to the virtual
+    mesh (reference kernels), and every rank's metrics are plain values."""
     result = tessera_run(
         4,
         SCRIPTS / "training_options.py",
         str(tmp_path),
         precision,
+        mesh,
         timeout=90,
         limit=150.0,
         kernels="reference",
@@ -586,7 +591,7 @@ def test_remat_clipping_and_accumulation_over_processes_equal_the_virtual_mesh(
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    step = script.make_step(precision)
+    step = script.make_step(precision, mesh)
     params, x, y = script.initial()
     state = step.init(params)
     metrics = script.train(step, state, x, y)
