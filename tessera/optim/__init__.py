@@ -128,10 +128,10 @@ def adamw(
     decay = decay_mask(weight_decay_mask, params, "optim.adamw") if weight_decay else None
 
     def update(p: Any, m: Any, v: Any, decayed: bool) -> Any:
-        lr_p, c1, c2 = (_like(x, p) for x in (rate, correction1, correction2))
+        lr_p = _like(rate, p)
         if decayed:
             p = p * (1.0 - lr_p * weight_decay)
-        return p - (m / c1) * lr_p / (op.sqrt(v / c2) + eps)
+        return p - (m / correction1) * lr_p / (op.sqrt(v / correction2) + eps)
 
     flags = decay if decay is not None else [weight_decay != 0] * len(pytree.flatten(params)[0])
     leaves, tree = pytree.flatten(params)
@@ -145,8 +145,8 @@ def adamw(
 
 
 def _like(value: Any, p: Any) -> Any:
-    """``value`` (a float or a 0-d tensor) in ``p``'s dtype, so that ``p``'s update keeps
-    its dtype."""
+    """The learning rate ``value`` (a float or a 0-d tensor) in ``p``'s dtype, as a float
+    is (a weakly typed scalar): a scheduled rate leaves ``p``'s update in its dtype."""
     if isinstance(value, Tensor) and isinstance(p, Tensor):
         return op.astype(value, p.dtype)
     return value

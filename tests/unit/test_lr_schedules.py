@@ -101,12 +101,12 @@ def _named(p: dict) -> dict[str, torch.Tensor]:
     return dict(zip(optim.path_names(p), pytree.flatten(p)[0], strict=True))
 
 
-def _run(optimizer, torch_optimizer, lr_lambda, mesh=None, steps: int = 30) -> float:
+def _run(optimizer, torch_optimizer, lr_lambda, mesh=None, steps: int = 30, zero: int = 0) -> float:
     """``steps`` steps of a ``graph.training_step`` with ``optimizer`` and of torch with
     ``torch_optimizer(groups)`` and ``LambdaLR(lr_lambda)``; the largest parameter
     difference over the run. Every step runs the same compiled program."""
 
-    @graph.training_step(optimizer=optimizer, mesh=mesh, kernels=None)
+    @graph.training_step(optimizer=optimizer, mesh=mesh, zero=zero)
     def step(p, x, y):
         loss = _forward(p, x, op.gelu, y)
         return graph.backward(loss), {"loss": loss}
@@ -160,8 +160,8 @@ def test_adamw_with_warmup_cosine_matches_torch_lambdalr(mesh: str) -> None:
 
 @pytest.mark.parametrize("mesh", list(MESHES))
 def test_sgd_with_warmup_linear_decay_matches_torch_lambdalr(mesh: str) -> None:
-    """30 SGD steps (momentum, weight decay): a 4-step warmup, linear decay to step 25.
-    SGD keeps a step count in its state only when its lr is scheduled."""
+    """30 SGD steps (momentum, weight decay): a 4-step warmup, linear decay to step 25
+    (ZeRO-2 on dp=2). SGD keeps a step count in its state only when its lr is scheduled."""
     peak, w, total, low = 0.05, 4, 25, 0.005
     optimizer = optim.SGD(
         lr=S.warmup_linear_decay(peak, w, total, low), momentum=0.9, weight_decay=1e-2
@@ -173,6 +173,7 @@ def test_sgd_with_warmup_linear_decay_matches_torch_lambdalr(mesh: str) -> None:
         lambda ref: torch.optim.SGD(ref.values(), lr=peak, momentum=0.9, weight_decay=1e-2),
         lambda t: closed_form("warmup_linear_decay", t, peak, w, total, low) / peak,
         dist.mesh(MESHES[mesh]) if MESHES[mesh] else None,
+        zero=2 if MESHES[mesh] else 0,  # the step count replicated, the momentum split over dp
     )
     assert worst <= 1e-12, worst
 
@@ -300,3 +301,37 @@ def test_lr_and_mask_errors() -> None:
             lambda p, x: None, optimizer=optim.AdamW(weight_decay_mask=lambda p: True),
             mesh=dist.mesh({"pp": 2}),
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_a_pipelined_step_follows_the_schedule(kind: str) -> None:
+    """On a pp=2 mesh each pipeline rank's update program reads the shared step count
+    (``_state_subset``) and evaluates the schedule: the parameters equal the unpipelined
+    step's."""
+    lr = S.warmup_cosine(0.05, 2, 5, 0.01)
+    optimizer = (
+        optim.SGD(lr=lr, momentum=0.9) if kind == "sgd" else optim.AdamW(lr=lr, weight_decay=0.1)
+    )
+    g = torch.Generator().manual_seed(3)
+    params = {
+        f"w{i}": torch.randn(16, 16, generator=g, dtype=torch.float64) * 0.3 for i in range(2)
+    }
+    x, y = (torch.randn(8, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    results = []
+    for mesh in (None, dist.mesh({"pp": 2})):
+
+        @graph.training_step(optimizer=optimizer, mesh=mesh)
+        def step(p, x, y):
+            h = op.tanh(x @ p["w0"])
+            graph.stage()
+            h = op.tanh(h @ p["w1"])
+            loss = op.mean((h - y) * (h - y))
+            return graph.backward(loss), {"loss": loss}
+
+        state = step.init({k: v.clone() for k, v in params.items()})
+        for _ in range(6):
+            step(state, x, y)
+        results.append(step.gather(state))
+    for name in params:
+        assert (results[0].params[name] - results[1].params[name]).abs().max().item() <= 1e-12
+    assert int(results[1].opt_state["step"]) == 6
