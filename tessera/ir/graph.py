@@ -230,6 +230,8 @@ RsqrtOp = _unary("rsqrt", shape_rules.float_unary, "1 / sqrt(x)")
 SiluOp = _unary("silu", shape_rules.float_unary, "x * sigmoid(x)")
 SigmoidOp = _unary("sigmoid", shape_rules.float_unary, "1 / (1 + e^-x)")
 ErfOp = _unary("erf", shape_rules.float_unary, "the error function")
+CosOp = _unary("cos", shape_rules.float_unary, "cosine (radians)")
+SinOp = _unary("sin", shape_rules.float_unary, "sine (radians)")
 StopGradientOp = _unary(
     "stop_gradient", shape_rules.unary, "x, through which no gradient flows (jax.lax.stop_gradient)"
 )
@@ -946,7 +948,7 @@ PER_RANK_OPS: tuple[type[GraphOp], ...] = (AxisIndexOp,)  # values of a partitio
 
 GRAPH_OPS: tuple[type[GraphOp], ...] = (
     NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, ErfOp,
-    StopGradientOp, GeluOp,
+    CosOp, SinOp, StopGradientOp, GeluOp,
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
     CastOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, SoftmaxOp, LogSoftmaxOp, LayerNormOp,
     RmsNormOp, CrossEntropyOp, AttentionOp, AttentionBackwardOp, ReshapeOp, BroadcastToOp,

@@ -271,6 +271,16 @@ def erf(x: Operand) -> Tensor:
     return _unary(graph.ErfOp, x, floating=True)
 
 
+def cos(x: Operand) -> Tensor:
+    """The cosine of ``x`` (radians), elementwise."""
+    return _unary(graph.CosOp, x, floating=True)
+
+
+def sin(x: Operand) -> Tensor:
+    """The sine of ``x`` (radians), elementwise."""
+    return _unary(graph.SinOp, x, floating=True)
+
+
 def gelu(x: Operand, approximate: str | bool = "none") -> Tensor:
     """GELU; ``approximate="tanh"`` (or True) for the tanh form, as in torch."""
     mode = {True: "tanh", False: "none"}.get(approximate, approximate)  # type: ignore[call-overload]
@@ -739,6 +749,7 @@ __all__ = [
     "concat",
     "concatenate",
     "constant",
+    "cos",
     "cross_entropy",
     "div",
     "divide",
@@ -779,6 +790,7 @@ __all__ = [
     "select",
     "sigmoid",
     "silu",
+    "sin",
     "slice",
     "softmax",
     "split",

@@ -258,6 +258,30 @@ _register(
 )
 
 
+def _cos_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    return _local(b, cts[0], b.neg(b.op(graph.SinOp, op.operands[0])))  # d/dx cos = -sin
+
+
+_register(
+    graph.CosOp,
+    vjp=_cos_vjp,
+    reference=on_operands(torch.cos),
+    tile=Pointwise(lambda b, op, a: b.math(mathd.CosOp, a[0])),
+)
+
+
+def _sin_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    return _local(b, cts[0], b.op(graph.CosOp, op.operands[0]))  # d/dx sin = cos
+
+
+_register(
+    graph.SinOp,
+    vjp=_sin_vjp,
+    reference=on_operands(torch.sin),
+    tile=Pointwise(lambda b, op, a: b.math(mathd.SinOp, a[0])),
+)
+
+
 def _gelu_vjp(b: GradBuilder, op: graph.GeluOp, cts: Cotangents) -> Cotangents:
     x = op.operands[0]
     one, half = b.constant(1.0, x), b.constant(0.5, x)

@@ -45,6 +45,8 @@ UNARY = {
     "sigmoid": (op.sigmoid, torch.sigmoid, False),
     "silu": (op.silu, F.silu, False),
     "erf": (op.erf, torch.erf, False),
+    "cos": (op.cos, torch.cos, False),
+    "sin": (op.sin, torch.sin, False),
     "gelu": (op.gelu, F.gelu, False),
     "gelu_tanh": (
         lambda x: op.gelu(x, approximate="tanh"),

@@ -229,6 +229,8 @@ UNARY = {
         lambda x: F.gelu(x, approximate="tanh"),
         None,
     ),
+    "cos": (graph.CosOp, op.cos, torch.cos, None),
+    "sin": (graph.SinOp, op.sin, torch.sin, None),
 }
 
 

@@ -46,6 +46,8 @@ FLOAT_UNARY = {
     "sigmoid": (torch.sigmoid, "normal"),
     "silu": (F.silu, "normal"),
     "erf": (torch.erf, "normal"),
+    "cos": (torch.cos, "normal"),
+    "sin": (torch.sin, "normal"),
 }
 
 

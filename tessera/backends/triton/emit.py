@@ -163,6 +163,7 @@ EXPRESSIONS: dict[type[Operation], Callable[..., str]] = {
     arith.NegfOp: lambda op, a: f"-{a[0]}",
     mathd.ExpOp: _call("tl.exp"), mathd.LogOp: _call("tl.log"), mathd.SqrtOp: _call("tl.sqrt"),
     mathd.RsqrtOp: _call("tl.rsqrt"), mathd.AbsFOp: _call("tl.abs"), mathd.ErfOp: _call("tl.erf"),
+    mathd.CosOp: _call("tl.cos"), mathd.SinOp: _call("tl.sin"),
     mathd.TanhOp: lambda op, a: f"2 * tl.sigmoid(2 * {a[0]}) - 1",
     tile.ProgramIdOp: lambda op, a: f"tl.program_id({op.axis.value.data})",
     tile.ArangeOp: lambda op, a: f"tl.arange(0, {tile.block_shape(op.result.type)[0]})",
