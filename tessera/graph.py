@@ -159,12 +159,6 @@ def training_step(
             f"training_step: mesh must be a dist.Mesh, found {type(mesh).__name__} {mesh!r}"
         )
     pipelined = mesh is not None and pp_axis in mesh.axis_names
-    if pipelined and getattr(optimizer, "weight_decay_mask", None) is not None:
-        raise ShardingError(
-            f"training_step: weight_decay_mask is not supported on a pipelined step yet "
-            f"(each {pp_axis!r} rank updates a subset of the parameters); drop it or the "
-            f"{pp_axis!r} axis"
-        )
     kind = PipelinedTrainingStep if pipelined else TrainingStep
 
     def build(f: Callable[..., Any]) -> TrainingStep:

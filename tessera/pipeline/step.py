@@ -21,6 +21,7 @@ over microbatches and data-parallel ranks.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,7 +48,8 @@ from tessera.grad_clip import clip_to_norm, squared_norm
 from tessera.ir import pipeline_actions as A
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.sharding import Sharding
-from tessera.mixed_precision import nonfinite_probe, to_compute
+from tessera.mixed_precision import LossScaled, nonfinite_probe, to_compute
+from tessera.optim import decay_mask
 from tessera.perf.topology import load_topology
 from tessera.pipeline.memory import PipelineMemoryStats, pipeline_memory
 from tessera.pipeline.programs import StagePrograms, stage_programs
@@ -640,6 +642,18 @@ def _state_subset(optimizer: Any, opt_state: Any, count: int, owned: list[int]) 
     return pytree.unflatten(subset_tree, picked)
 
 
+def _owned_optimizer(optimizer: Any, params: Any, owned: list[int]) -> Any:
+    """``optimizer`` for the list of parameters ``owned`` (leaf indices of ``params``):
+    a ``weight_decay_mask`` becomes those parameters' flags."""
+    inner = optimizer.inner if isinstance(optimizer, LossScaled) else optimizer
+    mask = getattr(inner, "weight_decay_mask", None)
+    if mask is None:
+        return optimizer
+    flags = decay_mask(mask, params, f"optim.{type(inner).__name__}")
+    inner = dataclasses.replace(inner, weight_decay_mask=[flags[i] for i in owned])
+    return LossScaled(inner, optimizer.precision) if isinstance(optimizer, LossScaled) else inner
+
+
 def _stats_dtype(leaves: Sequence[torch.Tensor]) -> torch.dtype:
     """The widest parameter dtype: that of the gradients' global statistics."""
     dtype = torch.float32
@@ -671,6 +685,7 @@ class _UpdateBuilder:
         self.params = [leaves[i] for i in owned]
         self.masters = [_dtype(x) for x in self.params]
         self.opt_state = _state_subset(step.optimizer, state.opt_state, len(leaves), owned)
+        self.optimizer = _owned_optimizer(step.optimizer, state.params, owned)
         dp = step.dp_axis
         self.compute = [layouts[i] for i in owned]
         sharded = [
@@ -733,7 +748,7 @@ class _UpdateBuilder:
         """The update program: parameters, their optimizer state, the gradients (stacked,
         or reduced by :meth:`reduction`, then followed by the global statistics) → the new
         parameters and state."""
-        step, optimizer = self.step, self.step.optimizer
+        step, optimizer = self.step, self.optimizer
         clip, scaled = step.clip_grad_norm, step.precision.scaled
 
         def update(params: list[Any], opt_state: Any, grads: list[Any], *stats: Any) -> Any:

@@ -295,22 +295,19 @@ def test_lr_and_mask_errors() -> None:
     # the functional form needs the step count in its state for a scheduled lr
     with pytest.raises(ts.ArgumentError, match=r"optim.sgd_state\(params, step=True\)"):
         ts.jit(lambda p, g: optim.sgd(p, g, lr=S.constant(0.1)))(torch.ones(2), torch.ones(2))
-    # a pipelined step updates a subset of the parameters per rank: no masks yet
-    with pytest.raises(ts.ShardingError, match="weight_decay_mask is not supported on a pipelined"):
-        graph.training_step(
-            lambda p, x: None, optimizer=optim.AdamW(weight_decay_mask=lambda p: True),
-            mesh=dist.mesh({"pp": 2}),
-        )  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+@pytest.mark.parametrize("kind", ["sgd", "adamw", "adamw-masked"])
 def test_a_pipelined_step_follows_the_schedule(kind: str) -> None:
     """On a pp=2 mesh each pipeline rank's update program reads the shared step count
-    (``_state_subset``) and evaluates the schedule: the parameters equal the unpipelined
-    step's."""
+    (``_state_subset``) and evaluates the schedule, and applies the weight decay mask to
+    the parameters it owns: the parameters equal the unpipelined step's."""
     lr = S.warmup_cosine(0.05, 2, 5, 0.01)
+    mask = (lambda path: path != "w1") if kind == "adamw-masked" else None
     optimizer = (
-        optim.SGD(lr=lr, momentum=0.9) if kind == "sgd" else optim.AdamW(lr=lr, weight_decay=0.1)
+        optim.SGD(lr=lr, momentum=0.9)
+        if kind == "sgd"
+        else optim.AdamW(lr=lr, weight_decay=0.1, weight_decay_mask=mask)
     )
     g = torch.Generator().manual_seed(3)
     params = {
