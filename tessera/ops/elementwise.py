@@ -138,7 +138,20 @@ def _abs_tile(b: TileBuilder, op: graph.GraphOp, a: Operands) -> Value:
     return b.select(b.cmp("lt", a[0], _zero(b, a[0])), b.neg(a[0]), a[0])
 
 
-_register(graph.AbsOp, vjp=_abs_vjp, reference=on_operands(torch.abs), tile=Pointwise(_abs_tile))
+def _bool_identity(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``fn``, but the identity on bools (abs and relu of a bool is the bool, as numpy's
+    abs and maximum with False; torch rejects abs of bools, relu gives int64)."""
+    return lambda x: x if x.dtype == torch.bool else fn(x)
+
+
+_register(
+    graph.AbsOp,
+    vjp=_abs_vjp,
+    reference=on_operands(_bool_identity(torch.abs)),
+    tile=Pointwise(_abs_tile),
+)
 
 
 def _relu_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
@@ -150,7 +163,7 @@ def _relu_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
 _register(
     graph.ReluOp,
     vjp=_relu_vjp,
-    reference=on_operands(lambda x: torch.clamp_min(x, 0)),
+    reference=on_operands(_bool_identity(lambda x: torch.clamp_min(x, 0))),
     tile=Pointwise(lambda b, op, a: b.maximum(a[0], _zero(b, a[0]))),
 )
 

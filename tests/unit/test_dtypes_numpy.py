@@ -1,25 +1,28 @@
-"""Dtypes as numpy says (README "Dtypes"): every elementwise binary op and every reduction
-over every dtype (pair) among bool, int32, int64, float16, bfloat16, float32, float64,
-compared with numpy.
+"""Dtypes as numpy says (README "Dtypes"): every elementwise binary op, every reduction and
+a few unary ops over every dtype (pair) among bool, int32, int64, float16, bfloat16,
+float32, float64, compared with numpy.
 
 The result dtype must be numpy's, or the documented deviation (:func:`expected_dtype`):
 an integer or bool meeting a float gives that float (torch's and JAX's rule; numpy widens
-int32 or int64 with float16 or float32 to float64), true division and the mean of
-integers or bools give float32 (torch's default float; numpy gives float64), bool ** bool
-is rejected (numpy gives int8, which Tessera has no dtype for). numpy has no bfloat16: its
-result dtype is torch's, its values numpy's computed in float32. What numpy rejects (bool
-subtraction, bool negation, integers to negative constant integer powers) is a
-ShapeError naming the op and the user's line.
+int32 or int64 with float16 or float32 to float64), true division, the mean and float
+functions (exp, sqrt...) of integers or bools give float32 (torch's default float; numpy
+gives float64), bool ** bool is rejected (numpy gives int8, which Tessera has no dtype
+for). numpy has no bfloat16: there the result dtype is torch's, the values numpy's
+computed in float32. What numpy rejects (bool subtraction, bool negation, integers to
+negative constant integer powers) is a ShapeError naming the op and the user's line.
 
-The values must equal numpy's within the tolerance of the result dtype (``TOLERANCE``:
-exact for bool and integers; about two units in the last place of the result's float
-format otherwise, since kernels compute f16 and bf16 in f32, pow as exp(y log |x|), and
-numpy may compute a mixed pair in float64). Operands are small and exactly representable
-in every dtype (floats are halves in [-4, 4]), broadcast (``[3, 37]`` with ``[37]``, a
-``[3, 1]`` condition), 37 wide so a Triton kernel's block has masked lanes; divisors
-include 0 (inf and nan), integer exponents are >= 0. All pairs run with the reference
-kernels (torch, < 60 s on a CPU); a subset runs the generated Triton kernels (in
-Triton's interpreter on a CPU).
+The values must equal numpy's within the tolerance of the result dtype (``TOLERANCE``,
+float16's where numpy's result is float16 and ours wider): exact for bool and integers;
+about two units in the last place of the result's float format otherwise, as kernels
+compute f16 and bf16 in f32 and pow as exp(y log |x|), and numpy may compute a mixed pair
+in float64. Operands are small and exact in every dtype (floats are halves in [-4, 4]),
+broadcast (``[3, 37]`` with ``[37]``, a ``[3, 1]`` condition), 37 wide so that a Triton
+kernel's block has masked lanes; divisors include 0 (inf and nan), integer exponents are
+>= 0. All pairs run with the reference kernels (torch; about 10 s on a CPU), a subset
+with the generated Triton kernels (in Triton's interpreter on a CPU). The tests after
+the property tests reach what its small values do not: int32 sums past 2**32, integer
+means past 2**24, integer overflow and negative exponents, the errors' messages, Python
+scalars.
 """
 
 from __future__ import annotations
@@ -160,6 +163,8 @@ def assert_matches(ours: torch.Tensor, theirs: np.ndarray, dtype: str, what: str
     actual = ours.to(torch.float64).numpy() if dtype in FLOATS else ours.numpy()
     assert actual.shape == theirs.shape, what
     tolerance = TOLERANCE[dtype]
+    if tolerance is not None and theirs.dtype == np.float16:  # numpy rounded to float16
+        tolerance = max(tolerance, TOLERANCE["float16"])
     if tolerance is None:
         np.testing.assert_array_equal(actual, theirs, err_msg=what)
     else:
@@ -250,6 +255,37 @@ def test_reductions_follow_numpy(dtype):
 @pytest.mark.parametrize("dtype", ["bool", "int32", "bfloat16", "float64"])
 def test_reductions_follow_numpy_in_triton_kernels(dtype):
     check_reductions(dtype, "triton")
+
+
+UNARY = {
+    "negative": (lambda x: -x, np.negative),
+    "abs": (abs, np.abs),
+    "exp": (op.exp, np.exp),
+    "sqrt": (op.sqrt, np.sqrt),
+    "tanh": (op.tanh, np.tanh),
+}
+
+
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+def test_unary_ops_follow_numpy(kernels):
+    """Unary ops keep the dtype; a float function (exp, sqrt, tanh) of integers or bools is
+    float32 (numpy: float64, float16 for bools); negating bools is a ShapeError."""
+    rng = np.random.default_rng(3)
+    for dtype in DTYPES if kernels == "reference" else ["bool", "int32", "bfloat16"]:
+        x = operand(dtype, (3, 37), rng, "operand")
+        if dtype in FLOATS:
+            x = np.abs(x)  # sqrt: no nan
+        arg = torch.from_numpy(x).to(torch_dtype(dtype))
+        for name, (ours, theirs) in UNARY.items():
+            expected = numpy_result(theirs, x)
+            if expected is None:
+                with pytest.raises(ts.ShapeError, match="negating a bool tensor"):
+                    ts.jit(ours)(arg)
+                continue
+            numpy = "bfloat16" if dtype == "bfloat16" else expected.dtype.name
+            want = "float32" if numpy.startswith("float") and dtype not in FLOATS else numpy
+            result = ts.jit(ours, kernels=kernels)(arg)
+            assert_matches(result, expected, want, f"{name}({dtype}) with {kernels} kernels")
 
 
 # --- what the property test's small values do not reach -----------------------------------
