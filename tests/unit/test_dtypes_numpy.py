@@ -428,3 +428,11 @@ def test_python_scalars_are_weak_as_in_numpy(dtype):
     for (name, scalar, expected, want), ours in zip(cases, program(x), strict=True):
         ours = torch.from_numpy(ours) if isinstance(ours, np.ndarray) else ours
         assert_matches(ours, expected, want, f"{name}({dtype}, {scalar!r})")
+
+
+@pytest.mark.parametrize("fn", [lambda x: x // 2, lambda x: 7 % x, lambda x: divmod(x, x)])
+def test_floor_division_and_remainder_are_trace_errors(fn):
+    """Tessera has no floor division or remainder op yet: a TraceError, not Python's TypeError."""
+    with pytest.raises(ts.TraceError, match="not supported yet") as info:
+        ts.jit(fn)(np.arange(3, dtype=np.int32))
+    assert f"{__file__}:" in str(info.value)
