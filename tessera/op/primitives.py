@@ -480,13 +480,19 @@ def _reduce(
     return _bind1(op_type, [tensor], axes=_axes(tensor, axis), keepdims=bool(keepdims))
 
 
-def sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:
+def sum(x: Operand, axis: Axis = None, keepdims: bool = False, dtype: Any = None) -> Tensor:
     """Sum over ``axis``; bools and int32 are summed in int64 (the kernel accumulates in
-    int64), as numpy does on 64-bit Linux and torch does."""
+    int64), as numpy does on 64-bit Linux and torch does. ``dtype`` (numpy's) sums in
+    that dtype instead: ``dtype=x.dtype`` keeps int32 (wrapping on overflow); a sum in
+    bool is the logical or, as in numpy."""
     (tensor,) = _tensors(x)
-    if tensor.dtype in (DType.i1, DType.i32):
-        tensor = astype(tensor, DType.i64)
-    return _reduce(graph.SumOp, tensor, axis, keepdims)
+    target = _dtype_argument(dtype) if dtype is not None else None
+    if target == DType.i1:  # numpy: x cast to bool, then added (or-ed) in bool
+        count = sum(astype(tensor, DType.i1), axis, keepdims)
+        return not_equal(count, 0)
+    if target is None:
+        target = DType.i64 if tensor.dtype in (DType.i1, DType.i32) else tensor.dtype
+    return _reduce(graph.SumOp, astype(tensor, target), axis, keepdims)
 
 
 def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:

@@ -436,3 +436,29 @@ def test_floor_division_and_remainder_are_trace_errors(fn):
     with pytest.raises(ts.TraceError, match="not supported yet") as info:
         ts.jit(fn)(np.arange(3, dtype=np.int32))
     assert f"{__file__}:" in str(info.value)
+
+
+@pytest.mark.parametrize("kernels", ["triton", "reference"])
+def test_sums_inside_composites_keep_the_dtype_as_numpy(kernels):
+    """einsum and take_along_axis of int32 stay int32 and of bools bool, as in numpy (their
+    sums are op.sum(..., dtype=x.dtype)); op.sum's dtype is numpy's (bool: the or)."""
+    x = np.arange(12, dtype=np.int32).reshape(3, 4) - 5
+    ids = np.array([[0, 3], [1, 1], [2, 0]])
+    cases = [
+        (lambda x, i: op.einsum("ij->i", x), lambda x, i: np.einsum("ij->i", x), x),
+        (lambda x, i: op.einsum("ii->i", x[:, :3]), lambda x, i: np.einsum("ii->i", x[:, :3]), x),
+        (lambda x, i: op.einsum("ij->j", x), lambda x, i: np.einsum("ij->j", x), x > 0),
+        (lambda x, i: op.take_along_axis(x, i, 1), lambda x, i: np.take_along_axis(x, i, 1), x),
+        (lambda x, i: op.take_along_axis(x, i, 1), lambda x, i: np.take_along_axis(x, i, 1), x > 0),
+        (lambda x, i: op.sum(x, 1, dtype=bool), lambda x, i: np.sum(x, 1, dtype=bool), x * 0.25),
+        (lambda x, i: op.sum(x, dtype="int32"), lambda x, i: np.sum(x, dtype=np.int32), x),
+        (
+            lambda x, i: op.sum(x, 0, dtype=np.float64),
+            lambda x, i: np.sum(x, 0, dtype=np.float64),
+            x,
+        ),
+    ]
+    for ours, theirs, arg in cases:
+        result, expected = ts.jit(ours, kernels=kernels)(arg, ids), theirs(arg, ids)
+        assert result.dtype == expected.dtype
+        np.testing.assert_array_equal(result, expected)
