@@ -309,6 +309,27 @@ class Tensor:
     def __rtruediv__(self, other: Any) -> Tensor:
         return _op().divide(other, self)
 
+    def _no_floor_division(self, symbol: str) -> TraceError:
+        return TraceError(
+            f"{symbol} of traced tensors (floor division, remainder) is not supported yet: "
+            f"Tessera has no floor division or remainder op; {self.aval}, at {user_location()}"
+        )
+
+    def __floordiv__(self, other: Any) -> Tensor:
+        raise self._no_floor_division("//")
+
+    __rfloordiv__ = __floordiv__
+
+    def __mod__(self, other: Any) -> Tensor:
+        raise self._no_floor_division("%")
+
+    __rmod__ = __mod__
+
+    def __divmod__(self, other: Any) -> Tensor:
+        raise self._no_floor_division("divmod")
+
+    __rdivmod__ = __divmod__
+
     def __pow__(self, other: Any) -> Tensor:
         return _op().power(self, other)
 

@@ -219,7 +219,7 @@ def _binary(op_name: str, rule: ShapeRule, doc: str) -> type[BinaryGraphOp]:
 
 
 # Elementwise ops without properties: one line each.
-NegOp = _unary("neg", shape_rules.unary, "-x")
+NegOp = _unary("neg", shape_rules.negate, "-x")
 AbsOp = _unary("abs", shape_rules.unary, "|x|")
 ReluOp = _unary("relu", shape_rules.unary, "max(x, 0)")
 ExpOp = _unary("exp", shape_rules.float_unary, "e^x")
@@ -236,11 +236,13 @@ StopGradientOp = _unary(
     "stop_gradient", shape_rules.unary, "x, through which no gradient flows (jax.lax.stop_gradient)"
 )
 
-AddOp = _binary("add", shape_rules.binary, "lhs + rhs (numpy broadcasting)")
-SubOp = _binary("sub", shape_rules.binary, "lhs - rhs (numpy broadcasting)")
-MulOp = _binary("mul", shape_rules.binary, "lhs * rhs (numpy broadcasting)")
+AddOp = _binary("add", shape_rules.binary, "lhs + rhs (numpy broadcasting; or on bools)")
+SubOp = _binary("sub", shape_rules.subtract, "lhs - rhs (numpy broadcasting)")
+MulOp = _binary("mul", shape_rules.binary, "lhs * rhs (numpy broadcasting; and on bools)")
 DivOp = _binary("div", shape_rules.float_binary, "lhs / rhs (numpy broadcasting)")
-PowOp = _binary("pow", shape_rules.float_binary, "lhs ** rhs (numpy broadcasting)")
+PowOp = _binary(
+    "pow", shape_rules.power, "lhs ** rhs (numpy broadcasting; integers give integers)"
+)
 MaximumOp = _binary("maximum", shape_rules.binary, "elementwise max (numpy broadcasting)")
 MinimumOp = _binary("minimum", shape_rules.binary, "elementwise min (numpy broadcasting)")
 MatmulOp = _binary(
@@ -360,9 +362,10 @@ class ReductionOp(UnaryGraphOp):
 
 @irdl_op_definition
 class SumOp(ReductionOp):
-    """Sum over ``axes``."""
+    """Sum over ``axes``, in the operand's dtype (not bool)."""
 
     name = "graph.sum"
+    shape_rule = staticmethod(shape_rules.sum_reduce)
 
 
 @irdl_op_definition

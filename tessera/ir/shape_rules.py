@@ -72,7 +72,17 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def unary(x: AbstractTensor) -> AbstractTensor:
-    """Same shape and dtype as the operand (neg, abs, relu)."""
+    """Same shape and dtype as the operand (abs, relu)."""
+    return x
+
+
+def negate(x: AbstractTensor) -> AbstractTensor:
+    """neg: same shape and dtype; not bool (numpy and torch reject ``-`` of bools)."""
+    if x.dtype == DType.i1:
+        raise ShapeError(
+            f"negating a bool tensor is not supported (numpy and torch reject it too), found "
+            f"{x}; op.equal(x, False) is the logical not, or cast to an integer first"
+        )
     return x
 
 
@@ -89,13 +99,39 @@ def gelu(x: AbstractTensor, approximate: str) -> AbstractTensor:
 
 
 def binary(lhs: AbstractTensor, rhs: AbstractTensor) -> AbstractTensor:
-    """Broadcast shape of the operands; both have one dtype (add, mul, maximum...)."""
+    """Broadcast shape of the operands; both have one dtype (add, mul, maximum...).
+
+    On bools, add is the logical or and mul the logical and (numpy's and torch's
+    ``True + True`` is ``True``); maximum and minimum are or and and too."""
     dtype = _require_same_dtype(lhs, rhs)
     return AbstractTensor(broadcast_shapes(lhs.shape, rhs.shape), dtype)
 
 
+def subtract(lhs: AbstractTensor, rhs: AbstractTensor) -> AbstractTensor:
+    """sub: like :func:`binary`; not bool (numpy and torch reject bool subtraction)."""
+    result = binary(lhs, rhs)
+    if result.dtype == DType.i1:
+        raise ShapeError(
+            f"bool subtraction is not supported (numpy and torch reject it too), found {lhs} "
+            f"and {rhs}; op.not_equal(a, b) is the exclusive or, or cast to an integer first"
+        )
+    return result
+
+
+def power(lhs: AbstractTensor, rhs: AbstractTensor) -> AbstractTensor:
+    """pow: like :func:`binary`, floats or integers (an integer power is an integer, as in
+    numpy); not bool (torch rejects it; numpy's int8 result has no Tessera dtype)."""
+    result = binary(lhs, rhs)
+    if result.dtype == DType.i1:
+        raise ShapeError(
+            f"bool ** bool is not supported (torch rejects it; numpy's result is int8, which "
+            f"Tessera has no dtype for), found {lhs} and {rhs}; cast to an integer first"
+        )
+    return result
+
+
 def float_binary(lhs: AbstractTensor, rhs: AbstractTensor) -> AbstractTensor:
-    """Like :func:`binary`, floating point only (div, pow)."""
+    """Like :func:`binary`, floating point only (div: the tracer casts integers first)."""
     result = binary(lhs, rhs)
     _require_float(result, "operand pair")
     return result
@@ -155,6 +191,17 @@ def reduce(x: AbstractTensor, axes: Sequence[int], keepdims: bool) -> AbstractTe
     else:
         shape = tuple(s for d, s in enumerate(x.shape) if d not in axes)
     return x.with_shape(shape)
+
+
+def sum_reduce(x: AbstractTensor, axes: Sequence[int], keepdims: bool) -> AbstractTensor:
+    """sum: like :func:`reduce`, in the operand's dtype (an integer sum wraps in it); not
+    bool (``op.sum`` counts bools, and sums int32, in int64 as numpy does)."""
+    if x.dtype == DType.i1:
+        raise ShapeError(
+            f"a sum of bools is not supported, found {x}; cast to an integer first "
+            f"(op.sum counts bools in int64)"
+        )
+    return reduce(x, axes, keepdims)
 
 
 def extremum_reduce(x: AbstractTensor, axes: Sequence[int], keepdims: bool) -> AbstractTensor:

@@ -96,7 +96,7 @@ class _Operand:
         if not axes:
             return self
         kept = [label for label in self.labels if label not in drop]
-        return _Operand(sum(self.tensor, axis=axes), kept)
+        return _Operand(sum(self.tensor, axis=axes, dtype=self.tensor.dtype), kept)
 
     def permuted(self, order: Sequence[_einsum.Label]) -> Tensor:
         return transpose(self.tensor, [self.labels.index(label) for label in order])
@@ -115,7 +115,7 @@ def _diagonal(operand: _Operand) -> _Operand:
             shape = [1] * tensor.ndim
             shape[first] = shape[second] = size
             eye = constant(np.eye(size, dtype=bool).reshape(shape))
-            tensor = sum(where(eye, tensor, 0), axis=second)
+            tensor = sum(where(eye, tensor, 0), axis=second, dtype=tensor.dtype)
             del labels[second]
     return _Operand(tensor, labels)
 
@@ -410,7 +410,7 @@ def take_along_axis(x: Operand, indices: Operand, axis: int | None) -> Tensor:
             f"take_along_axis: indices {ids.aval} do not broadcast with x {tensor.aval} "
             f"outside axis {ax}, at {user_location()}"
         ) from None
-    return sum(chosen, axis=ax + 1)
+    return sum(chosen, axis=ax + 1, dtype=tensor.dtype)  # x's dtype, as in numpy
 
 
 __all__ = [

@@ -2,8 +2,11 @@
 
 Every function takes traced tensors (and Python scalars or numpy arrays, which become
 constants) and binds graph ops. Python scalars are weakly typed, as in JAX and torch:
-``x * 2`` keeps ``x``'s dtype. Tensors of different dtypes are promoted by torch's rules
-(an explicit ``graph.cast`` is recorded). Axes may be negative.
+``x * 2`` keeps ``x``'s dtype. Tensors of different dtypes are promoted as in numpy,
+except that an integer or bool meeting a float gives that float (torch's and JAX's rule;
+numpy widens int32 with float32 to float64), and true division and the mean of integers
+give float32 (torch's default float; numpy gives float64): README "Dtypes". An explicit
+``graph.cast`` is recorded for every promotion. Axes may be negative.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from tessera.errors import ShapeError, TesseraError, TraceError
 from tessera.frontend.tracer import Tensor, current_trace, register_operators, user_location
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
-from tessera.ir.dense import dense_from_numpy
+from tessera.ir.dense import dense_from_numpy, dense_to_numpy
 from tessera.ir.shape_rules import normalize_axis
 from tessera.ir.zigzag import check_zigzag
 
@@ -132,9 +135,27 @@ def _binary(op_type: type[graph.GraphOp], a: Operand, b: Operand) -> Tensor:
 
 def _float_binary(op_type: type[graph.GraphOp], a: Operand, b: Operand) -> Tensor:
     lhs, rhs = _tensors(a, b)
-    if not lhs.dtype.is_float:  # true division of integers gives floats, as in numpy
+    if not lhs.dtype.is_float:  # true division of integers gives floats: f32 (numpy: f64)
         lhs, rhs = astype(lhs, DType.f32), astype(rhs, DType.f32)
     return _bind1(op_type, [lhs, rhs])
+
+
+def _negative_constant(x: Operand) -> int | None:
+    """The least value of ``x`` if it is known while tracing (a Python number, an array, a
+    constant tensor) and negative; None otherwise."""
+    if isinstance(x, Tensor):
+        owner = x.value.owner
+        if not isinstance(owner, graph.ConstantOp):
+            return None
+        values = dense_to_numpy(owner.value)
+    elif _is_weak(x):
+        values = np.asarray(x)
+    else:
+        values = np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x)
+    if values.size == 0 or values.dtype.kind not in "iuf":
+        return None
+    least = values.min()
+    return least.item() if least < 0 else None
 
 
 def add(a: Operand, b: Operand) -> Tensor:
@@ -154,7 +175,20 @@ def divide(a: Operand, b: Operand) -> Tensor:
 
 
 def power(a: Operand, b: Operand) -> Tensor:
-    return _float_binary(graph.PowOp, a, b)
+    """numpy ``power``: an integer to an integer power is an integer (wrapping on overflow,
+    as in numpy and torch). A negative integer exponent known while tracing (a Python int,
+    an array, a constant) is a ShapeError, as numpy raises; one known only at run time
+    gives torch's result (``1 // x**-y``: 1 for x = 1, 1 or -1 for x = -1, else 0)."""
+    lhs, rhs = _tensors(a, b)
+    if lhs.dtype.is_int:
+        least = _negative_constant(b)
+        if least is not None:
+            raise ShapeError(
+                f"graph.pow: integers to negative integer powers are not allowed (numpy "
+                f"raises too), found the exponent {least} for {lhs.aval}; cast the base to a "
+                f"float first, at {user_location()}"
+            )
+    return _bind1(graph.PowOp, [lhs, rhs])
 
 
 def maximum(a: Operand, b: Operand) -> Tensor:
@@ -456,16 +490,29 @@ def _reduce(
     return _bind1(op_type, [tensor], axes=_axes(tensor, axis), keepdims=bool(keepdims))
 
 
-def sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """Sum over ``axis``; booleans are counted in i64, as in numpy and torch."""
+def sum(x: Operand, axis: Axis = None, keepdims: bool = False, dtype: Any = None) -> Tensor:
+    """Sum over ``axis``; bools and int32 are summed in int64 (the kernel accumulates in
+    int64), as numpy does on 64-bit Linux and torch does. ``dtype`` (numpy's) sums in
+    that dtype instead: ``dtype=x.dtype`` keeps int32 (wrapping on overflow); a sum in
+    bool is the logical or, as in numpy."""
     (tensor,) = _tensors(x)
-    if tensor.dtype == DType.i1:
-        tensor = astype(tensor, DType.i64)
-    return _reduce(graph.SumOp, tensor, axis, keepdims)
+    target = _dtype_argument(dtype) if dtype is not None else None
+    if target == DType.i1:  # numpy: x cast to bool, then added (or-ed) in bool
+        count = sum(astype(tensor, DType.i1), axis, keepdims)
+        return not_equal(count, 0)
+    if target is None:
+        target = DType.i64 if tensor.dtype in (DType.i1, DType.i32) else tensor.dtype
+    return _reduce(graph.SumOp, astype(tensor, target), axis, keepdims)
 
 
 def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    return _reduce(graph.MeanOp, x, axis, keepdims, floating=True)
+    """Mean over ``axis``. The mean of bools or integers is float32 (torch's default
+    float; numpy gives float64), computed as numpy does, in float64, and rounded once."""
+    (tensor,) = _tensors(x)
+    if tensor.dtype.is_float:
+        return _reduce(graph.MeanOp, tensor, axis, keepdims)
+    wide = _reduce(graph.MeanOp, astype(tensor, DType.f64), axis, keepdims)
+    return astype(wide, DType.f32)
 
 
 def max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:

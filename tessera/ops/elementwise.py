@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from xdsl.dialects import math as mathd
-from xdsl.dialects.builtin import AnyFloat, IntegerType, f32, f64, i32
+from xdsl.dialects.builtin import AnyFloat, IntegerType, f32, f64, i1, i32
 from xdsl.ir import SSAValue
 
 from tessera.ir import graph
@@ -138,7 +138,20 @@ def _abs_tile(b: TileBuilder, op: graph.GraphOp, a: Operands) -> Value:
     return b.select(b.cmp("lt", a[0], _zero(b, a[0])), b.neg(a[0]), a[0])
 
 
-_register(graph.AbsOp, vjp=_abs_vjp, reference=on_operands(torch.abs), tile=Pointwise(_abs_tile))
+def _bool_identity(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``fn``, but the identity on bools (abs and relu of a bool is the bool, as numpy's
+    abs and maximum with False; torch rejects abs of bools, relu gives int64)."""
+    return lambda x: x if x.dtype == torch.bool else fn(x)
+
+
+_register(
+    graph.AbsOp,
+    vjp=_abs_vjp,
+    reference=on_operands(_bool_identity(torch.abs)),
+    tile=Pointwise(_abs_tile),
+)
 
 
 def _relu_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
@@ -150,7 +163,7 @@ def _relu_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
 _register(
     graph.ReluOp,
     vjp=_relu_vjp,
-    reference=on_operands(lambda x: torch.clamp_min(x, 0)),
+    reference=on_operands(_bool_identity(lambda x: torch.clamp_min(x, 0))),
     tile=Pointwise(lambda b, op, a: b.maximum(a[0], _zero(b, a[0]))),
 )
 
@@ -349,12 +362,19 @@ def _add_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
     return _binary(b, op, cts[0], cts[0])
 
 
+def _add_tile(b: TileBuilder, op: graph.GraphOp, a: Operands) -> Value:
+    """``a + b``; on bools the logical or (an i1 ``addi`` would be the exclusive or)."""
+    if element_type(a[0].type) == i1:
+        return b.or_(a[0], a[1])
+    return b.add(a[0], a[1])
+
+
 _register(
     graph.AddOp,
     partial="all",
     vjp=_add_vjp,
     reference=on_operands(torch.add),
-    tile=_operands_tile("add"),
+    tile=Pointwise(_add_tile),
 )
 
 
@@ -435,9 +455,35 @@ def _pow_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
     return _binary(b, op, b.mul(ct, dx), b.mul(ct, dy))
 
 
+def _int_pow(b: TileBuilder, x: Value, y: Value) -> Value:
+    """torch.pow for integers: ``x**y`` by squaring over every bit of ``y`` (wrapping on
+    overflow, as numpy and torch do); a negative ``y`` gives torch's ``1 // x**-y``: 1 for
+    x = 1, 1 or -1 (by the parity of y) for x = -1, else 0."""
+    element = element_type(x.type)
+    zero, one, two = (b.constant(v, element) for v in (0, 1, 2))
+    odd_y = b.cmp("ne", b.rem(y, two), zero)
+    exponent, base, result = b.maximum(y, zero), x, one
+    bits = element.bitwidth - 1  # type: ignore[attr-defined]
+    for bit in range(bits):
+        odd = b.cmp("ne", b.rem(exponent, two), zero)
+        result = b.select(odd, b.mul(result, base), result)
+        if bit + 1 < bits:
+            exponent, base = b.div(exponent, two), b.mul(base, base)
+    minus_one = b.constant(-1, element)
+    reciprocal = b.select(
+        b.cmp("eq", x, one),
+        one,
+        b.select(b.cmp("eq", x, minus_one), b.select(odd_y, minus_one, one), zero),
+    )
+    return b.select(b.cmp("lt", y, zero), reciprocal, result)
+
+
 def _pow_tile(b: TileBuilder, op: graph.GraphOp, a: Operands) -> Value:
-    """torch.pow for floats: |x|^y with the sign of x for odd integer y, nan for other y < 0 bases."""
+    """torch.pow for floats: |x|^y with the sign of x for odd integer y, nan for other y < 0
+    bases; integers: :func:`_int_pow`."""
     x, y = a
+    if not is_float(x):
+        return _int_pow(b, x, y)
     magnitude = b.exp(b.mul(y, b.log(b.math(mathd.AbsFOp, x))))
     y_int = b.convert(b.convert(y, i32), element_type(y.type))
     integral = b.cmp("eq", y_int, y)

@@ -16,7 +16,6 @@ import torch
 from xdsl.dialects.builtin import IntegerType
 from xdsl.ir import SSAValue
 
-from tessera.errors import IRError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.grad_builder import GradBuilder
@@ -83,16 +82,23 @@ def _reference(fn: Callable[..., torch.Tensor]) -> Reference:
     return bound(prepare)
 
 
+def _int_identity(kind: str, element: IntegerType) -> int:
+    """The identity of an integer sum, max or min (on bools: or's False, and's True)."""
+    width = element.width.data
+    if width == 1:
+        return int(kind == "min")
+    return {"sum": 0, "max": -(2 ** (width - 1)), "min": 2 ** (width - 1) - 1}[kind]
+
+
 def _row(kind: str, mean: bool = False) -> RowReduction:
     """Tile code reducing a block of rows along its axis 1 by ``kind`` (then / width for a mean)."""
 
     def reduce(ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int) -> SSAValue:
         b = ev.b
-        if isinstance(op.results[0].type.element_type, IntegerType):  # type: ignore[attr-defined]
-            if kind != "sum" and mask is not None:
-                raise IRError(f"{op.name} of integers over a ragged row is not supported")
+        element = op.results[0].type.element_type  # type: ignore[attr-defined]
+        if isinstance(element, IntegerType):  # masked lanes hold the integer identity
             if mask is not None:
-                x = b.select(mask, x, b.constant(0, x.type.element_type))  # type: ignore[attr-defined]
+                x = b.select(mask, x, b.constant(_int_identity(kind, element), element))
             return b.reduce(x, kind, 1)
         total = b.reduce(b.masked(x, mask, kind), kind, 1)
         if kind != "sum":  # tl.max / tl.min skip NaN; torch's max and min propagate it

@@ -47,7 +47,7 @@ show(layout, zeros(2, 3, 4))
 
 
 # Reductions as methods and functions: one axis, a negative axis, all axes (a 0-d
-# result), keepdims; mean of integers casts to f32 first.
+# result), keepdims; the mean of integers is computed in f64 and rounded once to f32.
 @ts.jit
 def reductions(x, i):
     return (
@@ -67,8 +67,9 @@ def reductions(x, i):
 # CHECK-NEXT: %[[MAX:.*]] = graph.max %[[X]] {axes = [0, 1], keepdims = false} : tensor<4x8xf32> -> tensor<f32>{{$}}
 # CHECK-NEXT: %[[MIN:.*]] = graph.min %[[X]] {axes = [1], keepdims = false} : tensor<4x8xf32> -> tensor<4xf32>{{$}}
 # CHECK-NEXT: %[[ALL:.*]] = graph.sum %[[X]] {axes = [0, 1], keepdims = true} : tensor<4x8xf32> -> tensor<1x1xf32>{{$}}
-# CHECK-NEXT: %[[IF:.*]] = graph.cast %[[I]] : tensor<3xi64> -> tensor<3xf32>{{$}}
-# CHECK-NEXT: %[[IMEAN:.*]] = graph.mean %[[IF]] {axes = [0], keepdims = false} : tensor<3xf32> -> tensor<f32>{{$}}
+# CHECK-NEXT: %[[IF:.*]] = graph.cast %[[I]] : tensor<3xi64> -> tensor<3xf64>{{$}}
+# CHECK-NEXT: %[[WIDE:.*]] = graph.mean %[[IF]] {axes = [0], keepdims = false} : tensor<3xf64> -> tensor<f64>{{$}}
+# CHECK-NEXT: %[[IMEAN:.*]] = graph.cast %[[WIDE]] : tensor<f64> -> tensor<f32>{{$}}
 # CHECK-NEXT: func.return %[[SUM]], %[[MEAN]], %[[MAX]], %[[MIN]], %[[ALL]], %[[IMEAN]] :
 show(reductions, zeros(4, 8), zeros(3, dtype=np.int64))
 

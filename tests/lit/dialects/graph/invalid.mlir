@@ -60,10 +60,44 @@ func.func @mul_wrong_broadcast_result(%a: tensor<4x1xf32>, %b: tensor<8xf32>) {
 
 // -----
 
-// div and pow need floating-point operands (the tracer casts integers first).
+// div needs floating-point operands (the tracer casts integers first).
 func.func @div_of_integers(%a: tensor<4xi32>, %b: tensor<4xi32>) {
   // CHECK: graph.div: expected a floating-point operand pair, found tensor<4xi32>{{$}}
   %0 = graph.div %a, %b : tensor<4xi32>
+  func.return
+}
+
+// -----
+
+// numpy and torch reject subtracting and negating bools; torch rejects bool ** bool.
+func.func @sub_of_bools(%a: tensor<4xi1>, %b: tensor<4xi1>) {
+  // CHECK: graph.sub: bool subtraction is not supported (numpy and torch reject it too), found tensor<4xi1> and tensor<4xi1>; op.not_equal(a, b) is the exclusive or, or cast to an integer first{{$}}
+  %0 = graph.sub %a, %b : tensor<4xi1>
+  func.return
+}
+
+// -----
+
+func.func @neg_of_bool(%a: tensor<4xi1>) {
+  // CHECK: graph.neg: negating a bool tensor is not supported (numpy and torch reject it too), found tensor<4xi1>; op.equal(x, False) is the logical not, or cast to an integer first{{$}}
+  %0 = graph.neg %a : tensor<4xi1>
+  func.return
+}
+
+// -----
+
+func.func @pow_of_bools(%a: tensor<4xi1>) {
+  // CHECK: graph.pow: bool ** bool is not supported (torch rejects it; numpy's result is int8, which Tessera has no dtype for), found tensor<4xi1> and tensor<4xi1>; cast to an integer first{{$}}
+  %0 = graph.pow %a, %a : tensor<4xi1>
+  func.return
+}
+
+// -----
+
+// A sum of bools is a count: the tracer casts to i64 first.
+func.func @sum_of_bools(%a: tensor<4xi1>) {
+  // CHECK: graph.sum: a sum of bools is not supported, found tensor<4xi1>; cast to an integer first (op.sum counts bools in int64){{$}}
+  %0 = graph.sum %a {axes = [0], keepdims = false} : tensor<4xi1> -> tensor<i1>
   func.return
 }
 

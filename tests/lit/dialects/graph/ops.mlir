@@ -122,6 +122,26 @@ func.func @binary_broadcast(%m: tensor<4x8xf32>, %row: tensor<8xf32>, %col: tens
   func.return
 }
 
+// Integer and bool arithmetic keeps the dtype (numpy's rules; the tracer widens a sum of
+// bools or int32 to i64 first): an integer power is an integer, add and mul of bools are
+// the logical or and and.
+// CHECK-LABEL: func.func @integer_and_bool_arithmetic
+// CHECK-SAME: (%[[I:.*]]: tensor<4xi32>, %[[J:.*]]: tensor<4xi64>, %[[C:.*]]: tensor<4xi1>) {
+// CHECK-NEXT: %{{.*}} = graph.pow %[[I]], %[[I]] : tensor<4xi32>{{$}}
+// CHECK-NEXT: %{{.*}} = graph.pow %[[J]], %[[J]] : tensor<4xi64>{{$}}
+// CHECK-NEXT: %{{.*}} = graph.add %[[C]], %[[C]] : tensor<4xi1>{{$}}
+// CHECK-NEXT: %{{.*}} = graph.mul %[[C]], %[[C]] : tensor<4xi1>{{$}}
+// CHECK-NEXT: %{{.*}} = graph.sub %[[I]], %[[I]] : tensor<4xi32>{{$}}
+// CHECK-NEXT: func.return
+func.func @integer_and_bool_arithmetic(%i: tensor<4xi32>, %j: tensor<4xi64>, %c: tensor<4xi1>) {
+  %0 = graph.pow %i, %i : tensor<4xi32>
+  %1 = graph.pow %j, %j : tensor<4xi64>
+  %2 = graph.add %c, %c : tensor<4xi1>
+  %3 = graph.mul %c, %c : tensor<4xi1>
+  %4 = graph.sub %i, %i : tensor<4xi32>
+  func.return
+}
+
 
 // add, sub, mul, maximum and minimum take integers.
 // CHECK-LABEL: func.func @binary_integer
