@@ -344,3 +344,38 @@ def test_pipelined_memory_matches_what_the_runtime_keeps(
         memory = step.memory(state, *batch())
         step(state, *batch())
     assert most == {r.pipeline_rank: r.saved_bytes for r in memory.ranks}
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+@pytest.mark.parametrize(
+    ("dtype", "precision", "reported"),
+    [
+        (torch.float64, None, torch.float64),
+        (torch.float32, None, torch.float32),
+        (torch.float32, "bf16", torch.float32),
+        (torch.float32, "fp16", torch.float32),
+    ],
+)
+def test_metrics_are_0d_tensors_at_least_float32(
+    pipelined: bool, dtype: torch.dtype, precision: str | None, reported: torch.dtype
+) -> None:
+    """The loss comes back as a 0-d tensor in the step's dtype widened to float32 (a
+    float64 step's in float64, a bf16 step's in float32), pipelined or not; a pipelined
+    float64 step's loss equals the float64 unpipelined one to 1e-12."""
+    params = {k: v.to(dtype) for k, v in _mlp_params(2).items()}
+    mesh = dist.Mesh(axes=["pp", "dp"], shape=(2, 2)) if pipelined else dist.mesh({"dp": 2})
+
+    @graph.training_step(optimizer=optim.SGD(lr=0.1), mesh=mesh, precision=precision)
+    def step(p, x, y):
+        h = op.tanh(op.tanh(x @ p["w0"]) @ p["w1"])
+        loss = op.mean((h - y) * (h - y))
+        return graph.backward(loss), {"loss": loss}
+
+    g = torch.Generator().manual_seed(4)
+    x, y = (torch.randn(8, 16, generator=g, dtype=dtype) for _ in range(2))
+    with schedule.options(pipeline_microbatches=2):
+        loss = step(step.init({k: v.clone() for k, v in params.items()}), x, y)["loss"]
+    assert isinstance(loss, torch.Tensor) and loss.shape == () and loss.dtype == reported
+    if dtype == torch.float64:
+        h = torch.tanh(torch.tanh(x @ params["w0"]) @ params["w1"])
+        assert abs(float(loss) - float(((h - y) ** 2).mean())) <= 1e-12
