@@ -190,6 +190,10 @@ COMMANDS: dict[str, tuple[Run, ...] | str] = {
     ".venv/bin/tessera plan launch    --model llama3-70b --gpus 64 --cluster dgx_h100 --tp 8 --pp 2 --dp 4 train.py": (
         Run(AS_WRITTEN, last_line=None, expect=("torchrun --nnodes=8 --nproc-per-node=8", "#SBATCH --nodes=8")),
     ),
+    # the same 16 cells, each asserted to match torch or to be refused by name
+    ".venv/bin/python benchmarks/feature_matrix.py --pairwise": (
+        "tests/unit/test_feature_matrix.py::test_cell_matches_torch_or_is_refused_by_name"
+    ),
     ".venv/bin/python benchmarks/planner.py --no-search": (
         Run(AS_WRITTEN, last_line=None, expect=("Llama 3 405B", "DeepSeek-V3", "mean |error|")),
     ),
