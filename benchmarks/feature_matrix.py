@@ -42,6 +42,7 @@ STEPS = 3
 BATCH = 8
 LR = 1e-2
 CLIP = 0.05  # small enough that every step clips
+WARMUP = 2  # the "all" option's warmup_cosine schedule: 2 warmup steps of STEPS
 TOL_F64 = 1e-9  # float64 step vs float64 torch: losses and parameters, absolute
 TOL_MIXED = 3e-2  # bf16/fp16 compute (f32 masters) vs torch in the same precision: losses, relative
 
@@ -86,9 +87,11 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "remat": {"remat": True},
     "deterministic": {"numerics": "deterministic"},
     "save/restore": {},
-    "all": {"precision": "bf16", "clip_grad_norm": CLIP, "zero": 2, "accumulate": 2, "remat": True,
-            "numerics": "deterministic"},
+    # everything at once (ZeRO-2 where the mesh has dp): the seeds' LLM configuration
+    "all": {"precision": "bf16", "clip_grad_norm": CLIP, "accumulate": 2, "remat": True,
+            "numerics": "deterministic", "lr": "warmup_cosine"},
 }  # fmt: skip
+ALL_ZERO = 2  # the "all" option's ZeRO stage on meshes with a dp axis
 
 # the covering subset CI runs: every option and every layout at least once, the
 # pipelined layouts with the options that span stages (precision, clipping, ZeRO)
@@ -160,9 +163,14 @@ def make_step(
             partition=(1,), mesh_axes=("tp",))  # fmt: skip
     zigzag = cp if layout.context_parallel == "ring" else None
     options = {"remat": False, **options}
+    lr: Any = LR
+    if options.pop("lr", None) == "warmup_cosine":
+        lr = optim.schedules.warmup_cosine(LR, WARMUP, STEPS, LR / 10)
+        if "dp" in axes:
+            options["zero"] = ALL_ZERO
 
     @graph.training_step(
-        optimizer=optim.AdamW(lr=LR, weight_decay=0.0), mesh=mesh,
+        optimizer=optim.AdamW(lr=lr, weight_decay=0.0), mesh=mesh,
         param_shardings=llama.megatron_layout(params) if "tp" in axes else None,
         batch_shardings=batch_spec, **options,
     )  # fmt: skip
@@ -220,6 +228,21 @@ def run_torch(
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float64)
     masters = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
     adam = torch.optim.AdamW(masters.values(), lr=LR, weight_decay=0.0)
+    if options.get("lr") == "warmup_cosine":  # LambdaLR with the closed form
+        floor = 0.1
+
+        def factor(t: int) -> float:
+            if t < WARMUP:
+                return (t + 1) / WARMUP
+            if t >= STEPS:
+                return floor
+            return floor + 0.5 * (1 - floor) * (
+                1 + math.cos(math.pi * (t - WARMUP) / (STEPS - WARMUP))
+            )
+
+        schedule_ = torch.optim.lr_scheduler.LambdaLR(adam, factor)
+    else:
+        schedule_ = None
     scale = 2.0**16 if precision == "fp16" else None
     accumulate = options.get("accumulate", 1)
     # the step's microbatches: pipeline microbatches x accumulation rounds x dp ranks
@@ -234,7 +257,7 @@ def run_torch(
             loss = llama.torch_loss(cast, tokens[rows], targets[rows], CONFIG) / chunks
             seed = torch.tensor(scale if scale else 1.0).to(loss.dtype)
             loss.backward(seed)
-            total += float(loss)
+            total += float(loss.detach())
         losses.append(total)
         grads = [v.grad for v in masters.values()]
         if scale:
@@ -246,6 +269,8 @@ def run_torch(
         if "clip_grad_norm" in options:
             torch.nn.utils.clip_grad_norm_(list(masters.values()), options["clip_grad_norm"])
         adam.step()
+        if schedule_ is not None:
+            schedule_.step()
     return losses, {k: v.detach() for k, v in masters.items()}
 
 
