@@ -36,6 +36,7 @@ from tessera import dist, graph, op, optim
 
 LOSS_RTOL = 2e-4  # f32 program vs float64 torch, per step
 AUX, Z = 0.01, 0.001  # weights of the load-balancing loss and the z-loss
+RMS_EPS = 1e-6  # op.rms_norm's default; the torch loop must use the same
 
 
 def swiglu(x, w1, w3, w2):
@@ -50,7 +51,7 @@ def moe_loss(p, tokens, targets, args):
     x = op.take(p["wte"], tokens, axis=0) + p["wpe"][:T]
     aux = 0.0
     for i in range(args.layers):
-        h = op.rms_norm(x)
+        h = op.rms_norm(x, eps=RMS_EPS)
         q, k, v = op.chunk(h @ p[f"attn_w{i}"], 3, axis=-1)
         q, k, v = (
             op.transpose(op.reshape(t, (B, T, args.heads, C // args.heads)), (0, 2, 1, 3))
@@ -58,7 +59,7 @@ def moe_loss(p, tokens, targets, args):
         )
         attn = op.reshape(op.transpose(op.attention(q, k, v, causal=True), (0, 2, 1, 3)), (B, T, C))
         x = x + attn @ p[f"proj_w{i}"]
-        h = op.rms_norm(x)
+        h = op.rms_norm(x, eps=RMS_EPS)
         logits = h @ p[f"router_w{i}"]
         weights, experts, scores = op.router(logits, k=args.top_k)
         routing = op.route(experts, args.experts, capacity)
@@ -72,7 +73,7 @@ def moe_loss(p, tokens, targets, args):
             shared=(lambda t, w=shared: swiglu(t, *w)) if shared else None,
         )
         aux = aux + AUX * op.load_balancing_loss(scores, experts) + Z * op.router_z_loss(logits)
-    logits = op.rms_norm(x) @ op.transpose(p["wte"], (1, 0))
+    logits = op.rms_norm(x, eps=RMS_EPS) @ op.transpose(p["wte"], (1, 0))
     return op.cross_entropy(logits, targets) + aux
 
 
@@ -86,7 +87,7 @@ def torch_loss(p, tokens, targets, args) -> torch.Tensor:
     )
 
     def rms(t: torch.Tensor) -> torch.Tensor:
-        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + RMS_EPS)
 
     x = p["wte"][tokens] + p["wpe"][:T]
     aux = 0.0
