@@ -100,7 +100,9 @@ def torch_loss(p, tokens, targets, args) -> torch.Tensor:
         h = rms(x)
         logits = h @ p[f"router_w{i}"]
         scores = torch.softmax(logits, -1)
-        top, chosen = torch.topk(scores, K, -1)
+        # the K highest, the lower expert index first among equal scores (graph.top_k's
+        # rule; torch.topk's order among ties is unspecified)
+        top, chosen = (t[..., :K] for t in torch.sort(scores, dim=-1, descending=True, stable=True))
         weights = top / top.sum(-1, keepdim=True)
         rows = []
         for b in range(B):
