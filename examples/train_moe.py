@@ -11,8 +11,9 @@ causal attention and a mixture-of-experts MLP (``--experts`` SwiGLU experts, top
 routing by a softmax router renormalised over the chosen experts, Mixtral's), a final
 norm and a tied output projection. The loss is the next-token cross-entropy plus the
 Switch load-balancing loss and the router z-loss. Each sequence is a routing group with
-``ceil(T * k * capacity_factor / E)`` slots per expert (choices over capacity are
-dropped; first choices first). With ``--shared-expert`` every token also goes through a
+``ceil(T * k * capacity_factor / E)`` slots per expert (the lower expert index wins a
+tie of scores; choices over capacity are dropped: first choices first, then earlier
+tokens). With ``--shared-expert`` every token also goes through a
 shared SwiGLU expert (``op.moe_block``: its matmuls run while the combine all-to-all is
 in flight). Sequences are split over ``dp x ep``, the experts'
 weights ``[E, ...]`` over ``ep`` (and their hidden dim over ``tp``): the sharding passes
