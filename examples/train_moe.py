@@ -38,14 +38,21 @@ from tessera import dist, graph, op, optim
 LOSS_RTOL = 2e-4  # f32 program vs float64 torch, per step
 AUX, Z = 0.01, 0.001  # weights of the load-balancing loss and the z-loss
 RMS_EPS = 1e-6  # op.rms_norm's default; the torch loop must use the same
+# Router scores closer than this are a tie to the f32 program: its scores differ from the
+# float64 loop's by ~1e-7 (f32 rounding) to ~1e-6 (its parameters' drift over many
+# steps), so where the loop's top k and the program's differ only by such near-ties the
+# loop routes as the program did (an ordered choice whose every score is within
+# TIE_TOL of the loop's top-k scores, rank by rank); any other difference is a mismatch.
+TIE_TOL = 1e-5
 
 
 def swiglu(x, w1, w3, w2):
     return (op.silu(x @ w1) * (x @ w3)) @ w2
 
 
-def moe_loss(p, tokens, targets, args):
-    """Next-token cross-entropy plus the router losses of every layer."""
+def moe_loss(p, tokens, targets, args, choices=None):
+    """Next-token cross-entropy plus the router losses of every layer (each layer's
+    expert choices ``[B, T, k]`` appended to the list ``choices`` if given)."""
     B, T = tokens.shape
     C = p["wte"].shape[1]
     capacity = op.expert_capacity(T, args.experts, args.top_k, args.capacity_factor)
@@ -63,6 +70,8 @@ def moe_loss(p, tokens, targets, args):
         h = op.rms_norm(x, eps=RMS_EPS)
         logits = h @ p[f"router_w{i}"]
         weights, experts, scores = op.router(logits, k=args.top_k)
+        if choices is not None:
+            choices.append(experts)
         routing = op.route(experts, args.experts, capacity)
         routed = [p[f"w1_{i}"], p[f"w3_{i}"], p[f"w2_{i}"]]  # [E, C, H], [E, C, H], [E, H, C]
         shared = [p[f"s1_{i}"], p[f"s3_{i}"], p[f"s2_{i}"]] if args.shared_expert else None
@@ -78,8 +87,11 @@ def moe_loss(p, tokens, targets, args):
     return op.cross_entropy(logits, targets) + aux
 
 
-def torch_loss(p, tokens, targets, args) -> torch.Tensor:
-    """The same model in torch, routing each group token by token."""
+def torch_loss(p, tokens, targets, args, program_choices=None) -> torch.Tensor:
+    """The same model in torch, routing each group token by token. With
+    ``program_choices`` (the program's choices of every layer) a token whose top k
+    differs from the program's only by near-ties (``TIE_TOL``) routes as the program's;
+    a larger difference raises ``SystemExit``."""
     B, T = tokens.shape
     C = p["wte"].shape[1]
     E, K = args.experts, args.top_k
@@ -104,6 +116,19 @@ def torch_loss(p, tokens, targets, args) -> torch.Tensor:
         # the K highest, the lower expert index first among equal scores (graph.top_k's
         # rule; torch.topk's order among ties is unspecified)
         top, chosen = (t[..., :K] for t in torch.sort(scores, dim=-1, descending=True, stable=True))
+        if program_choices is not None:
+            theirs = program_choices[i].long()
+            near = (scores.detach().gather(-1, theirs) - top.detach()).abs() <= TIE_TOL
+            differ = (theirs != chosen).any(-1)
+            if (differ & ~near.all(-1)).any():
+                b, t = (differ & ~near.all(-1)).nonzero()[0].tolist()
+                raise SystemExit(
+                    f"routing MISMATCH in layer {i}, sequence {b}, token {t}: the program "
+                    f"chose experts {theirs[b, t].tolist()}, the top {K} are "
+                    f"{chosen[b, t].tolist()} (scores {scores[b, t].tolist()})"
+                )
+            chosen = torch.where(differ[..., None], theirs, chosen)
+            top = scores.gather(-1, chosen)
         weights = top / top.sum(-1, keepdim=True)
         rows = []
         for b in range(B):
@@ -202,8 +227,9 @@ def main(argv: list[str] | None = None) -> None:
         batch_shardings=dist.ShardSpec(partition=(0,), mesh_axes=(("dp", "ep"),)),
     )  # fmt: skip
     def step(p, tokens, targets):
-        loss = moe_loss(p, tokens, targets, args)
-        return graph.backward(loss), {"loss": loss}
+        choices = []
+        loss = moe_loss(p, tokens, targets, args, choices)
+        return graph.backward(loss), {"loss": loss, "choices": choices}
 
     state = step.init(params)
     g = torch.Generator().manual_seed(1)
@@ -213,10 +239,12 @@ def main(argv: list[str] | None = None) -> None:
     check = LossCheck(args.steps, LOSS_RTOL, every=5, show=rank0)
     start = time.perf_counter()
     for i in range(args.steps):
-        loss = step(state, tokens, targets)["loss"]
-        loss = loss.full() if processes else loss
+        metrics = step(state, tokens, targets)
+        loss, choices = metrics["loss"], metrics["choices"]
+        if processes:
+            loss, choices = loss.full(), [c.full() for c in choices]
         torch_optimizer.zero_grad()
-        expected = torch_loss(reference, tokens, targets, args)
+        expected = torch_loss(reference, tokens, targets, args, choices)
         expected.backward()
         torch_optimizer.step()
         check.add(i, float(loss), expected.item())
