@@ -201,7 +201,8 @@ def test_train_moe_torch_loop_is_the_same_model(
     loss and every gradient agree to 1e-10 (each RMSNorm's eps included: with 1e-5 in the
     loop and ``op.rms_norm``'s 1e-6, they differed by 2e-5; Adam then turned gradients
     near zero into updates of opposite signs and the f32 run left the tolerance at step
-    15 of 20)."""
+    15 of 20). Given the program's choices, the loop keeps its own unless they differ
+    only by near-ties of scores: choices in the wrong order are a mismatch."""
     monkeypatch.setenv("TESSERA_KERNELS", "reference")
     train_moe = load_example("train_moe")
     args = argparse.Namespace(
@@ -215,10 +216,18 @@ def test_train_moe_torch_loop_is_the_same_model(
     def loss(p, tokens, targets):
         return train_moe.moe_loss(p, tokens, targets, args)
 
-    got, grads = ts.jit(loss)(params, tokens, targets), ts.grad(loss)(params, tokens, targets)
+    def loss_and_choices(p, tokens, targets):
+        choices = []
+        return train_moe.moe_loss(p, tokens, targets, args, choices), choices
+
+    got, choices = ts.jit(loss_and_choices)(params, tokens, targets)
+    grads = ts.grad(loss)(params, tokens, targets)
     leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
-    want = train_moe.torch_loss(leaves, tokens, targets, args)
+    want = train_moe.torch_loss(leaves, tokens, targets, args, choices)
     want.backward()
+    # the loop follows the program's choices only where they are near-ties of its scores
+    with pytest.raises(SystemExit, match="routing MISMATCH in layer 0"):
+        train_moe.torch_loss(params, tokens, targets, args, [c.flip(-1) for c in choices])
     torch.testing.assert_close(got, want.detach(), rtol=1e-10, atol=1e-10)
     for name, leaf in leaves.items():
         torch.testing.assert_close(grads[name], leaf.grad, rtol=1e-10, atol=1e-10, msg=name)
