@@ -19,7 +19,9 @@ in flight). Sequences are split over ``dp x ep``, the experts'
 weights ``[E, ...]`` over ``ep`` (and their hidden dim over ``tp``): the sharding passes
 insert the dispatch and combine all-to-alls over ep and their transposes in the
 backward. Each step's loss is compared with a float64 torch loop that routes the same
-way (token by token, a counter per expert), trained with torch.optim.AdamW.
+way (token by token, a counter per expert; where its top k and the f32 program's
+differ only by near-ties of scores, ``TIE_TOL``, as the program did), trained with
+torch.optim.AdamW.
 """
 
 from __future__ import annotations
