@@ -11,14 +11,17 @@ causal attention and a mixture-of-experts MLP (``--experts`` SwiGLU experts, top
 routing by a softmax router renormalised over the chosen experts, Mixtral's), a final
 norm and a tied output projection. The loss is the next-token cross-entropy plus the
 Switch load-balancing loss and the router z-loss. Each sequence is a routing group with
-``ceil(T * k * capacity_factor / E)`` slots per expert (choices over capacity are
-dropped; first choices first). With ``--shared-expert`` every token also goes through a
+``ceil(T * k * capacity_factor / E)`` slots per expert (the lower expert index wins a
+tie of scores; choices over capacity are dropped: first choices first, then earlier
+tokens). With ``--shared-expert`` every token also goes through a
 shared SwiGLU expert (``op.moe_block``: its matmuls run while the combine all-to-all is
 in flight). Sequences are split over ``dp x ep``, the experts'
 weights ``[E, ...]`` over ``ep`` (and their hidden dim over ``tp``): the sharding passes
 insert the dispatch and combine all-to-alls over ep and their transposes in the
 backward. Each step's loss is compared with a float64 torch loop that routes the same
-way (token by token, a counter per expert), trained with torch.optim.AdamW.
+way (token by token, a counter per expert; where its top k and the f32 program's
+differ only by near-ties of scores, ``TIE_TOL``, as the program did), trained with
+torch.optim.AdamW.
 """
 
 from __future__ import annotations
@@ -36,21 +39,29 @@ from tessera import dist, graph, op, optim
 
 LOSS_RTOL = 2e-4  # f32 program vs float64 torch, per step
 AUX, Z = 0.01, 0.001  # weights of the load-balancing loss and the z-loss
+RMS_EPS = 1e-6  # op.rms_norm's default; the torch loop must use the same
+# Router scores closer than this are a tie to the f32 program: its scores differ from the
+# float64 loop's by ~1e-7 (f32 rounding) to ~1e-6 (its parameters' drift over many
+# steps), so where the loop's top k and the program's differ only by such near-ties the
+# loop routes as the program did (an ordered choice whose every score is within
+# TIE_TOL of the loop's top-k scores, rank by rank); any other difference is a mismatch.
+TIE_TOL = 1e-5
 
 
 def swiglu(x, w1, w3, w2):
     return (op.silu(x @ w1) * (x @ w3)) @ w2
 
 
-def moe_loss(p, tokens, targets, args):
-    """Next-token cross-entropy plus the router losses of every layer."""
+def moe_loss(p, tokens, targets, args, choices=None):
+    """Next-token cross-entropy plus the router losses of every layer (each layer's
+    expert choices ``[B, T, k]`` appended to the list ``choices`` if given)."""
     B, T = tokens.shape
     C = p["wte"].shape[1]
     capacity = op.expert_capacity(T, args.experts, args.top_k, args.capacity_factor)
     x = op.take(p["wte"], tokens, axis=0) + p["wpe"][:T]
     aux = 0.0
     for i in range(args.layers):
-        h = op.rms_norm(x)
+        h = op.rms_norm(x, eps=RMS_EPS)
         q, k, v = op.chunk(h @ p[f"attn_w{i}"], 3, axis=-1)
         q, k, v = (
             op.transpose(op.reshape(t, (B, T, args.heads, C // args.heads)), (0, 2, 1, 3))
@@ -58,9 +69,11 @@ def moe_loss(p, tokens, targets, args):
         )
         attn = op.reshape(op.transpose(op.attention(q, k, v, causal=True), (0, 2, 1, 3)), (B, T, C))
         x = x + attn @ p[f"proj_w{i}"]
-        h = op.rms_norm(x)
+        h = op.rms_norm(x, eps=RMS_EPS)
         logits = h @ p[f"router_w{i}"]
         weights, experts, scores = op.router(logits, k=args.top_k)
+        if choices is not None:
+            choices.append(experts)
         routing = op.route(experts, args.experts, capacity)
         routed = [p[f"w1_{i}"], p[f"w3_{i}"], p[f"w2_{i}"]]  # [E, C, H], [E, C, H], [E, H, C]
         shared = [p[f"s1_{i}"], p[f"s3_{i}"], p[f"s2_{i}"]] if args.shared_expert else None
@@ -72,12 +85,15 @@ def moe_loss(p, tokens, targets, args):
             shared=(lambda t, w=shared: swiglu(t, *w)) if shared else None,
         )
         aux = aux + AUX * op.load_balancing_loss(scores, experts) + Z * op.router_z_loss(logits)
-    logits = op.rms_norm(x) @ op.transpose(p["wte"], (1, 0))
+    logits = op.rms_norm(x, eps=RMS_EPS) @ op.transpose(p["wte"], (1, 0))
     return op.cross_entropy(logits, targets) + aux
 
 
-def torch_loss(p, tokens, targets, args) -> torch.Tensor:
-    """The same model in torch, routing each group token by token."""
+def torch_loss(p, tokens, targets, args, program_choices=None) -> torch.Tensor:
+    """The same model in torch, routing each group token by token. With
+    ``program_choices`` (the program's choices of every layer) a token whose top k
+    differs from the program's only by near-ties (``TIE_TOL``) routes as the program's;
+    a larger difference raises ``SystemExit``."""
     B, T = tokens.shape
     C = p["wte"].shape[1]
     E, K = args.experts, args.top_k
@@ -86,7 +102,7 @@ def torch_loss(p, tokens, targets, args) -> torch.Tensor:
     )
 
     def rms(t: torch.Tensor) -> torch.Tensor:
-        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + RMS_EPS)
 
     x = p["wte"][tokens] + p["wpe"][:T]
     aux = 0.0
@@ -99,7 +115,22 @@ def torch_loss(p, tokens, targets, args) -> torch.Tensor:
         h = rms(x)
         logits = h @ p[f"router_w{i}"]
         scores = torch.softmax(logits, -1)
-        top, chosen = torch.topk(scores, K, -1)
+        # the K highest, the lower expert index first among equal scores (graph.top_k's
+        # rule; torch.topk's order among ties is unspecified)
+        top, chosen = (t[..., :K] for t in torch.sort(scores, dim=-1, descending=True, stable=True))
+        if program_choices is not None:
+            theirs = program_choices[i].long()
+            near = (scores.detach().gather(-1, theirs) - top.detach()).abs() <= TIE_TOL
+            differ = (theirs != chosen).any(-1)
+            if (differ & ~near.all(-1)).any():
+                b, t = (differ & ~near.all(-1)).nonzero()[0].tolist()
+                raise SystemExit(
+                    f"routing MISMATCH in layer {i}, sequence {b}, token {t}: the program "
+                    f"chose experts {theirs[b, t].tolist()}, the top {K} are "
+                    f"{chosen[b, t].tolist()} (scores {scores[b, t].tolist()})"
+                )
+            chosen = torch.where(differ[..., None], theirs, chosen)
+            top = scores.gather(-1, chosen)
         weights = top / top.sum(-1, keepdim=True)
         rows = []
         for b in range(B):
@@ -198,8 +229,9 @@ def main(argv: list[str] | None = None) -> None:
         batch_shardings=dist.ShardSpec(partition=(0,), mesh_axes=(("dp", "ep"),)),
     )  # fmt: skip
     def step(p, tokens, targets):
-        loss = moe_loss(p, tokens, targets, args)
-        return graph.backward(loss), {"loss": loss}
+        choices = []
+        loss = moe_loss(p, tokens, targets, args, choices)
+        return graph.backward(loss), {"loss": loss, "choices": choices}
 
     state = step.init(params)
     g = torch.Generator().manual_seed(1)
@@ -209,10 +241,12 @@ def main(argv: list[str] | None = None) -> None:
     check = LossCheck(args.steps, LOSS_RTOL, every=5, show=rank0)
     start = time.perf_counter()
     for i in range(args.steps):
-        loss = step(state, tokens, targets)["loss"]
-        loss = loss.full() if processes else loss
+        metrics = step(state, tokens, targets)
+        loss, choices = metrics["loss"], metrics["choices"]
+        if processes:
+            loss, choices = loss.full(), [c.full() for c in choices]
         torch_optimizer.zero_grad()
-        expected = torch_loss(reference, tokens, targets, args)
+        expected = torch_loss(reference, tokens, targets, args, choices)
         expected.backward()
         torch_optimizer.step()
         check.add(i, float(loss), expected.item())

@@ -605,7 +605,8 @@ class TopKOp(GraphOp):
 
         %v, %i = graph.top_k %x {k = 2} : tensor<4x8xf32> -> (tensor<4x2xf32>, tensor<4x2xi32>)
 
-    Ties go to the lower index (as ``torch.topk`` on CPU)."""
+    Equal values come in index order: the lower index wins a tie (``torch.topk``'s
+    order among ties is unspecified)."""
 
     name = "graph.top_k"
     input = operand_def(TensorType)

@@ -3,8 +3,8 @@
 Sharding: the leading dims are parallel, the last dim is needed whole (``REPLICATED``:
 the top k of a slice are not the top k of the row). The VJP scatters the values'
 cotangent back to the chosen positions (a one-hot of the indices against an iota);
-the indices have none. Tile code: none yet, the op runs on the host
-(:attr:`Fusion.HOST`), as MoE routing's integer bookkeeping does.
+the indices have none. Ties go to the lower index (a stable sort). Tile code: none yet,
+the op runs on the host (:attr:`Fusion.HOST`), as MoE routing's integer bookkeeping does.
 """
 
 from __future__ import annotations
@@ -37,12 +37,16 @@ def _top_k_sharding(
 
 @bound
 def _top_k_reference(op: graph.TopKOp) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
-    """``torch.topk`` (largest, sorted) over the last dim, i32 indices."""
+    """The first ``k`` of a stable descending sort of the last dim, i32 indices: largest
+    first, equal values in index order (the lower index wins a tie). Not ``torch.topk``,
+    whose order among equal values is unspecified (on a CPU, eight equal values give
+    indices 6, 5, ...; it changes with the row's length and the device), so that MoE
+    routing is the same on every backend and device."""
     k = op.attrs()["k"]
 
     def run(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        values, indices = torch.topk(x, k, dim=-1, largest=True, sorted=True)
-        return values, indices.to(torch.int32)
+        values, indices = torch.sort(x, dim=-1, descending=True, stable=True)
+        return values[..., :k].contiguous(), indices[..., :k].to(torch.int32).contiguous()
 
     return run
 

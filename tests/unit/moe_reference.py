@@ -1,11 +1,22 @@
-"""A float64 torch reference of a mixture-of-experts layer that routes by a plain loop
-(first choices first, tokens in order, a counter per expert; over capacity dropped)
-and computes each kept choice's expert token by token: differentiable by
-``torch.autograd``, independent of ``graph.moe_route``'s vectorised reference."""
+"""A float64 torch reference of a mixture-of-experts layer that chooses and routes by
+plain loops (the top k of each token's scores, the lower expert index winning a tie;
+first choices first, tokens in order, a counter per expert; over capacity dropped) and
+computes each kept choice's expert token by token: differentiable by ``torch.autograd``,
+independent of ``graph.top_k``'s and ``graph.moe_route``'s vectorised references."""
 
 from __future__ import annotations
 
 import torch
+
+
+def loop_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` highest of ``scores [..., E]``, highest first, the lower index first
+    among equal scores, by sorting each row's ``(-score, index)`` pairs in Python:
+    ``(values, indices)``, the values differentiable."""
+    rows = scores.detach().reshape(-1, scores.shape[-1]).tolist()
+    chosen = [sorted(range(len(row)), key=lambda e, row=row: (-row[e], e))[:k] for row in rows]
+    indices = torch.tensor(chosen, dtype=torch.long).reshape(*scores.shape[:-1], k)
+    return torch.gather(scores, -1, indices), indices
 
 
 def loop_route(
@@ -38,7 +49,7 @@ def reference_moe(
     kept choices, with the router's top-k (renormalised) weights."""
     logits = x @ wr
     scores = torch.softmax(logits, -1) if score == "softmax" else torch.sigmoid(logits)
-    top, chosen = torch.topk(scores, k, dim=-1)
+    top, chosen = loop_top_k(scores, k)
     weights = top / top.sum(-1, keepdim=True)
     kept = loop_route(chosen, wr.shape[1], capacity)
     rows = []

@@ -4,7 +4,9 @@
 The reference routes by a plain Python loop (first choices first, tokens in order, a
 counter per expert), computes each kept choice's expert MLP token by token and weights
 it by the router; ``torch.autograd`` on it gives the reference gradients of the router
-and the experts. Tolerances: float64 1e-10 (values and gradients), float32 1e-5.
+and the experts. Ties (equal scores, experts over capacity) are engineered and checked
+exactly against the loops. Tolerances: float64 1e-10 (values and gradients), float32
+1e-5 (the routing weights 1e-6).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from moe_reference import loop_route as _loop_route
+from moe_reference import loop_top_k as _loop_top_k
 from moe_reference import reference_moe as _reference_moe
 
 import tessera as ts
@@ -55,6 +58,23 @@ def test_top_k_values_indices_and_gradient_match_torch() -> None:
     torch.testing.assert_close(grad, xr.grad, rtol=F64, atol=F64)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_top_k_breaks_ties_to_the_lower_index(dtype: torch.dtype) -> None:
+    """Equal values in index order, as the Python loop sorting ``(-value, index)`` has
+    them; exact. ``torch.topk`` on a CPU gives 6, 5 for a row of eight equal values and
+    42, 43 for 64: its order among ties is unspecified."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 3, (5, 64), generator=gen).to(dtype)  # many ties at every rank
+    x[0] = 0.5  # all equal
+    x[1, 40:] = 7.0  # the top 24 all equal, past the first 40
+    for width in (8, 64):
+        values, indices = ts.jit(lambda x: op.top_k(x, 3))(x[:, :width])
+        want_values, want_indices = _loop_top_k(x[:, :width], 3)
+        assert torch.equal(indices.long(), want_indices), (width, indices, want_indices)
+        torch.testing.assert_close(values, want_values, rtol=0, atol=0)
+    assert ts.jit(lambda x: op.top_k(x, 2))(x[:1, :8])[1].tolist() == [[0, 1]]
+
+
 def test_top_k_rejects_k_larger_than_the_dim_at_the_user_line() -> None:
     with pytest.raises(ShapeError, match=r"(?s)k must be in \[1, 3\].*test_moe_ops.py"):
         ts.jit(lambda x: op.top_k(x, 4)[0])(torch.zeros(2, 3))
@@ -84,6 +104,41 @@ def test_route_matches_a_counter_per_expert(experts: int, capacity: int) -> None
     assert torch.equal(slots, want_slots) and torch.equal(sources, want_sources)
     if capacity == 16:
         assert (slots >= 0).all()  # dropless: a capacity of T keeps every choice
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_router_and_route_with_ties_and_overflow_match_the_loops(dtype: torch.dtype) -> None:
+    """Which choices keep a slot when scores tie and experts overflow: the router's top 2
+    (the lower expert index wins a tie) and the route (first choices first, then tokens
+    in order; the rest dropped), exactly as the plain loops of ``moe_reference`` do it.
+    Logits of 0 and 1 only make equal softmax scores at every rank; capacity 2 of 12
+    tokens x 2 choices over 4 experts drops about half of them."""
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randint(0, 2, (3, 12, 4), generator=gen).to(dtype)
+    logits[0] = 0.0  # every expert ties for every token: all choose experts 0 and 1
+    experts, capacity = 4, 2
+
+    def routed(logits):
+        weights, chosen, _ = op.router(logits, k=2)
+        routing = op.route(chosen, experts, capacity)
+        return weights, chosen, routing.slots, routing.sources
+
+    weights, chosen, slots, sources = ts.jit(routed)(logits)
+    top, want_chosen = _loop_top_k(torch.softmax(logits.double(), -1), 2)
+    assert torch.equal(chosen.long(), want_chosen)
+    tol = 1e-6 if dtype == torch.float32 else F64
+    torch.testing.assert_close(
+        weights.double(), top / top.sum(-1, keepdim=True), rtol=tol, atol=tol
+    )
+    want_slots = torch.full_like(slots, -1)
+    want_sources = torch.full((3, experts, capacity), -1, dtype=torch.int32)
+    for (g, t, j), (e, c) in _loop_route(want_chosen, experts, capacity).items():
+        want_slots[g, t, j] = e * capacity + c
+        want_sources[g, e, c] = t * 2 + j
+    assert torch.equal(slots, want_slots) and torch.equal(sources, want_sources)
+    # group 0: tokens 0 and 1 take experts 0 and 1's slots, the rest are dropped
+    assert want_slots[0, :2].tolist() == [[0, 2], [1, 3]] and (want_slots[0, 2:] == -1).all()
+    assert (want_slots == -1).float().mean() > 0.3  # the case overflows
 
 
 def test_route_rejects_an_expert_out_of_range() -> None:
