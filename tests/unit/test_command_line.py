@@ -115,3 +115,42 @@ def test_what_plan_launch_prints_for_a_pipeline_runs() -> None:
 def test_launch_notes_what_the_script_cannot_run() -> None:
     plan = _launch("--gpus", "16", "--pp", "2", "--tp", "8", "train.py")
     assert any("do not support ZeRO" in note for note in plan["notes"]), plan["notes"]
+
+
+def _setup_env_installs(tmp_path: Path, gpu: bool) -> list[str]:
+    """The pip commands ``scripts/setup-env.sh`` runs in a fresh venv without torch (a fake
+    venv whose pip logs its arguments and fails for the first index tried)."""
+    venv, tools = tmp_path / "venv", tmp_path / "tools"
+    (venv / "bin").mkdir(parents=True)
+    tools.mkdir()
+    log = tmp_path / "pip.log"
+    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")  # `import torch` fails
+    (venv / "bin" / "pip").write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\n[ "$(wc -l < {log})" -gt 1 ]\n'
+    )  # the first install fails: the fallback runs
+    for tool in ("python", "pip"):
+        (venv / "bin" / tool).chmod(0o755)
+    if gpu:
+        (tools / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+        (tools / "nvidia-smi").chmod(0o755)
+    env = _env(TESSERA_VENV=str(venv), PATH=f"{tools}:/usr/bin:/bin")
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "setup-env.sh")], capture_output=True, text=True,
+        timeout=60, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return log.read_text().splitlines()
+
+
+def test_setup_env_takes_the_cpu_build_of_torch_first_without_a_gpu(tmp_path: Path) -> None:
+    if Path("/proc/driver/nvidia").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    first, second, *_ = _setup_env_installs(tmp_path, gpu=False)
+    assert first == "install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    assert second == "install --quiet torch==2.13.0"
+
+
+def test_setup_env_takes_the_cuda_build_of_torch_first_with_a_gpu(tmp_path: Path) -> None:
+    first, second, *_ = _setup_env_installs(tmp_path, gpu=True)
+    assert first == "install --quiet torch==2.13.0"
+    assert second == "install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
