@@ -7,9 +7,11 @@ first entry of ``sys.path`` when run as ``python examples/train_gpt.py``).
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
+_PRINTING = threading.Lock()
 QUIET_S = 10.0  # the longest a run stays silent: a step line, or a line saying what runs
 
 
@@ -42,8 +44,10 @@ class LossCheck:
             threading.Thread(target=self._heartbeat, name="progress", daemon=True).start()
 
     def _say(self, line: str) -> None:
-        print(line, flush=True)
-        self.printed = time.perf_counter()
+        with _PRINTING:  # one write per line: the heartbeat's lines never split a step's
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+            self.printed = time.perf_counter()
 
     def _heartbeat(self) -> None:
         """While a step runs longer than ``quiet`` seconds, a line whenever ``quiet``
