@@ -11,9 +11,9 @@ Then one rank's compute total, measured and modelled (the simulator's compute-on
 The layer's size defaults to the device's: on a GPU a 70B-like layer (hidden 8192, seq
 4096, 64 heads, tp 8); on a CPU, where the kernels run in Triton's interpreter, a small
 one (hidden 256, seq 128, 4 heads, tp 2: 3.5 minutes on a busy 2-core machine, of which
-the warm-up run 60 s and each timed run 11-35 s). Each
-phase prints a line as it starts (lowering, the warm-up run that compiles every kernel,
-each timed repeat), and a long phase prints how long it has run every 15 s.
+the warm-up run 60 s and each timed run 11-35 s). Each phase prints a line as it starts
+(lowering, the warm-up run that compiles every kernel, each timed repeat), and a long
+phase prints how long it has run every 15 s (on stderr: stdout is the table).
 
     python benchmarks/cost_model.py                  # the device's size (see above)
     python benchmarks/cost_model.py --hidden 8192 --seq 4096 --heads 64 --tp 8   # 70B-like, on a GPU

@@ -153,4 +153,6 @@ def test_setup_env_takes_the_cpu_build_of_torch_first_without_a_gpu(tmp_path: Pa
 def test_setup_env_takes_the_cuda_build_of_torch_first_with_a_gpu(tmp_path: Path) -> None:
     first, second, *_ = _setup_env_installs(tmp_path, gpu=True)
     assert first == "install --quiet torch==2.13.0"
-    assert second == "install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    assert (
+        second == "install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    )

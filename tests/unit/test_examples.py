@@ -229,7 +229,9 @@ def test_training_progress_is_never_silent_for_long(capsys: pytest.CaptureFixtur
     check.finish()
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("step   0: compiling the training step"), lines
-    assert any(re.match(r"step   0: compiling and running, \d+ s so far", line) for line in lines), lines
+    assert any(
+        re.match(r"step   0: compiling and running, \d+ s so far", line) for line in lines
+    ), lines
     steps = [int(line.split()[1]) for line in lines if re.match(r"step +\d+  loss", line)]
     assert steps == [0, 2, 4], lines
     assert re.search(r"rel\. diff 0\.0e\+00  \(\d+\.\d s\)$", lines[-3]), lines
