@@ -166,14 +166,17 @@ def megatron_layout(
     }
 
 
-def residual_layout(cp: int, tp: int) -> dist.ShardSpec:
+def residual_layout(cp: int, tp: int, pipelined: bool = False) -> dist.ShardSpec:
     """Sequence parallelism (Megatron-LM's ``--sequence-parallel``): the residual stream
     ``[B, T, C]`` with the batch over dp and the sequence over cp and tp, so norms and
     residual adds run on ``T / (cp tp)`` tokens per rank, and the sharding passes gather
     the sequence over tp before the column-parallel matmuls and reduce-scatter it after
-    the row-parallel ones (instead of all-reducing)."""
+    the row-parallel ones (instead of all-reducing). A pipelined step traces one dp
+    rank's microbatch: its batch dim is not split again."""
     axes = (("cp",) if cp > 1 else ()) + (("tp",) if tp > 1 else ())
-    return dist.ShardSpec(partition=(0, *(1 for _ in axes)), mesh_axes=("dp", *axes))
+    batch = () if pipelined else ("dp",)
+    partition = (*(0 for _ in batch), *(1 for _ in axes))
+    return dist.ShardSpec(partition=partition, mesh_axes=(*batch, *axes))
 
 
 def make_step(
@@ -184,7 +187,9 @@ def make_step(
         partition=(0, 1), mesh_axes=("dp", "cp")
     )  # batch over dp, sequence over cp
     zigzag = cp if cp > 1 and getattr(args, "zigzag", True) else None  # batch in zig-zag order
-    residual = residual_layout(cp, args.tp) if getattr(args, "sequence_parallel", False) else None
+    pipelined = getattr(args, "pp", 1) > 1
+    sp = getattr(args, "sequence_parallel", False)
+    residual = residual_layout(cp, args.tp, pipelined) if sp else None
 
     @graph.training_step(
         optimizer=optim.AdamW(lr=args.lr, weight_decay=0.0), mesh=mesh, zero=args.zero,
@@ -387,7 +392,7 @@ def run(
     start = time.perf_counter()
     for i in range(args.steps):
         loss = step(state, *batch)["loss"]
-        loss = loss.full() if processes and args.pp == 1 else loss  # gather our rank's value
+        loss = loss.full() if hasattr(loss, "full") else loss  # a LocalResult: gathered
         torch_optimizer.zero_grad()
         expected = torch_loss(reference, tokens, targets, args.heads, args.layers)
         expected.backward()

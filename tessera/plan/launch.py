@@ -48,10 +48,10 @@ def plan_arguments(s: Strategy, global_batch: int | None = None) -> list[str]:
 def unsupported(s: Strategy) -> list[str]:
     """What of the strategy ``examples/train_gpt.py`` (Tessera's training step) cannot run yet."""
     notes = []
-    if s.pp > 1 and s.zero > 0:
+    if s.pp > 1 and s.zero == 3:
         notes.append(
-            f"Tessera's pipelined steps do not support ZeRO yet: with --pp {s.pp} the script "
-            f"fails at --zero={s.zero} (pass --zero 0 to plan for it)"
+            f"Tessera's pipelined steps do not support ZeRO-3 yet: with --pp {s.pp} the script "
+            f"fails at --zero=3 (pass --zero 1 or 2 to plan for it)"
         )
     if s.precision == "fp8":
         notes.append("examples/train_gpt.py computes in f32 or bf16, not fp8")

@@ -96,25 +96,26 @@ def test_what_plan_launch_prints_runs_over_processes() -> None:
 
 
 def test_what_plan_launch_prints_for_a_pipeline_runs() -> None:
-    """pp 2 x tp 2 (ZeRO 0: pipelines do not support ZeRO yet; ``launch`` notes it
-    otherwise): the printed script arguments, on the virtual mesh."""
-    plan = _launch("--gpus", "4", "--pp", "2", "--tp", "2", "--zero", "0", "--global-batch", "4",
+    """pp 2 x dp 2 x tp 2 with ZeRO-1 (the default), sequence parallelism and full
+    recomputation: the printed script arguments, on the virtual mesh."""
+    plan = _launch("--gpus", "8", "--pp", "2", "--tp", "2", "--dp", "2", "--global-batch", "8",
                    "--remat", "full", "examples/train_gpt.py", "--steps", "1", "--layers", "2")  # fmt: skip
     words = plan["torchrun_single_node"].split()
     script = words[next(i for i, w in enumerate(words) if w.endswith(".py")) :]
     assert "--remat=nothing" in script and "--schedule=1f1b" in script, script
+    assert "--zero=1" in script and "--sequence-parallel" in script and not plan["notes"], plan
     result = subprocess.run(
         [sys.executable, *script], cwd=ROOT, capture_output=True, text=True, timeout=300,
         env=_env(TESSERA_KERNELS="reference"),
     )  # fmt: skip
     assert result.returncode == 0, f"{script}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    assert "mesh pp 2 x dp 1 x tp 2" in result.stdout and "4 microbatches" in result.stdout
+    assert "mesh pp 2 x dp 2 x tp 2" in result.stdout and "4 microbatches" in result.stdout
     assert result.stdout.rstrip().splitlines()[-1] == "OK", result.stdout[-3000:]
 
 
 def test_launch_notes_what_the_script_cannot_run() -> None:
-    plan = _launch("--gpus", "16", "--pp", "2", "--tp", "8", "train.py")
-    assert any("do not support ZeRO" in note for note in plan["notes"]), plan["notes"]
+    plan = _launch("--gpus", "16", "--pp", "2", "--tp", "8", "--zero", "3", "train.py")
+    assert any("do not support ZeRO-3" in note for note in plan["notes"]), plan["notes"]
 
 
 def _setup_env_installs(tmp_path: Path, gpu: bool) -> list[str]:
