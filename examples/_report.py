@@ -20,10 +20,10 @@ class LossCheck:
     difference within ``tolerance``, the last loss below the first. With ``show`` (rank 0)
     it prints every ``every``-th step's losses (and the last step's) and the verdict, and
     says what runs, so that a slow run (Triton's interpreter on a CPU) is never silent for
-    more than ``quiet`` seconds: that step 0 compiles the training step, each step's time,
-    a step's line when ``quiet`` seconds have passed since the last line, and, while a
-    step takes longer, a line every ``quiet`` seconds. Create it just before the first
-    step."""
+    more than about ``quiet`` seconds: that step 0 compiles the training step, each
+    step's time, a step's line when ``quiet`` seconds have passed since the last line,
+    and, while a step takes longer, a line every ``quiet`` seconds (then the step's line
+    when it ends). Create it just before the first step."""
 
     def __init__(
         self, steps: int, tolerance: float, every: int, show: bool, quiet: float = QUIET_S
@@ -35,6 +35,7 @@ class LossCheck:
         self.last: float | None = None
         self.step_started = self.printed = time.perf_counter()
         self.running = 0  # the step under way
+        self.waited = False  # a line said that the step under way runs: say when it ends
         self.done = threading.Event()
         if show and steps > 0:
             self._say(
@@ -52,11 +53,12 @@ class LossCheck:
     def _heartbeat(self) -> None:
         """While a step runs longer than ``quiet`` seconds, a line whenever ``quiet``
         seconds pass without one (between steps, :meth:`add` prints the step's line)."""
-        while not self.done.wait(min(1.0, self.quiet)):
+        while not self.done.wait(min(1.0, self.quiet / 4)):
             now = time.perf_counter()
             if now - self.printed >= self.quiet and now - self.step_started >= self.quiet:
                 what = "compiling and running" if self.running == 0 else "running"
                 self._say(f"step {self.running:3d}: {what}, {now - self.step_started:.0f} s so far")
+                self.waited = True
 
     def add(self, i: int, loss: float, expected: float) -> None:
         """Step ``i``'s loss and torch's."""
@@ -69,6 +71,7 @@ class LossCheck:
         if i == self.steps - 1:
             self.done.set()
         due = i % self.every == 0 or i == self.steps - 1 or now - self.printed >= self.quiet
+        due, self.waited = due or self.waited, False
         if self.show and due:
             self._say(
                 f"step {i:3d}  loss {loss:.5f}  torch {expected:.5f}  rel. diff {error:.1e}  "
