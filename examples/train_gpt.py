@@ -7,6 +7,8 @@
     python examples/train_gpt.py --remat nothing      # recompute each block's activations
     python examples/train_gpt.py --precision bf16     # bf16 compute, f32 master weights
     python examples/train_gpt.py --deterministic      # sums over ranks in a fixed order
+    python examples/train_gpt.py --sequence-parallel  # the residual stream's sequence split over tp too
+    python examples/train_gpt.py --micro-batch 1      # 1 sequence per microbatch and dp rank (accumulation)
     python examples/train_gpt.py --cp 2 --tp 1        # the sequence split over cp: ring attention
     python examples/train_gpt.py --cp 2 --tp 1 --no-zigzag   # ... with the batch in natural order
     python examples/train_gpt.py --steps 5 --save ckpt && python examples/train_gpt.py --resume ckpt
@@ -68,9 +70,16 @@ LOSS_RTOL_MIXED = 5e-2  # bf16 program (8 mantissa bits) vs float64 torch
 
 
 @graph.checkpoint
-def gpt_block(p, x, i: int, n_head: int, zigzag: int | None = None):
+def gpt_block(
+    p, x, i: int, n_head: int, zigzag: int | None = None, residual: dist.ShardSpec | None = None
+):
     """Transformer block ``i`` (pre-LN, causal attention, GELU MLP) of ``x [B, T, C]``;
-    ``zigzag = n``: the sequence stored in zig-zag order over ``n`` ranks."""
+    ``zigzag = n``: the sequence stored in zig-zag order over ``n`` ranks; ``residual``:
+    the layout of the residual stream after each add (sequence parallelism)."""
+
+    def keep(t):
+        return dist.shard(t, residual) if residual is not None else t
+
     B, T, C = x.shape
     D = C // n_head
     h = op.layer_norm(x, weight=p[f"ln1_w{i}"], bias=p[f"ln1_b{i}"])
@@ -78,24 +87,30 @@ def gpt_block(p, x, i: int, n_head: int, zigzag: int | None = None):
     q, k, v = (op.transpose(op.reshape(t, (B, T, n_head, D)), (0, 2, 1, 3)) for t in (q, k, v))
     attn = op.attention(q, k, v, causal=True, zigzag=zigzag)
     attn = op.reshape(op.transpose(attn, (0, 2, 1, 3)), (B, T, C))
-    x = x + attn @ p[f"proj_w{i}"]
+    x = keep(x + attn @ p[f"proj_w{i}"])
     h = op.layer_norm(x, weight=p[f"ln2_w{i}"], bias=p[f"ln2_b{i}"])
-    return x + op.gelu(h @ p[f"fc_w{i}"]) @ p[f"out_w{i}"]
+    return keep(x + op.gelu(h @ p[f"fc_w{i}"]) @ p[f"out_w{i}"])
 
 
-def gpt_loss(p, tokens, targets, n_head: int, n_layer: int, zigzag: int | None = None):
+def gpt_loss(
+    p, tokens, targets, n_head: int, n_layer: int, zigzag: int | None = None,
+    residual: dist.ShardSpec | None = None,
+):  # fmt: skip
     """Mean next-token cross-entropy of ``tokens [B, T]``. ``zigzag = n``: tokens and
     targets stored in zig-zag order over ``n`` ranks (``[:, dist.zigzag_order(T, n)]``),
     so the positions are looked up at their true places and attention masks by them;
-    the mean over tokens does not depend on their order."""
+    the mean over tokens does not depend on their order. ``residual``: the residual
+    stream's layout (sequence parallelism: the sequence split over tp as well)."""
     T = tokens.shape[1]
     if zigzag is None:
         positions = p["wpe"][:T]
     else:  # the rows of the true positions, in stored order
         positions = op.take(p["wpe"], dist.zigzag_order(T, zigzag), axis=0)
     x = op.take(p["wte"], tokens, axis=0) + positions
+    if residual is not None:
+        x = dist.shard(x, residual)
     for i in range(n_layer):
-        x = gpt_block(p, x, i, n_head, zigzag)
+        x = gpt_block(p, x, i, n_head, zigzag, residual)
     logits = op.layer_norm(x) @ op.transpose(p["wte"], (1, 0))
     return op.cross_entropy(logits, targets)
 
@@ -151,6 +166,19 @@ def megatron_layout(
     }
 
 
+def residual_layout(cp: int, tp: int, pipelined: bool = False) -> dist.ShardSpec:
+    """Sequence parallelism (Megatron-LM's ``--sequence-parallel``): the residual stream
+    ``[B, T, C]`` with the batch over dp and the sequence over cp and tp, so norms and
+    residual adds run on ``T / (cp tp)`` tokens per rank, and the sharding passes gather
+    the sequence over tp before the column-parallel matmuls and reduce-scatter it after
+    the row-parallel ones (instead of all-reducing). A pipelined step traces one dp
+    rank's microbatch: its batch dim is not split again."""
+    axes = (("cp",) if cp > 1 else ()) + (("tp",) if tp > 1 else ())
+    batch = () if pipelined else ("dp",)
+    partition = (*(0 for _ in batch), *(1 for _ in axes))
+    return dist.ShardSpec(partition=partition, mesh_axes=(*batch, *axes))
+
+
 def make_step(
     mesh: dist.Mesh, params: dict[str, torch.Tensor], args: argparse.Namespace
 ) -> graph.TrainingStep:
@@ -159,6 +187,9 @@ def make_step(
         partition=(0, 1), mesh_axes=("dp", "cp")
     )  # batch over dp, sequence over cp
     zigzag = cp if cp > 1 and getattr(args, "zigzag", True) else None  # batch in zig-zag order
+    pipelined = getattr(args, "pp", 1) > 1
+    sp = getattr(args, "sequence_parallel", False)
+    residual = residual_layout(cp, args.tp, pipelined) if sp else None
 
     @graph.training_step(
         optimizer=optim.AdamW(lr=args.lr, weight_decay=0.0), mesh=mesh, zero=args.zero,
@@ -166,9 +197,10 @@ def make_step(
         batch_shardings=(sequence, sequence) if cp > 1 else None,
         remat=getattr(args, "remat", "everything"), precision=getattr(args, "precision", "f32"),
         numerics="deterministic" if getattr(args, "deterministic", False) else None,
+        accumulate=getattr(args, "accumulate", 1),
     )  # fmt: skip
     def step(p, tokens, targets):
-        loss = gpt_loss(p, tokens, targets, args.heads, args.layers, zigzag)
+        loss = gpt_loss(p, tokens, targets, args.heads, args.layers, zigzag, residual)
         return graph.backward(loss), {"loss": loss}
 
     return step
@@ -259,6 +291,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--virtual", type=int, default=1, help="model chunks per pipeline rank (interleaved)"
     )
+    parser.add_argument(
+        "--micro-batch", type=int, default=None,
+        help="sequences per microbatch and data-parallel rank (Megatron-LM's --micro-batch-size): "
+        "the batch is cut into batch / (dp x micro-batch) microbatches, the pipeline's with --pp "
+        "(instead of --microbatches), else gradient-accumulation steps",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sequence-parallel", action="store_true",
+        help="the residual stream's sequence split over tp too (Megatron-LM's sequence parallelism)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as settings:  # schedule options for this run's programs
         run(args, parser, settings)
@@ -293,9 +335,24 @@ def run(
             f"--cp {args.cp} stores the sequence in {2 * args.cp} zig-zag chunks: "
             f"--seq ({args.seq}) must divide by {2 * args.cp} (or pass --no-zigzag)"
         )
-    splits = args.dp * (
-        args.microbatches if args.pp > 1 else 1
-    )  # rows per step split this many ways
+    args.accumulate = 1
+    if args.micro_batch is not None:
+        if args.micro_batch < 1:
+            error(f"--micro-batch must be at least 1, found {args.micro_batch}")
+        if args.batch is None:
+            args.batch = max(4, args.dp * args.micro_batch)
+        if args.batch % (args.dp * args.micro_batch):
+            error(
+                f"--batch {args.batch} does not split into microbatches of {args.micro_batch} "
+                f"over {args.dp} data-parallel ranks"
+            )
+        count = args.batch // (args.dp * args.micro_batch)
+        if args.pp > 1:
+            args.microbatches = count
+        else:
+            args.accumulate = count
+    # rows per step split this many ways
+    splits = args.dp * (args.microbatches if args.pp > 1 else args.accumulate)
     if args.batch is None:
         args.batch = max(4, splits)
     if args.batch % splits:
@@ -335,7 +392,7 @@ def run(
     start = time.perf_counter()
     for i in range(args.steps):
         loss = step(state, *batch)["loss"]
-        loss = loss.full() if processes and args.pp == 1 else loss  # gather our rank's value
+        loss = loss.full() if hasattr(loss, "full") else loss  # a LocalResult: gathered
         torch_optimizer.zero_grad()
         expected = torch_loss(reference, tokens, targets, args.heads, args.layers)
         expected.backward()

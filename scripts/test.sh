@@ -6,6 +6,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup-env.sh"
 cd "$root"
 export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"
+export PYTHONUNBUFFERED=1  # progress reaches a log file as it happens, not when a buffer fills
 echo "== ruff"
 ruff check .
 echo "== import layers"
@@ -13,4 +14,6 @@ lint-imports
 echo "== pytest"
 python -m pytest tests/unit -p no:cacheprovider "$@"
 echo "== lit"
-lit -sv tests/lit
+# -v, no -s: a flushed "PASS: <test> (i of n)" line as each test finishes (-s shows only a
+# progress bar, nothing line by line when the output goes to a file); failures in full
+lit -v tests/lit

@@ -54,7 +54,7 @@ def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
 
 def pass_summaries() -> dict[str, str]:
     """The first line of each pass class's (or module's) docstring, by flag, for ``--help``."""
-    return {flag: _summary(module, cls) for flag, (module, cls) in _PASSES.items()}
+    return {flag: _summary(flag, module, cls) for flag, (module, cls) in _PASSES.items()}
 
 
 def pass_options() -> dict[str, list[str]]:
@@ -77,8 +77,10 @@ def _type_name(annotation: object) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def _summary(module: str, cls: str) -> str:
-    """Read from the source, so that ``--help`` imports no pass (and survives a broken one)."""
+def _summary(flag: str, module: str, cls: str) -> str:
+    """Read from the source, so that ``--help`` imports no pass (and survives a broken one).
+    The class docstring's first paragraph, unless it describes an option (````name``: ...``,
+    a name other than the flag): then the module's."""
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         return ""
@@ -87,7 +89,14 @@ def _summary(module: str, cls: str) -> str:
     except (OSError, SyntaxError):
         return ""
     classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
-    doc = (ast.get_docstring(classes[0]) if classes else None) or ast.get_docstring(tree) or ""
-    first_paragraph = " ".join(doc.split("\n\n")[0].split())
-    summary = re.sub(r"^``[\w-]+``:\s*", "", first_paragraph)  # the flag, said again
-    return summary[:1].upper() + summary[1:]
+    for doc in ((ast.get_docstring(classes[0]) if classes else None), ast.get_docstring(tree)):
+        first_paragraph = " ".join((doc or "").split("\n\n")[0].split())
+        named = re.match(r"^``([\w-]+)``:\s*", first_paragraph)
+        if named and named.group(1) != flag:
+            continue  # an option's description, not the pass's
+        summary = (
+            first_paragraph[named.end() :] if named else first_paragraph
+        )  # the flag, said again
+        if summary:
+            return summary[:1].upper() + summary[1:]
+    return ""

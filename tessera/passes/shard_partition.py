@@ -76,7 +76,9 @@ from tessera.perf.context_parallel import RingPlan, ring_plan
 
 @dataclass(frozen=True)
 class ShardPartitionPass(ModulePass):
-    """``context``: how attention with its sequence split runs, ``ring``, ``all_gather``
+    """Rewrites each sharded function into the program one rank runs (local shapes).
+
+    ``context``: how attention with its sequence split runs, ``ring``, ``all_gather``
     or ``auto`` (priced on ``topology``, see ``tessera.perf.context_parallel``)."""
 
     name = "shard-partition"

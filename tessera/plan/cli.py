@@ -18,7 +18,7 @@ from typing import Any
 
 from tessera.errors import TesseraError
 from tessera.plan.estimate import Estimate
-from tessera.plan.launch import slurm_script, torchrun_multi, torchrun_single
+from tessera.plan.launch import slurm_script, torchrun_multi, torchrun_single, unsupported
 from tessera.plan.models import PRESETS, ModelSpec, load_model
 from tessera.plan.strategy import (
     CLUSTERS,
@@ -228,13 +228,19 @@ def _launch(args: argparse.Namespace, model: ModelSpec, seq: int) -> int:
             print(f"invalid: {problem}", file=sys.stderr)
         return 1
     extra = list(args.script_args)
-    single = torchrun_single(s, args.cluster, args.script, extra) if s.gpus <= 8 else None
-    multi = torchrun_multi(s, args.cluster, args.script, extra)
-    slurm = slurm_script(s, args.cluster, args.script, extra, job=f"{model.name}-train")
+    batch = args.global_batch
+    single = torchrun_single(s, args.cluster, args.script, extra, batch) if s.gpus <= 8 else None
+    multi = torchrun_multi(s, args.cluster, args.script, extra, batch)
+    slurm = slurm_script(s, args.cluster, args.script, extra, job=f"{model.name}-train",
+                         global_batch=batch)  # fmt: skip
+    notes = unsupported(s)
     if args.json:
         print(json.dumps({"strategy": s.to_dict(), "torchrun_single_node": single,
-                          "torchrun_multi_node": multi, "slurm": slurm}, indent=2))  # fmt: skip
+                          "torchrun_multi_node": multi, "slurm": slurm, "notes": notes},
+                         indent=2))  # fmt: skip
         return 0
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     print(f"# plan: {s.label()}")
     if single:
         print("# single node:")

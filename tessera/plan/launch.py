@@ -23,29 +23,69 @@ ENVIRONMENT = {
 }  # fmt: skip
 
 
-def plan_arguments(s: Strategy) -> list[str]:
-    """The strategy as arguments for the training script."""
-    args = [f"--dp={s.dp}", f"--tp={s.tp}", f"--pp={s.pp}", f"--cp={s.cp}", f"--ep={s.ep}",
-            f"--zero={s.zero}", f"--micro-batch={s.micro_batch}", f"--schedule={s.schedule}",
-            f"--virtual={s.virtual}", f"--remat={s.remat}", f"--precision={s.precision}"]  # fmt: skip
+KEPT = {"none": "everything", "full": "nothing"}  # plan's remat -> what the backward keeps
+
+
+def plan_arguments(s: Strategy, global_batch: int | None = None) -> list[str]:
+    """The strategy as arguments for the training script, in the flags of
+    ``examples/train_gpt.py`` (Megatron-LM's where it has them): ``--remat`` says what the
+    backward keeps of each block (the plan's ``none``: ``everything``; ``full``:
+    ``nothing``); ``--micro-batch`` sequences per microbatch and dp rank, the global
+    batch cut into pipeline microbatches (or accumulation steps without pp)."""
+    args = [f"--dp={s.dp}", f"--tp={s.tp}", f"--pp={s.pp}"]
+    args += [f"--cp={s.cp}"] if s.cp > 1 else []
+    args += [f"--ep={s.ep}"] if s.ep > 1 else []
+    args += [f"--zero={s.zero}"]
+    args += [f"--batch={global_batch}"] if global_batch is not None else []
+    args += [f"--micro-batch={s.micro_batch}"]
+    if s.pp > 1:
+        args += [f"--schedule={s.schedule}"]
+        args += [f"--virtual={s.virtual}"] if s.schedule == "interleaved" else []
+    args += [f"--remat={KEPT[s.remat]}", f"--precision={s.precision}"]
     return args + (["--sequence-parallel"] if s.sp and s.tp > 1 else [])
+
+
+def unsupported(s: Strategy) -> list[str]:
+    """What of the strategy ``examples/train_gpt.py`` (Tessera's training step) cannot run yet."""
+    notes = []
+    if s.pp > 1 and s.zero == 3:
+        notes.append(
+            f"Tessera's pipelined steps do not support ZeRO-3 yet: with --pp {s.pp} the script "
+            f"fails at --zero=3 (pass --zero 1 or 2 to plan for it)"
+        )
+    if s.precision == "fp8":
+        notes.append("examples/train_gpt.py computes in f32 or bf16, not fp8")
+    if s.ep > 1:
+        notes.append(
+            "--ep is for an MoE script (examples/train_moe.py takes --dp, --ep, --tp and --batch "
+            "only); examples/train_gpt.py is dense and has no --ep"
+        )
+    return notes
 
 
 def _env(cluster: str) -> str:
     return " ".join(f"{k}={v}" for k, v in ENVIRONMENT.get(cluster, {}).items())
 
 
-def torchrun_single(s: Strategy, cluster: str, script: str, script_args: list[str]) -> str:
+def torchrun_single(
+    s: Strategy, cluster: str, script: str, script_args: list[str], global_batch: int | None = None
+) -> str:
     """One node: every rank on this machine."""
-    args = " ".join(shlex.quote(a) for a in [script, *plan_arguments(s), *script_args])
+    args = " ".join(
+        shlex.quote(a) for a in [script, *plan_arguments(s, global_batch), *script_args]
+    )
     return f"{_env(cluster)} torchrun --standalone --nproc-per-node={s.gpus} {args}".strip()
 
 
-def torchrun_multi(s: Strategy, cluster: str, script: str, script_args: list[str]) -> str:
+def torchrun_multi(
+    s: Strategy, cluster: str, script: str, script_args: list[str], global_batch: int | None = None
+) -> str:
     """Several nodes: run on every node with its rank (c10d rendezvous on the first)."""
     per_node = min(GPUS_PER_NODE.get(cluster, 8), s.gpus)
     nodes = -(-s.gpus // per_node)
-    args = " ".join(shlex.quote(a) for a in [script, *plan_arguments(s), *script_args])
+    args = " ".join(
+        shlex.quote(a) for a in [script, *plan_arguments(s, global_batch), *script_args]
+    )
     return (
         f"{_env(cluster)} torchrun --nnodes={nodes} --nproc-per-node={per_node} "
         f"--node-rank=$NODE_RANK --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29500 "
@@ -53,12 +93,21 @@ def torchrun_multi(s: Strategy, cluster: str, script: str, script_args: list[str
     ).strip()
 
 
-def slurm_script(s: Strategy, cluster: str, script: str, script_args: list[str], job: str) -> str:
+def slurm_script(
+    s: Strategy,
+    cluster: str,
+    script: str,
+    script_args: list[str],
+    job: str,
+    global_batch: int | None = None,
+) -> str:
     """A batch script: one task per node, each running torchrun for its GPUs."""
     per_node = min(GPUS_PER_NODE.get(cluster, 8), s.gpus)
     nodes = -(-s.gpus // per_node)
     exports = "\n".join(f"export {k}={v}" for k, v in ENVIRONMENT.get(cluster, {}).items())
-    args = " ".join(shlex.quote(a) for a in [script, *plan_arguments(s), *script_args])
+    args = " ".join(
+        shlex.quote(a) for a in [script, *plan_arguments(s, global_batch), *script_args]
+    )
     return f"""#!/bin/bash
 #SBATCH --job-name={job}
 #SBATCH --nodes={nodes}

@@ -26,6 +26,16 @@ from collections.abc import Sequence
 from tessera.tools.report import Report, ranks_text
 
 
+def _version() -> str:
+    """The installed distribution's version (``pyproject.toml``'s)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tessera")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -34,6 +44,7 @@ def _free_port() -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera", description="Tessera command-line tools.")
+    parser.add_argument("--version", action="version", version=f"tessera {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run",

@@ -263,3 +263,36 @@ def test_train_gpt_saves_and_resumes_on_another_mesh(
     out = capsys.readouterr().out
     assert "resumed from" in out and "at step 2" in out, out[-2000:]
     assert out.rstrip().endswith("OK"), out[-2000:]
+
+
+def test_training_progress_is_never_silent_for_long(capsys: pytest.CaptureFixture[str]) -> None:
+    """``_report.LossCheck`` (both training examples' report) says that step 0 compiles,
+    prints a line while a step runs longer than ``quiet`` seconds (then that step's line
+    when it ends), and a step's line (with its time) when ``quiet`` seconds passed since
+    the last, besides every ``every``-th."""
+    import time
+
+    report = load_example("_report")
+    check = report.LossCheck(steps=5, tolerance=1e-3, every=100, show=True, quiet=1.0)
+    time.sleep(2.5)  # step 0, compiling: heartbeat lines
+    check.add(0, 2.0, 2.0)
+    check.add(1, 1.9, 1.9)  # fast: no line
+    time.sleep(1.1)
+    check.add(2, 1.8, 1.8)  # quiet seconds since the last line: its line
+    time.sleep(1.6)  # a heartbeat line after about 1 s: step 3's line when it ends
+    check.add(3, 1.7, 1.7)
+    check.add(4, 1.6, 1.6)  # the last step: its line
+    check.finish()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("step   0: compiling the training step"), lines
+    assert any(
+        re.match(r"step   0: compiling and running, \d+ s so far", line) for line in lines
+    ), lines
+    steps = [int(line.split()[1]) for line in lines if re.match(r"step +\d+  loss", line)]
+    assert steps in ([0, 2, 4], [0, 2, 3, 4]), lines  # step 1 was fast
+    for i, line in enumerate(lines):  # a step said to be running is said to end
+        if waiting := re.match(r"step +(\d+): .*so far$", line):
+            step = int(waiting.group(1))
+            assert any(re.match(rf"step +{step}  loss", later) for later in lines[i:]), lines
+    assert re.search(r"rel\. diff 0\.0e\+00  \(\d+\.\d s\)$", lines[-3]), lines
+    assert lines[-1] == "OK"

@@ -19,6 +19,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,7 +234,7 @@ def test_commands_run_elsewhere_are_run_there() -> None:
             assert Path(script).stem in body, (command, cover)
             if "-n" in words:  # `tessera run -n N`: the test runs as many ranks
                 ranks = words[words.index("-n") + 1]
-                assert f'"-n", "{ranks}"' in body, (command, cover)
+                assert re.search(rf'"-n",\s*"{ranks}"', body), (command, cover)  # any formatting
 
 
 RUNS = [
@@ -244,8 +245,17 @@ RUNS = [
 ]
 
 
+TOOL_DIRS = {".hypothesis", ".pytest_cache", ".ruff_cache", "__pycache__", ".lit_test_times.txt"}
+
+
+def _root_entries() -> set[str]:
+    """The repository root's entries, less the caches the test tools themselves write."""
+    return {p.name for p in ROOT.iterdir()} - TOOL_DIRS
+
+
 @pytest.mark.parametrize(("readme", "run"), RUNS)
 def test_readme_command(readme: str, run: Run) -> None:
+    """Runs as written (or reduced), from the repository root, and leaves nothing there."""
     command = (readme if run.command == AS_WRITTEN else run.command).replace(
         ".venv/bin/", f"{BIN}/"
     )
@@ -253,6 +263,7 @@ def test_readme_command(readme: str, run: Run) -> None:
         k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")
     }
     env["TESSERA_KERNELS"] = run.kernels
+    before = _root_entries()
     result = subprocess.run(
         ["bash", "-c", command],
         cwd=ROOT,
@@ -262,6 +273,8 @@ def test_readme_command(readme: str, run: Run) -> None:
         timeout=run.timeout,
     )
     assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    left = sorted(_root_entries() - before)
+    assert not left, f"{command} left {left} in the repository root"
     out = result.stdout
     if run.last_line is not None:
         assert out.rstrip().splitlines()[-1] == run.last_line, out[-3000:]
@@ -281,12 +294,19 @@ PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", README, re.DOTALL)
     "block", PYTHON_BLOCKS, ids=[f"python-block-{i}" for i in range(len(PYTHON_BLOCKS))]
 )
 def test_readme_python_block(block: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every ```python block runs (through the generated Triton kernels, the default; files
-    it writes go to a temporary directory)."""
+    """Every ```python block runs (through the generated Triton kernels, the default), and
+    leaves nothing in the directory it runs in (a user runs it from the repository root):
+    what it writes goes to the temporary directory."""
     monkeypatch.setenv("TESSERA_KERNELS", "triton")
-    monkeypatch.chdir(tmp_path)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile.gettempdir() reads TMPDIR again
     with contextlib.redirect_stdout(io.StringIO()):
         exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+    left = [p.name for p in cwd.iterdir()]
+    assert not left, f"the block left {left} where it ran"
 
 
 def test_quick_start_prints_what_the_readme_shows(monkeypatch: pytest.MonkeyPatch) -> None:
