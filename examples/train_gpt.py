@@ -392,7 +392,6 @@ def run(
     start = time.perf_counter()
     for i in range(args.steps):
         loss = step(state, *batch)["loss"]
-        loss = loss.full() if hasattr(loss, "full") else loss  # a LocalResult: gathered
         torch_optimizer.zero_grad()
         expected = torch_loss(reference, tokens, targets, args.heads, args.layers)
         expected.backward()

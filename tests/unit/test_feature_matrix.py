@@ -42,6 +42,7 @@ def test_the_pairwise_subset_covers_every_option_and_layout() -> None:
     ("layout", "option"), fm.PAIRWISE, ids=[f"{a}-{b}" for a, b in fm.PAIRWISE]
 )
 def test_cell_matches_torch_or_is_refused_by_name(layout: str, option: str) -> None:
+    """One cell of ``benchmarks/feature_matrix.py --pairwise`` (the README's command)."""
     cell = fm.run_cell(layout, option)
     if (layout, option) in EXPECTED_REFUSALS:
         assert cell.status == "refused", cell
