@@ -15,6 +15,9 @@
     tessera run -n 4 examples/train_gpt.py --steps 5  # one process per rank (gloo)
     tessera run -n 8 examples/train_gpt.py --pp 2 --microbatches 4 --schedule 1f1b
                                                       # pp x dp x tp = 2 x 2 x 2, pipelined
+    python examples/train_gpt.py --pp 2 --precision bf16 --clip 1.0 --zero 1 --remat nothing \
+        --accumulate 2 --lr-schedule warmup_cosine --warmup 2 --steps 10
+                                                      # every option at once (the seeds' LLM setup)
 
 The model: token embedding plus learned positions, ``--layers`` pre-LN transformer blocks
 with causal attention, a final layer norm and a tied output projection; the loss is the
@@ -47,15 +50,21 @@ computes in bf16 with f32 master weights and AdamW state and f32 gradient reduct
 over ranks added in mesh order: bit-identical runs). ``--save DIR`` writes the training
 state as a sharded checkpoint after the last step; ``--resume DIR`` starts from one
 (saved on any mesh: resharded on load), the torch loop from the same weights and AdamW
-moments. Each step's loss
-is compared with a torch single-device loop (float64, torch.optim.AdamW) started from
-the same parameters.
+moments. ``--clip`` clips by the global norm, ``--accumulate K`` runs K rounds of
+microbatches per update, ``--lr-schedule`` (``warmup_cosine``, ``warmup_linear_decay``,
+``linear_warmup``) with ``--warmup`` and ``--min-lr`` varies the lr inside the compiled
+step; ``--precision fp16`` scales the loss dynamically. Every option combines with
+``--pp``. Each step's loss is compared with a torch single-device loop (float64,
+torch.optim.AdamW with ``clip_grad_norm_`` and ``LambdaLR``; for fp16, an fp16 copy of
+the model decides which steps overflow, as ``GradScaler`` does) started from the same
+parameters.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import time
 
@@ -66,7 +75,7 @@ from _report import LossCheck
 from tessera import dist, graph, op, optim, schedule
 
 LOSS_RTOL = 2e-4  # f32 program vs float64 torch, per step (rounding differences accumulate)
-LOSS_RTOL_MIXED = 5e-2  # bf16 program (8 mantissa bits) vs float64 torch
+LOSS_RTOL_MIXED = 5e-2  # bf16/fp16 program (8/11 mantissa bits) vs float64 torch
 
 
 @graph.checkpoint
@@ -179,6 +188,40 @@ def residual_layout(cp: int, tp: int, pipelined: bool = False) -> dist.ShardSpec
     return dist.ShardSpec(partition=partition, mesh_axes=(*batch, *axes))
 
 
+SCHEDULES = ("constant", "linear_warmup", "warmup_cosine", "warmup_linear_decay")
+
+
+def learning_rate(args: argparse.Namespace) -> float | optim.schedules.Schedule:
+    """``--lr`` as a number, or the ``--lr-schedule`` peaking at it (over ``--steps``)."""
+    kind = getattr(args, "lr_schedule", "constant")
+    warmup, floor = getattr(args, "warmup", 0), getattr(args, "min_lr", 0.0)
+    if kind == "constant":
+        return args.lr
+    if kind == "linear_warmup":
+        return optim.schedules.linear_warmup(args.lr, warmup)
+    make = getattr(optim.schedules, kind)
+    return make(args.lr, warmup, args.steps, floor)
+
+
+def lr_factor(args: argparse.Namespace, t: int) -> float:
+    """The schedule's lr at update ``t`` over ``--lr``, written out for the torch loop
+    (``LambdaLR``)."""
+    kind, warmup = getattr(args, "lr_schedule", "constant"), getattr(args, "warmup", 0)
+    floor = getattr(args, "min_lr", 0.0) / args.lr
+    if kind == "constant":
+        return 1.0
+    if t < warmup:
+        return (t + 1) / warmup
+    if kind == "linear_warmup":
+        return 1.0
+    if t >= args.steps:
+        return floor
+    done = (t - warmup) / (args.steps - warmup)
+    if kind == "warmup_cosine":
+        return floor + 0.5 * (1 - floor) * (1 + math.cos(math.pi * done))
+    return floor + (1 - floor) * (1 - done)
+
+
 def make_step(
     mesh: dist.Mesh, params: dict[str, torch.Tensor], args: argparse.Namespace
 ) -> graph.TrainingStep:
@@ -192,18 +235,39 @@ def make_step(
     residual = residual_layout(cp, args.tp, pipelined) if sp else None
 
     @graph.training_step(
-        optimizer=optim.AdamW(lr=args.lr, weight_decay=0.0), mesh=mesh, zero=args.zero,
+        optimizer=optim.AdamW(lr=learning_rate(args), weight_decay=0.0), mesh=mesh, zero=args.zero,
         param_shardings=megatron_layout(params, getattr(args, "vocab_parallel", False)),
         batch_shardings=(sequence, sequence) if cp > 1 else None,
         remat=getattr(args, "remat", "everything"), precision=getattr(args, "precision", "f32"),
         numerics="deterministic" if getattr(args, "deterministic", False) else None,
-        accumulate=getattr(args, "accumulate", 1),
+        accumulate=getattr(args, "accumulate", 1), clip_grad_norm=getattr(args, "clip", None),
     )  # fmt: skip
     def step(p, tokens, targets):
         loss = gpt_loss(p, tokens, targets, args.heads, args.layers, zigzag, residual)
         return graph.backward(loss), {"loss": loss}
 
     return step
+
+
+class LossScale:
+    """fp16's dynamic loss scale for the torch loop, as ``torch.amp.GradScaler``: the
+    backward of an fp16 copy of the model seeded with the scale (in fp16) decides whether
+    the step's gradients overflow; such a step is skipped and the scale halved."""
+
+    def __init__(self, scale: float = 2.0**16, growth_interval: int = 2000):
+        self.scale, self.good, self.growth_interval = scale, 0, growth_interval
+
+    def finite(self, reference, tokens, targets, args) -> bool:
+        half = {k: v.detach().float().half().requires_grad_() for k, v in reference.items()}
+        loss = torch_loss(half, tokens, targets, args.heads, args.layers)
+        loss.backward(torch.tensor(self.scale).half())
+        if all(bool(torch.isfinite(v.grad.float() / self.scale).all()) for v in half.values()):
+            self.good += 1
+            if self.good == self.growth_interval:
+                self.scale, self.good = self.scale * 2, 0
+            return True
+        self.scale, self.good = self.scale / 2, 0
+        return False
 
 
 def is_ring_shift(pairs: tuple[tuple[int, int], ...], ranks: int) -> bool:
@@ -269,8 +333,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--precision",
         default="f32",
-        choices=("f32", "bf16"),
-        help="compute dtype (f32 master weights)",
+        choices=("f32", "bf16", "fp16"),
+        help="compute dtype (f32 master weights; fp16 with dynamic loss scaling)",
     )
     parser.add_argument(
         "--deterministic", action="store_true", help="sums over ranks in a fixed order"
@@ -297,6 +361,21 @@ def main(argv: list[str] | None = None) -> None:
         "the batch is cut into batch / (dp x micro-batch) microbatches, the pipeline's with --pp "
         "(instead of --microbatches), else gradient-accumulation steps",
     )  # fmt: skip
+    parser.add_argument(
+        "--accumulate", type=int, default=None,
+        help="gradient-accumulation rounds per step (with --pp: rounds of --microbatches)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--clip", type=float, default=None, help="clip gradients to this global norm"
+    )
+    parser.add_argument(
+        "--lr-schedule",
+        default="constant",
+        choices=SCHEDULES,
+        help="the lr over --steps, peaking at --lr",
+    )
+    parser.add_argument("--warmup", type=int, default=0, help="warmup steps of --lr-schedule")
+    parser.add_argument("--min-lr", type=float, default=0.0, help="the lr at the end of the decay")
     parser.add_argument(
         "--sequence-parallel", action="store_true",
         help="the residual stream's sequence split over tp too (Megatron-LM's sequence parallelism)",
@@ -335,7 +414,20 @@ def run(
             f"--cp {args.cp} stores the sequence in {2 * args.cp} zig-zag chunks: "
             f"--seq ({args.seq}) must divide by {2 * args.cp} (or pass --no-zigzag)"
         )
-    args.accumulate = 1
+    rounds = args.accumulate
+    args.accumulate = rounds or 1
+    if rounds is not None and args.micro_batch is not None and args.pp == 1:
+        error(
+            "--accumulate and --micro-batch both set the accumulation rounds without --pp: pass one"
+        )
+    if rounds is not None and rounds < 1:
+        error(f"--accumulate must be at least 1, found {rounds}")
+    if (
+        args.lr_schedule != "constant"
+        and args.warmup > args.steps
+        and args.lr_schedule != "linear_warmup"
+    ):
+        error(f"--warmup {args.warmup} is longer than --steps {args.steps}")
     if args.micro_batch is not None:
         if args.micro_batch < 1:
             error(f"--micro-batch must be at least 1, found {args.micro_batch}")
@@ -352,12 +444,14 @@ def run(
         else:
             args.accumulate = count
     # rows per step split this many ways
-    splits = args.dp * (args.microbatches if args.pp > 1 else args.accumulate)
+    splits = args.dp * args.accumulate * (args.microbatches if args.pp > 1 else 1)
     if args.batch is None:
         args.batch = max(4, splits)
     if args.batch % splits:
-        what = f"{args.dp} data-parallel ranks" + (
-            f" x {args.microbatches} microbatches" if args.pp > 1 else ""
+        what = (
+            f"{args.dp} data-parallel ranks"
+            + (f" x {args.microbatches} microbatches" if args.pp > 1 else "")
+            + (f" x {args.accumulate} accumulation rounds" if args.accumulate > 1 else "")
         )
         error(f"--batch {args.batch} does not split evenly over {what}")
     if args.pp > 1:
@@ -382,6 +476,10 @@ def run(
         batch = (tokens[:, order], targets[:, order])
 
     torch_optimizer = torch.optim.AdamW(reference.values(), lr=args.lr, weight_decay=0.0)
+    torch_schedule = torch.optim.lr_scheduler.LambdaLR(
+        torch_optimizer, lambda t: lr_factor(args, t)
+    )
+    scaler = LossScale() if args.precision == "fp16" else None
     if args.resume:
         step.restore(state, args.resume)
         resume_reference(reference, torch_optimizer, step.state_dict(state))
@@ -395,7 +493,11 @@ def run(
         torch_optimizer.zero_grad()
         expected = torch_loss(reference, tokens, targets, args.heads, args.layers)
         expected.backward()
-        torch_optimizer.step()
+        if scaler is None or scaler.finite(reference, tokens, targets, args):
+            if args.clip is not None:
+                torch.nn.utils.clip_grad_norm_(list(reference.values()), args.clip)
+            torch_optimizer.step()
+            torch_schedule.step()
         check.add(i, float(loss), expected.item())
     if args.save:
         step.save(state, args.save)  # every rank writes its own pieces

@@ -296,3 +296,29 @@ def test_training_progress_is_never_silent_for_long(capsys: pytest.CaptureFixtur
             assert any(re.match(rf"step +{step}  loss", later) for later in lines[i:]), lines
     assert re.search(r"rel\. diff 0\.0e\+00  \(\d+\.\d s\)$", lines[-3]), lines
     assert lines[-1] == "OK"
+
+
+@pytest.mark.parametrize(
+    "mesh",
+    [
+        ["--pp", "2", "--precision", "bf16"],  # the seeds' LLM configuration: pp x dp x tp
+        ["--pp", "2", "--precision", "fp16", "--schedule", "gpipe"],
+        ["--pp", "2", "--schedule", "zb-h1"],  # f32: the tight tolerance
+        [],  # dp x tp
+    ],
+)
+def test_train_gpt_takes_every_option_together(
+    mesh: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``examples/train_gpt.py`` with clipping, ZeRO-1, full recomputation, 2 accumulation
+    rounds, deterministic numerics and a warmup-cosine schedule, pipelined or not, in f32,
+    bf16 or fp16: every step's loss matches the torch loop implementing the same options
+    (``clip_grad_norm_``, ``LambdaLR``, GradScaler's overflow skip) within the example's
+    tolerance (2e-4 f32, 5e-2 mixed)."""
+    monkeypatch.setenv("TESSERA_KERNELS", "reference")
+    train_gpt = load_example("train_gpt")
+    options = ["--clip", "1.0", "--zero", "1", "--remat", "nothing", "--accumulate", "2",
+               "--deterministic", "--lr-schedule", "warmup_cosine", "--warmup", "1", "--steps", "4"]  # fmt: skip
+    train_gpt.main([*mesh, *options])
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("OK"), out[-2000:]
