@@ -64,10 +64,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import time
 
+import _training_options as training_options
 import torch
 import torch.nn.functional as F
 from _report import LossCheck
@@ -188,40 +188,6 @@ def residual_layout(cp: int, tp: int, pipelined: bool = False) -> dist.ShardSpec
     return dist.ShardSpec(partition=partition, mesh_axes=(*batch, *axes))
 
 
-SCHEDULES = ("constant", "linear_warmup", "warmup_cosine", "warmup_linear_decay")
-
-
-def learning_rate(args: argparse.Namespace) -> float | optim.schedules.Schedule:
-    """``--lr`` as a number, or the ``--lr-schedule`` peaking at it (over ``--steps``)."""
-    kind = getattr(args, "lr_schedule", "constant")
-    warmup, floor = getattr(args, "warmup", 0), getattr(args, "min_lr", 0.0)
-    if kind == "constant":
-        return args.lr
-    if kind == "linear_warmup":
-        return optim.schedules.linear_warmup(args.lr, warmup)
-    make = getattr(optim.schedules, kind)
-    return make(args.lr, warmup, args.steps, floor)
-
-
-def lr_factor(args: argparse.Namespace, t: int) -> float:
-    """The schedule's lr at update ``t`` over ``--lr``, written out for the torch loop
-    (``LambdaLR``)."""
-    kind, warmup = getattr(args, "lr_schedule", "constant"), getattr(args, "warmup", 0)
-    floor = getattr(args, "min_lr", 0.0) / args.lr
-    if kind == "constant":
-        return 1.0
-    if t < warmup:
-        return (t + 1) / warmup
-    if kind == "linear_warmup":
-        return 1.0
-    if t >= args.steps:
-        return floor
-    done = (t - warmup) / (args.steps - warmup)
-    if kind == "warmup_cosine":
-        return floor + 0.5 * (1 - floor) * (1 + math.cos(math.pi * done))
-    return floor + (1 - floor) * (1 - done)
-
-
 def make_step(
     mesh: dist.Mesh, params: dict[str, torch.Tensor], args: argparse.Namespace
 ) -> graph.TrainingStep:
@@ -235,39 +201,16 @@ def make_step(
     residual = residual_layout(cp, args.tp, pipelined) if sp else None
 
     @graph.training_step(
-        optimizer=optim.AdamW(lr=learning_rate(args), weight_decay=0.0), mesh=mesh, zero=args.zero,
-        param_shardings=megatron_layout(params, getattr(args, "vocab_parallel", False)),
+        optimizer=optim.AdamW(lr=training_options.learning_rate(args), weight_decay=0.0),
+        mesh=mesh, param_shardings=megatron_layout(params, getattr(args, "vocab_parallel", False)),
         batch_shardings=(sequence, sequence) if cp > 1 else None,
-        remat=getattr(args, "remat", "everything"), precision=getattr(args, "precision", "f32"),
-        numerics="deterministic" if getattr(args, "deterministic", False) else None,
-        accumulate=getattr(args, "accumulate", 1), clip_grad_norm=getattr(args, "clip", None),
+        **training_options.step_options(args),
     )  # fmt: skip
     def step(p, tokens, targets):
         loss = gpt_loss(p, tokens, targets, args.heads, args.layers, zigzag, residual)
         return graph.backward(loss), {"loss": loss}
 
     return step
-
-
-class LossScale:
-    """fp16's dynamic loss scale for the torch loop, as ``torch.amp.GradScaler``: the
-    backward of an fp16 copy of the model seeded with the scale (in fp16) decides whether
-    the step's gradients overflow; such a step is skipped and the scale halved."""
-
-    def __init__(self, scale: float = 2.0**16, growth_interval: int = 2000):
-        self.scale, self.good, self.growth_interval = scale, 0, growth_interval
-
-    def finite(self, reference, tokens, targets, args) -> bool:
-        half = {k: v.detach().float().half().requires_grad_() for k, v in reference.items()}
-        loss = torch_loss(half, tokens, targets, args.heads, args.layers)
-        loss.backward(torch.tensor(self.scale).half())
-        if all(bool(torch.isfinite(v.grad.float() / self.scale).all()) for v in half.values()):
-            self.good += 1
-            if self.good == self.growth_interval:
-                self.scale, self.good = self.scale * 2, 0
-            return True
-        self.scale, self.good = self.scale / 2, 0
-        return False
 
 
 def is_ring_shift(pairs: tuple[tuple[int, int], ...], ranks: int) -> bool:
@@ -307,9 +250,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument(
-        "--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp"
-    )
-    parser.add_argument(
         "--vocab-parallel",
         action="store_true",
         help="split the tied embedding's vocabulary over tp",
@@ -327,33 +267,10 @@ def main(argv: list[str] | None = None) -> None:
         "zig-zag layout and the results back)",
     )  # fmt: skip
     parser.add_argument(
-        "--remat", default="everything", choices=("everything", "matmuls", "nothing"),
-        help="what the backward keeps of each transformer block (the rest is recomputed)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--precision",
-        default="f32",
-        choices=("f32", "bf16", "fp16"),
-        help="compute dtype (f32 master weights; fp16 with dynamic loss scaling)",
-    )
-    parser.add_argument(
-        "--deterministic", action="store_true", help="sums over ranks in a fixed order"
-    )
-    parser.add_argument(
         "--save", default=None, help="write a sharded checkpoint to this directory at the end"
     )
     parser.add_argument(
         "--resume", default=None, help="start from the sharded checkpoint in this directory"
-    )
-    parser.add_argument("--pp", type=int, default=1, help="pipeline stages (ranks along pp)")
-    parser.add_argument(
-        "--microbatches", type=int, default=4, help="microbatches per step (with --pp)"
-    )
-    parser.add_argument(
-        "--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved", "zb-h1")
-    )
-    parser.add_argument(
-        "--virtual", type=int, default=1, help="model chunks per pipeline rank (interleaved)"
     )
     parser.add_argument(
         "--micro-batch", type=int, default=None,
@@ -362,24 +279,10 @@ def main(argv: list[str] | None = None) -> None:
         "(instead of --microbatches), else gradient-accumulation steps",
     )  # fmt: skip
     parser.add_argument(
-        "--accumulate", type=int, default=None,
-        help="gradient-accumulation rounds per step (with --pp: rounds of --microbatches)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--clip", type=float, default=None, help="clip gradients to this global norm"
-    )
-    parser.add_argument(
-        "--lr-schedule",
-        default="constant",
-        choices=SCHEDULES,
-        help="the lr over --steps, peaking at --lr",
-    )
-    parser.add_argument("--warmup", type=int, default=0, help="warmup steps of --lr-schedule")
-    parser.add_argument("--min-lr", type=float, default=0.0, help="the lr at the end of the decay")
-    parser.add_argument(
         "--sequence-parallel", action="store_true",
         help="the residual stream's sequence split over tp too (Megatron-LM's sequence parallelism)",
     )  # fmt: skip
+    training_options.add_arguments(parser)
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as settings:  # schedule options for this run's programs
         run(args, parser, settings)
@@ -475,11 +378,8 @@ def run(
         order = torch.from_numpy(dist.zigzag_order(args.seq, args.cp))
         batch = (tokens[:, order], targets[:, order])
 
-    torch_optimizer = torch.optim.AdamW(reference.values(), lr=args.lr, weight_decay=0.0)
-    torch_schedule = torch.optim.lr_scheduler.LambdaLR(
-        torch_optimizer, lambda t: lr_factor(args, t)
-    )
-    scaler = LossScale() if args.precision == "fp16" else None
+    torch_update = training_options.TorchUpdate(reference, args)
+    torch_optimizer = torch_update.optimizer
     if args.resume:
         step.restore(state, args.resume)
         resume_reference(reference, torch_optimizer, step.state_dict(state))
@@ -490,14 +390,10 @@ def run(
     start = time.perf_counter()
     for i in range(args.steps):
         loss = step(state, *batch)["loss"]
-        torch_optimizer.zero_grad()
+        torch_update.zero_grad()
         expected = torch_loss(reference, tokens, targets, args.heads, args.layers)
         expected.backward()
-        if scaler is None or scaler.finite(reference, tokens, targets, args):
-            if args.clip is not None:
-                torch.nn.utils.clip_grad_norm_(list(reference.values()), args.clip)
-            torch_optimizer.step()
-            torch_schedule.step()
+        torch_update.update(lambda half: torch_loss(half, tokens, targets, args.heads, args.layers))
         check.add(i, float(loss), expected.item())
     if args.save:
         step.save(state, args.save)  # every rank writes its own pieces

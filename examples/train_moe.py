@@ -5,6 +5,9 @@
     python examples/train_moe.py --dropless            # capacity = tokens per group: nothing dropped
     python examples/train_moe.py --shared-expert       # plus a shared expert (DeepSeek/Qwen style)
     tessera run -n 4 examples/train_moe.py --steps 3   # one process per rank (gloo)
+    python examples/train_moe.py --pp 2 --microbatches 2 --batch 16 --precision bf16 --clip 1.0 \
+        --zero 1 --remat nothing --accumulate 2 --lr-schedule warmup_cosine --warmup 2
+                                                       # pp x dp x ep = 2 x 2 x 2, every option
 
 The model: token embedding plus learned positions, ``--layers`` pre-RMSNorm blocks of
 causal attention and a mixture-of-experts MLP (``--experts`` SwiGLU experts, top-``k``
@@ -21,7 +24,15 @@ insert the dispatch and combine all-to-alls over ep and their transposes in the
 backward. Each step's loss is compared with a float64 torch loop that routes the same
 way (token by token, a counter per expert; where its top k and the f32 program's
 differ only by near-ties of scores, ``TIE_TOL``, as the program did), trained with
-torch.optim.AdamW.
+torch.optim.AdamW. The training options of ``examples/_training_options.py``
+(``--precision``, ``--clip``, ``--zero``, ``--remat`` for each layer, a
+``graph.checkpoint`` block, ``--accumulate``, ``--deterministic``, ``--lr-schedule``)
+combine with each other and with ``--pp`` (the pipeline splits the batch over dp and
+into microbatches, each stage's rows over ep); the torch loop implements each (clipping,
+``LambdaLR``, GradScaler's overflow skip) and, as the router losses are per microbatch,
+averages the losses of the step's microbatches. The program returns its expert choices
+(for the near-tie rule) only unpipelined and unaccumulated; bf16/fp16 programs count
+score differences up to ``TIE_TOL_MIXED`` as ties.
 """
 
 from __future__ import annotations
@@ -31,13 +42,15 @@ import math
 import os
 import time
 
+import _training_options as training_options
 import torch
 import torch.nn.functional as F
 from _report import LossCheck
 
-from tessera import dist, graph, op, optim
+from tessera import dist, graph, op, optim, schedule
 
 LOSS_RTOL = 2e-4  # f32 program vs float64 torch, per step
+LOSS_RTOL_MIXED = 5e-2  # bf16/fp16 program vs float64 torch
 AUX, Z = 0.01, 0.001  # weights of the load-balancing loss and the z-loss
 RMS_EPS = 1e-6  # op.rms_norm's default; the torch loop must use the same
 # Router scores closer than this are a tie to the f32 program: its scores differ from the
@@ -46,45 +59,55 @@ RMS_EPS = 1e-6  # op.rms_norm's default; the torch loop must use the same
 # loop routes as the program did (an ordered choice whose every score is within
 # TIE_TOL of the loop's top-k scores, rank by rank); any other difference is a mismatch.
 TIE_TOL = 1e-5
+TIE_TOL_MIXED = 2e-2  # bf16/fp16 programs: scores rounded to 8/11 mantissa bits
 
 
 def swiglu(x, w1, w3, w2):
     return (op.silu(x @ w1) * (x @ w3)) @ w2
 
 
+@graph.checkpoint
+def moe_layer(p, x, i: int, args, capacity: int):
+    """Decoder layer ``i``: causal attention, then the mixture of experts; returns the new
+    ``x``, the layer's router losses and its expert choices ``[B, T, k]``."""
+    B, T, C = x.shape
+    h = op.rms_norm(x, eps=RMS_EPS)
+    q, k, v = op.chunk(h @ p[f"attn_w{i}"], 3, axis=-1)
+    q, k, v = (
+        op.transpose(op.reshape(t, (B, T, args.heads, C // args.heads)), (0, 2, 1, 3))
+        for t in (q, k, v)
+    )
+    attn = op.reshape(op.transpose(op.attention(q, k, v, causal=True), (0, 2, 1, 3)), (B, T, C))
+    x = x + attn @ p[f"proj_w{i}"]
+    h = op.rms_norm(x, eps=RMS_EPS)
+    logits = h @ p[f"router_w{i}"]
+    weights, experts, scores = op.router(logits, k=args.top_k)
+    routing = op.route(experts, args.experts, capacity)
+    routed = [p[f"w1_{i}"], p[f"w3_{i}"], p[f"w2_{i}"]]  # [E, C, H], [E, C, H], [E, H, C]
+    shared = [p[f"s1_{i}"], p[f"s3_{i}"], p[f"s2_{i}"]] if args.shared_expert else None
+    x = x + op.moe_block(
+        h,
+        routing,
+        weights,
+        experts=lambda xe, w=routed: swiglu(xe, *w),  # xe: [B, E, capacity, C]
+        shared=(lambda t, w=shared: swiglu(t, *w)) if shared else None,
+    )
+    aux = AUX * op.load_balancing_loss(scores, experts) + Z * op.router_z_loss(logits)
+    return x, aux, experts
+
+
 def moe_loss(p, tokens, targets, args, choices=None):
     """Next-token cross-entropy plus the router losses of every layer (each layer's
     expert choices ``[B, T, k]`` appended to the list ``choices`` if given)."""
-    B, T = tokens.shape
-    C = p["wte"].shape[1]
+    T = tokens.shape[1]
     capacity = op.expert_capacity(T, args.experts, args.top_k, args.capacity_factor)
     x = op.take(p["wte"], tokens, axis=0) + p["wpe"][:T]
     aux = 0.0
     for i in range(args.layers):
-        h = op.rms_norm(x, eps=RMS_EPS)
-        q, k, v = op.chunk(h @ p[f"attn_w{i}"], 3, axis=-1)
-        q, k, v = (
-            op.transpose(op.reshape(t, (B, T, args.heads, C // args.heads)), (0, 2, 1, 3))
-            for t in (q, k, v)
-        )
-        attn = op.reshape(op.transpose(op.attention(q, k, v, causal=True), (0, 2, 1, 3)), (B, T, C))
-        x = x + attn @ p[f"proj_w{i}"]
-        h = op.rms_norm(x, eps=RMS_EPS)
-        logits = h @ p[f"router_w{i}"]
-        weights, experts, scores = op.router(logits, k=args.top_k)
+        x, layer_aux, experts = moe_layer(p, x, i, args, capacity)
+        aux = aux + layer_aux
         if choices is not None:
             choices.append(experts)
-        routing = op.route(experts, args.experts, capacity)
-        routed = [p[f"w1_{i}"], p[f"w3_{i}"], p[f"w2_{i}"]]  # [E, C, H], [E, C, H], [E, H, C]
-        shared = [p[f"s1_{i}"], p[f"s3_{i}"], p[f"s2_{i}"]] if args.shared_expert else None
-        x = x + op.moe_block(
-            h,
-            routing,
-            weights,
-            experts=lambda xe, w=routed: swiglu(xe, *w),  # xe: [B, E, capacity, C]
-            shared=(lambda t, w=shared: swiglu(t, *w)) if shared else None,
-        )
-        aux = aux + AUX * op.load_balancing_loss(scores, experts) + Z * op.router_z_loss(logits)
     logits = op.rms_norm(x, eps=RMS_EPS) @ op.transpose(p["wte"], (1, 0))
     return op.cross_entropy(logits, targets) + aux
 
@@ -120,7 +143,8 @@ def torch_loss(p, tokens, targets, args, program_choices=None) -> torch.Tensor:
         top, chosen = (t[..., :K] for t in torch.sort(scores, dim=-1, descending=True, stable=True))
         if program_choices is not None:
             theirs = program_choices[i].long()
-            near = (scores.detach().gather(-1, theirs) - top.detach()).abs() <= TIE_TOL
+            tolerance = TIE_TOL if getattr(args, "precision", "f32") == "f32" else TIE_TOL_MIXED
+            near = (scores.detach().gather(-1, theirs) - top.detach()).abs() <= tolerance
             differ = (theirs != chosen).any(-1)
             if (differ & ~near.all(-1)).any():
                 b, t = (differ & ~near.all(-1)).nonzero()[0].tolist()
@@ -154,6 +178,18 @@ def torch_loss(p, tokens, targets, args, program_choices=None) -> torch.Tensor:
         aux = aux + AUX * balance + Z * (torch.logsumexp(logits, -1) ** 2).mean()
     logits = rms(x) @ p["wte"].T
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)) + aux
+
+
+def microbatch_rows(args: argparse.Namespace, chunks: int, pipelined: bool) -> list[torch.Tensor]:
+    """The batch rows of each microbatch whose loss (the router losses are per
+    microbatch) the step averages: pipelined, contiguous blocks (dp rank, accumulation
+    round, microbatch); accumulated, chunk j of every dp rank's rows; else all rows."""
+    rows = torch.arange(args.batch)
+    if pipelined:
+        return list(rows.reshape(chunks, -1))
+    k = args.accumulate
+    per_rank = rows.reshape(args.dp, k, -1)  # [dp, k, rows]
+    return [per_rank[:, j].reshape(-1) for j in range(k)]
 
 
 def init_params(args: argparse.Namespace, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -208,47 +244,82 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dropless", action="store_true", help="capacity = tokens per group")
     parser.add_argument("--shared-expert", action="store_true", help="plus a shared expert")
     parser.add_argument("--lr", type=float, default=3e-3)
+    training_options.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.dropless:
         args.capacity_factor = None
+    args.accumulate = args.accumulate or 1
 
     processes = int(os.environ.get("WORLD_SIZE", "0"))
     rank0 = int(os.environ.get("RANK", "0")) == 0
-    ranks = args.dp * args.ep * args.tp
+    ranks = args.pp * args.dp * args.ep * args.tp
     if processes and processes != ranks:
         parser.error(
-            f"{processes} processes for a {args.dp} x {args.ep} x {args.tp} mesh (dp x ep x tp)"
+            f"{processes} processes for a {args.pp} x {args.dp} x {args.ep} x {args.tp} mesh "
+            f"(pp x dp x ep x tp)"
         )
-    mesh = dist.Mesh(axes=["dp", "ep", "tp"], shape=(args.dp, args.ep, args.tp))
+    training_options.check(args, parser.error)
+    pipelined = args.pp > 1
+    chunks = args.dp * args.accumulate * (args.microbatches if pipelined else 1)
+    if args.batch % (chunks * (args.ep if pipelined else 1)) or args.batch % (args.dp * args.ep):
+        parser.error(
+            f"--batch {args.batch} does not split over {args.dp} x {args.ep} (dp x ep) ranks"
+            + (f" x {args.microbatches} microbatches" if pipelined else "")
+            + (f" x {args.accumulate} accumulation rounds" if args.accumulate > 1 else "")
+        )
+    if pipelined:
+        mesh = dist.Mesh(axes=["pp", "dp", "ep", "tp"], shape=(args.pp, args.dp, args.ep, args.tp))
+        schedule.pipeline_microbatches(args.microbatches, kind=args.schedule, virtual=args.virtual)
+    else:
+        mesh = dist.Mesh(axes=["dp", "ep", "tp"], shape=(args.dp, args.ep, args.tp))
     params = init_params(args)
     reference = {k: v.double().clone().requires_grad_() for k, v in params.items()}
+    # the program's expert choices (for the loop's near-tie rule) come back for the whole
+    # batch only from one unaccumulated, unpipelined program
+    with_choices = not pipelined and args.accumulate == 1
 
     @graph.training_step(
-        optimizer=optim.AdamW(lr=args.lr, weight_decay=0.0), mesh=mesh,
-        param_shardings=expert_layout(params),
+        optimizer=optim.AdamW(lr=training_options.learning_rate(args), weight_decay=0.0),
+        mesh=mesh, param_shardings=expert_layout(params),
         batch_shardings=dist.ShardSpec(partition=(0,), mesh_axes=(("dp", "ep"),)),
+        **training_options.step_options(args),
     )  # fmt: skip
     def step(p, tokens, targets):
         choices = []
         loss = moe_loss(p, tokens, targets, args, choices)
-        return graph.backward(loss), {"loss": loss, "choices": choices}
+        metrics = {"loss": loss, "choices": choices} if with_choices else {"loss": loss}
+        return graph.backward(loss), metrics
 
     state = step.init(params)
     g = torch.Generator().manual_seed(1)
     stream = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
     tokens, targets = stream[:, :-1], stream[:, 1:]
-    torch_optimizer = torch.optim.AdamW(reference.values(), lr=args.lr, weight_decay=0.0)
-    check = LossCheck(args.steps, LOSS_RTOL, every=5, show=rank0)
+    groups = microbatch_rows(args, chunks, pipelined)
+    torch_update = training_options.TorchUpdate(reference, args)
+    tolerance = LOSS_RTOL if args.precision == "f32" else LOSS_RTOL_MIXED
+    check = LossCheck(args.steps, tolerance, every=5, show=rank0)
     start = time.perf_counter()
     for i in range(args.steps):
-        metrics = step(state, tokens, targets)
-        loss, choices = metrics["loss"], metrics["choices"]  # every rank holds the values
-        torch_optimizer.zero_grad()
-        expected = torch_loss(reference, tokens, targets, args, choices)
+        metrics = step(state, tokens, targets)  # every rank holds the values
+        choices = metrics.get("choices")
+        torch_update.zero_grad()
+
+        def loop_loss(weights, choices=choices):  # the mean of the microbatches' losses
+            parts = [torch_loss(weights, tokens[r], targets[r], args, choices) for r in groups]
+            return sum(parts) / len(parts)
+
+        expected = loop_loss(reference)
         expected.backward()
-        torch_optimizer.step()
-        check.add(i, float(loss), expected.item())
-    if rank0:
+        torch_update.update(lambda half: loop_loss(half, None))
+        check.add(i, float(metrics["loss"]), expected.item())
+    if rank0 and pipelined:
+        compiled = step.pipeline().compiled(state, (tokens, targets))
+        print(
+            f"mesh pp {args.pp} x dp {args.dp} x ep {args.ep} x tp {args.tp}, {args.schedule} "
+            f"schedule, {args.microbatches} microbatches, {len(compiled.stages)} stages, "
+            f"{args.steps} steps in {time.perf_counter() - start:.1f} s"
+        )
+    elif rank0:
         lowered = step.lower(state, tokens, targets)
         kinds = sorted({f"{c.kind}[{','.join(c.mesh_axes)}]" for c in lowered.collectives()})
         a2a = sum(c.nbytes for c in lowered.collectives() if c.kind == "all_to_all")

@@ -272,13 +272,6 @@ class TrainingStep:
                 f"read whole parameters between microbatches; use zero=2 (gradients and "
                 f"optimizer state sharded over {dp_axis!r}) or zero=1 with pipelining"
             )
-        if self.pp_axis and batch_shardings is not None:
-            raise ShardingError(
-                f"training_step: batch_shardings with the pipeline axis {pp_axis!r}: a "
-                f"pipelined step splits every batch leaf over {dp_axis!r} (dim 0) and into "
-                f"microbatches itself; drop batch_shardings (tensor-parallel layouts of "
-                f"activations come from param_shardings)"
-            )
         self._jit: dict[tuple[pytree.TreeDef, int], tuple[JitFunction, _Layouts]] = {}
 
     # --- user API ---------------------------------------------------------------------------

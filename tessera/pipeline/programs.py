@@ -251,16 +251,20 @@ def stage_programs(
     split_backward: bool,
     config: CompileConfig,
     remat: RematPolicy | None = None,
+    batch_layouts: Sequence[Sharding] | None = None,
 ) -> list[StagePrograms]:
     """Every stage's compiled programs, each compiled with ``config`` (its mesh is the
     whole mesh), stage by stage: a stage's received values take the layouts of the
     previous stage's sent ones; ``graph.checkpoint`` blocks are recomputed in the
-    backward as ``remat`` says."""
+    backward as ``remat`` says; batch leaves are laid out as ``batch_layouts`` say
+    inside a stage (default: replicated; the pipeline and dp axes are manual)."""
     stages: list[StagePrograms] = []
     received: list[Sharding] = []
     for stage in range(plan.count):
         joint = _Joint(plan, stage, params, batch, outputs, split_backward, remat)
-        compiler = _StageCompiler(f"{name}_s{stage}", joint, param_layouts, received, config)
+        compiler = _StageCompiler(
+            f"{name}_s{stage}", joint, param_layouts, received, config, batch_layouts
+        )
         programs = compiler.compile(stage, stage == plan.count - 1, plan)
         stages.append(programs)
         received = programs.sent_layouts
@@ -273,8 +277,10 @@ class _StageCompiler:
     def __init__(
         self, prefix: str, joint: _Joint, param_layouts: Sequence[Sharding],
         received_layouts: list[Sharding], config: CompileConfig,
+        batch_layouts: Sequence[Sharding] | None = None,
     ):  # fmt: skip
         assert config.mesh is not None
+        self.batch_layouts = batch_layouts
         self.prefix, self.joint, self.mesh, self.config = prefix, joint, config.mesh, config
         self.param_layouts, self.received_layouts = param_layouts, received_layouts
         self.sent_layouts: list[Sharding] = []
@@ -291,7 +297,9 @@ class _StageCompiler:
             return self.received_layouts[kind[1]]
         if kind[0] == "seed":
             return self.sent_layouts[kind[1]]
-        return Sharding.replicated(aval(value).rank)  # batch: manual over dp
+        if self.batch_layouts is not None:  # batch: manual over dp, then as given
+            return self.batch_layouts[kind[1]]
+        return Sharding.replicated(aval(value).rank)
 
     def part(
         self, part: str, ops: list[Operation], reads: list[SSAValue], outs: list[SSAValue]

@@ -34,8 +34,8 @@ from xdsl.ir import Operation
 from tessera import numerics, op, schedule
 from tessera.backends import distributed
 from tessera.backends.execution import Execution, execution_for
-from tessera.backends.layout import block
-from tessera.compiled import JitFunction, default_kernels
+from tessera.backends.layout import block, piece
+from tessera.compiled import JitFunction, broadcast_prefix, default_kernels
 from tessera.dist.collectives import shard
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dist.tensor import DistTensor
@@ -89,6 +89,7 @@ class CompiledPipeline:
     reductions: list[Lowered | None]
     batch_tree: pytree.TreeDef | None = None  # the batch arguments' structure
     stats_dtype: torch.dtype = torch.float32  # the global statistics' dtype (the masters')
+    batch_layouts: list[Sharding] = dataclasses.field(default_factory=list)  # in a stage
 
 
 class PipelineStep:
@@ -146,6 +147,47 @@ class PipelineStep:
                     f"step's batch holds tensors (split into microbatches along dim 0)"
                 )
         return leaves, tree, paths
+
+    def _batch_layouts(
+        self, batch_tree: pytree.TreeDef, avals: list[AbstractTensor]
+    ) -> list[Sharding]:
+        """Each batch leaf's layout inside a stage: ``batch_shardings`` without the
+        data-parallel axis, which the pipeline splits dim 0 over itself (it must come
+        first on dim 0); replicated without ``batch_shardings``."""
+        step = self.step
+        if step.batch_shardings is None:
+            return [Sharding.replicated(len(a.shape)) for a in avals]
+        count = len(batch_tree.children)
+        specs = [
+            spec
+            for argument, prefix in zip(batch_tree.children, step._batch_specs(count), strict=True)
+            for spec in broadcast_prefix(prefix, argument, "batch_shardings")
+        ]
+        paths = [f"batch argument {p}" for p in _leaf_paths(batch_tree)]
+        layouts = []
+        for spec, aval, path in zip(specs, avals, paths, strict=True):
+            if spec is None:
+                layouts.append(Sharding.replicated(len(aval.shape)))
+                continue
+            rows = aval.shape[0] * self.dp  # one microbatch over every dp rank
+            whole = spec.to_sharding(self.mesh, (rows, *aval.shape[1:]), f"{step.__name__}: {path}")
+            if self.pp_axis in whole.split_axes:
+                raise ShardingError(
+                    f"{step.__name__}: batch_shardings split {path} over the pipeline axis "
+                    f"{self.pp_axis!r}; a pipelined step's stages each read the whole microbatch"
+                )
+            dp = step.dp_axis
+            if dp in whole.split_axes and (dp not in whole.dims[0] or whole.dims[0][0] != dp):
+                raise ShardingError(
+                    f"{step.__name__}: batch_shardings split {path} over {dp!r} other than "
+                    f"first on dim 0; a pipelined step splits dim 0 over {dp!r} into "
+                    f"microbatches itself (e.g. partition=(0,), mesh_axes=(({dp!r}, 'ep'),))"
+                )
+            dims = [tuple(a for a in d if a != dp) for d in whole.dims]
+            layout = Sharding(tuple(dims))
+            layout.validate(self.mesh, aval.shape, f"{step.__name__}: {path} (one microbatch)")
+            layouts.append(layout)
+        return layouts
 
     def _microbatch_aval(self, value: Any, path: str, m: int) -> AbstractTensor:
         tensor = torch.as_tensor(value)
@@ -209,6 +251,7 @@ class PipelineStep:
         metric_dtypes = [metric_dtype(t.aval.dtype.to_torch()) for t in metric_leaves]
         traced = list(trace.block.ops)
         marked = [traced[p] if p < len(traced) else None for p in trace.stage_marks]
+        batch_layouts = self._batch_layouts(batch_tree, batch_avals)
         forward = _sink(traced, casts)
         marks = [
             _cut_before_casts(forward, forward.index(o) if o else len(forward), casts)
@@ -236,6 +279,7 @@ class PipelineStep:
             split,
             config,
             self.step.remat,
+            [*batch_layouts, *(Sharding(()) for _ in scale_avals)],
         )
         actions = pipeline_schedule(kind, self.ranks, m, virtual)
         ir = pipeline_op(kind, self.ranks, m, virtual, actions)
@@ -260,7 +304,7 @@ class PipelineStep:
             update_params.append(owned)
         return CompiledPipeline(
             stages, lists, ir, updates, update_params, layouts, m, cuts, metric_tree,
-            metric_dtypes, reductions, batch_tree, _stats_dtype(leaves),
+            metric_dtypes, reductions, batch_tree, _stats_dtype(leaves), batch_layouts,
         )  # fmt: skip
 
     # --- one step -------------------------------------------------------------------------
@@ -289,7 +333,8 @@ class PipelineStep:
                 return self._loss_scale(state, rank).to(device)
             d = mesh.coords(rank)[dp_axis] if dp_axis else 0
             start = ((d * k + current_round) * m + mb) * rows[index]
-            return tensors[index][start : start + rows[index]].to(device)
+            rows_of_rank = tensors[index][start : start + rows[index]]
+            return piece(rows_of_rank, compiled.batch_layouts[index], mesh, rank).to(device)
 
         executor = PipelineExecutor(
             compiled.stages, self.placement, param_piece, batch_piece, execution

@@ -322,3 +322,19 @@ def test_train_gpt_takes_every_option_together(
     train_gpt.main([*mesh, *options])
     out = capsys.readouterr().out
     assert out.rstrip().endswith("OK"), out[-2000:]
+
+
+def test_train_moe_takes_every_option_with_the_pipeline(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``examples/train_moe.py --pp 2`` (pp x dp x ep = 2 x 2 x 2, the batch's rows over
+    dp and ep) with bf16, clipping, ZeRO-1, full recomputation, 2 accumulation rounds and a
+    warmup-cosine schedule: every step's loss matches the float64 torch loop averaging
+    the microbatches' losses (5e-2, the mixed-precision tolerance)."""
+    monkeypatch.setenv("TESSERA_KERNELS", "reference")
+    train_moe = load_example("train_moe")
+    train_moe.main(["--pp", "2", "--microbatches", "2", "--batch", "16", "--precision", "bf16",
+                    "--clip", "1.0", "--zero", "1", "--remat", "nothing", "--accumulate", "2",
+                    "--lr-schedule", "warmup_cosine", "--warmup", "1", "--steps", "3"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "mesh pp 2 x dp 2 x ep 2 x tp 1" in out and out.rstrip().endswith("OK"), out[-2000:]
