@@ -130,8 +130,16 @@ class Cell:
         if self.status == "ok":
             return f"✔ {self.deviation:.0e}"
         if self.status == "refused":
-            return "refused"
+            return f"refused: {self.why()}"
         return "FAIL"
+
+    def why(self) -> str:
+        """A refusal's reason in a few words (the error is listed below the table)."""
+        if "shards over the data-parallel axis" in self.reason and "mesh has axes" in self.reason:
+            return "no dp axis"
+        if "zero=3" in self.reason and "pipeline axis" in self.reason:
+            return "ZeRO-3 with pp"
+        return "see below"
 
 
 def batches(layout: Layout) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -314,8 +322,11 @@ def table(cells: dict[tuple[str, str], Cell], layouts: list[str], options: list[
     for layout in layouts:
         row = [cells[layout, o].text() if (layout, o) in cells else "" for o in options]
         lines.append(f"| {layout} | " + " | ".join(row) + " |")
-    notes = [f"- {layout} × {option}: {cell.status}: {cell.reason}" for (layout, option), cell in cells.items()
-             if cell.status != "ok"]  # fmt: skip
+    reasons: dict[str, list[str]] = {}  # each distinct error, and where
+    for (layout, option), cell in cells.items():
+        if cell.status != "ok":
+            reasons.setdefault(f"{cell.status}: {cell.reason}", []).append(f"{layout} × {option}")
+    notes = [f"- {', '.join(where)}: {reason}" for reason, where in reasons.items()]
     return "\n".join(lines + (["", *notes] if notes else []))
 
 
