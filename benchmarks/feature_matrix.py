@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import llama
+import train_moe
 
 from tessera import TesseraError, dist, graph, optim, schedule
 
@@ -57,6 +58,8 @@ class Layout:
     virtual: int = 1
     context_parallel: str | None = None  # "ring" | "all_gather" (a cp axis)
     sequence_parallel: bool = False
+    moe: bool = False  # the mixture-of-experts model of examples/train_moe.py, experts over ep
+    batch: int = BATCH  # sequences per step
 
 
 LAYOUTS: dict[str, Layout] = {
@@ -72,7 +75,18 @@ LAYOUTS: dict[str, Layout] = {
     "pp2 interleaved": Layout({"pp": 2}, schedule="interleaved", microbatches=2, virtual=2),
     "pp2 x tp2 zb-h1": Layout({"pp": 2, "tp": 2}, schedule="zb-h1"),
     "pp2 x dp2 x tp2 1f1b": Layout({"pp": 2, "dp": 2, "tp": 2}, schedule="1f1b"),
+    "dp2 x ep2 MoE": Layout({"dp": 2, "ep": 2}, moe=True),
+    "pp2 x dp2 x ep2 MoE 1f1b": Layout(
+        {"pp": 2, "dp": 2, "ep": 2}, schedule="1f1b", moe=True, batch=16
+    ),
 }
+
+# the MoE model (examples/train_moe.py): 4 SwiGLU experts, top-2, capacity factor 1.25,
+# router losses; its batch rows split over dp x ep, the experts over ep
+MOE = argparse.Namespace(
+    seq=8, dim=32, hidden=32, heads=2, layers=2, vocab=64, experts=4, top_k=2,
+    capacity_factor=1.25, shared_expert=False, precision="f32",
+)  # fmt: skip
 
 # option name -> graph.training_step keywords (save/restore: see run_cell)
 OPTIONS: dict[str, dict[str, Any]] = {
@@ -112,6 +126,8 @@ PAIRWISE: list[tuple[str, str]] = [
     ("pp2 x dp2 x tp2 1f1b", "all"),
     ("pp2 x dp2 x tp2 1f1b", "save/restore"),
     ("dp2 x tp2", "deterministic"),
+    ("dp2 x ep2 MoE", "accumulate=2"),
+    ("pp2 x dp2 x ep2 MoE 1f1b", "clip"),
 ]
 
 
@@ -146,7 +162,7 @@ def batches(layout: Layout) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
     out = []
     for _ in range(STEPS):
-        stream = torch.randint(0, CONFIG.vocab, (BATCH, CONFIG.seq + 1), generator=g)
+        stream = torch.randint(0, CONFIG.vocab, (layout.batch, CONFIG.seq + 1), generator=g)
         out.append((stream[:, :-1], stream[:, 1:]))
     return out
 
@@ -177,16 +193,53 @@ def make_step(
         if "dp" in axes:
             options["zero"] = ALL_ZERO
 
+    param_shardings = llama.megatron_layout(params) if "tp" in axes else None
+    if layout.moe:
+        experts = dist.ShardSpec(partition=(0,), mesh_axes=("ep",))
+        param_shardings = {
+            k: experts if k.startswith(("w1_", "w2_", "w3_")) else None for k in params
+        }
+        rows = dist.ShardSpec(partition=(0,), mesh_axes=(("dp", "ep"),))
+        batch_spec = (rows, rows)
+
     @graph.training_step(
         optimizer=optim.AdamW(lr=lr, weight_decay=0.0), mesh=mesh,
-        param_shardings=llama.megatron_layout(params) if "tp" in axes else None,
-        batch_shardings=batch_spec, **options,
+        param_shardings=param_shardings, batch_shardings=batch_spec, **options,
     )  # fmt: skip
     def step(p, tokens, targets):
-        loss = llama.loss(p, tokens, targets, CONFIG, zigzag=zigzag, sequence_parallel=sp)
+        if layout.moe:
+            loss = train_moe.moe_loss(p, tokens, targets, MOE)
+        else:
+            loss = llama.loss(p, tokens, targets, CONFIG, zigzag=zigzag, sequence_parallel=sp)
         return graph.backward(loss), {"loss": loss}
 
     return step
+
+
+def init_params(layout: Layout, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    if layout.moe:
+        return {k: v.to(dtype) for k, v in train_moe.init_params(MOE).items()}
+    return llama.init_params(CONFIG, dtype=dtype)
+
+
+def microbatch_rows(layout: Layout, accumulate: int) -> list[torch.Tensor]:
+    """The batch rows of each microbatch the step computes a loss of (what matters for
+    the MoE model's router losses, which are per microbatch): pipelined, contiguous
+    blocks (dp rank, accumulation round, microbatch); accumulated, chunk j of every dp
+    rank's rows (``tessera.grad_accumulation``); else the whole batch."""
+    rows, dp = torch.arange(layout.batch), layout.axes.get("dp", 1)
+    if layout.schedule:
+        return list(rows.reshape(dp * accumulate * layout.microbatches, -1))
+    per_rank = rows.reshape(dp, accumulate, -1)
+    return [per_rank[:, j].reshape(-1) for j in range(accumulate)]
+
+
+def torch_loss(
+    layout: Layout, p: dict[str, torch.Tensor], tokens: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    if layout.moe:
+        return train_moe.torch_loss(p, tokens, targets, MOE)
+    return llama.torch_loss(p, tokens, targets, CONFIG)
 
 
 def stored(layout: Layout, tokens: torch.Tensor) -> torch.Tensor:
@@ -252,17 +305,14 @@ def run_torch(
     else:
         schedule_ = None
     scale = 2.0**16 if precision == "fp16" else None
-    accumulate = options.get("accumulate", 1)
-    # the step's microbatches: pipeline microbatches x accumulation rounds x dp ranks
-    chunks = accumulate * (layout.microbatches if layout.schedule else 1) * layout.axes.get("dp", 1)
+    groups = microbatch_rows(layout, options.get("accumulate", 1))
     losses = []
     for tokens, targets in batches(layout):
         adam.zero_grad()
         total = 0.0
-        for part in range(chunks):  # mean of equal-sized microbatches' mean losses
-            rows = slice(part * BATCH // chunks, (part + 1) * BATCH // chunks)
+        for rows in groups:  # mean of equal-sized microbatches' losses
             cast = {k: v.to(compute) for k, v in masters.items()}
-            loss = llama.torch_loss(cast, tokens[rows], targets[rows], CONFIG) / chunks
+            loss = torch_loss(layout, cast, tokens[rows], targets[rows]) / len(groups)
             seed = torch.tensor(scale if scale else 1.0).to(loss.dtype)
             loss.backward(seed)
             total += float(loss.detach())
@@ -286,7 +336,7 @@ def run_cell(layout_name: str, option: str) -> Cell:
     layout = LAYOUTS[layout_name]
     mixed = "precision" in OPTIONS[option]
     dtype = torch.float32 if mixed else torch.float64
-    params = llama.init_params(CONFIG, dtype=dtype)
+    params = init_params(layout, dtype)
     start = time.perf_counter()
     try:
         losses, final = run_tessera(layout, option, {k: v.clone() for k, v in params.items()})

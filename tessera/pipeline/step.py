@@ -170,7 +170,15 @@ class PipelineStep:
                 layouts.append(Sharding.replicated(len(aval.shape)))
                 continue
             rows = aval.shape[0] * self.dp  # one microbatch over every dp rank
-            whole = spec.to_sharding(self.mesh, (rows, *aval.shape[1:]), f"{step.__name__}: {path}")
+            try:
+                whole = spec.to_sharding(self.mesh, (rows, *aval.shape[1:]), "")
+            except ShardingError as error:
+                raise ShardingError(
+                    f"{step.__name__}: batch_shardings of {path}: one microbatch holds "
+                    f"{aval.shape[0]} rows per {self.dp} data-parallel rank(s) "
+                    f"({rows} in all, the batch over microbatches and accumulation rounds), "
+                    f"{str(error).removeprefix(': ')}; use a larger batch or fewer microbatches"
+                ) from None
             if self.pp_axis in whole.split_axes:
                 raise ShardingError(
                     f"{step.__name__}: batch_shardings split {path} over the pipeline axis "

@@ -58,7 +58,7 @@ def _fingerprint(layout_name: str, option: str) -> str:
     pipelined), after sharding."""
     layout = fm.LAYOUTS[layout_name]
     dtype = torch.float32 if "precision" in fm.OPTIONS[option] else torch.float64
-    params = fm.llama.init_params(fm.CONFIG, dtype=dtype)
+    params = fm.init_params(layout, dtype)
     step = fm.make_step(layout, fm.OPTIONS[option], params)
     state = step.init(params)
     tokens, targets = fm.batches(layout)[0]
@@ -98,8 +98,8 @@ def test_the_numerics_option_orders_the_sums(layout: str, monkeypatch: pytest.Mo
     monkeypatch.setattr(collective, "ordered_sum", counting)
     for option, expected in (("baseline", False), ("deterministic", True)):
         calls.clear()
-        params = fm.llama.init_params(fm.CONFIG, dtype=torch.float64)
         layout_ = fm.LAYOUTS[layout]
+        params = fm.init_params(layout_, torch.float64)
         step = fm.make_step(layout_, fm.OPTIONS[option], params)
         state = step.init(params)
         with fm.options_context(layout_):
