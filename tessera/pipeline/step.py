@@ -16,7 +16,18 @@ pipeline rank) over data-parallel ranks and scaled by ``1 / (m · dp)``, so the 
 computes the gradient of the mean loss over the whole batch, as the unpipelined step
 does. A parameter used by stages on several pipeline ranks (tied embeddings) has its
 gradient summed across them before each updates its copy. Reported metrics are the mean
-over microbatches and data-parallel ranks.
+over microbatches and data-parallel ranks, as 0-d tensors in at least float32.
+
+Every option of the step applies: ``precision`` casts the parameters and float batch
+leaves to the compute dtype at the start of the traced forward, each cast moved into the
+stage that first uses it (:func:`_sink`), and with loss scaling the last stage seeds its
+backward with the scale; ``accumulate=k`` runs the schedule k times (rounds of m
+microbatches) before the update; ``zero=1``/``2`` shard the optimizer state (and the
+reduced gradients) over dp in the update programs; ``clip_grad_norm`` and the loss
+scale's overflow check need every stage's gradients, so each pipeline rank first runs a
+reduction program and the shares of ``[Σ g·0, Σ g²]`` are summed over pipeline ranks
+before any update (:class:`_UpdateBuilder`); ``batch_shardings`` give each batch leaf's
+layout inside a stage (dp, first on dim 0, is split by the pipeline itself).
 """
 
 from __future__ import annotations
