@@ -9,7 +9,7 @@ parameters within ``TOL_F64``; bf16/fp16 steps, f32 masters: losses within
 (✔ and the worst deviation), or is refused when the step is built with an error naming
 both features (the reason is printed), or FAILS.
 
-    python benchmarks/feature_matrix.py                  # the whole table (7 minutes on 2 CPU cores)
+    python benchmarks/feature_matrix.py                  # the whole table (5 minutes on 2 CPU cores)
     python benchmarks/feature_matrix.py --pairwise       # the covering subset the tests run
     python benchmarks/feature_matrix.py --options bf16,clip --layouts "pp2 1f1b"
 
