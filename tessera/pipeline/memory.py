@@ -209,18 +209,25 @@ def pipeline_memory(
     param_layouts: Sequence[Sharding],
     param_avals: Sequence[AbstractTensor],
     mesh: Mesh,
+    reductions: Sequence[Lowered | None] = (),
 ) -> PipelineMemoryStats:
-    """Every pipeline rank's peak over its action list (see the module docstring)."""
+    """Every pipeline rank's peak over its action list (see the module docstring);
+    ``reductions``: per pipeline rank, the program reducing its gradients before the
+    update when the update needs global statistics (clipping, fp16 loss scaling)."""
     ranks = []
     for rank, actions in enumerate(lists):
         owned = list(update_params[rank])
         params = {p: _bytes(mesh, param_avals[p], param_layouts[p]) for p in owned}
         grads = 0
         opt_state = 0
+        reduction = reductions[rank] if reductions else None
         if owned:
             args = argument_bytes(updates[rank], mesh)
-            grads = sum(args[len(args) - len(owned) :])
-            opt_state = sum(args) - sum(params.values()) - grads
+            body = args[: len(args) - 2] if reduction is not None else args  # less the statistics
+            grads = sum(body[len(body) - len(owned) :])
+            opt_state = sum(body) - sum(params.values()) - grads
+            if reduction is not None:  # the gradients summed over microbatches it reads
+                grads = sum(argument_bytes(reduction, mesh)[: len(owned)])
         replay = _Replay(stages, mesh, params, opt_state)
         peaks: dict[str, int] = {}
         best = (-1, "", 0)
@@ -243,12 +250,14 @@ def pipeline_memory(
             saved_most = max(saved_most, replay.saved())
             held_most = max(held_most, replay.held())
         if owned:
-            update = updates[rank]
-            peaks[update.name] = update.memory().peak_bytes
             leftover = replay.saved() + sum(replay.inbox.values())
-            point = peaks[update.name] + leftover
-            if point > best[0]:
-                best = (point, "update", replay.saved())
+            for name, program in (("reduction", reduction), ("update", updates[rank])):
+                if program is None:
+                    continue
+                peaks[program.name] = program.memory().peak_bytes
+                point = peaks[program.name] + leftover
+                if point > best[0]:
+                    best = (point, name, replay.saved())
         ranks.append(
             RankMemory(
                 pipeline_rank=rank,

@@ -877,6 +877,7 @@ class PipelinedTrainingStep(TrainingStep):
             compiled.param_layouts,
             [AbstractTensor(tuple(x.shape), _dtype(x)) for x in leaves],
             self.mesh,  # type: ignore[arg-type]
+            compiled.reductions,
         )
 
     def lower(self, state: TrainState, *batch: Any) -> Lowered:

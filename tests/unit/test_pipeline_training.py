@@ -408,3 +408,30 @@ def test_a_pipelined_step_takes_a_dict_batch() -> None:
     assert abs(float(a) - float(b)) <= 1e-12
     for k in params:
         torch.testing.assert_close(states[0].params[k], states[1].params[k], rtol=0, atol=1e-12)
+
+
+def test_pipelined_memory_counts_the_reduction_program_of_clipping() -> None:
+    """With clipping the update is split (a reduction program, then the update reading
+    the global norm): the model states are the same bytes as without (parameters, the
+    gradients summed over microbatches, AdamW's state) and the reduction program's peak
+    is among each rank's program peaks."""
+    params = _mlp_params(2)
+    mesh = dist.Mesh(axes=["pp", "dp"], shape=(2, 2))
+    stats = []
+    for clip in (None, 1.0):
+
+        @graph.training_step(optimizer=optim.AdamW(lr=0.1), mesh=mesh, clip_grad_norm=clip)
+        def step(p, x, y):
+            h = op.tanh(x @ p["w0"])
+            graph.stage()
+            loss = op.mean((op.tanh(h @ p["w1"]) - y) ** 2)
+            return graph.backward(loss), {"loss": loss}
+
+        x, y = torch.randn(8, 16), torch.randn(8, 16)
+        with schedule.options(pipeline_microbatches=2):
+            stats.append(step.memory(step.init(params), x, y))
+    plain, clipped = stats
+    assert [r.model_states for r in clipped.ranks] == [r.model_states for r in plain.ranks]
+    assert plain.ranks[0].model_states.grads == 16 * 16 * 4  # w0's f32 gradient
+    for rank in clipped.ranks:
+        assert any(name.endswith("_reduce") for name in rank.program_peaks), rank.program_peaks
