@@ -348,8 +348,8 @@ class TrainingStep:
         self._placed(state)
         param_leaves, tree = pytree.flatten(state.params)
         state_leaves, state_tree = pytree.flatten(state.opt_state)
-        paths = [f"params{p}" for p in _paths(tree)]
-        paths += [f"opt_state{p}" for p in _paths(state_tree)]
+        paths = [f"params{p}" for p in leaf_paths(tree)]
+        paths += [f"opt_state{p}" for p in leaf_paths(state_tree)]
         return [*param_leaves, *state_leaves], paths
 
     def pipeline(self) -> Any:
@@ -388,9 +388,9 @@ class TrainingStep:
             return state
         param_layouts, state_layouts = self._state_layouts(param_leaves, tree)
         rank = distributed.runtime().rank
-        paths = [f"state.params{p}" for p in _paths(tree)]
+        paths = [f"state.params{p}" for p in leaf_paths(tree)]
         params = rank_shards(param_leaves, param_layouts, self.mesh, rank, paths, self.__name__)
-        paths = [f"state.opt_state{p}" for p in _paths(state_tree)]
+        paths = [f"state.opt_state{p}" for p in leaf_paths(state_tree)]
         opt_state = rank_shards(state_leaves, state_layouts, self.mesh, rank, paths, self.__name__)
         state.params = pytree.unflatten(tree, params)
         state.opt_state = pytree.unflatten(state_tree, opt_state)
@@ -481,7 +481,7 @@ class TrainingStep:
             return _Layouts(whole, whole, whole, whole)
         specs = broadcast_prefix(self.param_shardings, tree, "param_shardings")
         compute = []
-        for spec, shape, path in zip(specs, shapes, _paths(tree), strict=True):
+        for spec, shape, path in zip(specs, shapes, leaf_paths(tree), strict=True):
             name = f"parameter {path} of {self.__name__}"
             sharding = (
                 spec.to_sharding(self.mesh, shape, name)
@@ -644,7 +644,8 @@ def _float_tensors(params: Any) -> Any:
     return pytree.unflatten(tree, tensors)
 
 
-def _paths(tree: pytree.TreeDef) -> list[str]:
+def leaf_paths(tree: pytree.TreeDef) -> list[str]:
+    """``['w']``, ``[0]['x']``, …: where each leaf of ``tree`` is (``<root>`` for a bare leaf)."""
     paths: list[str] = []
 
     def visit(node: pytree.TreeDef, path: str) -> None:

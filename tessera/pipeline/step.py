@@ -70,6 +70,7 @@ from tessera.training import (
     TrainingStep,
     TrainState,
     forward_only,
+    leaf_paths,
     metric_dtype,
     training_params,
     zero_sharding,
@@ -150,7 +151,7 @@ class PipelineStep:
         """The batch arguments' tensors (pytrees of them: tuples, lists, dicts), their
         structure and a name for each."""
         leaves, tree = pytree.flatten(tuple(batch))
-        paths = [f"batch argument {p}" for p in _leaf_paths(tree)]
+        paths = [f"batch argument {p}" for p in leaf_paths(tree)]
         for leaf, path in zip(leaves, paths, strict=True):
             if not isinstance(leaf, (torch.Tensor, np.ndarray)):
                 raise TesseraError(
@@ -174,7 +175,7 @@ class PipelineStep:
             for argument, prefix in zip(batch_tree.children, step._batch_specs(count), strict=True)
             for spec in broadcast_prefix(prefix, argument, "batch_shardings")
         ]
-        paths = [f"batch argument {p}" for p in _leaf_paths(batch_tree)]
+        paths = [f"batch argument {p}" for p in leaf_paths(batch_tree)]
         layouts = []
         for spec, aval, path in zip(specs, avals, paths, strict=True):
             if spec is None:
@@ -548,15 +549,9 @@ class PipelineStep:
                 probe, squares = results[st.members.index(first)][len(owned) :]
                 totals += torch.stack([probe.double().cpu(), squares.double().cpu()])
         if processes:
-            rt = distributed.runtime()
-            what = "summing the gradients' global norm over pipeline ranks"
-            try:
-                on_device = totals.to(rt.device)
-                with rt.waiting(what):
-                    tdist.all_reduce(on_device)
-                totals = on_device.cpu()
-            except Exception as error:
-                raise distributed.failure(rt, what, error) from None
+            totals = _summed_over_processes(
+                totals, "summing the gradients' global norm over pipeline ranks"
+            )
         return reduced, totals
 
     def _update(
@@ -614,21 +609,25 @@ class PipelineStep:
                 for values in microbatch:
                     totals += torch.stack([v.double().cpu() for v in values])
         if processes:
-            rt = distributed.runtime()
-            what = "summing the pipeline's metrics"
-            try:
-                on_device = totals.to(rt.device)
-                with rt.waiting(what):
-                    tdist.all_reduce(on_device)
-                totals = on_device.cpu()
-            except Exception as error:
-                raise distributed.failure(rt, what, error) from None
+            totals = _summed_over_processes(totals, "summing the pipeline's metrics")
         means = totals / (members * compiled.microbatches * self.step.accumulate)
         values = [v.to(d) for v, d in zip(means[1:], compiled.metric_dtypes, strict=True)]
         metrics = pytree.unflatten(compiled.metric_tree, values)
         if self.step.clip_grad_norm is not None and isinstance(metrics, dict) and stats is not None:
             metrics = {**metrics, "grad_norm": stats[1].sqrt().to(compiled.stats_dtype)}
         return metrics
+
+
+def _summed_over_processes(totals: torch.Tensor, what: str) -> torch.Tensor:
+    """``totals`` summed over every process (an all-reduce; a failure names ``what``)."""
+    rt = distributed.runtime()
+    try:
+        on_device = totals.to(rt.device)
+        with rt.waiting(what):
+            tdist.all_reduce(on_device)
+        return on_device.cpu()
+    except Exception as error:
+        raise distributed.failure(rt, what, error) from None
 
 
 def _sink(ops: list[Operation], casts: Sequence[Operation]) -> list[Operation]:
@@ -657,22 +656,6 @@ def _cut_before_casts(ops: Sequence[Operation], cut: int, casts: Sequence[Operat
     while 0 < cut <= len(ops) and ops[cut - 1] in cast_set:
         cut -= 1
     return cut
-
-
-def _leaf_paths(tree: pytree.TreeDef) -> list[str]:
-    """``[0]``, ``[1]['x']``, …: where each leaf of a tuple of arguments is."""
-    paths: list[str] = []
-
-    def visit(node: pytree.TreeDef, path: str) -> None:
-        if node.kind == "leaf":
-            paths.append(path)
-            return
-        keys = node.meta if node.kind == "dict" else range(len(node.children))
-        for key, child in zip(keys, node.children, strict=True):
-            visit(child, f"{path}[{key!r}]")
-
-    visit(tree, "")
-    return paths
 
 
 def _dtype(value: Any) -> Any:
