@@ -30,6 +30,7 @@ from xdsl.rewriter import InsertPoint
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.checkpoint import checkpoint
+from tessera.frontend.region import region
 from tessera.frontend.tracer import Tensor, current_trace, user_location
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.mesh import Mesh
@@ -54,6 +55,7 @@ __all__ = [
     "TrainingStep",
     "backward",
     "checkpoint",
+    "region",
     "stage",
     "training_step",
 ]

@@ -96,6 +96,22 @@ class KernelStep:
 
 
 @dataclass
+class CallStep:
+    """A ``func.call`` of a region: every call of one callee runs its one plan."""
+
+    callee: LaunchPlan
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+    def run(self, envs: list[Env], timeline: Timeline) -> None:
+        inputs = self.inputs
+        results = self.callee.run([[env[i] for i in inputs] for env in envs])
+        for env, values in zip(envs, results, strict=True):
+            for slot, value in zip(self.outputs, values, strict=True):
+                env[slot] = value
+
+
+@dataclass
 class VirtualCollectiveStep:
     """A collective computed across each group of running ranks in memory (the virtual
     mesh completes a collective when it starts). ``groups`` holds env indices."""
@@ -289,6 +305,7 @@ def build_plan(
     collectives: Collectives,
     device: torch.device,
     arena: bool = True,
+    callees: dict[str, LaunchPlan] | None = None,
 ) -> LaunchPlan:
     """The launch plan of the scheduled function ``fn`` for ``ranks`` of ``mesh``:
     every kernel bound by ``kernels`` for each rank, collectives by ``collectives``;
@@ -296,6 +313,7 @@ def build_plan(
     (``uses_buffers``; see the module docstring)."""
     name = fn.sym_name.data
     ranks = list(ranks)
+    callees = {} if callees is None else callees
     slots: dict[SSAValue, int] = {}
     arena = arena and getattr(kernels, "uses_buffers", False)
     placed, size = arena_offsets(fn) if arena else ({}, 0)
@@ -340,6 +358,17 @@ def build_plan(
                     slots[op.result] = handle
                 continue
             step, inputs = waited, (handle,)
+        elif isinstance(op, func.CallOp):
+            inputs = tuple(read(v) for v in op.arguments)
+            callee = op.callee.root_reference.data
+            if callee not in callees:
+                module = fn.parent_op()
+                assert isinstance(module, ModuleOp), f"@{name} is not in a module"
+                callees[callee] = build_plan(
+                    function(module, callee), mesh, ranks, kernels, collectives, device, arena,
+                    callees,
+                )  # fmt: skip
+            step = CallStep(callees[callee], inputs, tuple(slot(v) for v in op.res))
         elif isinstance(op, func.ReturnOp):
             results = [read(v) for v in op.operands]
             break
@@ -409,6 +438,7 @@ def run_virtual(
 
 
 __all__ = [
+    "CallStep",
     "Collectives",
     "KernelStep",
     "LaunchPlan",

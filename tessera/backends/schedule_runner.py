@@ -97,14 +97,35 @@ def _reference_of(op: Operation, context: KernelContext | None) -> Callable[...,
     return bind_reference(op)
 
 
+def _call_of(
+    op: graph.CallOp,
+    context: KernelContext | None,
+    callees: dict[str, Callable[..., list[torch.Tensor]]],
+) -> Callable[..., Any]:
+    """A ``graph.call`` as a function of its operands: the callee compiled once for
+    every call of it in the program."""
+    name = op.callee_name
+    if name not in callees:
+        function = op.callee_function()
+        if function is None:
+            raise ExecutionError(f"graph.call: no function @{name} in the module")
+        callees[name] = compile_block(function.body.block, context, f"@{name}", callees)
+    run = callees[name]
+    return lambda *inputs: tuple(run(*inputs))
+
+
 def compile_block(
-    block: Block, context: KernelContext | None = None, what: str = ""
+    block: Block,
+    context: KernelContext | None = None,
+    what: str = "",
+    callees: dict[str, Callable[..., list[torch.Tensor]]] | None = None,
 ) -> Callable[..., list[torch.Tensor]]:
     """The ops of ``block`` (a kernel body or a graph function, ending in
     ``schedule.yield`` or ``func.return``) as one closure from the block's arguments to
     the terminator's operands. Values live in a list of slots, each cleared after its
     last use; each op is its bound reference. An op that fails raises an error naming it
     and the line that traced it."""
+    callees = {} if callees is None else callees
     slots = {arg: index for index, arg in enumerate(block.args)}
     program: list[tuple[Callable[..., Any], tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
     ops: list[Operation] = []
@@ -114,7 +135,10 @@ def compile_block(
             returned = tuple(slots[v] for v in op.operands)
             break
         try:
-            fn = _reference_of(op, context)
+            if isinstance(op, graph.CallOp):
+                fn = _call_of(op, context, callees)
+            else:
+                fn = _reference_of(op, context)
         except TesseraError as error:
             raise type(error)(f"{what}{': ' if what else ''}{error}") from None
         outputs = tuple(range(len(slots), len(slots) + len(op.results)))

@@ -31,6 +31,7 @@ from tessera.dtypes import DType
 from tessera.errors import ShapeError, TesseraError, TraceError, describe_location
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.function_table import FunctionTable, register
 from tessera.ir.verifier import verify_module
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,18 +68,36 @@ def user_location() -> str:
 class Trace:
     """One function being traced: a block of graph ops under construction."""
 
-    def __init__(self, name: str, inputs: Sequence[AbstractTensor], mesh: Any = None):
+    def __init__(
+        self,
+        name: str,
+        inputs: Sequence[AbstractTensor],
+        mesh: Any = None,
+        functions: FunctionTable | None = None,
+        region: str | None = None,
+    ):
         self.name = name
         self.mesh = mesh  # a tessera.dist.Mesh when traced with ts.jit(..., mesh=...)
         self.block = Block(arg_types=[a.to_xdsl() for a in inputs])
         self.stage_marks: list[int] = []  # graph.stage(): op counts where stages begin
         self.checkpoints = 0  # graph.checkpoint() blocks traced so far: numbers them
+        # graph.region bodies (shared by the regions traced inside this trace)
+        self.functions = functions if functions is not None else FunctionTable(reserved=frozenset({name}))
+        self.regions: dict[Any, Any] = {}  # graph.region's traced calls, by signature
+        self.region = region  # the region this trace is the body of, if any
+        register(self.block, self.functions)
 
     def bind(
         self, op_type: type[graph.GraphOp], operands: Sequence[Tensor], **attrs: Any
     ) -> list[Tensor]:
         for operand in operands:
             if operand.trace is not self:
+                if self.region is not None:
+                    raise TraceError(
+                        f"graph.region {self.region} uses a tensor it was not given as an "
+                        f"argument (in {op_type.name} at {user_location()}); pass every "
+                        f"tensor the region reads as an argument"
+                    )
                 raise TraceError(
                     f"a tensor from another traced function was used in {op_type.name} "
                     f"at {user_location()}"
@@ -104,7 +123,25 @@ class Trace:
         result_attrs: Sequence[dict[str, Attribute]] | None = None,
     ) -> ModuleOp:
         """Closes the function with a return of ``outputs`` and wraps it in a module
-        (after a ``graph.mesh`` symbol when the trace has a mesh)."""
+        (after a ``graph.mesh`` symbol when the trace has a mesh), followed by the
+        functions of the regions it calls."""
+        function = self.finish_function(outputs, arg_attrs, result_attrs)
+        ops: list[Operation] = [function, *self.functions.functions.values()]
+        if self.mesh is not None:
+            mesh_axes = list(zip(self.mesh.axis_names, self.mesh.shape, strict=True))
+            ops.insert(0, graph.MeshOp.get("mesh", mesh_axes))
+        module = ModuleOp(ops)
+        verify_module(module)
+        return module
+
+    def finish_function(
+        self,
+        outputs: Sequence[Tensor],
+        arg_attrs: Sequence[dict[str, Attribute]] | None = None,
+        result_attrs: Sequence[dict[str, Attribute]] | None = None,
+        private: bool = False,
+    ) -> func.FuncOp:
+        """Closes the function with a return of ``outputs``: the ``func.func``."""
         self.block.add_op(func.ReturnOp(*[t.value for t in outputs]))
         arg_types = [a.type for a in self.block.args]
 
@@ -113,20 +150,14 @@ class Trace:
                 return None
             return ArrayAttr([DictionaryAttr(dict(d)) for d in per_value])
 
-        function = func.FuncOp(
+        return func.FuncOp(
             self.name,
             (arg_types, [t.value.type for t in outputs]),
             Region(self.block),
+            visibility="private" if private else None,
             arg_attrs=attrs(arg_attrs),
             res_attrs=attrs(result_attrs),
         )
-        ops: list[Operation] = [function]
-        if self.mesh is not None:
-            mesh_axes = list(zip(self.mesh.axis_names, self.mesh.shape, strict=True))
-            ops.insert(0, graph.MeshOp.get("mesh", mesh_axes))
-        module = ModuleOp(ops)
-        verify_module(module)
-        return module
 
 
 _active: list[Trace] = []

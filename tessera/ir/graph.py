@@ -27,11 +27,13 @@ from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
     FloatAttr,
     IntegerAttr,
+    ModuleOp,
     StringAttr,
+    SymbolRefAttr,
     TensorType,
 )
 from xdsl.dialects.func import FuncOp, ReturnOp
-from xdsl.ir import Attribute, Dialect, SSAValue
+from xdsl.ir import Attribute, Dialect, Operation, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     irdl_op_definition,
@@ -874,6 +876,117 @@ class ShardOp(UnaryGraphOp):
 
 
 @irdl_op_definition
+class CallOp(GraphOp):
+    """A call of an outlined region (``graph.region``): ``func.func @callee`` of the same
+    module computes the results from the operands, and every call of one callee runs
+    that one function (compiled once, whatever the number of calls)::
+
+        %y, %r = graph.call @layer(%x, %w) : (tensor<8x64xf32>, tensor<64x64xf32>) -> (tensor<8x64xf32>, tensor<8x64xf32>)
+    """
+
+    name = "graph.call"
+    callee = prop_def(SymbolRefAttr)
+    args = var_operand_def(TensorType)
+    res = var_result_def(TensorType)
+
+    @staticmethod
+    def get(callee: str, operands: Sequence[SSAValue], result_types: Sequence[Attribute]) -> CallOp:
+        return CallOp.create(
+            operands=list(operands),
+            result_types=list(result_types),
+            properties={"callee": SymbolRefAttr(callee)},
+        )
+
+    @property
+    def callee_name(self) -> str:
+        return self.callee.root_reference.data
+
+    def callee_function(self) -> FuncOp | None:
+        """The called ``func.func``, found among the enclosing module's symbols (None
+        while the call is not in a module yet, or when the module lacks it)."""
+        parent = self.parent_op()
+        while parent is not None and not isinstance(parent, ModuleOp):
+            parent = parent.parent_op()
+        if parent is None:
+            return None
+        return function_named(parent, self.callee_name)
+
+    def verify_(self) -> None:
+        function = self.callee_function()
+        if function is None:
+            if self.parent_op() is not None and _in_module(self):
+                raise VerifyException(f"graph.call: no function @{self.callee_name} in the module")
+            return
+        inputs, outputs = function.function_type.inputs.data, function.function_type.outputs.data
+        operands = tuple(v.type for v in self.operands)
+        results = tuple(r.type for r in self.results)
+        if operands != tuple(inputs):
+            raise VerifyException(
+                f"graph.call @{self.callee_name}: operand types {list(operands)} do not match "
+                f"the function's arguments {list(inputs)}"
+            )
+        if results != tuple(outputs):
+            raise VerifyException(
+                f"graph.call @{self.callee_name}: result types {list(results)} do not match "
+                f"the function's results {list(outputs)}"
+            )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(f" @{self.callee_name}(")
+        printer.print_list(self.operands, printer.print_operand)
+        printer.print_string(")")
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        printer.print_string(" : (")
+        printer.print_list([v.type for v in self.operands], printer.print_attribute)
+        printer.print_string(") -> (")
+        printer.print_list([r.type for r in self.results], printer.print_attribute)
+        printer.print_string(")")
+
+    @classmethod
+    def parse(cls, parser: Parser) -> CallOp:
+        callee = parser.parse_symbol_name().data
+        operands = parser.parse_comma_separated_list(
+            parser.Delimiter.PAREN, parser.parse_unresolved_operand
+        )
+        attributes = parser.parse_optional_attr_dict_with_keyword()
+        parser.parse_punctuation(":")
+        types = parser.parse_comma_separated_list(parser.Delimiter.PAREN, parser.parse_type)
+        parser.parse_punctuation("->")
+        results = parser.parse_comma_separated_list(parser.Delimiter.PAREN, parser.parse_type)
+        if len(types) != len(operands):
+            parser.raise_error(f"expected {len(operands)} operand types, found {len(types)}")
+        values = [parser.resolve_operand(o, t) for o, t in zip(operands, types, strict=True)]
+        op = CallOp.get(callee, values, results)
+        if attributes:
+            op.attributes.update(attributes.data)
+        return op
+
+
+def _in_module(op: Operation) -> bool:
+    parent = op.parent_op()
+    while parent is not None:
+        if isinstance(parent, ModuleOp):
+            return True
+        parent = parent.parent_op()
+    return False
+
+
+def function_named(module: ModuleOp, name: str) -> FuncOp | None:
+    """The ``func.func @name`` at the top level of ``module``, or None."""
+    for op in module.ops:
+        if isinstance(op, FuncOp) and op.sym_name.data == name:
+            return op
+    return None
+
+
+def called_functions(module: ModuleOp) -> set[str]:
+    """The names of the functions some ``graph.call`` of ``module`` calls."""
+    return {
+        op.callee_name for op in module.walk() if isinstance(op, CallOp)
+    }
+
+
+@irdl_op_definition
 class MeshOp(IRDLOperation):
     """A device mesh symbol: ``graph.mesh @mesh axes = [dp = 2, tp = 4]``."""
 
@@ -989,7 +1102,9 @@ for _op in GRAPH_OPS:  # not collectives nor axis_index (they read the module's 
         _verify_once_per_signature(_op)
 
 Graph = Dialect(
-    "graph", [*GRAPH_OPS, *COLLECTIVE_OPS, *PER_RANK_OPS, ShardOp, MeshOp], [ShardingAttr]
+    "graph",
+    [*GRAPH_OPS, *COLLECTIVE_OPS, *PER_RANK_OPS, ShardOp, CallOp, MeshOp],
+    [ShardingAttr],
 )
 
 

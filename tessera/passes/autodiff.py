@@ -22,13 +22,16 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import FunctionType, IntegerAttr, ModuleOp, StringAttr, i64
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
+from tessera.dtypes import DType
 from tessera.errors import TesseraError
+from tessera.ir import graph
 from tessera.ir.abstract import aval
+from tessera.ir.function_table import FunctionTable, register, table_of
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.remat import CHECKPOINT, REMAT, RematPolicy
 from tessera.ops import Fusion, fusion_of, lookup
@@ -101,19 +104,24 @@ def backprop(
         result_cts = [cotangents.get(r) for r in op.results]
         if all(c is None for c in result_cts):
             continue
-        found = lookup(op)
-        if found is None:
-            raise TesseraError(
-                f"{where + ': ' if where else ''}{op.name} is not differentiable yet"
-            )
+        if isinstance(op, graph.CallOp):
+            policy = remat or RematPolicy()
+            vjp = lambda b, op, cts: _call_vjp(b, op, cts, policy)  # noqa: E731
+        else:
+            found = lookup(op)
+            if found is None:
+                raise TesseraError(
+                    f"{where + ': ' if where else ''}{op.name} is not differentiable yet"
+                )
+            vjp = found.vjp
         block = blocks.get(op)
         if block is None:
-            operand_cts = found.vjp(b, op, result_cts)
+            operand_cts = vjp(b, op, result_cts)
         else:
             if block.key not in recomputed:
                 recomputed[block.key] = block.recompute(b)
             before = _last_before(b.point)
-            operand_cts = found.vjp(b, recomputed[block.key][op], result_cts)
+            operand_cts = vjp(b, recomputed[block.key][op], result_cts)
             block.tag(before, b.point)  # its VJP stays out of the forward's kernels too
         for operand, ct in zip(op.operands, operand_cts, strict=True):
             if ct is None:
@@ -125,6 +133,148 @@ def backprop(
     for op in forward:
         op.attributes.pop(CHECKPOINT, None)
     return [cotangents.get(v) or b.zeros_like(v) for v in wrt]
+
+
+# --- regions: the VJP of a call is a call of the callee's derivative -----------------
+
+
+@dataclass(frozen=True)
+class _Derivative:
+    """A region's forward (its results, then the residuals its backward reads) and
+    backward (primal arguments, residuals and the float results' cotangents to the float
+    arguments' gradients)."""
+
+    forward: str
+    backward: str
+    float_results: tuple[int, ...]
+    float_arguments: tuple[int, ...]
+
+
+def _call_vjp(
+    b: GradBuilder, op: graph.CallOp, cts: Sequence[SSAValue | None], policy: RematPolicy
+) -> list[SSAValue | None]:
+    """The call becomes a call of the region's forward, which also returns the
+    residuals; the backward calls the region's backward on them."""
+    table = table_of(op)
+    derivative = _derivative(table, op.callee_name, policy)
+    forward_types = table.get(derivative.forward).function_type.outputs.data
+    forward = graph.CallOp.get(derivative.forward, list(op.operands), forward_types)
+    forward.location = op.location
+    forward.attributes.update({k: v for k, v in op.attributes.items() if k != CHECKPOINT})
+    Rewriter.insert_op(forward, InsertPoint.after(op))
+    count = len(op.results)
+    for old, new in zip(op.results, forward.results[:count], strict=True):
+        old.replace_all_uses_with(new)
+    seeds = [
+        cts[i] if cts[i] is not None else b.zeros_like(forward.results[i])
+        for i in derivative.float_results
+    ]
+    backward_types = table.get(derivative.backward).function_type.outputs.data
+    backward = graph.CallOp.get(
+        derivative.backward,
+        [*op.operands, *forward.results[count:], *seeds],
+        backward_types,
+    )
+    backward.location = op.location
+    Rewriter.insert_op(backward, b.point)
+    operand_cts: list[SSAValue | None] = [None] * len(op.operands)
+    for index, grad in zip(derivative.float_arguments, backward.results, strict=True):
+        operand_cts[index] = grad
+    return operand_cts
+
+
+def _derivative(table: FunctionTable, name: str, policy: RematPolicy) -> _Derivative:
+    """The forward and backward of region ``@name`` (derived once per remat policy)."""
+    key = (name, f"vjp:{policy.save}:{policy.every}")
+    if key in table.derived:
+        return table.derived[key]  # type: ignore[return-value]
+    combined = table.get(name).clone()
+    block = combined.body.block
+    register(block, table)  # regions it calls are differentiated through the same table
+    ret = block.last_op
+    assert isinstance(ret, func.ReturnOp)
+    primal = list(block.args)
+    outputs = list(ret.operands)
+    float_results = tuple(i for i, v in enumerate(outputs) if aval(v).dtype.is_float)
+    float_arguments = tuple(i for i, a in enumerate(primal) if aval(a).dtype.is_float)
+    cotangents = [block.insert_arg(outputs[i].type, len(block.args)) for i in float_results]
+    forward_ops = [o for o in block.ops if o is not ret]
+    b = GradBuilder(InsertPoint.before(ret))
+    start = b.full(0.0, DType.f32)  # a marker: the backward's ops follow it
+    seeds: dict[SSAValue, SSAValue] = {}
+    for index, ct in zip(float_results, cotangents, strict=True):
+        value = outputs[index]
+        seeds[value] = ct if value not in seeds else b.add(seeds[value], ct)
+    grads = backprop(
+        forward_ops,
+        None,
+        [primal[i] for i in float_arguments],
+        b,
+        f"@{name}",
+        seeds=seeds,
+        remat=policy,
+    )
+    ops = list(block.ops)
+    split = ops.index(start.owner)  # type: ignore[arg-type]
+    forward_part, backward_part = ops[:split], ops[split + 1 : -1]
+    defined = {r for o in forward_part for r in o.results}
+    constants = {o for o in forward_part if isinstance(o, graph.ConstantOp)}
+    residuals: list[SSAValue] = []
+    for o in backward_part:
+        for v in o.operands:
+            if v in defined and v.owner not in constants and v not in residuals:
+                residuals.append(v)
+    used_constants = [
+        o for o in forward_part if o in constants and any(
+            u.operation in backward_part for r in o.results for u in r.uses
+        )
+    ]  # fmt: skip
+    forward = _outline(
+        f"{name}_fwd", primal, _live(forward_part, [*outputs, *residuals]), [*outputs, *residuals]
+    )
+    backward = _outline(
+        f"{name}_bwd",
+        [*primal, *residuals, *cotangents],
+        [*used_constants, *backward_part],
+        list(grads),
+    )
+    derivative = _Derivative(table.add(forward), table.add(backward), float_results, float_arguments)
+    table.derived[key] = derivative  # type: ignore[assignment]
+    return derivative
+
+
+def _live(ops: Sequence[Operation], needed: Sequence[SSAValue]) -> list[Operation]:
+    """The ops of ``ops`` that ``needed`` depends on, in order."""
+    wanted = set(needed)
+    kept: list[Operation] = []
+    for op in reversed(ops):
+        if any(r in wanted for r in op.results):
+            kept.append(op)
+            wanted.update(op.operands)
+    return kept[::-1]
+
+
+def _outline(
+    name: str, arguments: Sequence[SSAValue], ops: Sequence[Operation], results: Sequence[SSAValue]
+) -> func.FuncOp:
+    """A private function of ``arguments`` computing ``results`` by copies of ``ops``."""
+    block = Block(arg_types=[a.type for a in arguments])
+    mapping: dict[SSAValue, SSAValue] = {}
+    for old, new in zip(arguments, block.args, strict=True):
+        new.name_hint = old.name_hint
+        mapping[old] = new
+    for op in ops:
+        copy = op.clone(dict(mapping))
+        copy.attributes.pop(CHECKPOINT, None)
+        block.add_op(copy)
+        mapping.update(zip(op.results, copy.results, strict=True))
+    block.add_op(func.ReturnOp(*[mapping[v] for v in results]))
+    return func.FuncOp(
+        name,
+        ([a.type for a in arguments], [v.type for v in results]),
+        Region(block),
+        visibility="private",
+    )
 
 
 class _Block:

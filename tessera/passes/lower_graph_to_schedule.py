@@ -216,6 +216,8 @@ def _absorbable(op: Operation) -> bool:
 
 
 def _kind(op: Operation) -> str:
+    if isinstance(op, graph.CallOp):
+        return "call"
     if _is(op, Fusion.ELEMENTWISE):
         return "elementwise"
     if _reduces_rows(op):
@@ -237,7 +239,7 @@ class _Group:
     broadcast of an elementwise group's results, a matmul's result, or the operand of a
     reduction group's reductions (which all reduce ``axes``)."""
 
-    kind: str  # "elementwise", "matmul", "reduction", "layout", "attention" or "host"
+    kind: str  # "elementwise", "matmul", "reduction", "layout", "attention", "host", "call"
     ops: list[Operation]
     first: int  # the program index of the earliest op, and of the latest
     last: int
@@ -329,7 +331,7 @@ class _Lowering:
         _Emitter(self).run()
 
     def _outside_kernels(self, user: Operation) -> bool:
-        return isinstance(user, func.ReturnOp) or _communicates(user)
+        return isinstance(user, func.ReturnOp | graph.CallOp) or _communicates(user)
 
     def _new_group(self, kind: str, op: Operation) -> _Group:
         index = self.index[op]
@@ -360,6 +362,9 @@ class _Lowering:
         merges the other operands' groups it may merge with, then absorbs the layout ops
         it reads through."""
         kind = _kind(op)
+        if kind == "call":  # a func.call of its own: its operands are materialized
+            self._new_group(kind, op)
+            return
         target = None
         if kind in ("elementwise", "reduction"):
             for operand in op.operands:
@@ -700,7 +705,23 @@ class _Emitter:
 
     # --- kernels ---------------------------------------------------------------------------
 
+    def emit_call(self, call: graph.CallOp) -> None:
+        """A region call: ``func.call`` of the callee's schedule."""
+        new = self.insert(
+            func.CallOp(call.callee_name, [self.value(v) for v in call.operands], call.result_types)
+        )
+        for key, value in call.attributes.items():
+            new.attributes[key] = value
+        for old, result in zip(call.results, new.results, strict=True):
+            result.name_hint = old.name_hint
+            self.env[old] = result
+        self.start_ready(list(call.results))
+
     def emit_kernel(self, group: _Group) -> None:
+        if group.kind == "call":
+            assert isinstance(group.ops[0], graph.CallOp)
+            self.emit_call(group.ops[0])
+            return
         index = self.lowering.index
         group.ops = ops = sorted(group.ops, key=index.__getitem__)
         members = set(ops)
