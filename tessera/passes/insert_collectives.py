@@ -12,6 +12,7 @@ replicated). Walking each function in order, for every op:
   statement: it is replaced by the planned reshard to the layout it states (nothing,
   when the value already has it);
 - ``func.return`` needs values that are not partial: partial sums are all-reduced;
+- a region call (``graph.call``) needs its operands laid out as the callee's arguments;
 - constants are produced replicated (every rank builds them) and sliced where a split
   is needed, which is free.
 
@@ -76,6 +77,8 @@ class _Inserter:
                     op.operands[index] = self.reshard(value, Sharding(current.dims), op)
             elif isinstance(op, (graph.ShardOp, graph.CollectiveOp)):
                 self._replace_statement(op)
+            elif isinstance(op, graph.CallOp):
+                self._call(op)
             elif isinstance(op, graph.ConstantOp):
                 replicated = [Sharding.replicated(aval(r).rank) for r in op.results]
                 self._record(op, replicated)
@@ -92,6 +95,18 @@ class _Inserter:
         for op in reversed(self.bypassed):
             if all(not r.uses for r in op.results):
                 Rewriter.erase_op(op)
+
+    def _call(self, op: graph.CallOp) -> None:
+        """A region call: its operands laid out as the callee's arguments, its results
+        as ``shard-propagate`` found the callee returns them."""
+        callee = op.callee_function()
+        for index, value in enumerate(op.operands):
+            needed = (arg_sharding(callee, index) if callee is not None else None) or (
+                Sharding.replicated(aval(value).rank)
+            )
+            op.operands[index] = self.reshard(value, needed, op)
+        shardings = op_shardings(op) or [Sharding.replicated(aval(r).rank) for r in op.results]
+        self._record(op, [Sharding(s.dims) for s in shardings])
 
     def of(self, value: SSAValue) -> Sharding:
         return self.layout.get(value) or Sharding.replicated(aval(value).rank)

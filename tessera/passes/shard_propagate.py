@@ -19,16 +19,25 @@ The pass sweeps forward and backward to a fixed point:
 
 Values never reached are replicated. The result sharding is written on each op
 (``graph.sharding``) and on every function argument.
+
+Region calls (``graph.call``) are propagated per distinct layout of their operands: the
+callee is propagated once per layout its calls pass (its arguments closed to it), and
+the call's results take the layouts the callee returns, never partial (a region reduces
+its partial results before returning). After the callers' fixed point each call names
+the variant for its operands' layouts: the first variant of ``@f`` keeps the name, the
+others are ``@f_1``, ``@f_2``... Calls neither take their users' wishes nor pass theirs
+on: layouts cross a region boundary forward only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -38,7 +47,14 @@ from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
-from tessera.ir.sharding import Sharding, arg_sharding, set_arg_sharding, set_op_shardings
+from tessera.ir.located_error import LocatedPassFailure
+from tessera.ir.sharding import (
+    Sharding,
+    arg_sharding,
+    set_arg_sharding,
+    set_op_shardings,
+    value_sharding,
+)
 from tessera.ir.sharding_rules import FactorKind, ShardingRule
 from tessera.ops import has_sharding_rule, sharding_rule
 
@@ -50,15 +66,98 @@ class ShardPropagatePass(ModulePass):
     max_iterations: int = 16
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        called = graph.called_functions(op)
+        variants: _Variants | None = None
+        roots: list[func.FuncOp] = []
         for mesh_name, mesh, function in sharded_functions(op, self.name):
-            _Propagation(mesh, mesh_name, function).run(self.max_iterations)
+            if function.sym_name.data in called:
+                continue  # propagated once per layout its calls pass
+            if variants is None:
+                variants = _Variants(op, mesh, mesh_name, self.max_iterations)
+            _Propagation(mesh, mesh_name, function, variants).run(self.max_iterations)
+            roots.append(function)
+        if variants is not None and called:
+            variants.materialize(roots)
+
+
+_VariantKey = tuple[str, tuple[Sharding, ...]]
+
+
+class _Variants:
+    """The regions of a module, each propagated once per layout of its arguments."""
+
+    def __init__(self, module: ModuleOp, mesh: Mesh, mesh_name: str, max_iterations: int):
+        self.module = module
+        self.mesh = mesh
+        self.mesh_name = mesh_name
+        self.max_iterations = max_iterations
+        self.functions = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
+        self.propagated: dict[_VariantKey, tuple[func.FuncOp, list[Sharding]]] = {}
+        self.keys: dict[Operation, _VariantKey] = {}  # each call's final key
+
+    def results(self, call: graph.CallOp, operands: Sequence[Sharding]) -> list[Sharding]:
+        """The layouts of ``call``'s results when its operands have ``operands``."""
+        key = (call.callee_name, tuple(Sharding(s.dims) for s in operands))
+        if key not in self.propagated:
+            source = self.functions.get(key[0])
+            if source is None:
+                raise LocatedPassFailure(call, f"shard-propagate: no function @{key[0]}")
+            variant = source.clone()
+            for index, sharding in enumerate(key[1]):
+                set_arg_sharding(variant, index, self.mesh_name, sharding)
+            _Propagation(self.mesh, self.mesh_name, variant, self).run(self.max_iterations)
+            returned = variant.body.block.last_op
+            assert returned is not None
+            layouts = [Sharding(value_sharding(variant, v).dims) for v in returned.operands]
+            self.propagated[key] = (variant, layouts)
+        return self.propagated[key][1]
+
+    def materialize(self, roots: Sequence[func.FuncOp]) -> None:
+        """Each call named after the variant its final operand layouts chose; the
+        variants replace the regions in the module."""
+        names: dict[_VariantKey, str] = {}
+        taken = {name for name in self.functions if name not in {k[0] for k in self.propagated}}
+        placed: list[func.FuncOp] = []
+        work = list(roots)
+        while work:
+            function = work.pop()
+            for call in function.body.block.ops:
+                if not isinstance(call, graph.CallOp):
+                    continue
+                key = self.keys.get(call)
+                if key is None:  # a call no operand layout reached: replicated operands
+                    operands = [Sharding.replicated(aval(v).rank) for v in call.operands]
+                    self.results(call, operands)
+                    key = (call.callee_name, tuple(operands))
+                if key not in names:
+                    base, name, n = key[0], key[0], 0
+                    while name in taken:
+                        n += 1
+                        name = f"{base}_{n}"
+                    taken.add(name)
+                    names[key] = name
+                    variant = self.propagated[key][0]
+                    variant.sym_name = StringAttr(name)
+                    placed.append(variant)
+                    work.append(variant)
+                call.properties["callee"] = SymbolRefAttr(names[key])
+        block = self.module.body.block
+        for key in {k[0] for k in self.propagated}:
+            original = self.functions[key]
+            if original.parent is block:
+                block.erase_op(original)
+        for variant in placed:
+            block.add_op(variant)
 
 
 class _Propagation:
-    def __init__(self, mesh: Mesh, mesh_name: str, function: func.FuncOp):
+    def __init__(
+        self, mesh: Mesh, mesh_name: str, function: func.FuncOp, variants: _Variants | None = None
+    ):
         self.mesh = mesh
         self.mesh_name = mesh_name
         self.function = function
+        self.variants = variants
         self.shardings: dict[SSAValue, Sharding] = {}
         self.closed: set[SSAValue] = set()
         self.wanted: dict[SSAValue, Sharding] = {}  # the split a value's users want
@@ -98,6 +197,8 @@ class _Propagation:
             if source is None:
                 return False
             return self._set(op.result, after_collective(op, source))
+        if isinstance(op, graph.CallOp):
+            return self._call(op)
         if not has_sharding_rule(op) or not op.operands:
             return False
         known = [self.shardings.get(v) for v in op.operands]
@@ -107,6 +208,18 @@ class _Propagation:
         assignment = self._choose(op, rule, known)
         changed = False
         for result, sharding in zip(op.results, results(op, rule, assignment, known, self.points), strict=True):
+            changed |= self._set(result, sharding)
+        return changed
+
+    def _call(self, op: graph.CallOp) -> bool:
+        """A call's results take the layouts its callee returns for its operands' layouts
+        (once every operand has one)."""
+        known = [self.shardings.get(v) for v in op.operands]
+        if any(k is None for k in known) or self.variants is None:
+            return False
+        operands = [k for k in known if k is not None]
+        changed = False
+        for result, sharding in zip(op.results, self.variants.results(op, operands), strict=True):
             changed |= self._set(result, sharding)
         return changed
 
@@ -208,3 +321,11 @@ class _Propagation:
                 self.shardings.get(r, Sharding.replicated(aval(r).rank)) for r in op.results
             ]
             set_op_shardings(op, self.mesh_name, shardings)
+            if isinstance(op, graph.CallOp) and self.variants is not None:
+                operands = [
+                    Sharding(self.shardings.get(v, Sharding.replicated(aval(v).rank)).dims)
+                    for v in op.operands
+                ]
+                key = (op.callee_name, tuple(operands))
+                if key in self.variants.propagated:
+                    self.variants.keys[op] = key
