@@ -177,14 +177,17 @@ def layer_params(dim: int, layers: int, materialize: bool = True) -> dict[str, t
 
 
 def training_step(
-    mesh: dist.Mesh | None, zero: int, layers: int, heads: int, tp: bool
+    mesh: dist.Mesh | None, zero: int, layers: int, heads: int, tp: bool, regions: bool = False
 ) -> graph.TrainingStep:
+    """AdamW on ``transformer_layer`` × ``layers`` (each a ``graph.region`` call with
+    ``regions``) and a mean-square loss."""
     layout = layouts(mesh, False)[1] if tp else {}
     specs = {f"{n}{i}": spec for i in range(layers) for n, spec in layout.items()} or None
+    layer = graph.region(transformer_layer) if regions else transformer_layer
 
     def step(p, x):
         for i in range(layers):
-            x = transformer_layer(
+            x = layer(
                 x,
                 {
                     n: p[f"{n}{i}"]

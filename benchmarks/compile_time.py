@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import comm_volume
 
 import tessera as ts
-from tessera import dist
+from tessera import dist, graph
 from tessera.driver import STAGES
 from tessera.perf.compute_cost import runs_as_view
 
@@ -49,16 +49,18 @@ STEPS = [*STAGES[1:], "triton"]
 LAYER_PARAMS = ("wq", "wk", "wv", "wo", "w1", "w2", "ln1_w", "ln1_b", "ln2_w", "ln2_b")
 
 
-def _program(layers: int, heads: int, forward: bool) -> Any:
-    """The jitted forward (batch over dp, Megatron layouts over tp) or the training step."""
+def _program(layers: int, heads: int, forward: bool, regions: bool = False) -> Any:
+    """The jitted forward (batch over dp, Megatron layouts over tp) or the training step;
+    with ``regions`` each layer is a call of one ``graph.region``."""
     mesh = dist.mesh({"dp": 2, "tp": 2})
     if not forward:
-        return comm_volume.training_step(mesh, 0, layers, heads, True)
+        return comm_volume.training_step(mesh, 0, layers, heads, True, regions)
     batch_spec, layout = comm_volume.layouts(mesh, True)
+    layer = graph.region(comm_volume.transformer_layer) if regions else comm_volume.transformer_layer
 
     def model(p: dict[str, Any], x: Any) -> Any:
         for i in range(layers):
-            x = comm_volume.transformer_layer(x, {n: p[f"{n}{i}"] for n in layout}, heads)
+            x = layer(x, {n: p[f"{n}{i}"] for n in layout}, heads)
         return x
 
     specs = {f"{n}{i}": spec for i in range(layers) for n, spec in layout.items()}
@@ -82,13 +84,17 @@ def torch_layer(x: torch.Tensor, p: dict[str, torch.Tensor], heads: int) -> torc
 
 
 def measure(
-    layers: int, steps: list[str], dims: tuple[int, int, int, int], forward: bool
+    layers: int,
+    steps: list[str],
+    dims: tuple[int, int, int, int],
+    forward: bool,
+    regions: bool = False,
 ) -> dict[str, float]:
     """Seconds and op counts of each compile stage for one layer count."""
     batch, seq, dim, heads = dims
     shapes = comm_volume.layer_params(dim, layers, materialize=False)
     params = {k: torch.empty(v.shape) for k, v in shapes.items()}
-    program = _program(layers, heads, forward)
+    program = _program(layers, heads, forward, regions)
     x = torch.empty(batch, seq, dim)
     state = params if forward else program.init(params)  # allocating AdamW's moments: no compile
     began = start = time.perf_counter()
@@ -107,6 +113,7 @@ def measure(
         row["triton s"] = time.perf_counter() - began
         row["distinct kernels"] = len(set(sources.values()))
     if "schedule" in steps:
+        row["schedule KB"] = len(lowered.as_text("schedule")) / 1024
         kernels = [o for o in lowered.module_at("schedule").walk() if o.name == "schedule.kernel"]
         views = sum(1 for k in kernels if runs_as_view(k))  # no code, no launch
         row["kernels"] = len(kernels) - views
@@ -159,6 +166,7 @@ def second_process(layers: int, args: argparse.Namespace) -> dict[str, float]:
             command = [sys.executable, __file__, "--layers", str(layers), "--json"]
             command += ["--stages", *RUN_NEEDS, "--dims", *map(str, args.dims)]
             command += ["--forward"] if args.forward else []
+            command += ["--regions"] if args.regions else []
             done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
             row[which] = json.loads(done.stdout.splitlines()[-1])["total s"]
     return row
@@ -170,6 +178,9 @@ def main() -> None:
     parser.add_argument("--stages", nargs="+", default=STEPS)
     parser.add_argument("--repeat", type=int, default=1, help="median of this many runs")
     parser.add_argument("--forward", action="store_true", help="the forward alone")
+    parser.add_argument(
+        "--regions", action="store_true", help="each layer a call of one graph.region"
+    )
     parser.add_argument("--torch-compile", action="store_true")
     parser.add_argument("--second-process", action="store_true", help="cold and warm cache")
     parser.add_argument("--json", action="store_true", help="one JSON row per layer count")
@@ -186,7 +197,9 @@ def main() -> None:
     dims = tuple(args.dims)
     rows = []
     for layers in args.layers:
-        runs = [measure(layers, steps, dims, args.forward) for _ in range(args.repeat)]
+        runs = [
+            measure(layers, steps, dims, args.forward, args.regions) for _ in range(args.repeat)
+        ]
         row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         if args.json:
             print(json.dumps(row))
@@ -202,7 +215,11 @@ def main() -> None:
         return
     columns = list(dict.fromkeys(c for _, row in rows for c in row))
     what = "forward" if args.forward else "training step"
-    print(f"GPT-like {what}, dp × tp = 2 × 2, (B, T, C, heads) = {dims}, median of {args.repeat}")
+    layers_as = "graph.region calls" if args.regions else "unrolled layers"
+    print(
+        f"GPT-like {what} ({layers_as}), dp × tp = 2 × 2, (B, T, C, heads) = {dims}, "
+        f"median of {args.repeat}"
+    )
     print("| layers | " + " | ".join(columns) + " |")
     print("|---:|" + "---:|" * len(columns))
     for layers, row in rows:
@@ -211,7 +228,7 @@ def main() -> None:
             value = row.get(c)
             if value is None:
                 cells.append("–")
-            elif c.endswith(" s") or c == "kernels/layer":
+            elif c.endswith(" s") or c in ("kernels/layer", "schedule KB"):
                 cells.append(f"{value:.2f}" if c.endswith(" s") else f"{value:.1f}")
             else:
                 cells.append(f"{int(value)}")

@@ -36,7 +36,8 @@ import torch
 from tessera import op
 from tessera.errors import ArgumentError, TraceError
 from tessera.frontend import pytree
-from tessera.frontend.tracer import Tensor
+from tessera.frontend.region import region
+from tessera.frontend.tracer import Tensor, current_trace, is_tracing
 from tessera.optim import schedules
 
 LearningRate = float | Callable[[Tensor], Any]  # a number, a schedule, a function of the step
@@ -123,25 +124,55 @@ def adamw(
     step = state["step"] + 1.0
     correction1 = 1.0 - op.power(op.full((), beta1, step.dtype), step)
     correction2 = 1.0 - op.power(op.full((), beta2, step.dtype), step)
-    m = _map(lambda m, g: m * beta1 + g * (1.0 - beta1), state["m"], grads)
-    v = _map(lambda v, g: v * beta2 + g * g * (1.0 - beta2), state["v"], grads)
     decay = decay_mask(weight_decay_mask, params, "optim.adamw") if weight_decay else None
-
-    def update(p: Any, m: Any, v: Any, decayed: bool) -> Any:
-        lr_p = _like(rate, p)
-        if decayed:
-            p = p * (1.0 - lr_p * weight_decay)
-        return p - (m / correction1) * lr_p / (op.sqrt(v / correction2) + eps)
-
-    flags = decay if decay is not None else [weight_decay != 0] * len(pytree.flatten(params)[0])
     leaves, tree = pytree.flatten(params)
+    flags = decay if decay is not None else [weight_decay != 0] * len(leaves)
+    update = _per_leaf(_adamw_leaf)
     new = [
-        update(p, m_, v_, d)
-        for p, m_, v_, d in zip(
-            leaves, pytree.flatten(m)[0], pytree.flatten(v)[0], flags, strict=True
+        update(p, g, m, v, rate, correction1, correction2, betas, eps, weight_decay, d)
+        for p, g, m, v, d in zip(
+            leaves,
+            pytree.flatten(grads)[0],
+            pytree.flatten(state["m"])[0],
+            pytree.flatten(state["v"])[0],
+            flags,
+            strict=True,
         )
     ]
-    return pytree.unflatten(tree, new), {"step": step, "m": m, "v": v}
+    params_m_v = [pytree.unflatten(tree, [n[i] for n in new]) for i in range(3)]
+    return params_m_v[0], {"step": step, "m": params_m_v[1], "v": params_m_v[2]}
+
+
+def _adamw_leaf(
+    p: Any,
+    g: Any,
+    m: Any,
+    v: Any,
+    rate: Any,
+    correction1: Any,
+    correction2: Any,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    decayed: bool,
+) -> tuple[Any, Any, Any]:
+    """AdamW's update of one parameter: the parameter and its two moments."""
+    beta1, beta2 = betas
+    m = m * beta1 + g * (1.0 - beta1)
+    v = v * beta2 + g * g * (1.0 - beta2)
+    lr_p = _like(rate, p)
+    if decayed:
+        p = p * (1.0 - lr_p * weight_decay)
+    return p - (m / correction1) * lr_p / (op.sqrt(v / correction2) + eps), m, v
+
+
+def _per_leaf(update: Callable[..., Any]) -> Callable[..., Any]:
+    """``update`` as a ``graph.region`` when the program being traced calls regions (a
+    step built from regions updates each distinct parameter signature once, not each
+    parameter), else as is."""
+    if is_tracing() and current_trace().functions.functions:
+        return region(update)
+    return update
 
 
 def _like(value: Any, p: Any) -> Any:
