@@ -6,7 +6,9 @@ and autotune there) and is captured into one ``torch.cuda.CUDAGraph`` at its sec
 the capture reads static input buffers and leaves its results in static output buffers.
 That call and every later one copy their arguments into the static inputs, replay the
 graph and return clones of the static outputs, so results are new tensors, as without
-graphs (a later call never overwrites them). A captured graph keeps its memory (static
+graphs (a later call never overwrites them). Those copies cost a pass over every argument
+and result per call (for a training step, over the parameters and optimizer state), so
+graphs pay where launches, not bytes, dominate. A captured graph keeps its memory (static
 buffers and the graph's private pool of intermediates) while the compiled program lives.
 
 Captured: single-process plans whose every step runs on one CUDA device: kernels
