@@ -26,6 +26,7 @@ from tessera import environment, program_cache, schedule
 from tessera import op as _op_library  # noqa: F401 (gives traced tensors their operators)
 from tessera.backends import distributed, schedule_runner
 from tessera.backends.collective_info import CollectiveInfo, collectives
+from tessera.backends.cuda_graphs import CudaGraphs, host_kernels
 from tessera.backends.execution import (
     Execution,
     Processes,
@@ -149,6 +150,7 @@ class Lowered:
         self.last_run: distributed.RunRecord | None = None  # set by multi-process calls
         # set by graph.training_step: the per-rank bytes of parameters, gradients, state
         self.model_states: Callable[[], ModelStateMemory] | None = None
+        self.graphs: CudaGraphs | None = None  # set by ts.jit(cuda_graphs=True)
 
     @property
     def mesh(self) -> Mesh | None:
@@ -223,6 +225,21 @@ class Lowered:
             self.plan_builds += 1
         return plan
 
+    def _run_plan(
+        self, execution: Execution, rank_args: Sequence[Sequence[torch.Tensor]]
+    ) -> list[tuple[torch.Tensor, ...]]:
+        """Runs the launch plan for ``execution``, through a CUDA graph with
+        ``cuda_graphs=True`` (:mod:`tessera.backends.cuda_graphs`)."""
+        plan = self.launch_plan(execution)
+        if self.graphs is None:
+            return execution.run_plan(plan, rank_args)
+
+        def host() -> set[str]:  # read at the plan's first call only
+            stage = "schedule" if self.kernels == "reference" else "tile"
+            return host_kernels(self.module_at(stage), self.name)
+
+        return self.graphs.run(execution, plan, rank_args, host)
+
     def digest(self) -> bytes:
         """A digest of the whole program: of Tessera's code, the compile configuration and
         the traced module (the program cache's key; computed once). Processes compare it
@@ -294,6 +311,8 @@ class Lowered:
                 )
         to_numpy = any(isinstance(a, (np.ndarray, np.generic)) for a in arrays)
         if self.mesh is None and self.kernels == "reference":  # the oracle: no schedule
+            if self.graphs:
+                self.graphs.fallback("kernels='reference' runs the reference executor on the CPU")
             inputs = [_to_torch(a, aval) for a, aval in zip(arrays, expected, strict=True)]
             if self._graph_plan is None:
                 self._graph_plan = graph_plan(self.module_at("graph"), self.name)
@@ -308,7 +327,7 @@ class Lowered:
                 else _to_torch(a, aval, device)
                 for a, aval, dtype in zip(arrays, expected, self._torch_dtypes(), strict=True)
             ]
-            (outputs,) = execution.run_plan(self.launch_plan(execution), [inputs])
+            (outputs,) = self._run_plan(execution, [inputs])
             outputs = _all_unaliased(outputs, inputs)
         else:
             outputs = self._execute(arrays, expected, to_numpy)
@@ -367,7 +386,7 @@ class Lowered:
             return value.to(execution.device)
 
         rank_args = [[argument(i, rank) for i in range(len(arrays))] for rank in execution.ranks]
-        per_rank = execution.run_plan(self.launch_plan(execution), rank_args)
+        per_rank = self._run_plan(execution, rank_args)
         if isinstance(execution, Processes):
             self.last_run = execution.last_run
             (local,), (outputs,) = rank_args, per_rank
@@ -451,6 +470,7 @@ class JitFunction:
         out_shardings: Any = None,
         kernels: str | None = None,
         donate_argnums: int | Sequence[int] = (),
+        cuda_graphs: bool = False,
     ):
         if mesh is not None and not isinstance(mesh, Mesh):
             raise ShardingError(
@@ -464,6 +484,9 @@ class JitFunction:
         if kernels is not None and kernels not in KERNEL_BACKENDS:
             raise ArgumentError(f"kernels must be one of {KERNEL_BACKENDS}, found {kernels!r}")
         self.kernels = kernels  # None: TESSERA_KERNELS or "triton", read when compiling
+        if not isinstance(cuda_graphs, bool):
+            raise ArgumentError(f"cuda_graphs must be True or False, found {cuda_graphs!r}")
+        self.cuda_graphs = cuda_graphs
         self.mesh = mesh
         self.in_shardings = in_shardings
         self.out_shardings = out_shardings
@@ -662,7 +685,9 @@ class JitFunction:
         ]
         module = trace.finish(out_leaves, arg_attrs)
         config = CompileConfig(self.mesh, self.kernels or default_kernels(), schedule.current())
-        return Lowered(trace.name, module, signature, out_tree, config)
+        lowered = Lowered(trace.name, module, signature, out_tree, config)
+        lowered.graphs = CudaGraphs(trace.name) if self.cuda_graphs else None
+        return lowered
 
     def _donated_leaves(self, signature: Signature) -> set[int]:
         """Indices (among the array arguments) of the leaves of ``donate_argnums``."""
@@ -807,6 +832,7 @@ def jit(
     out_shardings: Any = None,
     kernels: str | None = None,
     donate_argnums: int | Sequence[int] = (),
+    cuda_graphs: bool = False,
 ) -> Any:
     """Compiles ``fn`` with Tessera; usable as ``@jit`` or ``@jit(static_argnums=...)``.
 
@@ -817,6 +843,9 @@ def jit(
     ``"reference"`` (the reference executor). ``donate_argnums`` (as in JAX) marks
     arguments whose buffers the program may reuse once it has read them: ``plan-memory``
     frees them after their last use and lets an elementwise update write in their place.
+    ``cuda_graphs=True`` replays each launch plan from a CUDA graph captured at its second
+    call (its results are copies; where a plan cannot be captured, e.g. without CUDA, it
+    runs as usual after a ``CudaGraphWarning``: :mod:`tessera.backends.cuda_graphs`).
     """
     options = {
         "static_argnums": static_argnums,
@@ -825,6 +854,7 @@ def jit(
         "out_shardings": out_shardings,
         "kernels": kernels,
         "donate_argnums": donate_argnums,
+        "cuda_graphs": cuda_graphs,
     }
     if fn is None:
         return lambda f: jit(f, **options)

@@ -134,6 +134,7 @@ def training_step(
     accumulate: int = 1,
     precision: Precision | str | None = None,
     numerics: str | None = None,
+    cuda_graphs: bool = False,
 ) -> Any:
     """Compiles ``fn(params, *batch) -> (grads, metrics)`` into a training step with the
     ``optimizer``'s update (see :mod:`tessera.training`). ``param_shardings`` is a
@@ -146,21 +147,27 @@ def training_step(
     ``accumulate`` the microbatches each batch is cut into (gradients averaged),
     ``precision`` the mixed-precision policy (``graph.Precision``, or ``"bf16"`` /
     ``"fp16"``: :mod:`tessera.mixed_precision`), ``numerics`` the step's numerics policy
-    (``"fast"`` or ``"deterministic"``; default the global one: :mod:`tessera.numerics`).
-    On a
+    (``"fast"`` or ``"deterministic"``; default the global one: :mod:`tessera.numerics`),
+    ``cuda_graphs`` whether the step replays from a CUDA graph (``ts.jit``'s option; not
+    for pipelined steps). On a
     mesh with ``pp_axis`` the step is pipelined (:mod:`tessera.pipeline.step`)."""
     options = {
         "optimizer": optimizer, "mesh": mesh, "param_shardings": param_shardings,
         "batch_shardings": batch_shardings, "zero": zero, "dp_axis": dp_axis,
         "kernels": kernels, "module": module, "pp_axis": pp_axis, "remat": remat,
         "clip_grad_norm": clip_grad_norm, "accumulate": accumulate, "precision": precision,
-        "numerics": numerics,
+        "numerics": numerics, "cuda_graphs": cuda_graphs,
     }  # fmt: skip
     if mesh is not None and not isinstance(mesh, Mesh):
         raise ShardingError(
             f"training_step: mesh must be a dist.Mesh, found {type(mesh).__name__} {mesh!r}"
         )
     pipelined = mesh is not None and pp_axis in mesh.axis_names
+    if pipelined and cuda_graphs:
+        raise TesseraError(
+            "training_step: cuda_graphs=True is not supported for pipelined steps (their "
+            "stage programs run one at a time)"
+        )
     kind = PipelinedTrainingStep if pipelined else TrainingStep
 
     def build(f: Callable[..., Any]) -> TrainingStep:

@@ -215,6 +215,7 @@ class TrainingStep:
         accumulate: int = 1,
         precision: Precision | str | None = None,
         numerics: str | None = None,
+        cuda_graphs: bool = False,
     ):
         if zero not in ZERO_STAGES:
             raise TesseraError(f"training_step: zero must be one of {ZERO_STAGES}, found {zero!r}")
@@ -263,6 +264,7 @@ class TrainingStep:
         self.zero = zero
         self.dp_axis = dp_axis if has_dp else None
         self.kernels = kernels
+        self.cuda_graphs = cuda_graphs  # ts.jit's option for the step's program
         self.__name__ = module or getattr(fn, "__name__", "training_step")
         self.pp_axis = pp_axis if mesh is not None and pp_axis in mesh.axis_names else None
         if self.pp_axis and zero >= 3:
@@ -454,6 +456,7 @@ class TrainingStep:
             out_shardings=out_shardings,
             kernels=self.kernels,
             donate_argnums=(0, 1),
+            cuda_graphs=self.cuda_graphs,
         )
         self._jit[tree, batch_args] = (jitted, layouts)
         return jitted, layouts

@@ -5,13 +5,15 @@ CPU torch tensors. :func:`graph_plan` compiles a graph function into one closure
 ops' bound references (:func:`tessera.backends.schedule_runner.compile_block`), the
 executor behind ``ts.jit(kernels="reference")`` without a mesh and the test oracle;
 :func:`run_function` runs one once. :func:`index_check` gives generated kernels the
-reference's range checks of gather indices and cross-entropy labels.
+reference's range checks of gather indices and cross-entropy labels (deferred, for a CUDA
+graph capture, by :func:`deferred_index_checks`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from xdsl.dialects import func
@@ -42,15 +44,41 @@ def index_check(body: Block) -> IndexCheck | None:
             checks.append((functools.partial(check_labels, op, shape), args[op.labels], op))
     if not checks:
         return None
+    runs = [(functools.partial(_located, fn, op), index) for fn, index, op in checks]
 
     def check(inputs: Sequence[torch.Tensor]) -> None:
-        for fn, index, op in checks:
-            try:
-                fn(inputs[index])
-            except TesseraError as error:
-                raise type(error)(f"{error}{traced_at(op)}") from None
+        for run, index in runs:
+            if _deferred is not None:
+                _deferred.append((inputs[index], run))
+            else:
+                run(inputs[index])
 
     return check
+
+
+def _located(fn: Callable[[torch.Tensor], None], op: graph.GraphOp, x: torch.Tensor) -> None:
+    """``fn(x)``, its error naming where ``op`` was traced."""
+    try:
+        fn(x)
+    except TesseraError as error:
+        raise type(error)(f"{error}{traced_at(op)}") from None
+
+
+DeferredCheck = tuple[torch.Tensor, Callable[[torch.Tensor], None]]  # (the tensor, its check)
+_deferred: list[DeferredCheck] | None = None
+
+
+@contextlib.contextmanager
+def deferred_index_checks() -> Iterator[list[DeferredCheck]]:
+    """Inside, :func:`index_check`'s checks do not run: each is recorded with the tensor it
+    reads (a CUDA graph capture cannot read values on the host; the caller checks them
+    before each replay)."""
+    global _deferred
+    saved, _deferred = _deferred, []
+    try:
+        yield _deferred
+    finally:
+        _deferred = saved
 
 
 def graph_plan(module: ModuleOp, name: str) -> Callable[..., list[torch.Tensor]]:

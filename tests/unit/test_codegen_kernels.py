@@ -43,7 +43,7 @@ import tessera as ts
 from tessera import dist, op
 from tessera.backends import launch_plan
 from tessera.backends.schedule_runner import KernelContext
-from tessera.backends.triton import runtime
+from tessera.backends.triton import compiled_kernel
 from tessera.backends.triton.emit import emit_kernel
 from tessera.backends.triton.runtime import TritonKernels
 from tessera.codegen.kernels import (
@@ -898,27 +898,27 @@ def test_sources_compile_once_from_the_cache(
     from there as an interpreted Triton function; the same source gives the same
     function, also after the in-process table is dropped (the file is reused, not
     rewritten); a different source gives a different file."""
-    monkeypatch.setattr(runtime, "_MODULES", {})
+    monkeypatch.setattr(compiled_kernel, "_MODULES", {})
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     x, w = randn((9, 20), 1), randn((20, 17), 2)
     compiled = compile_fn(lambda a, b: op.softmax(op.relu(a), axis=-1) @ b + 1.0, x, w)
     kernels = compiled.tile_kernels()
     assert sorted(compiled.classes()) == ["matmul", "reduction"]
-    cache = runtime.cache_dir()
+    cache = compiled_kernel.cache_dir()
     for kernel in kernels:
         source = emit_kernel(kernel)
-        function = runtime.load_source(kernel.kernel_name, source)
+        function = compiled_kernel.load_source(kernel.kernel_name, source)
         assert type(function).__name__ == "InterpretedFunction"
         (path,) = cache.glob(f"{kernel.kernel_name}_*.py")
         assert path.read_text(encoding="utf-8") == source
         assert function.fn.__code__.co_filename == str(path)
-        assert runtime.load_source(kernel.kernel_name, source) is function
+        assert compiled_kernel.load_source(kernel.kernel_name, source) is function
         written = path.stat().st_mtime_ns
-        monkeypatch.setattr(runtime, "_MODULES", {})
-        again = runtime.load_source(kernel.kernel_name, source)
+        monkeypatch.setattr(compiled_kernel, "_MODULES", {})
+        again = compiled_kernel.load_source(kernel.kernel_name, source)
         assert again is not function and again.fn.__code__.co_filename == str(path)
         assert path.stat().st_mtime_ns == written
-        other = runtime.load_source(kernel.kernel_name, source + "\n# another version\n")
+        other = compiled_kernel.load_source(kernel.kernel_name, source + "\n# another version\n")
         assert other is not again
         assert len(list(cache.glob(f"{kernel.kernel_name}_*.py"))) == 2
     (out,) = compiled.run([x, w])[0]

@@ -165,14 +165,14 @@ def test_a_cached_kernel_file_changed_on_disk_is_rewritten_not_imported(
 ) -> None:
     """The import runs the cached file: code appended to it after it was written must not
     run; the file is rewritten from the source."""
-    from tessera.backends.triton import runtime
+    from tessera.backends.triton import compiled_kernel
 
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(runtime, "_MODULES", {})
+    monkeypatch.setattr(compiled_kernel, "_MODULES", {})
     source = "import triton\n\n@triton.jit\ndef k(x):\n    pass\n"
-    runtime.load_source("k", source)
+    compiled_kernel.load_source("k", source)
     (path,) = (tmp_path / "triton").glob("k_*.py")
     path.write_text(source + "raise SystemExit('tampered')\n")
-    monkeypatch.setattr(runtime, "_MODULES", {})  # a new process
-    assert runtime.load_source("k", source) is not None
+    monkeypatch.setattr(compiled_kernel, "_MODULES", {})  # a new process
+    assert compiled_kernel.load_source("k", source) is not None
     assert path.read_text() == source

@@ -32,7 +32,7 @@ from typing import Any
 from xdsl.transforms.dead_code_elimination import region_dce
 
 from tessera import environment
-from tessera.backends.triton.runtime import CompiledKernel
+from tessera.backends.triton.compiled_kernel import CompiledKernel
 from tessera.cache_location import cache_directory
 from tessera.codegen.kernels import DEFAULT, BlockConfig, kernel_class, lower_kernel, next_pow2
 from tessera.errors import TesseraError

@@ -1,31 +1,19 @@
-"""Compiles tile kernels' Triton source and runs them as a schedule ``KernelRunner``.
+"""Runs tile kernels as a schedule ``KernelRunner`` (:class:`TritonKernels`).
 
-Source is written once per content hash under the cache directory
-(``triton/`` under ``TESSERA_CACHE_DIR``, default ``~/.cache/tessera``) and imported from there,
-because ``triton.jit`` reads a kernel's source from its file; a cached file is compared
-with the source before it is imported, and rewritten when it differs. CUDA tensors run the
-compiled kernel; CPU tensors run it in Triton's interpreter (the same source, numpy
-semantics), which is how every kernel is checked on machines without a GPU. On a GPU
-each kernel's block sizes are autotuned at its first call (:mod:`.autotune`); the
-interpreter always runs the default configuration.
+Each kernel's Triton source is compiled once (:mod:`.compiled_kernel`, cached on disk by
+content hash). CUDA tensors run the compiled kernel; CPU tensors run it in Triton's
+interpreter (the same source, numpy semantics), which is how every kernel is checked on
+machines without a GPU. On a GPU each kernel's block sizes are autotuned at its first
+call (:mod:`.autotune`); the interpreter always runs the default configuration.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-
-if not torch.cuda.is_available():  # Triton's interpreter must be chosen before triton is imported
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.backends.reference import index_check
@@ -35,142 +23,19 @@ from tessera.backends.schedule_runner import (
     KernelContext,
     compile_block,
 )
-from tessera.backends.triton.emit import emit_kernel
-from tessera.cache_location import cache_directory
+from tessera.backends.triton import autotune as autotune_module
+from tessera.backends.triton.compiled_kernel import (  # re-exported: runtime.load_source, ...
+    CompiledKernel,
+    cache_dir,
+    load_source,
+    patch_interpreter_bf16,
+)
 from tessera.codegen.kernels import pointer_constants, position_axes
 from tessera.errors import ExecutionError
 from tessera.ir import schedule, tile
 from tessera.ir.abstract import AbstractTensor
 from tessera.ops import op_def
 from tessera.perf.compute_cost import runs_as_view, runs_on_host
-
-
-def cache_dir() -> Path:
-    """Where kernel sources are written: ``triton/`` under the cache root."""
-    return cache_directory("triton")
-
-
-_MODULES: dict[str, Any] = {}
-
-
-def load_source(name: str, source: str) -> Any:
-    """The ``triton.jit`` function ``name`` defined by ``source`` (cached by content hash)."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
-    if digest not in _MODULES:
-        directory = cache_dir()
-        path = directory / f"{name}_{digest}.py"
-        if not _holds(path, source):  # missing, or not what its name promises: rewrite
-            temporary = path.with_suffix(f".{os.getpid()}.tmp")
-            temporary.write_text(source, encoding="utf-8")
-            temporary.replace(path)
-        spec = importlib.util.spec_from_file_location(f"tessera_triton_{digest}", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _MODULES[digest] = module
-    return getattr(_MODULES[digest], name)
-
-
-def _holds(path: Path, source: str) -> bool:
-    """Whether the cached file holds exactly ``source`` (the import runs the file, so a
-    file changed after it was written must never be imported)."""
-    try:
-        return path.read_bytes() == source.encode()
-    except OSError:
-        return False
-
-
-@dataclass
-class CompiledKernel:
-    """A tile kernel's source, compiled function and launch parameters."""
-
-    name: str
-    source: str
-    grid: tuple[int, ...]
-    num_warps: int
-    num_stages: int
-    positions: list[tuple[str, ...]]
-    function: Any = None
-
-    @staticmethod
-    def from_tile(kernel: tile.KernelOp, source: str | None = None) -> CompiledKernel:
-        """The kernel to launch; ``source`` is its Triton source when already emitted."""
-        positions = kernel.attributes.get("positions")
-        return CompiledKernel(
-            kernel.kernel_name,
-            emit_kernel(kernel) if source is None else source,
-            kernel.grid_size,
-            kernel.num_warps.value.data,
-            kernel.num_stages.value.data,
-            [tuple(a.data for a in group) for group in positions.data] if positions else [],  # type: ignore[union-attr]
-        )
-
-    def launch(self, args: Sequence[Any]) -> None:
-        """Runs the kernel on ``args`` (tensors and ints), compiled on CUDA, else
-        interpreted; a grid without programs (an empty output) launches nothing."""
-        if 0 in self.grid:
-            return
-        if self.function is None:
-            self.function = load_source(self.name, self.source)
-        on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-        if on_gpu:
-            self.function[self.grid](*args, num_warps=self.num_warps, num_stages=self.num_stages)
-            return
-        import triton.language as tl
-
-        if (
-            type(self.function).__name__ != "InterpretedFunction"
-            or type(tl.sum).__name__ != "InterpretedFunction"
-        ):
-            raise ExecutionError(
-                f"@{self.name}: CPU tensors need Triton's interpreter, but triton was imported "
-                "without TRITON_INTERPRET=1 (import tessera before anything that imports triton, "
-                "or set TRITON_INTERPRET=1)"
-            )
-        patch_interpreter_bf16()
-        with np.errstate(all="ignore"):  # masked-off lanes compute on zeros, as on a GPU
-            self.function[self.grid](*args)
-
-
-def patch_interpreter_bf16() -> None:
-    """Two bf16 bugs of Triton's interpreter (3.6-3.9): ``tl.dot`` multiplies bf16 blocks
-    as their raw uint16 bits (we convert them to f32 first, as the GPU's bf16 MMA is
-    exact), and f32 -> bf16 conversion truncates (we round to nearest even, as GPUs do)."""
-    from triton import language as tl
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    if getattr(builder.create_dot, "_tessera_bf16", False):
-        return
-    original = builder.create_dot
-
-    def create_dot(self: Any, a: Any, b: Any, d: Any, *args: Any) -> Any:
-        def widen(x: Any) -> Any:
-            if x.dtype.scalar == tl.bfloat16:
-                data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None).view(
-                    np.float32
-                )
-                return interpreter.TensorHandle(data, tl.float32)
-            return x
-
-        return original(self, widen(a), widen(b), d, *args)
-
-    create_dot._tessera_bf16 = True  # type: ignore[attr-defined]
-    builder.create_dot = create_dot
-
-    # f32 -> bf16 conversions truncate in the interpreter; the GPU rounds to nearest even
-    cast = builder.cast_impl
-
-    def cast_impl(self: Any, src: Any, dst_type: Any) -> Any:
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            f32 = np.ascontiguousarray(src.data, dtype=np.float32)
-            bits = f32.view(np.uint32).astype(np.uint64)
-            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-            data = np.where(np.isnan(f32), np.uint16(0x7FC0), rounded).astype(np.uint16)
-            return interpreter.TensorHandle(data, dst_type.scalar)
-        return cast(self, src, dst_type)
-
-    builder.cast_impl = cast_impl
 
 
 def _torch_dtype(t: Any) -> torch.dtype:
@@ -194,8 +59,6 @@ class TritonKernels:
         autotune: bool | None = None,
         sources: Mapping[str, str] | None = None,
     ):
-        from tessera.backends.triton import autotune as tuning
-
         self.tiles = {op.kernel_name: op for op in module.walk() if isinstance(op, tile.KernelOp)}
         self.sources = dict(sources or {})  # kernel -> its Triton source, when known
         # schedule kernel -> its tile kernel (identical kernels share one); the kernels
@@ -210,7 +73,7 @@ class TritonKernels:
         self.signatures: dict[
             str, tuple[list[tuple[tuple[int, ...], torch.dtype]], list[tuple[str, ...]]]
         ] = {}
-        self.autotune = tuning.enabled() if autotune is None else autotune
+        self.autotune = autotune_module.enabled() if autotune is None else autotune
         self.tuned: dict[tuple[str, str], Any] = {}  # (kernel, device) -> autotune.Tuning
         self.views: dict[str, bool] = {}  # kernel -> whether it runs as a torch view
 
@@ -273,9 +136,7 @@ class TritonKernels:
         if device.type == "cuda" and self.autotune:
             key = (name, str(device))
             if key not in self.tuned:
-                from tessera.backends.triton import autotune
-
-                self.tuned[key] = autotune.tune(kernel, list(args))
+                self.tuned[key] = autotune_module.tune(kernel, list(args))
             return self.tuned[key].compiled
         return self.kernel(name)
 
@@ -356,3 +217,12 @@ def _device_without_inputs() -> torch.device:
         if torch.cuda.is_available() and not interpreted
         else torch.device("cpu")
     )
+
+
+__all__ = [
+    "CompiledKernel",
+    "TritonKernels",
+    "cache_dir",
+    "load_source",
+    "patch_interpreter_bf16",
+]
