@@ -16,6 +16,7 @@ read the recomputed values; ``remat-every=n`` checkpoints every n-th block only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -105,8 +106,7 @@ def backprop(
         if all(c is None for c in result_cts):
             continue
         if isinstance(op, graph.CallOp):
-            policy = remat or RematPolicy()
-            vjp = lambda b, op, cts: _call_vjp(b, op, cts, policy)  # noqa: E731
+            vjp = functools.partial(_call_vjp, policy=remat or RematPolicy())
         else:
             found = lookup(op)
             if found is None:

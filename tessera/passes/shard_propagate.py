@@ -45,9 +45,9 @@ from tessera.analysis.op_sharding import Assignment, after_collective, choose, r
 from tessera.analysis.reduction_points import ReductionPoints
 from tessera.ir import graph
 from tessera.ir.abstract import aval
+from tessera.ir.located_error import LocatedPassFailure
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
-from tessera.ir.located_error import LocatedPassFailure
 from tessera.ir.sharding import (
     Sharding,
     arg_sharding,
