@@ -36,7 +36,9 @@ from tessera.dist.collectives import MESH_SYMBOL, shard
 from tessera.driver import CompileConfig
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, tracing
+from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
+from tessera.ir.function_table import FunctionTable, register, table_of
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.mesh import Mesh
 from tessera.ir.remat import RematPolicy
@@ -127,6 +129,10 @@ class _Joint:
         ]
         seed_types = [sent[i].type for i in self.sent_grads]
         self.block = Block(arg_types=[v.type for v in originals] + seed_types)
+        # region calls: their functions (and the derivatives autodiff adds) are the
+        # traced program's
+        self.functions = table_of(ops[0]) if ops else FunctionTable()
+        register(self.block, self.functions)
         args = list(self.block.args)
         self.kinds: dict[SSAValue, tuple] = {}
         for position, arg in enumerate(args):
@@ -208,15 +214,20 @@ def _function(
     outputs: Sequence[SSAValue],
     shardings: Sequence[Sharding],
     out_shardings: Sequence[Sharding | None] = (),
+    functions: FunctionTable | None = None,
 ) -> ModuleOp:
     """A Graph IR module of one function: ``ops`` (cloned) from ``inputs`` to ``outputs``,
     the arguments laid out as ``shardings`` and each output with an ``out_shardings``
-    entry constrained to it."""
+    entry constrained to it; the region functions its calls reach (from ``functions``)
+    follow it."""
     avals = [aval(v) for v in inputs]
     trace = Trace(name, avals, mesh=mesh)
     mapping: dict[SSAValue, SSAValue] = dict(zip(inputs, trace.block.args, strict=True))
     for op in ops:
         trace.block.add_op(op.clone(mapping))
+    if functions is not None:
+        for callee in _reached(ops, functions):
+            trace.functions.functions[callee] = functions.get(callee).clone()
     arg_attrs: list[dict[str, Attribute]] = [
         {SHARDING_KEY: ShardingAttr.get(MESH_SYMBOL, s)} for s in shardings
     ]
@@ -226,6 +237,20 @@ def _function(
             if wanted is not None:
                 results[i] = shard(results[i], wanted)
     return trace.finish(results, arg_attrs)
+
+
+def _reached(ops: Sequence[Operation], functions: FunctionTable) -> list[str]:
+    """The functions the ``graph.call`` ops of ``ops`` reach, directly or through calls."""
+    reached: list[str] = []
+    work = [op.callee_name for op in ops if isinstance(op, graph.CallOp)]
+    while work:
+        name = work.pop()
+        if name in reached:
+            continue
+        reached.append(name)
+        body = functions.get(name).body.block.ops
+        work.extend(op.callee_name for op in body if isinstance(op, graph.CallOp))
+    return reached
 
 
 def _lowered(
@@ -312,7 +337,9 @@ class _StageCompiler:
         grads_back: list[Sharding | None] = []
         if part in ("backward", "backward_input"):
             grads_back = [self.received_layouts[i] for i in self.joint.received_grads]
-        module = _function(function, self.mesh, reads, ops, outs, shardings, grads_back)
+        module = _function(
+            function, self.mesh, reads, ops, outs, shardings, grads_back, self.joint.functions
+        )
         avals = [aval(v) for v in reads]
         lowered = _lowered(module, function, avals, shardings, self.config)
         inputs = [self.sources.get(v) or self.joint.kinds[v] for v in reads]

@@ -22,6 +22,7 @@ from xdsl.ir import Operation, SSAValue
 from tessera.errors import TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
+from tessera.ir.function_table import table_of
 from tessera.perf.compute_cost import attention_flops, compute_time, matmul_flops
 from tessera.perf.topology import Topology
 
@@ -91,7 +92,11 @@ def plan_stages(
 
 
 def _op_time(op: Operation, topology: Topology) -> float:
-    """The roofline time of one forward op alone (no launch overhead)."""
+    """The roofline time of one forward op alone (no launch overhead); a region call's
+    is its callee's ops'."""
+    if isinstance(op, graph.CallOp):
+        callee = table_of(op).get(op.callee_name)
+        return sum(_op_time(o, topology) for o in callee.body.block.ops if o.results)
     values = [*op.operands, *op.results]
     nbytes = sum(aval(v).nbytes for v in values)
     if isinstance(op, graph.MatmulOp):

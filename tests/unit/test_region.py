@@ -214,3 +214,37 @@ def test_a_region_returning_a_number_is_an_error() -> None:
 
 def test_outside_tracing_a_region_runs_the_function() -> None:
     assert graph.region(lambda a, b: a + b)(2, 3) == 5
+
+
+@pytest.mark.parametrize("marks", [True, False])
+def test_pipelined_step_from_regions_equals_the_unrolled_one(marks: bool) -> None:
+    """pp2 × dp2, 1F1B over two microbatches, stages cut at graph.stage() or where the
+    cost model balances them (a call costs its callee's ops): the same losses and
+    parameters as the unrolled step."""
+    from tessera import schedule
+
+    layers, names = 4, ("wq", "wk", "wv", "wo", "w1", "w2", "ln1_w", "ln1_b", "ln2_w", "ln2_b")
+    mesh = dist.mesh({"pp": 2, "dp": 2})
+    results = []
+    for layer in (comm_volume.transformer_layer, graph.region(comm_volume.transformer_layer)):
+
+        def step(p, x, layer=layer):
+            for i in range(layers):
+                if marks and i == layers // 2:
+                    graph.stage()
+                x = layer(x, {n: p[f"{n}{i}"] for n in names}, 4)
+            loss = op.mean(x * x)
+            return graph.backward(loss), {"loss": loss}
+
+        train = graph.training_step(
+            step, optimizer=optim.AdamW(lr=1e-3), mesh=mesh, kernels="reference"
+        )
+        state = train.init(comm_volume.layer_params(32, layers))
+        x = torch.randn(8, 8, 32, generator=torch.Generator().manual_seed(7))
+        with schedule.pipeline_microbatches(2, kind="1f1b"):
+            losses = [float(train(state, x)["loss"]) for _ in range(2)]
+        params = train.state_dict(state)["params"]
+        results.append((losses, {k: torch.as_tensor(v) for k, v in params.items()}))
+    (unrolled_losses, unrolled), (region_losses, regions) = results
+    assert unrolled_losses == pytest.approx(region_losses, rel=1e-6)
+    assert max((unrolled[k] - regions[k]).abs().max().item() for k in unrolled) < 1e-6
