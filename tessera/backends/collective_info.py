@@ -69,13 +69,15 @@ def describe(op: graph.CollectiveOp | schedule.StartOp, group_size: int) -> Coll
 
 def collectives(module: ModuleOp) -> list[CollectiveInfo]:
     """The communicating collectives of every partitioned function, in program order:
-    graph collectives, or the ``schedule.start`` ops of a scheduled function."""
+    graph collectives, or the ``schedule.start`` ops of a scheduled function. A region's
+    are listed once per call of it."""
     infos = []
     mesh = next((dict(o.axes) for o in module.ops if isinstance(o, graph.MeshOp)), {})
+    runs = _runs(module)
     for function in module.walk():
         if not isinstance(function, func.FuncOp) or graph.PARTITIONED not in function.attributes:
             continue
-        for op in function.walk():
+        for op in [o for o in function.walk()] * runs.get(function.sym_name.data, 1):
             started = isinstance(op, schedule.StartOp) and op.input is not None  # not a recv
             if not started and not isinstance(op, graph.CollectiveOp):
                 continue
@@ -84,3 +86,27 @@ def collectives(module: ModuleOp) -> list[CollectiveInfo]:
             if info is not None:
                 infos.append(info)
     return infos
+
+
+def _runs(module: ModuleOp) -> dict[str, int]:
+    """How many times each function runs per call of the program: a function no call
+    names once, a callee once per call of it in each run of its callers."""
+    calls: dict[str, list[str]] = {}  # caller -> its callees, once per call
+    for function in module.ops:
+        if isinstance(function, func.FuncOp):
+            calls[function.sym_name.data] = [
+                op.callee.root_reference.data  # type: ignore[union-attr]
+                for op in function.walk()
+                if isinstance(op, graph.CallOp | func.CallOp)
+            ]
+    runs: dict[str, int] = {}
+
+    def count(name: str) -> int:  # regions do not recurse
+        if name not in runs:
+            callers = [(c, cs.count(name)) for c, cs in calls.items() if name in cs]
+            runs[name] = sum(n * count(c) for c, n in callers) if callers else 1
+        return runs[name]
+
+    for name in calls:
+        count(name)
+    return runs

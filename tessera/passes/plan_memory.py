@@ -18,6 +18,10 @@ results; values inside a kernel are registers or tiles and take no arena space.
 3. *Annotation*: ``schedule.offsets`` (one byte offset per result) on each kernel and wait,
    ``schedule.arg_offsets`` and ``schedule.peak_bytes`` (the arena's high-water mark,
    the per-rank peak) on the function.
+
+A region call (``func.call``) makes its results where it is, and while it runs the
+callee's own buffers (its peak less its arguments, which are the caller's) take a
+scratch span of the caller's arena; callees are planned before their callers.
 """
 
 from __future__ import annotations
@@ -56,9 +60,34 @@ class PlanMemoryPass(ModulePass):
             )
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for function in op.ops:
-            if isinstance(function, func.FuncOp) and function.body.blocks:
-                _plan(function, self.alignment)
+        functions = {
+            f.sym_name.data: f for f in op.ops if isinstance(f, func.FuncOp) and f.body.blocks
+        }
+        planned: dict[str, int] = {}  # name -> scratch bytes a call of it needs
+
+        def plan(name: str, calling: tuple[str, ...] = ()) -> None:
+            if name in planned:
+                return
+            if name in calling:
+                raise LocatedPassFailure(functions[name], f"plan-memory: @{name} calls itself")
+            function = functions[name]
+            for callee in _callees(function):
+                if callee in functions:
+                    plan(callee, (*calling, name))
+            peak = _plan(function, self.alignment, planned)
+            arguments = sum(_bytes(a, self.alignment) for a in function.body.block.args)
+            planned[name] = max(0, peak - arguments)
+
+        for name in functions:
+            plan(name)
+
+
+def _callees(function: func.FuncOp) -> list[str]:
+    return [
+        op.callee.root_reference.data
+        for op in function.body.block.ops
+        if isinstance(op, func.CallOp)
+    ]
 
 
 def _bytes(value: SSAValue, alignment: int) -> int:
@@ -82,19 +111,31 @@ def _reads_elementwise(kernel: schedule.KernelOp, index: int) -> bool:
     )
 
 
-def _plan(function: func.FuncOp, alignment: int) -> None:
+class _Scratch:
+    """The span a call's callee uses while it runs (a key of the placement)."""
+
+
+def _plan(function: func.FuncOp, alignment: int, scratch: dict[str, int]) -> int:
+    """Places ``function``'s buffers (``scratch``: the bytes a call of each planned
+    callee needs while it runs); returns the peak."""
     block = function.body.block
     ops = list(block.ops)
     position = {op: i for i, op in enumerate(ops)}
     end = len(ops)
-    born: dict[SSAValue, int] = {a: -1 for a in block.args}
+    born: dict[SSAValue | _Scratch, int] = {a: -1 for a in block.args}
+    sizes: dict[_Scratch, int] = {}
     for index, op in enumerate(ops):
-        if isinstance(op, (schedule.KernelOp, schedule.WaitOp)):
+        if isinstance(op, (schedule.KernelOp, schedule.WaitOp, func.CallOp)):
             born.update((r, index) for r in op.results)
+        if isinstance(op, func.CallOp):
+            span = _Scratch()
+            born[span] = index
+            sizes[span] = scratch.get(op.callee.root_reference.data, 0)
     donated = {block.args[i] for i in donated_args(function)}
     arguments = set(block.args)
     # arguments are caller-owned and live throughout, unless donated
     last = {v: end if v in arguments and v not in donated else i for v, i in born.items()}
+    # (a call's scratch dies where it is born: with the call)
     for index, op in enumerate(ops):
         for operand in op.operands:
             if operand in last:
@@ -103,10 +144,14 @@ def _plan(function: func.FuncOp, alignment: int) -> None:
             (wait,) = [u.operation for u in op.handle.uses]
             last[op.input] = max(last[op.input], position[wait])
     arena = _Arena()
-    offsets: dict[SSAValue, int] = {}
-    in_place = _in_place(ops, donated, last, alignment)
+    offsets: dict[SSAValue | _Scratch, int] = {}
+    in_place = _in_place(ops, donated, last, alignment)  # type: ignore[arg-type]
     for value in sorted(born, key=lambda v: born[v]):
         arena.free_dead(born[value])
+        if isinstance(value, _Scratch):
+            if sizes[value]:
+                offsets[value] = arena.allocate(sizes[value], last[value])
+            continue
         size = _bytes(value, alignment)
         if value in in_place:
             offset = arena.take_over(offsets[in_place[value]], size, last[value])
@@ -128,6 +173,7 @@ def _plan(function: func.FuncOp, alignment: int) -> None:
         i64, [offsets[a] for a in block.args]
     )
     function.attributes[PEAK_BYTES] = IntegerAttr(arena.peak, i64)
+    return arena.peak
 
 
 class _Arena:

@@ -172,6 +172,14 @@ class _Run:
         self.ready: dict[SSAValue, list[float]] = {}
         self.comm_busy = [0.0] * ranks
         self._kernel_times: dict[str, float] = {}
+        module = function.parent_op()
+        self.functions = {
+            f.sym_name.data: f for f in (module.ops if module is not None else ()) if isinstance(f, func.FuncOp)
+        }  # fmt: skip
+        self._run(function)
+
+    def _run(self, function: func.FuncOp) -> list[SSAValue]:
+        """Simulates ``function``'s ops in order; returns the values it returns."""
         for op in function.body.block.ops:
             if isinstance(op, schedule.KernelOp):
                 self._kernel(op)
@@ -179,10 +187,25 @@ class _Run:
                 self._start(op)
             elif isinstance(op, schedule.WaitOp):
                 self._wait(op)
+            elif isinstance(op, func.CallOp):
+                self._call(op)
             elif isinstance(op, func.ReturnOp):
-                break
+                return list(op.operands)
             else:
                 raise TesseraError(f"simulate: cannot simulate {op.name} yet")
+        return []
+
+    def _call(self, op: func.CallOp) -> None:
+        """A region call: the callee's ops, its arguments ready when the operands are."""
+        callee = self.functions.get(op.callee.root_reference.data)
+        if callee is None:
+            raise TesseraError(f"simulate: no function @{op.callee.root_reference.data}")
+        zero = [0.0] * self.ranks
+        for argument, operand in zip(callee.body.block.args, op.arguments, strict=True):
+            self.ready[argument] = self.ready.get(operand, zero)
+        returned = self._run(callee)
+        for result, value in zip(op.res, returned, strict=True):
+            self.ready[result] = self.ready.get(value, zero)
 
     def end(self) -> float:
         streams = [self.compute, *self.streams.values()]

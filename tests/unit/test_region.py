@@ -248,3 +248,22 @@ def test_pipelined_step_from_regions_equals_the_unrolled_one(marks: bool) -> Non
     (unrolled_losses, unrolled), (region_losses, regions) = results
     assert unrolled_losses == pytest.approx(region_losses, rel=1e-6)
     assert max((unrolled[k] - regions[k]).abs().max().item() for k in unrolled) < 1e-6
+
+
+def test_collectives_simulation_and_memory_count_every_call() -> None:
+    """A region's collectives are listed once per call, the simulator runs each call's
+    kernels, and the memory plan counts call results and the callee's scratch: the
+    numbers stay close to the unrolled program's (one more all-reduce: the first layer's
+    backward also reduces the gradient of its input, which the unrolled program drops)."""
+    numbers = []
+    for regions in (False, True):
+        step = comm_volume.training_step(MESH, 0, 3, 4, True, regions)
+        lowered = step.lower(step.init(comm_volume.layer_params(64, 3)), torch.empty(4, 16, 64))
+        infos = lowered.collectives()
+        numbers.append(
+            (len(infos), lowered.simulate().step_time_s, lowered.memory().peak_bytes)
+        )
+    (count, time, peak), (region_count, region_time, region_peak) = numbers
+    assert region_count == count + 1
+    assert 0.8 * time < region_time < 1.5 * time
+    assert 0.8 * peak < region_peak < 1.25 * peak
