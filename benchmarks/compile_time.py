@@ -13,6 +13,8 @@ kernels and launched kernels per layer. Nothing runs. ``--forward`` compiles the
     python benchmarks/compile_time.py --layers 2 4 --stages graph sharded
     python benchmarks/compile_time.py --torch-compile          # adds torch.compile's first call
     python benchmarks/compile_time.py --second-process         # cold and warm program cache
+    python benchmarks/compile_time.py --regions --layers 8 64  # each layer a graph.region call
+    python benchmarks/compile_time.py --model llama3-405b --regions --layers 126 --dims 2 1024 0 0
 
 Every stage's time should grow linearly with the layer count (issue 17). With
 ``--second-process`` each layer count is compiled by two fresh processes sharing an
@@ -41,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import comm_volume
 
 import tessera as ts
-from tessera import dist, graph
+from tessera import dist, graph, optim
 from tessera.driver import STAGES
 from tessera.perf.compute_cost import runs_as_view
 
@@ -67,6 +69,46 @@ def _program(layers: int, heads: int, forward: bool, regions: bool = False) -> A
     return ts.jit(model, mesh=mesh, in_shardings=(specs, batch_spec), kernels="reference")
 
 
+LLAMA3_405B = {"vocab": 128256, "dim": 16384, "heads": 128, "kv_heads": 8, "ffn": 53248}
+
+
+def llama_405b_step(layers: int, seq: int, regions: bool) -> tuple[Any, tuple[Any, ...]]:
+    """Llama-3-405B's training step at real width (``examples/llama.py``: GQA, SwiGLU,
+    RoPE; AdamW, ZeRO-1) on a dp × tp = 2 × 8 mesh, Megatron layouts with a
+    vocabulary-parallel head, and its arguments as meta tensors (shapes only, nothing
+    allocated): the step and the arguments of its ``lower``."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+    import llama
+
+    config = llama.LlamaConfig(layers=layers, seq=seq, theta=500000.0, eps=1e-5, **LLAMA3_405B)
+    kv = config.kv_heads * config.head_dim
+    shapes = {"embed": (config.vocab, config.dim), "final_norm": (config.dim,)}
+    for i in range(layers):
+        shapes |= {
+            f"attn_norm{i}": (config.dim,), f"wq{i}": (config.dim, config.dim),
+            f"wk{i}": (config.dim, kv), f"wv{i}": (config.dim, kv),
+            f"wo{i}": (config.dim, config.dim), f"mlp_norm{i}": (config.dim,),
+            f"w_gate{i}": (config.dim, config.ffn), f"w_up{i}": (config.dim, config.ffn),
+            f"w_down{i}": (config.ffn, config.dim),
+        }  # fmt: skip
+    shapes["head"] = (config.dim, config.vocab)
+    params = {k: torch.empty(v, device="meta", dtype=torch.bfloat16) for k, v in shapes.items()}
+    mesh = dist.mesh({"dp": 2, "tp": 8})
+    layouts = llama.megatron_layout(params)
+    layouts["head"] = dist.ShardSpec(partition=(1,), mesh_axes=("tp",))  # vocabulary-parallel
+
+    def step(p: Any, tokens: Any, targets: Any) -> Any:
+        loss = llama.loss(p, tokens, targets, config, regions=regions)
+        return graph.backward(loss), {"loss": loss}
+
+    train = graph.training_step(
+        step, optimizer=optim.AdamW(lr=1e-4), mesh=mesh, param_shardings=layouts, zero=1,
+        kernels="reference",
+    )  # fmt: skip
+    tokens = torch.empty(2, seq, dtype=torch.int64, device="meta")
+    return train, (train.init(params), tokens, tokens)
+
+
 def torch_layer(x: torch.Tensor, p: dict[str, torch.Tensor], heads: int) -> torch.Tensor:
     """``comm_volume.transformer_layer`` in torch (the torch.compile baseline)."""
     batch, seq, dim = x.shape
@@ -89,16 +131,21 @@ def measure(
     dims: tuple[int, int, int, int],
     forward: bool,
     regions: bool = False,
+    model: str = "gpt",
 ) -> dict[str, float]:
     """Seconds and op counts of each compile stage for one layer count."""
     batch, seq, dim, heads = dims
-    shapes = comm_volume.layer_params(dim, layers, materialize=False)
-    params = {k: torch.empty(v.shape) for k, v in shapes.items()}
-    program = _program(layers, heads, forward, regions)
-    x = torch.empty(batch, seq, dim)
-    state = params if forward else program.init(params)  # allocating AdamW's moments: no compile
+    if model == "llama3-405b":
+        program, arguments = llama_405b_step(layers, seq, regions)
+    else:
+        shapes = comm_volume.layer_params(dim, layers, materialize=False)
+        params = {k: torch.empty(v.shape) for k, v in shapes.items()}
+        program = _program(layers, heads, forward, regions)
+        x = torch.empty(batch, seq, dim)
+        # allocating AdamW's moments: not part of the compile
+        arguments = (params if forward else program.init(params), x)
     began = start = time.perf_counter()
-    lowered = program.lower(state, x)
+    lowered = program.lower(*arguments)
     row: dict[str, float] = {"trace s": time.perf_counter() - began}
     last = steps[-1] if steps[-1] != "triton" else "tile"
     for stage in STAGES[1 : STAGES.index(last) + 1]:
@@ -167,6 +214,7 @@ def second_process(layers: int, args: argparse.Namespace) -> dict[str, float]:
             command += ["--stages", *RUN_NEEDS, "--dims", *map(str, args.dims)]
             command += ["--forward"] if args.forward else []
             command += ["--regions"] if args.regions else []
+            command += ["--model", args.model]
             done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
             row[which] = json.loads(done.stdout.splitlines()[-1])["total s"]
     return row
@@ -180,6 +228,13 @@ def main() -> None:
     parser.add_argument("--forward", action="store_true", help="the forward alone")
     parser.add_argument(
         "--regions", action="store_true", help="each layer a call of one graph.region"
+    )
+    parser.add_argument(
+        "--model",
+        choices=["gpt", "llama3-405b"],
+        default="gpt",
+        help="llama3-405b: Llama-3-405B's step at real width on dp × tp = 2 × 8, meta tensors "
+        "(--dims sets only T)",
     )
     parser.add_argument("--torch-compile", action="store_true")
     parser.add_argument("--second-process", action="store_true", help="cold and warm cache")
@@ -198,7 +253,8 @@ def main() -> None:
     rows = []
     for layers in args.layers:
         runs = [
-            measure(layers, steps, dims, args.forward, args.regions) for _ in range(args.repeat)
+            measure(layers, steps, dims, args.forward, args.regions, args.model)
+            for _ in range(args.repeat)
         ]
         row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         if args.json:
@@ -216,10 +272,16 @@ def main() -> None:
     columns = list(dict.fromkeys(c for _, row in rows for c in row))
     what = "forward" if args.forward else "training step"
     layers_as = "graph.region calls" if args.regions else "unrolled layers"
-    print(
-        f"GPT-like {what} ({layers_as}), dp × tp = 2 × 2, (B, T, C, heads) = {dims}, "
-        f"median of {args.repeat}"
-    )
+    if args.model == "llama3-405b":
+        print(
+            f"Llama-3-405B training step ({layers_as}), dp × tp = 2 × 8, batch 2, "
+            f"T = {dims[1]}, AdamW + ZeRO-1, meta tensors, median of {args.repeat}"
+        )
+    else:
+        print(
+            f"GPT-like {what} ({layers_as}), dp × tp = 2 × 2, (B, T, C, heads) = {dims}, "
+            f"median of {args.repeat}"
+        )
     print("| layers | " + " | ".join(columns) + " |")
     print("|---:|" + "---:|" * len(columns))
     for layers, row in rows:

@@ -3,8 +3,9 @@ written with ``tessera.op`` and, independently, with torch: the model of the fea
 matrix (``benchmarks/feature_matrix.py``).
 
 Rotary embeddings use the rotate-half convention (Llama's and ``transformers``'): the
-cos/sin tables are computed with torch and enter the program as constants; under
-context parallelism ``positions`` gives the true position of each stored token.
+program computes the cos/sin tables from the positions (``op.cos``, ``op.sin``); the
+torch twin computes them with torch. Under context parallelism the positions are the
+true position of each stored token.
 """
 
 from __future__ import annotations
@@ -83,22 +84,41 @@ def _positions(T: int, zigzag: int | None) -> torch.Tensor:
     return torch.arange(T) if zigzag is None else torch.as_tensor(dist.zigzag_order(T, zigzag))
 
 
+def _traced_rope_tables(config: LlamaConfig, positions: torch.Tensor):
+    """:func:`rope_tables` computed in the program (float64, then the caller casts): only
+    the positions and the frequencies enter it as constants, not ``[T, head_dim]``
+    tables, which every kernel reading them would carry."""
+    half = config.head_dim // 2
+    inv_freq = config.theta ** (-torch.arange(half, dtype=torch.float64) * 2 / config.head_dim)
+    angles = op.constant(positions.to(torch.float64)[:, None]) * op.constant(inv_freq[None, :])
+    angles = op.concat([angles, angles], axis=-1)
+    return op.cos(angles), op.sin(angles)
+
+
 def _rope(x, cos, sin):
     first, second = op.split(x, 2, axis=-1)
     rotated = op.concat([-second, first], axis=-1)
-    return x * op.astype(op.constant(cos), x.dtype) + rotated * op.astype(op.constant(sin), x.dtype)
+    return x * op.astype(cos, x.dtype) + rotated * op.astype(sin, x.dtype)
+
+
+LAYER_PARAMS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+
+
+def layer_params(p: dict, i: int) -> dict:
+    """Layer ``i``'s parameters, by their names without the index."""
+    return {name: p[f"{name}{i}"] for name in LAYER_PARAMS}
 
 
 @graph.checkpoint
-def block(p, x, i: int, config: LlamaConfig, zigzag: int | None = None):
-    """Decoder layer ``i`` of ``x [B, T, C]``."""
+def block(p, x, config: LlamaConfig, zigzag: int | None = None):
+    """One decoder layer (its parameters ``p``: :func:`layer_params`) of ``x [B, T, C]``."""
     B, T, C = x.shape
     H, KV, D = config.heads, config.kv_heads, config.head_dim
-    h = op.rms_norm(x, eps=config.eps, weight=p[f"attn_norm{i}"])
-    q = op.transpose(op.reshape(h @ p[f"wq{i}"], (B, T, H, D)), (0, 2, 1, 3))
-    k = op.transpose(op.reshape(h @ p[f"wk{i}"], (B, T, KV, D)), (0, 2, 1, 3))
-    v = op.transpose(op.reshape(h @ p[f"wv{i}"], (B, T, KV, D)), (0, 2, 1, 3))
-    cos, sin = rope_tables(config, _positions(T, zigzag))
+    h = op.rms_norm(x, eps=config.eps, weight=p["attn_norm"])
+    q = op.transpose(op.reshape(h @ p["wq"], (B, T, H, D)), (0, 2, 1, 3))
+    k = op.transpose(op.reshape(h @ p["wk"], (B, T, KV, D)), (0, 2, 1, 3))
+    v = op.transpose(op.reshape(h @ p["wv"], (B, T, KV, D)), (0, 2, 1, 3))
+    cos, sin = _traced_rope_tables(config, _positions(T, zigzag))
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
 
     def repeat_kv(t):  # [B, KV, T, D] -> [B, H, T, D], each kv head shared by H / KV heads
@@ -106,24 +126,26 @@ def block(p, x, i: int, config: LlamaConfig, zigzag: int | None = None):
         return op.reshape(t, (B, H, T, D))
 
     attn = op.attention(q, repeat_kv(k), repeat_kv(v), causal=True, zigzag=zigzag)
-    x = x + op.reshape(op.transpose(attn, (0, 2, 1, 3)), (B, T, C)) @ p[f"wo{i}"]
-    h = op.rms_norm(x, eps=config.eps, weight=p[f"mlp_norm{i}"])
-    return x + (op.silu(h @ p[f"w_gate{i}"]) * (h @ p[f"w_up{i}"])) @ p[f"w_down{i}"]
+    x = x + op.reshape(op.transpose(attn, (0, 2, 1, 3)), (B, T, C)) @ p["wo"]
+    h = op.rms_norm(x, eps=config.eps, weight=p["mlp_norm"])
+    return x + (op.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]
 
 
 def loss(
     p, tokens, targets, config: LlamaConfig, zigzag: int | None = None,
-    sequence_parallel: dist.ShardSpec | None = None,
+    sequence_parallel: dist.ShardSpec | None = None, regions: bool = False,
 ):  # fmt: skip
     """Mean next-token cross-entropy of ``tokens [B, T]`` (stored in zig-zag order over
     ``zigzag`` ranks when given: the rotary tables follow the true positions). With
     ``sequence_parallel`` (a layout of ``[B, T, C]`` splitting T over tp), the residual
-    stream between layers is kept in that layout (Megatron's sequence parallelism)."""
+    stream between layers is kept in that layout (Megatron's sequence parallelism). With
+    ``regions``, every layer is a call of one ``graph.region``."""
+    layer = graph.region(block) if regions else block
     x = op.take(p["embed"], tokens, axis=0)
     for i in range(config.layers):
         if sequence_parallel is not None:
             x = dist.shard(x, sequence_parallel)
-        x = block(p, x, i, config, zigzag)
+        x = layer(layer_params(p, i), x, config, zigzag)
     logits = op.rms_norm(x, eps=config.eps, weight=p["final_norm"]) @ p["head"]
     return op.cross_entropy(logits, targets)
 
