@@ -158,6 +158,7 @@ class _Propagation:
         self.mesh_name = mesh_name
         self.function = function
         self.variants = variants
+        self.calls_seen: dict[Operation, list[Sharding | None]] = {}  # operand layouts
         self.shardings: dict[SSAValue, Sharding] = {}
         self.closed: set[SSAValue] = set()
         self.wanted: dict[SSAValue, Sharding] = {}  # the split a value's users want
@@ -217,6 +218,9 @@ class _Propagation:
         known = [self.shardings.get(v) for v in op.operands]
         if any(k is None for k in known) or self.variants is None:
             return False
+        if self.calls_seen.get(op) == known:  # nothing new since the last sweep
+            return False
+        self.calls_seen[op] = known
         operands = [k for k in known if k is not None]
         changed = False
         for result, sharding in zip(op.results, self.variants.results(op, operands), strict=True):
