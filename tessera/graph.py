@@ -30,7 +30,7 @@ from xdsl.rewriter import InsertPoint
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.checkpoint import checkpoint
-from tessera.frontend.region import region
+from tessera.frontend.region import region, scan
 from tessera.frontend.tracer import Tensor, current_trace, user_location
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.mesh import Mesh
@@ -56,6 +56,7 @@ __all__ = [
     "backward",
     "checkpoint",
     "region",
+    "scan",
     "stage",
     "training_step",
 ]

@@ -112,6 +112,39 @@ class CallStep:
 
 
 @dataclass
+class ScanStep:
+    """A ``schedule.scan``: its step's plan run ``length`` times, the carries threaded
+    through, the other inputs sliced and the other results stacked on dim 0."""
+
+    callee: LaunchPlan
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    length: int
+    carries: int
+    reverse: bool
+
+    def run(self, envs: list[Env], timeline: Timeline) -> None:
+        """Every rank's steps together (their collectives pair up), step by step."""
+        per_rank = [[env[i] for i in self.inputs] for env in envs]
+        carries = [list(args[: self.carries]) for args in per_rank]
+        ys: list[list[tuple[torch.Tensor, ...]]] = [[()] * self.length for _ in envs]
+        for i in reversed(range(self.length)) if self.reverse else range(self.length):
+            results = self.callee.run(
+                [
+                    [*carry, *(x[i] for x in args[self.carries :])]
+                    for carry, args in zip(carries, per_rank, strict=True)
+                ]
+            )
+            for rank, values in enumerate(results):
+                carries[rank] = list(values[: self.carries])
+                ys[rank][i] = values[self.carries :]
+        for env, carry, steps in zip(envs, carries, ys, strict=True):
+            stacked = [torch.stack(list(column)) for column in zip(*steps, strict=True)]
+            for slot, value in zip(self.outputs, [*carry, *stacked], strict=True):
+                env[slot] = value
+
+
+@dataclass
 class VirtualCollectiveStep:
     """A collective computed across each group of running ranks in memory (the virtual
     mesh completes a collective when it starts). ``groups`` holds env indices."""
@@ -358,8 +391,8 @@ def build_plan(
                     slots[op.result] = handle
                 continue
             step, inputs = waited, (handle,)
-        elif isinstance(op, func.CallOp):
-            inputs = tuple(read(v) for v in op.arguments)
+        elif isinstance(op, func.CallOp | schedule.ScanOp):
+            inputs = tuple(read(v) for v in op.operands)
             callee = op.callee.root_reference.data
             if callee not in callees:
                 module = fn.parent_op()
@@ -368,7 +401,13 @@ def build_plan(
                     function(module, callee), mesh, ranks, kernels, collectives, device, arena,
                     callees,
                 )  # fmt: skip
-            step = CallStep(callees[callee], inputs, tuple(slot(v) for v in op.res))
+            outputs = tuple(slot(v) for v in op.results)
+            if isinstance(op, schedule.ScanOp):
+                step = ScanStep(
+                    callees[callee], inputs, outputs, op.steps, op.carry_count, op.reversed
+                )
+            else:
+                step = CallStep(callees[callee], inputs, outputs)
         elif isinstance(op, func.ReturnOp):
             results = [read(v) for v in op.operands]
             break
@@ -439,6 +478,7 @@ def run_virtual(
 
 __all__ = [
     "CallStep",
+    "ScanStep",
     "Collectives",
     "KernelStep",
     "LaunchPlan",

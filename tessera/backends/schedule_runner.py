@@ -98,12 +98,12 @@ def _reference_of(op: Operation, context: KernelContext | None) -> Callable[...,
 
 
 def _call_of(
-    op: graph.CallOp,
+    op: graph.CallOp | graph.ScanOp,
     context: KernelContext | None,
     callees: dict[str, Callable[..., list[torch.Tensor]]],
 ) -> Callable[..., Any]:
     """A ``graph.call`` as a function of its operands: the callee compiled once for
-    every call of it in the program."""
+    every call of it in the program (or, for a scan, its step)."""
     name = op.callee_name
     if name not in callees:
         function = op.callee_function()
@@ -112,6 +112,37 @@ def _call_of(
         callees[name] = compile_block(function.body.block, context, f"@{name}", callees)
     run = callees[name]
     return lambda *inputs: tuple(run(*inputs))
+
+
+def run_scan(
+    step: Callable[..., Sequence[torch.Tensor]],
+    inputs: Sequence[torch.Tensor],
+    length: int,
+    carries: int,
+    reverse: bool,
+) -> tuple[torch.Tensor, ...]:
+    """A scan's results: ``step`` run ``length`` times on the carries and each step's
+    slices of the other inputs (from the last step with ``reverse``), its other results
+    stacked on dim 0 in step order."""
+    carry = list(inputs[:carries])
+    stacked = inputs[carries:]
+    outputs: list[Sequence[torch.Tensor]] = [()] * length
+    for i in reversed(range(length)) if reverse else range(length):
+        results = step(*carry, *(x[i] for x in stacked))
+        carry, outputs[i] = list(results[:carries]), results[carries:]
+    ys = [torch.stack(list(column)) for column in zip(*outputs, strict=True)]
+    return (*carry, *ys)
+
+
+def _scan_of(
+    op: graph.ScanOp,
+    context: KernelContext | None,
+    callees: dict[str, Callable[..., list[torch.Tensor]]],
+) -> Callable[..., Any]:
+    """A ``graph.scan`` as a function of its operands (its step compiled once)."""
+    step = _call_of(op, context, callees)  # type: ignore[arg-type]
+    length, carries, reverse = op.steps, op.carry_count, op.reversed
+    return lambda *inputs: run_scan(step, inputs, length, carries, reverse)
 
 
 def compile_block(
@@ -137,6 +168,8 @@ def compile_block(
         try:
             if isinstance(op, graph.CallOp):
                 fn = _call_of(op, context, callees)
+            elif isinstance(op, graph.ScanOp):
+                fn = _scan_of(op, context, callees)
             else:
                 fn = _reference_of(op, context)
         except TesseraError as error:

@@ -143,3 +143,121 @@ def _trace(fn: Callable[..., Any], outer: Trace, leaves: list[Any], treedef: Any
     function = body.finish_function(out_leaves, private=True)
     outer.functions.add(function)
     return _Traced(name, out_tree, tuple(leaf.value.type for leaf in out_leaves))
+
+
+def scan(fn: Callable[..., Any], init: Any, xs: Any) -> tuple[Any, Any]:
+    """``jax.lax.scan`` over dim 0 of ``xs``: ``carry, y = fn(carry, x)`` for each slice
+    ``x`` of ``xs`` (a pytree of tensors of one leading length), starting from ``init``;
+    returns the final carry and the ``y`` of every step stacked on dim 0 (None when
+    ``fn`` returns None). ``fn`` is traced once and compiled once as a region (see the
+    module docstring), so a stack of layers whose parameters are stacked on dim 0 costs
+    one layer to compile and one ``graph.scan`` op in the program, whatever its depth::
+
+        x, _ = graph.scan(lambda x, p: (layer(p, x), None), x, stacked_params)
+
+    Outside tracing it runs ``fn`` step by step on torch tensors."""
+    if not callable(fn):
+        raise TraceError(f"graph.scan expects a function, found {type(fn).__name__} at {user_location()}")
+    carries, carry_tree = pytree.flatten(init)
+    slices, xs_tree = pytree.flatten(xs)
+    lengths = {int(x.shape[0]) if getattr(x, "ndim", 0) else None for x in slices}
+    if len(lengths) != 1 or None in lengths:
+        raise TraceError(
+            f"graph.scan: xs must be tensors of one leading length, found leading dims "
+            f"{sorted(str(n) for n in lengths)} at {user_location()}"
+        )
+    (length,) = lengths
+    if length == 0:
+        raise TraceError(f"graph.scan: xs has no steps (leading dim 0) at {user_location()}")
+    if not is_tracing():
+        return _scan_eagerly(fn, init, xs, slices, xs_tree, length)
+    trace = current_trace()
+    leaves = [*carries, *slices]
+    for leaf in leaves:
+        if not isinstance(leaf, Tensor) or leaf.trace is not trace:
+            raise TraceError(
+                f"graph.scan {_name(fn)}: init and xs must be tensors of the traced function, "
+                f"found {type(leaf).__name__} at {user_location()}"
+            )
+    key = ("scan", fn, carry_tree, xs_tree, *(leaf.aval for leaf in leaves))
+    traced = trace.regions.get(key)
+    if traced is None:
+        traced = trace.regions[key] = _trace_step(fn, trace, carries, carry_tree, slices, xs_tree)
+    name, y_tree, result_types = traced
+    op = graph.ScanOp.get(
+        name, [t.value for t in leaves], _stacked(result_types, len(carries), length), length,
+        len(carries),
+    )  # fmt: skip
+    if (frame := _user_frame()) is not None:
+        op.location = FileLineColLoc(
+            StringAttr(frame.f_code.co_filename), IntAttr(frame.f_lineno), IntAttr(0)
+        )
+    trace.block.add_op(op)
+    results = [Tensor(trace, r) for r in op.results]
+    carry = pytree.unflatten(carry_tree, results[: len(carries)])
+    return carry, pytree.unflatten(y_tree, results[len(carries) :])
+
+
+def _stacked(types: tuple[Any, ...], carries: int, length: int) -> list[Any]:
+    return [*types[:carries], *(graph.scan_stack(t, length) for t in types[carries:])]
+
+
+def _trace_step(
+    fn: Callable[..., Any],
+    outer: Trace,
+    carries: list[Any],
+    carry_tree: Any,
+    slices: list[Any],
+    xs_tree: Any,
+) -> tuple[str, Any, tuple[Any, ...]]:
+    """Traces one step of ``fn`` into a private function: (carries, slices) -> (carries, ys)."""
+    avals = [c.aval for c in carries] + [
+        AbstractTensor(s.aval.shape[1:], s.aval.dtype) for s in slices
+    ]
+    name = outer.functions.unique_name(_name(fn).strip("<>") or "scan")
+    body = Trace(name, avals, mesh=outer.mesh, functions=outer.functions, region=name)
+    body.regions = outer.regions
+    args = [Tensor(body, a) for a in body.block.args]
+    carry = pytree.unflatten(carry_tree, args[: len(carries)])
+    x = pytree.unflatten(xs_tree, args[len(carries) :])
+    with tracing(body):
+        result = fn(carry, x)
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise TraceError(
+            f"graph.scan {name} must return (carry, y), found {type(result).__name__} "
+            f"(called at {user_location()})"
+        )
+    new_carry, y = result
+    carry_out, out_tree = pytree.flatten(new_carry)
+    if out_tree != carry_tree or [getattr(c, "aval", None) for c in carry_out] != avals[: len(carries)]:
+        found = [getattr(c, "aval", type(c).__name__) for c in carry_out]
+        raise TraceError(
+            f"graph.scan {name}: the carry must keep its structure, shapes and dtypes; "
+            f"{[c.aval for c in carries]} in, {found} out (called at {user_location()})"
+        )
+    ys, y_tree = pytree.flatten(y)
+    for leaf in [*carry_out, *ys]:
+        if not isinstance(leaf, Tensor) or leaf.trace is not body:
+            raise TraceError(
+                f"graph.scan {name} must return tensors it computed, found "
+                f"{type(leaf).__name__} (called at {user_location()})"
+            )
+    if body.stage_marks:
+        raise TraceError(f"graph.scan {name}: graph.stage() marks go between calls, not inside a scan")
+    function = body.finish_function([*carry_out, *ys], private=True)
+    outer.functions.add(function)
+    return name, y_tree, tuple(leaf.value.type for leaf in [*carry_out, *ys])
+
+
+def _scan_eagerly(
+    fn: Callable[..., Any], init: Any, xs: Any, slices: list[Any], xs_tree: Any, length: int
+) -> tuple[Any, Any]:
+    import torch
+
+    carry, steps = init, []
+    for i in range(length):
+        carry, y = fn(carry, pytree.unflatten(xs_tree, [s[i] for s in slices]))
+        steps.append(y)
+    ys, y_tree = zip(*(pytree.flatten(y) for y in steps), strict=True)
+    stacked = [torch.stack(list(column)) for column in zip(*ys, strict=True)]
+    return carry, pytree.unflatten(y_tree[0], stacked)

@@ -27,6 +27,7 @@ from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
     FloatAttr,
     IntegerAttr,
+    IntegerType,
     ModuleOp,
     StringAttr,
     SymbolRefAttr,
@@ -962,6 +963,177 @@ class CallOp(GraphOp):
         return op
 
 
+def scan_slice(value_type: Attribute) -> Attribute:
+    """The type of one step's slice of a stacked (scanned) operand: dim 0 dropped."""
+    t = AbstractTensor.from_xdsl(value_type)
+    return t.with_shape(t.shape[1:]).to_xdsl()
+
+
+def scan_stack(value_type: Attribute, length: int) -> Attribute:
+    """The type of ``length`` stacked values of ``value_type`` (a new dim 0)."""
+    t = AbstractTensor.from_xdsl(value_type)
+    return t.with_shape((length, *t.shape)).to_xdsl()
+
+
+def verify_scan(op: Operation, function: FuncOp | None, length: int, carries: int) -> None:
+    """The checks of a scan (``graph.scan``, ``schedule.scan``) against its body: the
+    carries have the body's carry types in and out, each other operand stacks
+    ``length`` of the body's slice arguments, each other result ``length`` of the body's
+    per-step results."""
+    name = f"{op.name} @{op.callee.root_reference.data}"  # type: ignore[attr-defined]
+    if length < 1:
+        raise VerifyException(f"{name}: length must be positive, found {length}")
+    operands = [v.type for v in op.operands]
+    results = [r.type for r in op.results]
+    if not 0 <= carries <= min(len(operands), len(results)):
+        raise VerifyException(f"{name}: {carries} carries for {len(operands)} operands")
+    if function is None:
+        return
+    inputs, outputs = function.function_type.inputs.data, function.function_type.outputs.data
+    expected_operands = [*inputs[:carries], *(scan_stack(t, length) for t in inputs[carries:])]
+    expected_results = [*outputs[:carries], *(scan_stack(t, length) for t in outputs[carries:])]
+    if list(inputs[:carries]) != list(outputs[:carries]):
+        raise VerifyException(
+            f"{name}: the body's carries change type: {list(inputs[:carries])} in, "
+            f"{list(outputs[:carries])} out"
+        )
+    if operands != expected_operands:
+        raise VerifyException(
+            f"{name}: operand types {operands} do not match the body's {expected_operands}"
+        )
+    if results != expected_results:
+        raise VerifyException(
+            f"{name}: result types {results} do not match the body's {expected_results}"
+        )
+
+
+def print_call_like(op: Operation, printer: Printer, properties: dict[str, Any]) -> None:
+    """``@callee(%a, %b) {props} attributes {...} : (types) -> (types)``."""
+    printer.print_string(f" @{op.callee.root_reference.data}(")  # type: ignore[attr-defined]
+    printer.print_list(op.operands, printer.print_operand)
+    printer.print_string(")")
+    if properties:
+        text = ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in properties.items())
+        printer.print_string(f" {{{text}}}")
+    printer.print_op_attributes(op.attributes, print_keyword=True)
+    printer.print_string(" : (")
+    printer.print_list([v.type for v in op.operands], printer.print_attribute)
+    printer.print_string(") -> (")
+    printer.print_list([r.type for r in op.results], printer.print_attribute)
+    printer.print_string(")")
+
+
+def parse_call_like(
+    parser: Parser,
+) -> tuple[str, list[SSAValue], list[Attribute], dict[str, Any], dict[str, Attribute]]:
+    """The callee, operands, result types, properties and attributes of
+    :func:`print_call_like`'s syntax."""
+    callee = parser.parse_symbol_name().data
+    operands = parser.parse_comma_separated_list(
+        parser.Delimiter.PAREN, parser.parse_unresolved_operand
+    )
+    properties: dict[str, Any] = {}
+    if parser.parse_optional_punctuation("{") is not None:
+        while True:
+            key = parser.parse_identifier()
+            parser.parse_punctuation("=")
+            if (number := parser.parse_optional_integer()) is not None:
+                properties[key] = number
+            else:
+                properties[key] = parser.parse_boolean()
+            if parser.parse_optional_punctuation(",") is None:
+                break
+        parser.parse_punctuation("}")
+    attributes = parser.parse_optional_attr_dict_with_keyword()
+    parser.parse_punctuation(":")
+    types = parser.parse_comma_separated_list(parser.Delimiter.PAREN, parser.parse_type)
+    parser.parse_punctuation("->")
+    results = parser.parse_comma_separated_list(parser.Delimiter.PAREN, parser.parse_type)
+    if len(types) != len(operands):
+        parser.raise_error(f"expected {len(operands)} operand types, found {len(types)}")
+    values = [parser.resolve_operand(o, t) for o, t in zip(operands, types, strict=True)]
+    return callee, values, results, properties, dict(attributes.data) if attributes else {}
+
+
+@irdl_op_definition
+class ScanOp(GraphOp):
+    """A loop over ``length`` steps of a region (``graph.scan``): ``@callee(carries,
+    slices) -> (carries, per-step results)``. The first ``carries`` operands are the
+    initial carries, each other operand stacks the steps' slices on dim 0; the results
+    are the final carries and the steps' other results stacked on dim 0. ``reverse``
+    runs the steps from the last (a scan's backward)::
+
+        %h, %ys = graph.scan @layer(%x, %w) {carries = 1, length = 4, reverse = false} : (tensor<8x16xf32>, tensor<4x16x16xf32>) -> (tensor<8x16xf32>, tensor<4x8x16xf32>)
+    """
+
+    name = "graph.scan"
+    callee = prop_def(SymbolRefAttr)
+    length = prop_def(IntegerAttr)
+    carries = prop_def(IntegerAttr)
+    reverse = prop_def(BoolAttr)
+    args = var_operand_def(TensorType)
+    res = var_result_def(TensorType)
+
+    @staticmethod
+    def get(
+        callee: str,
+        operands: Sequence[SSAValue],
+        result_types: Sequence[Attribute],
+        length: int,
+        carries: int,
+        reverse: bool = False,
+    ) -> ScanOp:
+        return ScanOp.create(
+            operands=list(operands),
+            result_types=list(result_types),
+            properties={
+                "callee": SymbolRefAttr(callee),
+                "length": IntegerAttr(length, 64),
+                "carries": IntegerAttr(carries, 64),
+                "reverse": BoolAttr(reverse, IntegerType(1)),
+            },
+        )
+
+    @property
+    def callee_name(self) -> str:
+        return self.callee.root_reference.data
+
+    @property
+    def steps(self) -> int:
+        return self.length.value.data
+
+    @property
+    def carry_count(self) -> int:
+        return self.carries.value.data
+
+    @property
+    def reversed(self) -> bool:
+        return bool(self.reverse.value.data)
+
+    def callee_function(self) -> FuncOp | None:
+        return CallOp.callee_function(self)  # type: ignore[arg-type]
+
+    def verify_(self) -> None:
+        function = self.callee_function()
+        if function is None and _in_module(self):
+            raise VerifyException(f"graph.scan: no function @{self.callee_name} in the module")
+        verify_scan(self, function, self.steps, self.carry_count)
+
+    def print(self, printer: Printer) -> None:
+        properties = {"carries": self.carry_count, "length": self.steps, "reverse": self.reversed}
+        print_call_like(self, printer, properties)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ScanOp:
+        callee, values, results, properties, attributes = parse_call_like(parser)
+        op = ScanOp.get(
+            callee, values, results, properties.get("length", 1), properties.get("carries", 0),
+            bool(properties.get("reverse", False)),
+        )  # fmt: skip
+        op.attributes.update(attributes)
+        return op
+
+
 def _in_module(op: Operation) -> bool:
     parent = op.parent_op()
     while parent is not None:
@@ -980,10 +1152,8 @@ def function_named(module: ModuleOp, name: str) -> FuncOp | None:
 
 
 def called_functions(module: ModuleOp) -> set[str]:
-    """The names of the functions some ``graph.call`` of ``module`` calls."""
-    return {
-        op.callee_name for op in module.walk() if isinstance(op, CallOp)
-    }
+    """The names of the functions some ``graph.call`` or ``graph.scan`` of ``module`` calls."""
+    return {op.callee_name for op in module.walk() if isinstance(op, CallOp | ScanOp)}
 
 
 @irdl_op_definition
@@ -1103,7 +1273,7 @@ for _op in GRAPH_OPS:  # not collectives nor axis_index (they read the module's 
 
 Graph = Dialect(
     "graph",
-    [*GRAPH_OPS, *COLLECTIVE_OPS, *PER_RANK_OPS, ShardOp, CallOp, MeshOp],
+    [*GRAPH_OPS, *COLLECTIVE_OPS, *PER_RANK_OPS, ShardOp, CallOp, ScanOp, MeshOp],
     [ShardingAttr],
 )
 

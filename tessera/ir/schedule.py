@@ -71,9 +71,11 @@ from typing import Any
 
 from xdsl.dialects.builtin import (
     ArrayAttr,
+    BoolAttr,
     FunctionType,
     IntAttr,
     IntegerAttr,
+    IntegerType,
     ModuleOp,
     StringAttr,
     SymbolRefAttr,
@@ -1140,10 +1142,77 @@ def _check_order(
     return None
 
 
+@irdl_op_definition
+class ScanOp(IRDLOperation):
+    """``graph.scan`` in a scheduled function: ``length`` steps of the scheduled
+    ``@callee``, its carries threaded through, the other operands sliced on dim 0 and
+    the other results stacked on dim 0 (from the last step with ``reverse``)::
+
+        %h, %ys = schedule.scan @layer(%x, %w) {carries = 1, length = 4, reverse = false} : (...) -> (...)
+    """
+
+    name = "schedule.scan"
+    callee = prop_def(SymbolRefAttr)
+    length = prop_def(IntegerAttr)
+    carries = prop_def(IntegerAttr)
+    reverse = prop_def(BoolAttr)
+    args = var_operand_def(TensorType)
+    res = var_result_def(TensorType)
+
+    @staticmethod
+    def of(op: graph.ScanOp, operands: Sequence[SSAValue]) -> ScanOp:
+        return ScanOp.create(
+            operands=list(operands),
+            result_types=[r.type for r in op.results],
+            properties={k: op.properties[k] for k in ("callee", "length", "carries", "reverse")},
+        )
+
+    @property
+    def callee_name(self) -> str:
+        return self.callee.root_reference.data
+
+    @property
+    def steps(self) -> int:
+        return self.length.value.data
+
+    @property
+    def carry_count(self) -> int:
+        return self.carries.value.data
+
+    @property
+    def reversed(self) -> bool:
+        return bool(self.reverse.value.data)
+
+    def verify_(self) -> None:
+        function = graph.CallOp.callee_function(self)  # type: ignore[arg-type]
+        graph.verify_scan(self, function, self.steps, self.carry_count)
+
+    def print(self, printer: Printer) -> None:
+        properties = {"carries": self.carry_count, "length": self.steps, "reverse": self.reversed}
+        graph.print_call_like(self, printer, properties)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ScanOp:
+        callee, values, results, properties, attributes = graph.parse_call_like(parser)
+        op = ScanOp.create(
+            operands=values,
+            result_types=results,
+            properties={
+                "callee": SymbolRefAttr(callee),
+                "length": IntegerAttr(properties.get("length", 1), 64),
+                "carries": IntegerAttr(properties.get("carries", 0), 64),
+                "reverse": BoolAttr(bool(properties.get("reverse", False)), IntegerType(1)),
+            },
+        )
+        op.attributes.update(attributes)
+        return op
+
+
 Schedule = Dialect(
     "schedule",
     [
         KernelOp,
+        ScanOp,
         StartOp,
         WaitOp,
         AllocOp,

@@ -17,7 +17,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 from xdsl.transforms.dead_code_elimination import region_dce
 
-from tessera.ir import graph
+from tessera.ir import graph, schedule
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,12 @@ class DCEPass(ModulePass):
 
 
 def _erase_uncalled(module: ModuleOp) -> None:
-    """Erases the private functions no ``graph.call`` or ``func.call`` names."""
+    """Erases the private functions no call or scan names."""
     while True:
         called = {
             o.callee.root_reference.data
             for o in module.walk()
-            if isinstance(o, graph.CallOp | func.CallOp)
+            if isinstance(o, graph.CallOp | graph.ScanOp | func.CallOp | schedule.ScanOp)
         }
         dead = [
             o

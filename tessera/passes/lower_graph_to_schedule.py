@@ -216,7 +216,7 @@ def _absorbable(op: Operation) -> bool:
 
 
 def _kind(op: Operation) -> str:
-    if isinstance(op, graph.CallOp):
+    if isinstance(op, graph.CallOp | graph.ScanOp):
         return "call"
     if _is(op, Fusion.ELEMENTWISE):
         return "elementwise"
@@ -331,7 +331,7 @@ class _Lowering:
         _Emitter(self).run()
 
     def _outside_kernels(self, user: Operation) -> bool:
-        return isinstance(user, func.ReturnOp | graph.CallOp) or _communicates(user)
+        return isinstance(user, func.ReturnOp | graph.CallOp | graph.ScanOp) or _communicates(user)
 
     def _new_group(self, kind: str, op: Operation) -> _Group:
         index = self.index[op]
@@ -705,11 +705,14 @@ class _Emitter:
 
     # --- kernels ---------------------------------------------------------------------------
 
-    def emit_call(self, call: graph.CallOp) -> None:
-        """A region call: ``func.call`` of the callee's schedule."""
-        new = self.insert(
-            func.CallOp(call.callee_name, [self.value(v) for v in call.operands], call.result_types)
-        )
+    def emit_call(self, call: graph.CallOp | graph.ScanOp) -> None:
+        """A region call: ``func.call`` of the callee's schedule (a scan:
+        ``schedule.scan``)."""
+        operands = [self.value(v) for v in call.operands]
+        if isinstance(call, graph.ScanOp):
+            new: Operation = self.insert(schedule.ScanOp.of(call, operands))
+        else:
+            new = self.insert(func.CallOp(call.callee_name, operands, call.result_types))
         for key, value in call.attributes.items():
             new.attributes[key] = value
         for old, result in zip(call.results, new.results, strict=True):
@@ -719,7 +722,7 @@ class _Emitter:
 
     def emit_kernel(self, group: _Group) -> None:
         if group.kind == "call":
-            assert isinstance(group.ops[0], graph.CallOp)
+            assert isinstance(group.ops[0], graph.CallOp | graph.ScanOp)
             self.emit_call(group.ops[0])
             return
         index = self.lowering.index
