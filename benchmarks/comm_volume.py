@@ -176,6 +176,37 @@ def layer_params(dim: int, layers: int, materialize: bool = True) -> dict[str, t
     return params
 
 
+def stacked(params: dict[str, torch.Tensor], layers: int) -> dict[str, torch.Tensor]:
+    """``layer_params``' parameters stacked by name on a new dim 0 (for ``graph.scan``)."""
+    names = ("wq", "wk", "wv", "wo", "w1", "w2", "ln1_w", "ln1_b", "ln2_w", "ln2_b")
+    return {n: torch.stack([params[f"{n}{i}"] for i in range(layers)]) for n in names}
+
+
+def stacked_layouts(mesh: dist.Mesh) -> dict[str, dist.ShardSpec | None]:
+    """``layouts``' parameter layouts for stacked parameters: dim 0 (the layer) whole."""
+    return {
+        n: None if spec is None else dist.ShardSpec(
+            partition=tuple(int(d) + 1 for d in spec.partition), mesh_axes=spec.mesh_axes
+        )
+        for n, spec in layouts(mesh, False)[1].items()
+    }  # fmt: skip
+
+
+def scan_training_step(mesh: dist.Mesh, zero: int, heads: int) -> graph.TrainingStep:
+    """:func:`training_step` with stacked parameters (:func:`stacked`): the layers are
+    one ``graph.scan`` of ``transformer_layer``."""
+
+    def step(p, x):
+        x, _ = graph.scan(lambda h, layer: (transformer_layer(h, layer, heads), None), x, p)
+        loss = op.mean(x * x)
+        return graph.backward(loss), {"loss": loss}
+
+    return graph.training_step(
+        step, optimizer=optim.AdamW(lr=1e-3), mesh=mesh, param_shardings=stacked_layouts(mesh),
+        zero=zero, kernels="reference",
+    )  # fmt: skip
+
+
 def training_step(
     mesh: dist.Mesh | None, zero: int, layers: int, heads: int, tp: bool, regions: bool = False
 ) -> graph.TrainingStep:

@@ -14,6 +14,7 @@ kernels and launched kernels per layer. Nothing runs. ``--forward`` compiles the
     python benchmarks/compile_time.py --torch-compile          # adds torch.compile's first call
     python benchmarks/compile_time.py --second-process         # cold and warm program cache
     python benchmarks/compile_time.py --regions --layers 8 64  # each layer a graph.region call
+    python benchmarks/compile_time.py --scan --layers 8 64     # stacked layers, one graph.scan
     python benchmarks/compile_time.py --model llama3-405b --regions --layers 126 --dims 2 1024 0 0
 
 Every stage's time should grow linearly with the layer count (issue 17). With
@@ -132,11 +133,17 @@ def measure(
     forward: bool,
     regions: bool = False,
     model: str = "gpt",
+    scan: bool = False,
 ) -> dict[str, float]:
     """Seconds and op counts of each compile stage for one layer count."""
     batch, seq, dim, heads = dims
     if model == "llama3-405b":
         program, arguments = llama_405b_step(layers, seq, regions)
+    elif scan:  # stacked parameters, one graph.scan over the layers
+        shapes = comm_volume.layer_params(dim, layers, materialize=False)
+        params = comm_volume.stacked({k: torch.empty(v.shape) for k, v in shapes.items()}, layers)
+        program = comm_volume.scan_training_step(dist.mesh({"dp": 2, "tp": 2}), 0, heads)
+        arguments = (program.init(params), torch.empty(batch, seq, dim))
     else:
         shapes = comm_volume.layer_params(dim, layers, materialize=False)
         params = {k: torch.empty(v.shape) for k, v in shapes.items()}
@@ -214,7 +221,7 @@ def second_process(layers: int, args: argparse.Namespace) -> dict[str, float]:
             command += ["--stages", *RUN_NEEDS, "--dims", *map(str, args.dims)]
             command += ["--forward"] if args.forward else []
             command += ["--regions"] if args.regions else []
-            command += ["--model", args.model]
+            command += ["--model", args.model] + (["--scan"] if args.scan else [])
             done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
             row[which] = json.loads(done.stdout.splitlines()[-1])["total s"]
     return row
@@ -228,6 +235,9 @@ def main() -> None:
     parser.add_argument("--forward", action="store_true", help="the forward alone")
     parser.add_argument(
         "--regions", action="store_true", help="each layer a call of one graph.region"
+    )
+    parser.add_argument(
+        "--scan", action="store_true", help="stacked parameters, the layers one graph.scan"
     )
     parser.add_argument(
         "--model",
@@ -253,7 +263,7 @@ def main() -> None:
     rows = []
     for layers in args.layers:
         runs = [
-            measure(layers, steps, dims, args.forward, args.regions, args.model)
+            measure(layers, steps, dims, args.forward, args.regions, args.model, args.scan)
             for _ in range(args.repeat)
         ]
         row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -271,7 +281,9 @@ def main() -> None:
         return
     columns = list(dict.fromkeys(c for _, row in rows for c in row))
     what = "forward" if args.forward else "training step"
-    layers_as = "graph.region calls" if args.regions else "unrolled layers"
+    layers_as = (
+        "one graph.scan" if args.scan else "graph.region calls" if args.regions else "unrolled layers"
+    )
     if args.model == "llama3-405b":
         print(
             f"Llama-3-405B training step ({layers_as}), dp × tp = 2 × 8, batch 2, "

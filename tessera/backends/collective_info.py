@@ -90,14 +90,16 @@ def collectives(module: ModuleOp) -> list[CollectiveInfo]:
 
 def _runs(module: ModuleOp) -> dict[str, int]:
     """How many times each function runs per call of the program: a function no call
-    names once, a callee once per call of it in each run of its callers."""
+    names once, a callee once per call of it (a scan's step once per step) in each run
+    of its callers."""
     calls: dict[str, list[str]] = {}  # caller -> its callees, once per call
     for function in module.ops:
         if isinstance(function, func.FuncOp):
             calls[function.sym_name.data] = [
                 op.callee.root_reference.data  # type: ignore[union-attr]
                 for op in function.walk()
-                if isinstance(op, graph.CallOp | func.CallOp)
+                if isinstance(op, graph.CallOp | func.CallOp | graph.ScanOp | schedule.ScanOp)
+                for _ in range(op.steps if isinstance(op, graph.ScanOp | schedule.ScanOp) else 1)
             ]
     runs: dict[str, int] = {}
 

@@ -107,6 +107,8 @@ def backprop(
             continue
         if isinstance(op, graph.CallOp):
             vjp = functools.partial(_call_vjp, policy=remat or RematPolicy())
+        elif isinstance(op, graph.ScanOp):
+            vjp = functools.partial(_scan_vjp, policy=remat or RematPolicy())
         else:
             found = lookup(op)
             if found is None:
@@ -183,9 +185,55 @@ def _call_vjp(
     return operand_cts
 
 
-def _derivative(table: FunctionTable, name: str, policy: RematPolicy) -> _Derivative:
-    """The forward and backward of region ``@name`` (derived once per remat policy)."""
-    key = (name, f"vjp:{policy.save}:{policy.every}")
+def _scan_vjp(
+    b: GradBuilder, op: graph.ScanOp, cts: Sequence[SSAValue | None], policy: RematPolicy
+) -> list[SSAValue | None]:
+    """The scan becomes a scan of the step's forward, which also stacks the residuals
+    and the carries each step received; the backward scans the step's backward over
+    them in the other direction, the carries' cotangents as its carries."""
+    table = table_of(op)
+    carries, length = op.carry_count, op.steps
+    derivative = _derivative(table, op.callee_name, policy, carries)
+    step_types = table.get(derivative.forward).function_type.outputs.data
+    forward = graph.ScanOp.get(
+        derivative.forward, list(op.operands),
+        [*step_types[:carries], *(graph.scan_stack(t, length) for t in step_types[carries:])],
+        length, carries, op.reversed,
+    )  # fmt: skip
+    forward.location = op.location
+    forward.attributes.update({k: v for k, v in op.attributes.items() if k != CHECKPOINT})
+    Rewriter.insert_op(forward, InsertPoint.after(op))
+    count = len(op.results)
+    for old, new in zip(op.results, forward.results[:count], strict=True):
+        old.replace_all_uses_with(new)
+    saved = list(forward.results[count:])  # residuals, then the carries received
+    residuals, received = saved[: len(saved) - carries], saved[len(saved) - carries :]
+    seeds = [
+        cts[i] if cts[i] is not None else b.zeros_like(forward.results[i])
+        for i in derivative.float_results
+    ]
+    step_grads = table.get(derivative.backward).function_type.outputs.data
+    backward = graph.ScanOp.get(
+        derivative.backward,
+        [*seeds[:carries], *received, *op.operands[carries:], *residuals, *seeds[carries:]],
+        [*step_grads[:carries], *(graph.scan_stack(t, length) for t in step_grads[carries:])],
+        length, carries, not op.reversed,
+    )  # fmt: skip
+    backward.location = op.location
+    Rewriter.insert_op(backward, b.point)
+    operand_cts: list[SSAValue | None] = [None] * len(op.operands)
+    for index, grad in zip(derivative.float_arguments, backward.results, strict=True):
+        operand_cts[index] = grad
+    return operand_cts
+
+
+def _derivative(
+    table: FunctionTable, name: str, policy: RematPolicy, scan_carries: int | None = None
+) -> _Derivative:
+    """The forward and backward of region ``@name`` (derived once per remat policy). For
+    the step of a scan with ``scan_carries`` carries, the forward also returns the carries
+    it received, and the backward takes the carries' cotangents first (its carries)."""
+    key = (name, f"vjp:{policy.save}:{policy.every}:{scan_carries}")
     if key in table.derived:
         return table.derived[key]  # type: ignore[return-value]
     combined = table.get(name).clone()
@@ -197,6 +245,11 @@ def _derivative(table: FunctionTable, name: str, policy: RematPolicy) -> _Deriva
     outputs = list(ret.operands)
     float_results = tuple(i for i, v in enumerate(outputs) if aval(v).dtype.is_float)
     float_arguments = tuple(i for i, a in enumerate(primal) if aval(a).dtype.is_float)
+    carries = scan_carries or 0
+    if float_results[:carries] != tuple(range(carries)):
+        raise TesseraError(
+            f"@{name}: a scan differentiated through must carry float tensors only"
+        )
     cotangents = [block.insert_arg(outputs[i].type, len(block.args)) for i in float_results]
     forward_ops = [o for o in block.ops if o is not ret]
     b = GradBuilder(InsertPoint.before(ret))
@@ -229,14 +282,18 @@ def _derivative(table: FunctionTable, name: str, policy: RematPolicy) -> _Deriva
             u.operation in backward_part for r in o.results for u in r.uses
         )
     ]  # fmt: skip
+    forward_results = [*outputs, *residuals]
+    backward_arguments = [*primal, *residuals, *cotangents]
+    if scan_carries is not None:
+        forward_results += primal[:carries]
+        backward_arguments = [
+            *cotangents[:carries], *primal, *residuals, *cotangents[carries:],
+        ]  # fmt: skip
     forward = _outline(
-        f"{name}_fwd", primal, _live(forward_part, [*outputs, *residuals]), [*outputs, *residuals]
+        f"{name}_fwd", primal, _live(forward_part, forward_results), forward_results
     )
     backward = _outline(
-        f"{name}_bwd",
-        [*primal, *residuals, *cotangents],
-        [*used_constants, *backward_part],
-        list(grads),
+        f"{name}_bwd", backward_arguments, [*used_constants, *backward_part], list(grads)
     )
     derivative = _Derivative(table.add(forward), table.add(backward), float_results, float_arguments)
     table.derived[key] = derivative  # type: ignore[assignment]

@@ -77,7 +77,7 @@ class _Inserter:
                     op.operands[index] = self.reshard(value, Sharding(current.dims), op)
             elif isinstance(op, (graph.ShardOp, graph.CollectiveOp)):
                 self._replace_statement(op)
-            elif isinstance(op, graph.CallOp):
+            elif isinstance(op, graph.CallOp | graph.ScanOp):
                 self._call(op)
             elif isinstance(op, graph.ConstantOp):
                 replicated = [Sharding.replicated(aval(r).rank) for r in op.results]
@@ -96,14 +96,19 @@ class _Inserter:
             if all(not r.uses for r in op.results):
                 Rewriter.erase_op(op)
 
-    def _call(self, op: graph.CallOp) -> None:
-        """A region call: its operands laid out as the callee's arguments, its results
-        as ``shard-propagate`` found the callee returns them."""
+    def _call(self, op: graph.CallOp | graph.ScanOp) -> None:
+        """A region call: its operands laid out as the callee's arguments (a scan's
+        stacked operands with a whole dim 0 before), its results as ``shard-propagate``
+        found the callee returns them."""
         callee = op.callee_function()
+        carries = op.carry_count if isinstance(op, graph.ScanOp) else len(op.operands)
         for index, value in enumerate(op.operands):
+            rank = aval(value).rank - (index >= carries)
             needed = (arg_sharding(callee, index) if callee is not None else None) or (
-                Sharding.replicated(aval(value).rank)
+                Sharding.replicated(rank)
             )
+            if index >= carries:
+                needed = Sharding(((), *needed.dims))
             op.operands[index] = self.reshard(value, needed, op)
         shardings = op_shardings(op) or [Sharding.replicated(aval(r).rank) for r in op.results]
         self._record(op, [Sharding(s.dims) for s in shardings])

@@ -19,7 +19,7 @@ results; values inside a kernel are registers or tiles and take no arena space.
    ``schedule.arg_offsets`` and ``schedule.peak_bytes`` (the arena's high-water mark,
    the per-rank peak) on the function.
 
-A region call (``func.call``) makes its results where it is, and while it runs the
+A region call (``func.call``, ``schedule.scan``) makes its results where it is, and while it runs the
 callee's own buffers (its peak less its arguments, which are the caller's) take a
 scratch span of the caller's arena; callees are planned before their callers.
 """
@@ -84,9 +84,9 @@ class PlanMemoryPass(ModulePass):
 
 def _callees(function: func.FuncOp) -> list[str]:
     return [
-        op.callee.root_reference.data
+        op.callee.root_reference.data  # type: ignore[union-attr]
         for op in function.body.block.ops
-        if isinstance(op, func.CallOp)
+        if isinstance(op, func.CallOp | schedule.ScanOp)
     ]
 
 
@@ -125,9 +125,9 @@ def _plan(function: func.FuncOp, alignment: int, scratch: dict[str, int]) -> int
     born: dict[SSAValue | _Scratch, int] = {a: -1 for a in block.args}
     sizes: dict[_Scratch, int] = {}
     for index, op in enumerate(ops):
-        if isinstance(op, (schedule.KernelOp, schedule.WaitOp, func.CallOp)):
+        if isinstance(op, (schedule.KernelOp, schedule.WaitOp, func.CallOp, schedule.ScanOp)):
             born.update((r, index) for r in op.results)
-        if isinstance(op, func.CallOp):
+        if isinstance(op, func.CallOp | schedule.ScanOp):
             span = _Scratch()
             born[span] = index
             sizes[span] = scratch.get(op.callee.root_reference.data, 0)

@@ -144,7 +144,7 @@ class _Partitioner:
         self.function.function_type = FunctionType.from_lists(arg_types, result_types)
 
     def _localize(self, op: Operation, shardings: Sequence[Sharding]) -> None:
-        if isinstance(op, graph.CallOp):  # the callee is partitioned as a function
+        if isinstance(op, graph.CallOp | graph.ScanOp):  # the callee: as a function
             for result, sharding in zip(list(op.results), shardings, strict=True):
                 local = self.local(result, sharding).to_xdsl()
                 self.layouts[Rewriter.replace_value_with_new_type(result, local)] = sharding

@@ -20,10 +20,12 @@ The pass sweeps forward and backward to a fixed point:
 Values never reached are replicated. The result sharding is written on each op
 (``graph.sharding``) and on every function argument.
 
-Region calls (``graph.call``) are propagated per distinct layout of their operands: the
-callee is propagated once per layout its calls pass (its arguments closed to it), and
-the call's results take the layouts the callee returns, never partial (a region reduces
-its partial results before returning). After the callers' fixed point each call names
+Region calls (``graph.call``, ``graph.scan``) are propagated per distinct layout of
+their operands: the callee is propagated once per layout its calls pass (its arguments
+closed to it), and the call's results take the layouts the callee returns, never
+partial (a region reduces its partial results before returning). A scan's step gets its
+stacked operands' layouts without dim 0 (which stays whole), and returns its carries
+constrained to the layouts it got them in. After the callers' fixed point each call names
 the variant for its operands' layouts: the first variant of ``@f`` keeps the name, the
 others are ``@f_1``, ``@f_2``... Calls neither take their users' wishes nor pass theirs
 on: layouts cross a region boundary forward only.
@@ -40,6 +42,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
 
 from tessera.analysis.op_sharding import Assignment, after_collective, choose, required, results
 from tessera.analysis.reduction_points import ReductionPoints
@@ -50,6 +53,7 @@ from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.sharding import (
     Sharding,
+    ShardingAttr,
     arg_sharding,
     set_arg_sharding,
     set_op_shardings,
@@ -81,6 +85,7 @@ class ShardPropagatePass(ModulePass):
 
 
 _VariantKey = tuple[str, tuple[Sharding, ...]]
+Caller = graph.CallOp | graph.ScanOp
 
 
 class _Variants:
@@ -95,9 +100,22 @@ class _Variants:
         self.propagated: dict[_VariantKey, tuple[func.FuncOp, list[Sharding]]] = {}
         self.keys: dict[Operation, _VariantKey] = {}  # each call's final key
 
-    def results(self, call: graph.CallOp, operands: Sequence[Sharding]) -> list[Sharding]:
-        """The layouts of ``call``'s results when its operands have ``operands``."""
-        key = (call.callee_name, tuple(Sharding(s.dims) for s in operands))
+    @staticmethod
+    def key(call: Caller, operands: Sequence[Sharding]) -> _VariantKey:
+        """The variant ``call``'s operand layouts choose: its callee's argument layouts
+        (never partial; a scan's stacked operands without their scanned dim 0)."""
+        layouts = [Sharding(s.dims) for s in operands]
+        if isinstance(call, graph.ScanOp):
+            carries = call.carry_count
+            layouts[carries:] = [Sharding(s.dims[1:]) for s in layouts[carries:]]
+        return (call.callee_name, tuple(layouts))
+
+    def results(self, call: Caller, operands: Sequence[Sharding]) -> list[Sharding]:
+        """The layouts of ``call``'s results when its operands have ``operands``: its
+        callee's results (a scan's carries keep their layouts; its other results
+        stack the step's on an unsplit dim 0)."""
+        key = self.key(call, operands)
+        carries = call.carry_count if isinstance(call, graph.ScanOp) else 0
         if key not in self.propagated:
             source = self.functions.get(key[0])
             if source is None:
@@ -105,10 +123,21 @@ class _Variants:
             variant = source.clone()
             for index, sharding in enumerate(key[1]):
                 set_arg_sharding(variant, index, self.mesh_name, sharding)
-            _Propagation(self.mesh, self.mesh_name, variant, self).run(self.max_iterations)
             returned = variant.body.block.last_op
             assert returned is not None
+            for index in range(carries):  # a step hands its carries on as it got them
+                value = returned.operands[index]
+                kept = graph.ShardOp.create(
+                    operands=[value],
+                    result_types=[value.type],
+                    properties={"sharding": ShardingAttr.get(self.mesh_name, key[1][index])},
+                )
+                Rewriter.insert_op(kept, InsertPoint.before(returned))
+                returned.operands[index] = kept.results[0]
+            _Propagation(self.mesh, self.mesh_name, variant, self).run(self.max_iterations)
             layouts = [Sharding(value_sharding(variant, v).dims) for v in returned.operands]
+            if isinstance(call, graph.ScanOp):
+                layouts[carries:] = [Sharding(((), *s.dims)) for s in layouts[carries:]]
             self.propagated[key] = (variant, layouts)
         return self.propagated[key][1]
 
@@ -122,13 +151,13 @@ class _Variants:
         while work:
             function = work.pop()
             for call in function.body.block.ops:
-                if not isinstance(call, graph.CallOp):
+                if not isinstance(call, graph.CallOp | graph.ScanOp):
                     continue
                 key = self.keys.get(call)
                 if key is None:  # a call no operand layout reached: replicated operands
                     operands = [Sharding.replicated(aval(v).rank) for v in call.operands]
                     self.results(call, operands)
-                    key = (call.callee_name, tuple(operands))
+                    key = self.key(call, operands)
                 if key not in names:
                     base, name, n = key[0], key[0], 0
                     while name in taken:
@@ -148,6 +177,15 @@ class _Variants:
                 block.erase_op(original)
         for variant in placed:
             block.add_op(variant)
+
+
+def _made_here(value: SSAValue) -> Sharding | None:
+    """The layout of a value no propagation reaches that every rank can make alone (a
+    constant: replicated), for a call that needs all its operands' layouts; else None."""
+    owner = value.owner
+    if isinstance(owner, graph.ConstantOp):
+        return Sharding.replicated(aval(value).rank)
+    return None
 
 
 class _Propagation:
@@ -198,7 +236,7 @@ class _Propagation:
             if source is None:
                 return False
             return self._set(op.result, after_collective(op, source))
-        if isinstance(op, graph.CallOp):
+        if isinstance(op, graph.CallOp | graph.ScanOp):
             return self._call(op)
         if not has_sharding_rule(op) or not op.operands:
             return False
@@ -212,10 +250,10 @@ class _Propagation:
             changed |= self._set(result, sharding)
         return changed
 
-    def _call(self, op: graph.CallOp) -> bool:
+    def _call(self, op: Caller) -> bool:
         """A call's results take the layouts its callee returns for its operands' layouts
         (once every operand has one)."""
-        known = [self.shardings.get(v) for v in op.operands]
+        known = [self.shardings.get(v) or _made_here(v) for v in op.operands]
         if any(k is None for k in known) or self.variants is None:
             return False
         if self.calls_seen.get(op) == known:  # nothing new since the last sweep
@@ -325,11 +363,10 @@ class _Propagation:
                 self.shardings.get(r, Sharding.replicated(aval(r).rank)) for r in op.results
             ]
             set_op_shardings(op, self.mesh_name, shardings)
-            if isinstance(op, graph.CallOp) and self.variants is not None:
+            if isinstance(op, graph.CallOp | graph.ScanOp) and self.variants is not None:
                 operands = [
-                    Sharding(self.shardings.get(v, Sharding.replicated(aval(v).rank)).dims)
-                    for v in op.operands
+                    self.shardings.get(v) or Sharding.replicated(aval(v).rank) for v in op.operands
                 ]
-                key = (op.callee_name, tuple(operands))
+                key = self.variants.key(op, operands)
                 if key in self.variants.propagated:
                     self.variants.keys[op] = key

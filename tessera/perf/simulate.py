@@ -189,11 +189,32 @@ class _Run:
                 self._wait(op)
             elif isinstance(op, func.CallOp):
                 self._call(op)
+            elif isinstance(op, schedule.ScanOp):
+                self._scan(op)
             elif isinstance(op, func.ReturnOp):
                 return list(op.operands)
             else:
                 raise TesseraError(f"simulate: cannot simulate {op.name} yet")
         return []
+
+    def _scan(self, op: schedule.ScanOp) -> None:
+        """A scan: its step's ops ``length`` times, each step's carries ready when the
+        previous step made them."""
+        callee = self.functions.get(op.callee_name)
+        if callee is None:
+            raise TesseraError(f"simulate: no function @{op.callee_name}")
+        zero = [0.0] * self.ranks
+        carries = op.carry_count
+        inputs = [self.ready.get(v, zero) for v in op.operands]
+        returned: list[SSAValue] = []
+        for _ in range(op.steps):
+            for argument, ready in zip(callee.body.block.args, inputs, strict=True):
+                self.ready[argument] = ready
+            returned = self._run(callee)
+            inputs[:carries] = [self.ready.get(v, zero) for v in returned[:carries]]
+        ends = [self.ready.get(v, zero) for v in returned]
+        for result, ready in zip(op.results, ends, strict=True):
+            self.ready[result] = ready
 
     def _call(self, op: func.CallOp) -> None:
         """A region call: the callee's ops, its arguments ready when the operands are."""

@@ -242,14 +242,14 @@ def _function(
 def _reached(ops: Sequence[Operation], functions: FunctionTable) -> list[str]:
     """The functions the ``graph.call`` ops of ``ops`` reach, directly or through calls."""
     reached: list[str] = []
-    work = [op.callee_name for op in ops if isinstance(op, graph.CallOp)]
+    work = [op.callee_name for op in ops if isinstance(op, graph.CallOp | graph.ScanOp)]
     while work:
         name = work.pop()
         if name in reached:
             continue
         reached.append(name)
         body = functions.get(name).body.block.ops
-        work.extend(op.callee_name for op in body if isinstance(op, graph.CallOp))
+        work.extend(op.callee_name for op in body if isinstance(op, graph.CallOp | graph.ScanOp))
     return reached
 
 

@@ -94,9 +94,10 @@ def plan_stages(
 def _op_time(op: Operation, topology: Topology) -> float:
     """The roofline time of one forward op alone (no launch overhead); a region call's
     is its callee's ops'."""
-    if isinstance(op, graph.CallOp):
+    if isinstance(op, graph.CallOp | graph.ScanOp):
         callee = table_of(op).get(op.callee_name)
-        return sum(_op_time(o, topology) for o in callee.body.block.ops if o.results)
+        steps = op.steps if isinstance(op, graph.ScanOp) else 1
+        return steps * sum(_op_time(o, topology) for o in callee.body.block.ops if o.results)
     values = [*op.operands, *op.results]
     nbytes = sum(aval(v).nbytes for v in values)
     if isinstance(op, graph.MatmulOp):
