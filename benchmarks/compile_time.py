@@ -73,7 +73,9 @@ def _program(layers: int, heads: int, forward: bool, regions: bool = False) -> A
 LLAMA3_405B = {"vocab": 128256, "dim": 16384, "heads": 128, "kv_heads": 8, "ffn": 53248}
 
 
-def llama_405b_step(layers: int, seq: int, regions: bool) -> tuple[Any, tuple[Any, ...]]:
+def llama_405b_step(
+    layers: int, seq: int, regions: bool, scan: bool = False
+) -> tuple[Any, tuple[Any, ...]]:
     """Llama-3-405B's training step at real width (``examples/llama.py``: GQA, SwiGLU,
     RoPE; AdamW, ZeRO-1) on a dp × tp = 2 × 8 mesh, Megatron layouts with a
     vocabulary-parallel head, and its arguments as meta tensors (shapes only, nothing
@@ -97,9 +99,18 @@ def llama_405b_step(layers: int, seq: int, regions: bool) -> tuple[Any, tuple[An
     mesh = dist.mesh({"dp": 2, "tp": 8})
     layouts = llama.megatron_layout(params)
     layouts["head"] = dist.ShardSpec(partition=(1,), mesh_axes=("tp",))  # vocabulary-parallel
+    if scan:  # the layer parameters stacked: their layouts keep dim 0 whole
+        params = llama.stacked_params(params, config)
+        layouts = {
+            k: None if spec is None else (
+                dist.ShardSpec(partition=tuple(d + 1 for d in spec.partition), mesh_axes=spec.mesh_axes)
+                if k in llama.LAYER_PARAMS else spec
+            )
+            for k, spec in llama.megatron_layout(params).items()
+        } | {"head": layouts["head"]}  # fmt: skip
 
     def step(p: Any, tokens: Any, targets: Any) -> Any:
-        loss = llama.loss(p, tokens, targets, config, regions=regions)
+        loss = llama.loss(p, tokens, targets, config, regions=regions, scan=scan)
         return graph.backward(loss), {"loss": loss}
 
     train = graph.training_step(
@@ -138,7 +149,7 @@ def measure(
     """Seconds and op counts of each compile stage for one layer count."""
     batch, seq, dim, heads = dims
     if model == "llama3-405b":
-        program, arguments = llama_405b_step(layers, seq, regions)
+        program, arguments = llama_405b_step(layers, seq, regions, scan)
     elif scan:  # stacked parameters, one graph.scan over the layers
         shapes = comm_volume.layer_params(dim, layers, materialize=False)
         params = comm_volume.stacked({k: torch.empty(v.shape) for k, v in shapes.items()}, layers)

@@ -131,18 +131,30 @@ def block(p, x, config: LlamaConfig, zigzag: int | None = None):
     return x + (op.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]
 
 
+def stacked_params(params: dict, config: LlamaConfig) -> dict:
+    """``params`` with each layer parameter stacked over the layers on a new dim 0,
+    named without the index (for ``loss(..., scan=True)``)."""
+    layers = {n: torch.stack([params[f"{n}{i}"] for i in range(config.layers)]) for n in LAYER_PARAMS}
+    return {k: v for k, v in params.items() if k in ("embed", "final_norm", "head")} | layers
+
+
 def loss(
     p, tokens, targets, config: LlamaConfig, zigzag: int | None = None,
-    sequence_parallel: dist.ShardSpec | None = None, regions: bool = False,
+    sequence_parallel: dist.ShardSpec | None = None, regions: bool = False, scan: bool = False,
 ):  # fmt: skip
     """Mean next-token cross-entropy of ``tokens [B, T]`` (stored in zig-zag order over
     ``zigzag`` ranks when given: the rotary tables follow the true positions). With
     ``sequence_parallel`` (a layout of ``[B, T, C]`` splitting T over tp), the residual
     stream between layers is kept in that layout (Megatron's sequence parallelism). With
-    ``regions``, every layer is a call of one ``graph.region``."""
+    ``regions``, every layer is a call of one ``graph.region``; with ``scan``, ``p`` holds
+    the layers' parameters stacked (:func:`stacked_params`) and the layers are one
+    ``graph.scan``."""
     layer = graph.region(block) if regions else block
     x = op.take(p["embed"], tokens, axis=0)
-    for i in range(config.layers):
+    if scan:  # the layers' parameters stacked (stacked_params): one graph.scan
+        stack = {n: p[n] for n in LAYER_PARAMS}
+        x, _ = graph.scan(lambda h, q: (block(q, h, config, zigzag), None), x, stack)
+    for i in range(0 if scan else config.layers):
         if sequence_parallel is not None:
             x = dist.shard(x, sequence_parallel)
         x = layer(layer_params(p, i), x, config, zigzag)

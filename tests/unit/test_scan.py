@@ -1,0 +1,170 @@
+"""graph.scan: a region looped over stacked inputs, traced and compiled once, equal to the
+unrolled program (values and gradients, on one device and on a dp × tp mesh)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tessera as ts
+from tessera import dist, graph, op
+from tessera.errors import TraceError
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "examples"))
+import comm_volume  # noqa: E402
+import llama  # noqa: E402
+
+MESH = dist.mesh({"dp": 2, "tp": 2})
+LAYERS = 4
+TOL = 1e-12  # float64: only summation order may differ
+
+
+def layer(p, x):
+    return x + op.matmul(op.gelu(op.matmul(x, p["w1"])), p["w2"])
+
+
+def model(stacked, x):
+    """The layers as one scan; each step also emits its input's sum (a stacked output)."""
+    x, sums = graph.scan(lambda h, p: (layer(p, h), h.sum()), x, stacked)
+    return (x * x).mean() + (sums * sums).sum()
+
+
+def torch_model(stacked, x):
+    total = 0.0
+    for i in range(stacked["w1"].shape[0]):
+        total = total + x.sum() ** 2
+        x = x + torch.nn.functional.gelu(x @ stacked["w1"][i]) @ stacked["w2"][i]
+    return (x * x).mean() + total
+
+
+def _inputs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    stacked = {
+        "w1": torch.randn(LAYERS, 16, 32, generator=g, dtype=torch.float64) * 0.2,
+        "w2": torch.randn(LAYERS, 32, 16, generator=g, dtype=torch.float64) * 0.2,
+    }
+    return stacked, torch.randn(8, 16, generator=g, dtype=torch.float64)
+
+
+def _torch_grads(stacked, x):
+    leaves = {k: v.clone().requires_grad_() for k, v in stacked.items()}
+    h = x.clone().requires_grad_()
+    torch_model(leaves, h).backward()
+    return {k: v.grad for k, v in leaves.items()}, h.grad
+
+
+def _check(grads, expected) -> None:
+    (g, gx), (e, ex) = grads, expected
+    assert max((g[k] - e[k]).abs().max().item() for k in g) < TOL
+    assert (gx - ex).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+def test_values_and_gradients_equal_torch_on_one_device(kernels: str) -> None:
+    stacked, x = _inputs()
+    assert abs(float(ts.jit(model, kernels=kernels)(stacked, x)) - float(torch_model(stacked, x))) < TOL
+    grads = ts.grad(model, argnums=(0, 1), kernels=kernels)(stacked, x)
+    _check(grads, _torch_grads(stacked, x))
+
+
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+def test_gradients_on_a_dp_tp_mesh_equal_torch(kernels: str) -> None:
+    stacked, x = _inputs(1)
+    specs = {
+        "w1": dist.ShardSpec(partition=(2,), mesh_axes=("tp",)),  # column-parallel per layer
+        "w2": dist.ShardSpec(partition=(1,), mesh_axes=("tp",)),  # row-parallel per layer
+    }
+    grad = ts.jit(
+        ts.grad(model, argnums=(0, 1)),
+        mesh=MESH,
+        in_shardings=(specs, dist.ShardSpec(partition=(0,), mesh_axes=("dp",))),
+        kernels=kernels,
+    )
+    _check(grad(stacked, x), _torch_grads(stacked, x))
+    text = grad.lower(stacked, x).as_text("schedule")
+    assert text.count("schedule.scan @") == 2  # the forward, the backward (reverse)
+    assert "all_gather %stacked" not in text  # the weights stay split: no gather
+    assert text.count("func.func private @") == 2  # one step function each
+
+
+def test_the_step_is_traced_once_and_the_program_does_not_grow_with_depth() -> None:
+    texts = []
+    for layers in (2, 16):
+        stacked, x = _inputs()
+        stacked = {k: v[:1].expand(layers, *v.shape[1:]).contiguous() for k, v in stacked.items()}
+        texts.append(ts.grad(model, kernels="reference").lower(stacked, x).as_text("schedule"))
+    assert abs(len(texts[1]) - len(texts[0])) < 0.02 * len(texts[0])
+
+
+def test_training_step_from_a_scan_equals_the_unrolled_step() -> None:
+    layers, results = 3, []
+    x = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(5))
+    for scan in (False, True):
+        if scan:
+            step = comm_volume.scan_training_step(MESH, 0, 4)
+            params = comm_volume.stacked(comm_volume.layer_params(32, layers), layers)
+        else:
+            step = comm_volume.training_step(MESH, 0, layers, 4, True)
+            params = comm_volume.layer_params(32, layers)
+        state = step.init(params)
+        losses = [float(step(state, x)["loss"]) for _ in range(2)]
+        final = {k: torch.as_tensor(v) for k, v in state.params.items()}
+        results.append((losses, final if scan else comm_volume.stacked(final, layers)))
+    (unrolled_losses, unrolled), (scan_losses, scanned) = results
+    assert unrolled_losses == pytest.approx(scan_losses, rel=1e-5)  # float32
+    assert max((unrolled[k] - scanned[k]).abs().max().item() for k in unrolled) < 1e-5
+
+
+def test_llama_as_a_scan_equals_llama_unrolled() -> None:
+    """The Llama example's loss and gradients, its layers a scan over stacked parameters
+    (each step a checkpointed block), against the unrolled model, float64."""
+    config = llama.LlamaConfig(layers=3)
+    params = llama.init_params(config, dtype=torch.float64)
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, config.vocab, (2, config.seq), generator=g)
+    targets = torch.randint(0, config.vocab, (2, config.seq), generator=g)
+
+    def unrolled(p, t, y):
+        return llama.loss(p, t, y, config)
+
+    def scanned(p, t, y):
+        return llama.loss(p, t, y, config, scan=True)
+
+    value, grads = ts.value_and_grad(unrolled, kernels="reference")(params, tokens, targets)
+    stacked = llama.stacked_params(params, config)
+    scan_value, scan_grads = ts.value_and_grad(scanned, kernels="reference")(stacked, tokens, targets)
+    assert abs(float(value) - float(scan_value)) < TOL
+    expected = llama.stacked_params(grads, config)
+    assert max((scan_grads[k] - expected[k]).abs().max().item() for k in expected) < TOL
+
+
+def test_a_carry_that_changes_shape_is_an_error() -> None:
+    with pytest.raises(TraceError, match="the carry must keep its structure, shapes and dtypes"):
+        ts.jit(lambda x, w: graph.scan(lambda h, v: (h.sum(), None), x, w)[0], kernels="reference")(
+            torch.randn(3), torch.randn(2, 3)
+        )
+
+
+def test_xs_of_different_lengths_are_an_error() -> None:
+    with pytest.raises(TraceError, match="xs must be tensors of one leading length"):
+        ts.jit(
+            lambda x, a, b: graph.scan(lambda h, v: (h, None), x, (a, b))[0], kernels="reference"
+        )(torch.randn(3), torch.randn(2, 3), torch.randn(4, 3))
+
+
+def test_a_step_must_return_carry_and_y() -> None:
+    with pytest.raises(TraceError, match=r"must return \(carry, y\)"):
+        ts.jit(lambda x, w: graph.scan(lambda h, v: h, x, w), kernels="reference")(
+            torch.randn(3), torch.randn(2, 3)
+        )
+
+
+def test_outside_tracing_scan_runs_step_by_step() -> None:
+    carry, ys = graph.scan(lambda c, x: (c + x, c * x), torch.zeros(2), torch.ones(3, 2))
+    assert torch.equal(carry, torch.full((2,), 3.0))
+    assert torch.equal(ys, torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]))
