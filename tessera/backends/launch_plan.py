@@ -478,10 +478,10 @@ def run_virtual(
 
 __all__ = [
     "CallStep",
-    "ScanStep",
     "Collectives",
     "KernelStep",
     "LaunchPlan",
+    "ScanStep",
     "Step",
     "VirtualCollectives",
     "arena_offsets",
