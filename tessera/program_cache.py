@@ -63,7 +63,11 @@ class ProgramCache:
     def key(self) -> str:
         if self._key is None:
             digest = hashlib.sha256()
-            for part in (code_version(), pipeline_string(self.config, STAGES[1:]), repr(self.config)):
+            for part in (
+                code_version(),
+                pipeline_string(self.config, STAGES[1:]),
+                repr(self.config),
+            ):
                 digest.update(part.encode())
                 digest.update(b"\0")
             digest.update(serialize.dumps(self.traced))

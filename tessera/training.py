@@ -168,7 +168,7 @@ class TrainingStep:
         numerics: str | None = None,
     ):
         """``fn(params, *batch) -> (grads, metrics)`` compiled with the ``optimizer``'s
-        update. ``param_shardings`` is a pytree prefix of ``dist.ShardSpec`` for the
+        update, on ``mesh`` (a ``dist.Mesh``; None: one device). ``param_shardings`` is a pytree prefix of ``dist.ShardSpec`` for the
         parameters (their tensor-parallel layout), ``batch_shardings`` one spec per batch
         argument (default: dim 0 over ``dp_axis``), ``zero`` the ZeRO stage, ``kernels``
         as ``ts.jit``'s, ``module`` the program's name, ``pp_axis`` the mesh axis a

@@ -18,6 +18,7 @@ import tessera as ts
 from tessera import dist, op, optim
 from tessera.backends.launch_plan import run_virtual
 from tessera.backends.virtual import run_partitioned
+from tessera.driver import available_passes, schedule_trial
 from tessera.errors import TesseraError
 from tessera.graph import backward, training_step
 from tessera.ir import graph
@@ -25,7 +26,6 @@ from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import module_mesh
 from tessera.passes import get_all_passes
-from tessera.driver import available_passes, schedule_trial
 from tessera.passes.collective_matmul import CollectiveMatmulPass, choose_chunks, simulated_time
 from tessera.perf.topology import load_topology
 
