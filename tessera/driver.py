@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from xdsl.context import Context
@@ -85,6 +85,12 @@ class Autodiff:
     results: tuple[int, ...] = ()
 
 
+# the config's defaults, immutable, made once (a jit function makes a config per call)
+_DEFAULT_SCHEDULE = ScheduleOptions()
+_DEFAULT_REMAT = RematPolicy()
+_DEFAULT_PRECISION = Precision()
+
+
 @dataclass(frozen=True)
 class CompileConfig:
     """Everything a program is compiled with, handed on unchanged by every front-end.
@@ -101,10 +107,10 @@ class CompileConfig:
 
     mesh: Mesh | None = None
     kernels: str = "triton"
-    schedule: ScheduleOptions = field(default_factory=ScheduleOptions)
+    schedule: ScheduleOptions = _DEFAULT_SCHEDULE
     numerics: str = "fast"
-    remat: RematPolicy = field(default_factory=RematPolicy)
-    precision: Precision = field(default_factory=Precision)
+    remat: RematPolicy = _DEFAULT_REMAT
+    precision: Precision = _DEFAULT_PRECISION
     autodiff: Autodiff | None = None
 
     def __post_init__(self) -> None:
