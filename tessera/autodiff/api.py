@@ -27,7 +27,7 @@ from xdsl.dialects.builtin import FileLineColLoc
 from xdsl.ir import BlockArgument, Operation
 from xdsl.rewriter import InsertPoint
 
-from tessera.compiled import JitFunction, is_array, where_defined
+from tessera.compiled import JitFunction, Lowered, Signature, is_array, where_defined
 from tessera.driver import Autodiff, CompileConfig
 from tessera.errors import ArgumentError, TraceError, describe_location
 from tessera.frontend import pytree
@@ -64,6 +64,13 @@ class GradFunction(JitFunction):
         self.argnums = argnums
         self.with_value = with_value
         self.has_aux = has_aux
+
+    def _trace(self, signature: Signature, config: CompileConfig) -> Lowered:
+        lowered = super()._trace(signature, config)
+        # the backward at once, so that its errors (an op without a VJP) come when
+        # tracing, as inside traced code
+        lowered.module_at("autodiff")
+        return lowered
 
     def _body(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """Inside traced code: ``fn``'s forward, then its backward, traced at once."""

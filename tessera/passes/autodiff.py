@@ -216,6 +216,11 @@ def _checkpointed_blocks(
     return blocks
 
 
+class AutodiffError(PassFailedException, TesseraError):
+    """``autodiff`` failed (an op without a VJP, say): a pass failure, located by
+    ``tessera-opt``, and a TesseraError, as ``ts.grad`` reports it."""
+
+
 @dataclass(frozen=True)
 class AutodiffPass(ModulePass):
     """Adds @f_grad: @f's results and the gradients of its first result (reverse mode)."""
@@ -233,9 +238,9 @@ class AutodiffPass(ModulePass):
         if self.function:
             functions = [f for f in functions if f.sym_name.data == self.function]
             if not functions:
-                raise PassFailedException(f"autodiff: no function @{self.function}")
+                raise AutodiffError(f"autodiff: no function @{self.function}")
         elif len(functions) != 1:
-            raise PassFailedException(
+            raise AutodiffError(
                 "autodiff: the module has several functions; say which with function=NAME"
             )
         (target,) = functions
@@ -248,4 +253,4 @@ class AutodiffPass(ModulePass):
             policy = RematPolicy(self.remat, self.remat_every)
             differentiate(target, list(self.wrt) or None, policy, list(self.results) or None)
         except TesseraError as error:
-            raise PassFailedException(f"autodiff: {error}") from None
+            raise AutodiffError(f"autodiff: {error}") from None

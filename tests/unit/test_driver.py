@@ -152,6 +152,15 @@ def test_the_autodiff_stage_computes_torch_autograd_gradients() -> None:
     assert "results" not in value_and_grad.lower(params, x).pipeline("autodiff")
 
 
+def test_a_backward_that_cannot_be_built_fails_when_traced() -> None:
+    """The autodiff stage of a ``ts.grad`` program runs when it is traced: an op without
+    a VJP is a TesseraError from ``lower``, as it is inside traced code."""
+    inner = ts.grad(lambda q: op.sum(op.attention(q, q, q)))
+    outer = ts.grad(lambda q: op.sum(inner(q)))
+    with pytest.raises(ts.TesseraError, match="attention_backward is not differentiable"):
+        outer.lower(torch.randn(1, 2, 8, 4))
+
+
 def test_the_config_holds_what_the_context_managers_set() -> None:
     """The user's schedule options and numerics mode are read into the config when the
     program is traced (a call in another mode traces again); a training step records its
