@@ -245,7 +245,6 @@ def run_stage(stage: str, previous: ModuleOp, config: CompileConfig) -> ModuleOp
     return module
 
 
-@functools.cache
 def available_passes() -> dict[str, Callable[[], type[ModulePass]]]:
     """Every pass by flag (:func:`tessera.passes.get_all_passes`), as the driver and
     ``tessera-opt`` run them: ``collective-matmul`` times its candidates with
