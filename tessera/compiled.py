@@ -12,7 +12,7 @@ import functools
 import hashlib
 import inspect
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, UnitAttr
 from xdsl.ir import Attribute
 
-from tessera import environment, program_cache, schedule
+from tessera import environment, numerics, program_cache, schedule
 from tessera import op as _op_library  # noqa: F401 (gives traced tensors their operators)
 from tessera.backends import distributed, schedule_runner
 from tessera.backends.collective_info import CollectiveInfo, collectives
@@ -39,7 +39,14 @@ from tessera.backends.reference import graph_plan
 from tessera.dist.collectives import MESH_SYMBOL, shard
 from tessera.dist.shard_spec import ShardSpec, check_shard_specs
 from tessera.dist.tensor import DistTensor
-from tessera.driver import KERNEL_BACKENDS, STAGES, CompileConfig, pipeline_string, run_stage
+from tessera.driver import (
+    KERNEL_BACKENDS,
+    STAGES,
+    CompileConfig,
+    pipeline_string,
+    run_stage,
+    stage_passes,
+)
 from tessera.dtypes import as_dtype
 from tessera.errors import (
     ArgumentError,
@@ -71,8 +78,10 @@ def default_kernels() -> str:
     return environment.kernels()
 
 
-def _is_array(leaf: Any) -> bool:
-    """Arrays are traced; numpy scalars (``np.float32(1)``) count as 0-d arrays."""
+def is_array(leaf: Any) -> bool:
+    """Whether a leaf of a call's arguments is an array (traced; the others are static):
+    a torch tensor, numpy array or ``dist.tensor``; numpy scalars (``np.float32(1)``)
+    count as 0-d arrays."""
     return isinstance(leaf, (torch.Tensor, np.ndarray, np.generic, DistTensor))
 
 
@@ -171,7 +180,8 @@ class Lowered:
         return pipeline_string(self.config, stages or STAGES[1:])
 
     def as_text(self, stage: str = "graph") -> str:
-        """The IR at ``stage``: ``"traced"`` (as traced), ``"graph"`` (cleaned up by
+        """The IR at ``stage``: ``"traced"`` (as traced), ``"autodiff"`` (a gradient
+        program's forward and backward; other programs: as traced), ``"graph"`` (cleaned up by
         canonicalize, cse and dce; global shapes), ``"sharded"`` (every
         value annotated with its sharding, collectives inserted), ``"partitioned"``
         (the per-rank program, local shapes), ``"schedule"`` (kernels, collective
@@ -256,6 +266,9 @@ class Lowered:
         """The module after ``stage``'s passes (computed once, on a copy)."""
         if stage not in STAGES:
             raise TesseraError(f"unknown or not yet available stage {stage!r}; available: {STAGES}")
+        if stage not in self._stages and not stage_passes(stage, self.config):
+            # a stage this program does not have (autodiff): the previous stage's module
+            self._stages[stage] = self.module_at(STAGES[STAGES.index(stage) - 1])
         if stage not in self._stages:
             stored = self._program_cache.load(stage) if self._program_cache else None
             if stored is None:
@@ -300,7 +313,7 @@ class Lowered:
         multi-process job each result is this rank's
         :class:`~tessera.backends.distributed.LocalResult`. ``checked``: the caller
         matched the arrays' shapes and dtypes with the signature already."""
-        arrays = [leaf for leaf in leaves if _is_array(leaf)]
+        arrays = [leaf for leaf in leaves if is_array(leaf)]
         expected = self._input_avals()
         if not checked:
             found = [_abstract(a) for a in arrays]
@@ -471,6 +484,7 @@ class JitFunction:
         kernels: str | None = None,
         donate_argnums: int | Sequence[int] = (),
         cuda_graphs: bool = False,
+        compile_options: Mapping[str, Any] | None = None,
     ):
         if mesh is not None and not isinstance(mesh, Mesh):
             raise ShardingError(
@@ -499,8 +513,23 @@ class JitFunction:
         self.donate_argnums = _argnums(donate_argnums, "donate_argnums", self.__name__, positional)
         if set(self.donate_argnums) & set(self.static_argnums):
             raise ArgumentError(f"{self.__name__}: an argument cannot be both static and donated")
+        # further CompileConfig fields, fixed by the front-end (a training step's remat
+        # and precision)
+        self.compile_options = dict(compile_options or {})
         self.trace_count = 0
-        self._cache: dict[tuple[Signature, ScheduleOptions], Lowered] = {}
+        self._cache: dict[tuple[Signature, CompileConfig], Lowered] = {}
+
+    def compile_config(self) -> CompileConfig:
+        """The configuration a program traced now compiles with: this function's mesh,
+        kernels and compile options, and the settings of the user's context managers in
+        force (``tessera.schedule``'s options, ``tessera.numerics``' mode), read here once."""
+        return CompileConfig(
+            self.mesh,
+            self.kernels or default_kernels(),
+            schedule.current(),
+            numerics.mode(),
+            **self.compile_options,
+        )
 
     def signature(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Signature:
         """What the program for these arguments is specialised on."""
@@ -528,7 +557,7 @@ class JitFunction:
                     f"{self.__name__}.lower() got a traced tensor {leaf.aval}; inside traced "
                     f"code call the function itself"
                 )
-            if _is_array(leaf):
+            if is_array(leaf):
                 try:
                     keys.append(_abstract(leaf))
                 except TesseraError as error:
@@ -575,7 +604,7 @@ class JitFunction:
         shardings: list[Sharding | None] = []
         array_names = iter(names)
         for leaf, spec in zip(leaves, per_leaf, strict=True):
-            if not _is_array(leaf):
+            if not is_array(leaf):
                 continue
             name = f"argument {next(array_names)!r} of {self.__name__}"
             sharding = spec.to_sharding(self.mesh, leaf.shape, name) if spec is not None else None
@@ -598,10 +627,10 @@ class JitFunction:
 
     def _lower(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Lowered, list[Any]]:
         signature, leaves = self._signature(args, kwargs)
-        key = (signature, schedule.current())
+        key = (signature, self.compile_config())
         lowered = self._cache.get(key)
         if lowered is None:
-            lowered = self._cache[key] = self._trace(signature)
+            lowered = self._cache[key] = self._trace(*key)
         return lowered, leaves
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -646,7 +675,7 @@ class JitFunction:
             result = _constrain(result, self.out_shardings, "out_shardings")
         return result
 
-    def _trace(self, signature: Signature) -> Lowered:
+    def _trace(self, signature: Signature, config: CompileConfig) -> Lowered:
         self.trace_count += 1
         avals = [k for k in signature.leaves if isinstance(k, AbstractTensor)]
         trace = Trace(self.__name__, avals, mesh=self.mesh)
@@ -660,19 +689,12 @@ class JitFunction:
         args, kwargs = pytree.unflatten(signature.treedef, leaves)
         check_call(self.fn, self.__name__, args, kwargs)
         with tracing(trace):
-            result = self._body(args, kwargs)
-            out_leaves, out_tree = pytree.flatten(result)
-            if self.out_shardings is not None:
-                specs = broadcast_prefix(self.out_shardings, out_tree, "out_shardings")
-                out_leaves = [
-                    shard(leaf, spec) if spec is not None and isinstance(leaf, Tensor) else leaf
-                    for leaf, spec in zip(out_leaves, specs, strict=True)
-                ]
+            out_leaves, out_tree, config = self._trace_results(args, kwargs, config)
         for leaf in out_leaves:
             if not isinstance(leaf, Tensor):
                 raise TraceError(
                     f"{self.__name__} must return tensors (in tuples, lists or dicts), "
-                    f"found {type(leaf).__name__}: {leaf!r}\n  in {_definition(self.fn)}"
+                    f"found {type(leaf).__name__}: {leaf!r}\n  in {where_defined(self.fn)}"
                 )
             if leaf.trace is not trace:
                 raise TraceError(f"{self.__name__} returned a tensor from another traced function")
@@ -684,10 +706,24 @@ class JitFunction:
             for index, s in enumerate(shardings)
         ]
         module = trace.finish(out_leaves, arg_attrs)
-        config = CompileConfig(self.mesh, self.kernels or default_kernels(), schedule.current())
         lowered = Lowered(trace.name, module, signature, out_tree, config)
         lowered.graphs = CudaGraphs(trace.name) if self.cuda_graphs else None
         return lowered
+
+    def _trace_results(
+        self, args: Sequence[Any], kwargs: dict[str, Any], config: CompileConfig
+    ) -> tuple[list[Any], pytree.TreeDef, CompileConfig]:
+        """Traces the program on the current trace: the leaves the traced module returns,
+        the structure of the program's results, and the config it compiles with (as
+        given; ``ts.grad`` traces the forward and adds the ``autodiff`` stage's options)."""
+        out_leaves, out_tree = pytree.flatten(self._body(args, kwargs))
+        if self.out_shardings is not None:
+            specs = broadcast_prefix(self.out_shardings, out_tree, "out_shardings")
+            out_leaves = [
+                shard(leaf, spec) if spec is not None and isinstance(leaf, Tensor) else leaf
+                for leaf, spec in zip(out_leaves, specs, strict=True)
+            ]
+        return out_leaves, out_tree, config
 
     def _donated_leaves(self, signature: Signature) -> set[int]:
         """Indices (among the array arguments) of the leaves of ``donate_argnums``."""
@@ -749,7 +785,7 @@ def check_call(
         raise TraceError(
             f"{name} was called with {len(args)} positional argument(s)"
             f"{' and keywords ' + str(sorted(kwargs)) if kwargs else ''}: {error}\n"
-            f"  {_definition(fn)}"
+            f"  {where_defined(fn)}"
         ) from None
 
 
@@ -804,8 +840,9 @@ def _leaf_argument(
     return f"argument {index}"
 
 
-def _definition(fn: Callable[..., Any]) -> str:
-    """``file:line`` where ``fn`` is defined, for errors about the function as a whole."""
+def where_defined(fn: Callable[..., Any]) -> str:
+    """``name defined at file:line``: where ``fn`` is defined, for errors about the
+    function as a whole."""
     code = getattr(inspect.unwrap(fn), "__code__", None)
     name = getattr(fn, "__qualname__", repr(fn))
     return f"{name} defined at {code.co_filename}:{code.co_firstlineno}" if code else name

@@ -10,32 +10,58 @@ here and nowhere else, so the whole pipeline of a program prints as one ``tesser
 
 Stages, in order (``traced`` is the module as the tracer built it):
 
+- ``autodiff``: a gradient program's backward (``ts.grad``, ``ts.value_and_grad``):
+  ``autodiff{function=... in_place=true remat=... wrt=...}`` differentiates the traced
+  forward; other programs have no such stage (no passes: its module is the traced one);
 - ``graph``: clean-up (``canonicalize``, ``cse``, ``dce``), so a value nobody returns —
   the loss ``ts.grad`` drops, say — never reaches sharding;
 - ``sharded``: ``shard-propagate``, ``insert-collectives``;
 - ``partitioned``: ``shard-partition`` (per-rank shapes), ``unzigzag-attention``;
-- ``schedule``: the schedule options' passes, from ``lower-graph-to-schedule`` to
-  ``plan-memory`` (see :meth:`tessera.schedule.ScheduleOptions.passes`);
+- ``schedule``: the schedule options' passes (:mod:`tessera.schedule`), from
+  ``collective-matmul`` and ``bucket-gradients`` to ``plan-memory``;
 - ``tile``: ``lower-schedule-to-tile``.
+
+The configuration holds every input of the compile besides the traced module: the passes
+and the program cache (:mod:`tessera.program_cache`, whose key covers the whole config)
+read it, never module-level state. The user-facing context managers that shape a compile
+— ``tessera.schedule``'s options (the pipeline options among them) and
+``tessera.numerics``' mode — keep their settings in module-level stacks *for tracing
+only*: a front-end reads them once, when it traces, into the config
+(``JitFunction.compile_config``). A training step's own options (``remat``,
+``precision`` and its loss scaling) are fixed by the step and recorded in the config of
+its programs. While a training step traces, ``tessera.training`` keeps the step being
+traced (its parameters, remat policy, loss scale: traced values) on a stack that
+``graph.backward`` reads; nothing reads it once tracing ends.
+
+Passes that need other passes get them from here, not by importing them:
+``collective-matmul`` times its candidate chunkings with :func:`schedule_trial`, which
+the driver (and ``tessera-opt``) hands it through :func:`available_passes`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
+from tessera import numerics as numerics_policy
 from tessera.errors import TesseraError
 from tessera.ir.mesh import Mesh
+from tessera.ir.remat import RematPolicy
 from tessera.ir.verifier import verify_module
 from tessera.passes import get_all_passes
+from tessera.precision import Precision
 from tessera.schedule import ScheduleOptions
 
-STAGES = ("traced", "graph", "sharded", "partitioned", "schedule", "tile")
+if TYPE_CHECKING:
+    from tessera.perf.topology import Topology
+
+STAGES = ("traced", "autodiff", "graph", "sharded", "partitioned", "schedule", "tile")
 KERNEL_BACKENDS = ("triton", "reference")
 
 _FIXED_STAGE_PASSES: dict[str, tuple[str, ...]] = {
@@ -44,6 +70,25 @@ _FIXED_STAGE_PASSES: dict[str, tuple[str, ...]] = {
     "partitioned": ("shard-partition", "unzigzag-attention"),
     "tile": ("lower-schedule-to-tile",),
 }
+# how collective-matmul's candidates are scheduled before they are simulated
+_TRIAL_PASSES = ("lower-graph-to-schedule", "overlap-comm")
+
+
+@dataclass(frozen=True)
+class Autodiff:
+    """What a gradient program's ``autodiff`` stage differentiates: ``@function``'s first
+    result (the loss) with respect to its arguments ``wrt`` (indices); the function then
+    returns ``results`` (indices into its results followed by the gradients; empty: all)."""
+
+    function: str
+    wrt: tuple[int, ...]
+    results: tuple[int, ...] = ()
+
+
+# the config's defaults, immutable, made once (a jit function makes a config per call)
+_DEFAULT_SCHEDULE = ScheduleOptions()
+_DEFAULT_REMAT = RematPolicy()
+_DEFAULT_PRECISION = Precision()
 
 
 @dataclass(frozen=True)
@@ -52,16 +97,26 @@ class CompileConfig:
 
     ``mesh`` is None for a single-device program; ``kernels`` is ``"triton"`` (generated
     kernels) or ``"reference"`` (the reference executor, the test oracle); ``schedule``
-    holds the scheduling options (``tessera.schedule``) current when it was traced.
+    holds the scheduling options (``tessera.schedule``, pipeline options included) and
+    ``numerics`` the numerics mode (``tessera.numerics``) in force when it was traced;
+    ``remat`` is what a backward keeps of checkpointed blocks (the ``autodiff`` stage's,
+    a training step's ``remat=``), ``precision`` a training step's precision policy and
+    loss scaling (f32, unscaled elsewhere), ``autodiff`` what a gradient program
+    differentiates (None: the program has no ``autodiff`` stage).
     """
 
     mesh: Mesh | None = None
     kernels: str = "triton"
-    schedule: ScheduleOptions = field(default_factory=ScheduleOptions)
+    schedule: ScheduleOptions = _DEFAULT_SCHEDULE
+    numerics: str = "fast"
+    remat: RematPolicy = _DEFAULT_REMAT
+    precision: Precision = _DEFAULT_PRECISION
+    autodiff: Autodiff | None = None
 
     def __post_init__(self) -> None:
         if self.kernels not in KERNEL_BACKENDS:
             raise TesseraError(f"kernels must be one of {KERNEL_BACKENDS}, found {self.kernels!r}")
+        numerics_policy.check(self.numerics)
 
     def replace(self, **changes: Any) -> CompileConfig:
         return replace(self, **changes)
@@ -92,6 +147,8 @@ def _option_text(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return f'"{value}"'
+    if isinstance(value, tuple):
+        return ",".join(map(_option_text, value))
     return str(value)
 
 
@@ -99,13 +156,38 @@ def stage_passes(stage: str, config: CompileConfig) -> list[PassSpec]:
     """The passes ``stage`` runs on the previous stage's module."""
     if stage not in STAGES:
         raise TesseraError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-    if stage == "traced":
+    if stage == "traced" or (stage == "autodiff" and config.autodiff is None):
         return []
+    if stage == "autodiff":
+        return [_autodiff_pass(config)]
     if stage == "schedule":
-        return _schedule_passes(config.schedule)
+        return _schedule_passes(config)
     if stage == "partitioned":
         return [_partition_pass(config.schedule), PassSpec.of("unzigzag-attention")]
     return [PassSpec.of(flag) for flag in _FIXED_STAGE_PASSES[stage]]
+
+
+def program_stages(config: CompileConfig) -> tuple[str, ...]:
+    """The stages a program compiled with ``config`` has (``autodiff`` only for gradient
+    programs)."""
+    return tuple(s for s in STAGES if s != "autodiff" or config.autodiff is not None)
+
+
+def _autodiff_pass(config: CompileConfig) -> PassSpec:
+    """``autodiff`` rewriting the traced forward in place, as ``config.autodiff`` says."""
+    assert config.autodiff is not None
+    gradient, remat = config.autodiff, config.remat
+    options: dict[str, Any] = {
+        "function": gradient.function,
+        "in_place": True,
+        "wrt": gradient.wrt,
+        "remat": remat.save,
+    }
+    if remat.every != 1:
+        options["remat_every"] = remat.every
+    if gradient.results:
+        options["results"] = gradient.results
+    return PassSpec.of("autodiff", options)
 
 
 def _partition_pass(options: ScheduleOptions) -> PassSpec:
@@ -123,11 +205,18 @@ def _partition_pass(options: ScheduleOptions) -> PassSpec:
     return PassSpec.of("shard-partition", changed)
 
 
-def _schedule_passes(options: ScheduleOptions) -> list[PassSpec]:
-    """The passes that lower a partitioned program to its schedule, as ``options`` ask."""
+def _schedule_passes(config: CompileConfig) -> list[PassSpec]:
+    """The passes that lower a partitioned program to its schedule, as the schedule
+    options ask."""
+    options = config.schedule
     passes: list[PassSpec] = []
     if options.overlap and options.collective_matmul:
-        chunking = {"chunks": options.collective_matmul_chunks, "topology": options.topology}
+        chunking: dict[str, Any] = {
+            "chunks": options.collective_matmul_chunks,
+            "topology": options.topology,
+        }
+        if config.numerics != "fast":  # the simulation prices deterministic reductions
+            chunking["numerics"] = config.numerics
         passes.append(PassSpec.of("collective-matmul", chunking))
     if options.bucket_bytes:
         passes.append(PassSpec.of("bucket-gradients", {"bucket_bytes": options.bucket_bytes}))
@@ -149,11 +238,42 @@ def run_stage(stage: str, previous: ModuleOp, config: CompileConfig) -> ModuleOp
     """``stage``'s passes applied to a copy of ``previous`` (the module of the stage
     before it); the result is verified."""
     module = previous.clone()
-    passes = get_all_passes()
+    passes = available_passes()
     for spec in stage_passes(stage, config):
         spec.instantiate(passes).apply(Context(), module)
     verify_module(module)
     return module
+
+
+def available_passes() -> dict[str, Callable[[], type[ModulePass]]]:
+    """Every pass by flag (:func:`tessera.passes.get_all_passes`), as the driver and
+    ``tessera-opt`` run them: ``collective-matmul`` times its candidates with
+    :func:`schedule_trial`."""
+    passes = get_all_passes()
+    passes["collective-matmul"] = _collective_matmul
+    return passes
+
+
+@functools.cache
+def _collective_matmul() -> type[ModulePass]:
+    from tessera.passes.collective_matmul import CollectiveMatmulPass
+
+    return CollectiveMatmulPass.using(schedule_trial)
+
+
+def schedule_trial(
+    module: ModuleOp, function: str, mesh: Mesh, topology: Topology, numerics: str
+) -> float:
+    """The step time of ``@function`` of a partitioned ``module`` lowered as the
+    ``schedule`` stage lowers it (``lower-graph-to-schedule``, ``overlap-comm``; in place:
+    pass a copy) and simulated on ``topology`` in ``numerics`` mode: how
+    ``collective-matmul`` prices a candidate chunking."""
+    from tessera.perf.simulate import simulate
+
+    passes = get_all_passes()
+    for flag in _TRIAL_PASSES:
+        PassSpec.of(flag).instantiate(passes).apply(Context(), module)
+    return simulate(module, function, mesh, topology, numerics=numerics).step_time_s
 
 
 def previous_stage(stage: str) -> str:
@@ -166,10 +286,14 @@ def previous_stage(stage: str) -> str:
 __all__ = [
     "KERNEL_BACKENDS",
     "STAGES",
+    "Autodiff",
     "CompileConfig",
     "PassSpec",
+    "available_passes",
     "pipeline_string",
     "previous_stage",
+    "program_stages",
     "run_stage",
+    "schedule_trial",
     "stage_passes",
 ]

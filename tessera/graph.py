@@ -22,6 +22,7 @@ option, or ``graph.backward``'s) does not save of it (:mod:`tessera.ir.remat`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -35,18 +36,11 @@ from tessera.frontend.tracer import Tensor, current_trace, user_location
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.mesh import Mesh
 from tessera.ir.remat import RematPolicy as Remat
-from tessera.mixed_precision import Precision
 from tessera.op import astype
 from tessera.passes.autodiff import backprop
 from tessera.pipeline.step import PipelinedTrainingStep
-from tessera.training import (
-    TrainingStep,
-    TrainState,
-    active_loss_scale,
-    active_params,
-    active_remat,
-    forward_only_loss,
-)
+from tessera.precision import Precision
+from tessera.training import TrainingStep, TrainState, traced_step
 
 __all__ = [
     "Precision",
@@ -84,13 +78,21 @@ def backward(loss: Tensor, params: Any = None, remat: Remat | str | bool | None 
         raise TraceError(
             f"graph.backward: the loss must be a float scalar, found {loss.aval} at {user_location()}"
         )
+    step = traced_step()  # inside @graph.training_step: the step being traced
     if params is None:
-        params = active_params()
+        if step is None:
+            raise TraceError(
+                "graph.backward(loss) without params is only valid inside "
+                "@graph.training_step; pass the tensors to differentiate: "
+                f"graph.backward(loss, params), at {user_location()}"
+            )
+        params = step.params
     try:
-        policy = active_remat() if remat is None else Remat.of(remat)
+        policy = Remat.of(remat) if remat is not None else step.remat if step else Remat()
     except TesseraError as error:
         raise TraceError(f"graph.backward: {error}, at {user_location()}") from None
-    if forward_only_loss(loss):  # a pipelined step differentiates stage by stage
+    if step is not None and step.recorded is not None:  # a pipelined step's forward
+        step.recorded.append(loss)  # differentiated stage by stage, by the pipeline
         return params
     leaves, tree = pytree.flatten(params)
     for leaf in leaves:
@@ -103,7 +105,7 @@ def backward(loss: Tensor, params: Any = None, remat: Remat | str | bool | None 
                 f"graph.backward: only float tensors have gradients, found {leaf.aval} at {user_location()}"
             )
     trace = loss.trace
-    scale = active_loss_scale()  # a training step's loss scaling: the gradients of scale·loss
+    scale = step.loss_scale if step else None  # loss scaling: the gradients of scale·loss
     seeds = None if scale is None else {loss.value: astype(scale, loss.aval.dtype).value}
     forward = list(trace.block.ops)
     grads = backprop(
@@ -118,53 +120,24 @@ def backward(loss: Tensor, params: Any = None, remat: Remat | str | bool | None 
     return pytree.unflatten(tree, [Tensor(trace, g) for g in grads])
 
 
-def training_step(
-    fn: Callable[..., Any] | None = None,
-    *,
-    optimizer: Any,
-    mesh: Mesh | None = None,
-    param_shardings: Any = None,
-    batch_shardings: Any = None,
-    zero: int = 0,
-    dp_axis: str = "dp",
-    kernels: str | None = None,
-    module: str | None = None,
-    pp_axis: str = "pp",
-    remat: Remat | str | bool | None = None,
-    clip_grad_norm: float | None = None,
-    accumulate: int = 1,
-    precision: Precision | str | None = None,
-    numerics: str | None = None,
-    cuda_graphs: bool = False,
-) -> Any:
+def training_step(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     """Compiles ``fn(params, *batch) -> (grads, metrics)`` into a training step with the
-    ``optimizer``'s update (see :mod:`tessera.training`). ``param_shardings`` is a
-    pytree prefix of ``dist.ShardSpec`` for the parameters (their tensor-parallel
-    layout), ``batch_shardings`` one spec per batch argument (default: dim 0 over
-    ``dp_axis``), ``zero`` the ZeRO stage, ``module`` the program's name, ``remat`` what the backward
-    keeps of the ``graph.checkpoint`` blocks (``graph.Remat``, ``"nothing"``,
-    ``"matmuls"``, ``"everything"``; default nothing), ``clip_grad_norm`` the global
-    norm the gradients are clipped to (metric ``"grad_norm"``: their norm before),
-    ``accumulate`` the microbatches each batch is cut into (gradients averaged),
-    ``precision`` the mixed-precision policy (``graph.Precision``, or ``"bf16"`` /
-    ``"fp16"``: :mod:`tessera.mixed_precision`), ``numerics`` the step's numerics policy
-    (``"fast"`` or ``"deterministic"``; default the global one: :mod:`tessera.numerics`),
-    ``cuda_graphs`` whether the step replays from a CUDA graph (``ts.jit``'s option; not
-    for pipelined steps). On a
-    mesh with ``pp_axis`` the step is pipelined (:mod:`tessera.pipeline.step`)."""
-    options = {
-        "optimizer": optimizer, "mesh": mesh, "param_shardings": param_shardings,
-        "batch_shardings": batch_shardings, "zero": zero, "dp_axis": dp_axis,
-        "kernels": kernels, "module": module, "pp_axis": pp_axis, "remat": remat,
-        "clip_grad_norm": clip_grad_norm, "accumulate": accumulate, "precision": precision,
-        "numerics": numerics, "cuda_graphs": cuda_graphs,
-    }  # fmt: skip
+    ``optimizer``'s update (see :mod:`tessera.training`); usable as
+    ``@graph.training_step(optimizer=...)``. On a mesh with ``pp_axis`` the step is
+    pipelined (:mod:`tessera.pipeline.step`). The options are
+    :class:`~tessera.training.TrainingStep`'s (this function's signature is theirs):
+    """
+    try:
+        inspect.signature(TrainingStep).bind(fn, **options)
+    except TypeError as error:
+        raise TypeError(f"training_step: {error}") from None
+    mesh = options.get("mesh")
     if mesh is not None and not isinstance(mesh, Mesh):
         raise ShardingError(
             f"training_step: mesh must be a dist.Mesh, found {type(mesh).__name__} {mesh!r}"
         )
-    pipelined = mesh is not None and pp_axis in mesh.axis_names
-    if pipelined and cuda_graphs:
+    pipelined = mesh is not None and options.get("pp_axis", "pp") in mesh.axis_names
+    if pipelined and options.get("cuda_graphs"):
         raise TesseraError(
             "training_step: cuda_graphs=True is not supported for pipelined steps (their "
             "stage programs run one at a time)"
@@ -175,3 +148,18 @@ def training_step(
         return kind(f, **options)
 
     return build if fn is None else build(fn)
+
+
+def _signature_of_training_step() -> inspect.Signature:
+    """``training_step``'s signature: ``fn`` (optional: a decorator with options), then
+    :class:`TrainingStep`'s options, defined there once."""
+    step = inspect.signature(TrainingStep)
+    fn, *options = step.parameters.values()
+    fn = fn.replace(default=None, annotation="Callable[..., Any] | None")
+    return step.replace(parameters=[fn, *options], return_annotation="Any")
+
+
+training_step.__signature__ = _signature_of_training_step()  # type: ignore[attr-defined]
+training_step.__doc__ = "\n\n".join(
+    inspect.cleandoc(doc) for doc in (training_step.__doc__, TrainingStep.__init__.__doc__) if doc
+)

@@ -1,8 +1,9 @@
 """The on-disk cache of compiled programs: each stage's module, keyed by content.
 
-A program's key is the SHA-256 of Tessera's own source code, the compile configuration
-(mesh, kernels and every pass with its options, as ``pipeline_string`` spells them)
-and the traced module (:func:`tessera.ir.serialize.dumps`). A stage's module is stored
+A program's key is the SHA-256 of Tessera's own source code, the whole compile
+configuration (every pass with its options, as ``pipeline_string`` spells them, and
+every field of :class:`~tessera.driver.CompileConfig`: mesh, kernels, schedule options,
+numerics mode, remat, precision, autodiff) and the traced module (:func:`tessera.ir.serialize.dumps`). A stage's module is stored
 as ``programs/<key>/<stage>.bin`` under the cache root (and what a call reads besides:
 the per-rank layouts of the arguments and results, ``layouts.bin``, and the Triton
 source of every tile kernel, ``triton.bin``), in the serialized form, behind a
@@ -65,8 +66,7 @@ class ProgramCache:
             for part in (
                 code_version(),
                 pipeline_string(self.config, STAGES[1:]),
-                repr(self.config.mesh),
-                self.config.kernels,
+                repr(self.config),
             ):
                 digest.update(part.encode())
                 digest.update(b"\0")

@@ -73,7 +73,7 @@ from tessera.dist.tensor import DistTensor
 from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
-from tessera.frontend.tracer import Tensor, user_location
+from tessera.frontend.tracer import Tensor
 from tessera.grad_accumulation import accumulate_microbatches
 from tessera.grad_clip import clip_by_global_norm
 from tessera.ir.mesh import Mesh
@@ -96,89 +96,38 @@ class _Layouts:
     opt_state: list[Sharding] = field(default_factory=list)  # per optimizer-state leaf
 
 
-_active_params: list[Any] = []
+@dataclass
+class StepTrace:
+    """The training step being traced, as ``graph.backward`` reads it while the step's
+    function runs: its parameters (what ``graph.backward(loss)`` differentiates), its
+    remat policy (the step's ``remat=``, as recorded in its programs' config), the loss
+    scale (a traced tensor: the backward seeds the loss's cotangent with it) and, while a
+    pipelined step traces its forward, where ``graph.backward`` records the loss instead
+    of differentiating."""
+
+    params: Any
+    remat: RematPolicy = field(default_factory=RematPolicy)
+    loss_scale: Tensor | None = None
+    recorded: list[Tensor] | None = None
+
+
+# the training steps being traced (trace-time state only: nothing reads it afterwards)
+_traced_steps: list[StepTrace] = []
 
 
 @contextmanager
-def training_params(params: Any) -> Iterator[None]:
-    _active_params.append(params)
+def tracing_step(step: StepTrace) -> Iterator[StepTrace]:
+    """Within the block, ``graph.backward`` differentiates as ``step`` says."""
+    _traced_steps.append(step)
     try:
-        yield
+        yield step
     finally:
-        _active_params.pop()
+        _traced_steps.pop()
 
 
-_active_remat: list[RematPolicy] = []
-
-
-@contextmanager
-def remat_policy(policy: RematPolicy) -> Iterator[None]:
-    """While tracing a training step: ``graph.backward``'s default remat policy."""
-    _active_remat.append(policy)
-    try:
-        yield
-    finally:
-        _active_remat.pop()
-
-
-_loss_scales: list[Tensor] = []
-
-
-@contextmanager
-def loss_scaling(scale: Tensor | None) -> Iterator[None]:
-    """While tracing a step with loss scaling: ``graph.backward`` seeds the loss's
-    cotangent with ``scale`` (the gradients of ``scale · loss``)."""
-    if scale is None:
-        yield
-        return
-    _loss_scales.append(scale)
-    try:
-        yield
-    finally:
-        _loss_scales.pop()
-
-
-def active_loss_scale() -> Tensor | None:
-    """The loss scale of the training step being traced, if it scales its loss."""
-    return _loss_scales[-1] if _loss_scales else None
-
-
-def active_remat() -> RematPolicy:
-    """The remat policy of the training step being traced (default: nothing saved)."""
-    return _active_remat[-1] if _active_remat else RematPolicy()
-
-
-_forward_only_losses: list[list[Tensor]] = []
-
-
-@contextmanager
-def forward_only() -> Iterator[list[Tensor]]:
-    """While tracing a pipelined step's forward: ``graph.backward`` records its loss
-    (yielded) instead of differentiating."""
-    recorded: list[Tensor] = []
-    _forward_only_losses.append(recorded)
-    try:
-        yield recorded
-    finally:
-        _forward_only_losses.pop()
-
-
-def forward_only_loss(loss: Tensor) -> bool:
-    """Records ``loss`` and returns True when tracing a pipelined step's forward."""
-    if not _forward_only_losses:
-        return False
-    _forward_only_losses[-1].append(loss)
-    return True
-
-
-def active_params() -> Any:
-    """The parameters of the training step being traced (``graph.backward``'s default)."""
-    if not _active_params:
-        raise TraceError(
-            "graph.backward(loss) without params is only valid inside @graph.training_step; "
-            f"pass the tensors to differentiate: graph.backward(loss, params), at {user_location()}"
-        )
-    return _active_params[-1]
+def traced_step() -> StepTrace | None:
+    """The training step being traced, if any."""
+    return _traced_steps[-1] if _traced_steps else None
 
 
 def zero_sharding(sharding: Sharding, shape: Sequence[int], mesh: Mesh, axis: str) -> Sharding:
@@ -196,11 +145,13 @@ def zero_sharding(sharding: Sharding, shape: Sequence[int], mesh: Mesh, axis: st
 
 
 class TrainingStep:
-    """A compiled training step; see the module docstring."""
+    """A compiled training step; see the module docstring. ``graph.training_step`` makes
+    one (a pipelined one on a mesh with a pipeline axis), with these options."""
 
     def __init__(
         self,
         fn: Callable[..., Any],
+        *,
         optimizer: Any,
         mesh: Mesh | None = None,
         param_shardings: Any = None,
@@ -217,6 +168,21 @@ class TrainingStep:
         numerics: str | None = None,
         cuda_graphs: bool = False,
     ):
+        """``fn(params, *batch) -> (grads, metrics)`` compiled with the ``optimizer``'s
+        update, on ``mesh`` (a ``dist.Mesh``; None: one device). ``param_shardings`` is a pytree prefix of ``dist.ShardSpec`` for the
+        parameters (their tensor-parallel layout), ``batch_shardings`` one spec per batch
+        argument (default: dim 0 over ``dp_axis``), ``zero`` the ZeRO stage, ``kernels``
+        as ``ts.jit``'s, ``module`` the program's name, ``pp_axis`` the mesh axis a
+        pipelined step's stages are laid over (:mod:`tessera.pipeline.step`), ``remat``
+        what the backward keeps of the ``graph.checkpoint`` blocks (``graph.Remat``,
+        ``"nothing"``, ``"matmuls"``, ``"everything"``; default nothing),
+        ``clip_grad_norm`` the global norm the gradients are clipped to (metric
+        ``"grad_norm"``: their norm before), ``accumulate`` the microbatches each batch is
+        cut into (gradients averaged), ``precision`` the mixed-precision policy
+        (``graph.Precision``, or ``"bf16"`` / ``"fp16"``: :mod:`tessera.mixed_precision`),
+        ``numerics`` the step's numerics policy (``"fast"`` or ``"deterministic"``;
+        default the global one: :mod:`tessera.numerics`), ``cuda_graphs`` whether the
+        step replays from a CUDA graph (``ts.jit``'s option; not for pipelined steps)."""
         if zero not in ZERO_STAGES:
             raise TesseraError(f"training_step: zero must be one of {ZERO_STAGES}, found {zero!r}")
         if not (hasattr(optimizer, "update") and hasattr(optimizer, "init")):
@@ -291,7 +257,7 @@ class TrainingStep:
         """Runs one step: updates ``state`` in place and returns the metrics."""
         self._placed(state)
         lowered = self.lower(state, *batch)
-        with numerics_policy.mode_of(self.numerics):
+        with numerics_policy.mode_of(self.numerics):  # the collectives' order as compiled
             new_params, new_opt_state, metrics = lowered(state.params, state.opt_state, *batch)
         for old, new in zip(
             pytree.flatten((state.params, state.opt_state))[0],
@@ -417,9 +383,15 @@ class TrainingStep:
                 f"first, found {type(state).__name__}"
             )
         jitted, layouts = self._compiled(state, len(batch))
-        lowered = jitted.lower(state.params, state.opt_state, *batch)
+        with numerics_policy.mode_of(self.numerics):  # read into the program's config
+            lowered = jitted.lower(state.params, state.opt_state, *batch)
         lowered.model_states = lambda: self._model_states(lowered, state, layouts)
         return lowered
+
+    def compile_options(self) -> dict[str, Any]:
+        """The step's options its programs' compile configuration records
+        (:class:`tessera.driver.CompileConfig`): ``remat`` and ``precision``."""
+        return {"remat": self.remat, "precision": self.precision}
 
     def memory(self, state: TrainState, *batch: Any) -> MemoryStats:
         """Per-rank peak bytes, and bytes of parameters, gradients and optimizer state."""
@@ -457,6 +429,7 @@ class TrainingStep:
             kernels=self.kernels,
             donate_argnums=(0, 1),
             cuda_graphs=self.cuda_graphs,
+            compile_options=self.compile_options(),
         )
         self._jit[tree, batch_args] = (jitted, layouts)
         return jitted, layouts
@@ -525,7 +498,7 @@ class TrainingStep:
 
         def call(used: Any, batch: Sequence[Any], scale: Tensor | None) -> tuple[list[Tensor], Any]:
             used, batch = to_compute(used, precision), to_compute(tuple(batch), precision)
-            with training_params(used), remat_policy(self.remat), loss_scaling(scale):
+            with tracing_step(StepTrace(used, self.remat, scale)):
                 returned = user_fn(used, *batch)
             if not (isinstance(returned, tuple) and len(returned) == 2):
                 raise TraceError(

@@ -12,6 +12,11 @@ belong to checkpointed blocks. With the ``remat`` option (``nothing`` by default
 ``matmuls``; ``everything`` turns it off) the values of a block that the policy does not
 save are recomputed in the backward program, just before the block's VJPs, which then
 read the recomputed values; ``remat-every=n`` checkpoints every n-th block only.
+
+``results=i,j,...`` picks the function's results, in order, among ``@f``'s results followed
+by the gradients (default: all of them): ``ts.grad``'s programs drop the loss, and put
+the gradients before the auxiliary results with ``has_aux``. The compile driver runs
+this pass as the ``autodiff`` stage of gradient programs (``tessera.driver``).
 """
 
 from __future__ import annotations
@@ -39,11 +44,15 @@ from tessera.ops import Fusion, fusion_of, lookup
 
 
 def differentiate(
-    function: func.FuncOp, wrt: Sequence[int] | None = None, remat: RematPolicy | None = None
+    function: func.FuncOp,
+    wrt: Sequence[int] | None = None,
+    remat: RematPolicy | None = None,
+    results: Sequence[int] | None = None,
 ) -> None:
     """Appends the backward program to ``function`` (in place): its results become the
-    original results followed by the gradients of the first result w.r.t. ``wrt``;
-    checkpointed blocks are recomputed as ``remat`` says."""
+    original results followed by the gradients of the first result w.r.t. ``wrt`` (or
+    those of ``results``, by index, in that order); checkpointed blocks are recomputed as
+    ``remat`` says."""
     name = function.sym_name.data
     block = function.body.block
     ret = block.last_op
@@ -75,7 +84,15 @@ def differentiate(
         f"@{name}",
         remat=remat,
     )
-    ret.operands = [*ret.operands, *grads]
+    returned = [*ret.operands, *grads]
+    if results is not None:
+        for index in results:
+            if not 0 <= index < len(returned):
+                raise TesseraError(
+                    f"@{name}: no result {index} among its {len(returned)} results and gradients"
+                )
+        returned = [returned[i] for i in results]
+    ret.operands = returned
     function.function_type = FunctionType.from_lists(
         [a.type for a in args], [v.type for v in ret.operands]
     )
@@ -406,6 +423,11 @@ def _checkpointed_blocks(
     return blocks
 
 
+class AutodiffError(PassFailedException, TesseraError):
+    """``autodiff`` failed (an op without a VJP, say): a pass failure, located by
+    ``tessera-opt``, and a TesseraError, as ``ts.grad`` reports it."""
+
+
 @dataclass(frozen=True)
 class AutodiffPass(ModulePass):
     """Adds @f_grad: @f's results and the gradients of its first result (reverse mode)."""
@@ -416,15 +438,16 @@ class AutodiffPass(ModulePass):
     in_place: bool = False
     remat: str = "nothing"  # what checkpointed blocks save: nothing, matmuls, everything
     remat_every: int = 1  # checkpoint every n-th block only
+    results: tuple[int, ...] = ()  # of (@f's results, the gradients); default all
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         functions = [f for f in op.ops if isinstance(f, func.FuncOp) and f.body.blocks]
         if self.function:
             functions = [f for f in functions if f.sym_name.data == self.function]
             if not functions:
-                raise PassFailedException(f"autodiff: no function @{self.function}")
+                raise AutodiffError(f"autodiff: no function @{self.function}")
         elif len(functions) != 1:
-            raise PassFailedException(
+            raise AutodiffError(
                 "autodiff: the module has several functions; say which with function=NAME"
             )
         (target,) = functions
@@ -435,6 +458,6 @@ class AutodiffPass(ModulePass):
             target = copy
         try:
             policy = RematPolicy(self.remat, self.remat_every)
-            differentiate(target, list(self.wrt) or None, policy)
+            differentiate(target, list(self.wrt) or None, policy, list(self.results) or None)
         except TesseraError as error:
-            raise PassFailedException(f"autodiff: {error}") from None
+            raise AutodiffError(f"autodiff: {error}") from None

@@ -45,11 +45,12 @@ partitioning it only describes values).
 
 How many chunks: ``chunks=k`` (k >= 2) uses ``k`` where the sizes divide (a seed that
 does not divide is left alone). ``chunks=0`` chooses, per function, by simulation on
-``topology`` (a :func:`~tessera.perf.topology.load_topology` name): each k in 1, 2, 4, 8
-that some seed allows is applied to a copy, lowered (``lower-graph-to-schedule``,
-``overlap-comm``) and simulated (:func:`tessera.perf.simulate.simulate`); the shortest
-step wins, ties to the smaller k (k = 1 leaves the function alone). A mesh larger than
-the topology cannot be simulated and is left alone.
+``topology`` (a :func:`~tessera.perf.topology.load_topology` name) with ``numerics``'
+collectives: each k in 1, 2, 4, 8 that some seed allows is applied to a copy, which the
+compile driver schedules and simulates (:func:`tessera.driver.schedule_trial`, handed to
+the pass by the driver and ``tessera-opt``: :meth:`CollectiveMatmulPass.using`); the
+shortest step wins, ties to the smaller k (k = 1 leaves the function alone). A mesh
+larger than the topology cannot be simulated and is left alone.
 
 References: Wang et al., "Overlap Communication with Dependent Computation via
 Decomposition in Large Deep Learning Models", ASPLOS 2023; PyTorch's async tensor
@@ -59,9 +60,9 @@ al., CoCoNet, ASPLOS 2022).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects import func
@@ -76,10 +77,16 @@ from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import module_mesh
+from tessera.numerics import check as check_numerics
 from tessera.ops import Fusion, fusion_of
+from tessera.perf.topology import Topology, load_topology
 
 CANDIDATE_CHUNKS = (2, 4, 8)
 
+ScheduleTrial = Callable[[ModuleOp, str, Mesh, Topology, str], float]
+"""``trial(module, function, mesh, topology, numerics)``: the step time of ``@function``
+of a partitioned ``module`` (changed in place) once scheduled, simulated on ``topology``
+with ``numerics``' collectives (the compile driver's ``schedule_trial``)."""
 
 
 @dataclass(frozen=True)
@@ -90,10 +97,21 @@ class CollectiveMatmulPass(ModulePass):
 
     chunks: int = 0  # 0: chosen by simulation; k >= 2: k chunks where the sizes divide
     topology: str = "dgx_h100"  # the machine the simulation prices (load_topology's name)
+    numerics: str = "fast"  # the numerics mode the simulation prices reductions in
+
+    # how a candidate chunking is timed (chunks=0): see `using`
+    trial: ClassVar[ScheduleTrial | None] = None
+
+    @classmethod
+    def using(cls, trial: ScheduleTrial) -> type[CollectiveMatmulPass]:
+        """This pass, timing its candidates with ``trial``: the compile driver hands in
+        its ``schedule_trial`` (a pass does not build the passes that schedule it)."""
+        return type(cls.__name__, (cls,), {"trial": staticmethod(trial)})
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.chunks < 0:
             raise TesseraError(f"collective-matmul: chunks must be >= 0, found {self.chunks}")
+        check_numerics(self.numerics, "collective-matmul: numerics")
         found = module_mesh(op)
         if found is None or self.chunks == 1:
             return
@@ -104,9 +122,20 @@ class CollectiveMatmulPass(ModulePass):
                 and function.body.blocks
                 and graph.PARTITIONED in function.attributes
             ):
-                chunks = self.chunks or choose_chunks(op, function, mesh, self.topology)
+                chunks = self.chunks or choose_chunks(
+                    op, function, mesh, self.topology, self._trial(), self.numerics
+                )
                 if chunks > 1:
                     decompose(function.body.block, mesh, chunks)
+
+    def _trial(self) -> ScheduleTrial:
+        if self.trial is None:
+            raise TesseraError(
+                "collective-matmul: chunks=0 chooses the chunks by simulating the scheduled "
+                "program, which the compile driver does: run the pass from "
+                "tessera.driver.available_passes() (as tessera-opt does) or give chunks=k"
+            )
+        return self.trial
 
 
 # --- seeds -----------------------------------------------------------------------------------
@@ -208,35 +237,45 @@ def _sites(block: Block, mesh: Mesh) -> list[_Site]:
 # --- choosing the number of chunks ---------------------------------------------------------
 
 
-def choose_chunks(module: ModuleOp, function: func.FuncOp, mesh: Mesh, topology: str) -> int:
-    """The k in 1, 2, 4, 8 whose chunked ``function`` simulates fastest on ``topology``."""
-    from tessera.perf.topology import load_topology
-
+def choose_chunks(
+    module: ModuleOp,
+    function: func.FuncOp,
+    mesh: Mesh,
+    topology: str,
+    trial: ScheduleTrial,
+    numerics: str = "fast",
+) -> int:
+    """The k in 1, 2, 4, 8 whose chunked ``function`` simulates fastest on ``topology``
+    (each candidate timed by ``trial``)."""
     sites = _sites(function.body.block, mesh)
     legal = [k for k in CANDIDATE_CHUNKS if any(s.split(k) is not None for s in sites)]
     machine = load_topology(topology)
     if not legal or mesh.size > machine.num_devices:  # nothing to cut, or cannot price it
         return 1
     index = list(module.ops).index(function)
-    times = {k: simulated_time(module, index, mesh, machine, k) for k in (1, *legal)}
+    times = {
+        k: simulated_time(module, index, mesh, machine, k, trial, numerics) for k in (1, *legal)
+    }
     return min(times, key=lambda k: (times[k], k))
 
 
-def simulated_time(module: ModuleOp, index: int, mesh: Mesh, topology: Any, chunks: int) -> float:
-    """Step time of function ``index`` of ``module`` cut into ``chunks`` chunks, lowered
-    with ``overlap-comm`` and simulated on ``topology`` (the module is not changed)."""
-    from tessera.passes.lower_graph_to_schedule import LowerGraphToSchedulePass
-    from tessera.passes.overlap_comm import OverlapCommPass
-    from tessera.perf.simulate import simulate
-
+def simulated_time(
+    module: ModuleOp,
+    index: int,
+    mesh: Mesh,
+    topology: Topology,
+    chunks: int,
+    trial: ScheduleTrial,
+    numerics: str = "fast",
+) -> float:
+    """Step time of function ``index`` of ``module`` cut into ``chunks`` chunks, as
+    ``trial`` schedules and simulates it on ``topology`` (the module is not changed)."""
     copy = module.clone()
     function = list(copy.ops)[index]
     assert isinstance(function, func.FuncOp)
     if chunks > 1:
         decompose(function.body.block, mesh, chunks)
-    LowerGraphToSchedulePass().apply(Context(), copy)
-    OverlapCommPass().apply(Context(), copy)
-    return simulate(copy, function.sym_name.data, mesh, topology).step_time_s
+    return trial(copy, function.sym_name.data, mesh, topology, numerics)
 
 
 # --- chunked values ---------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
-from tessera import numerics
+from tessera import numerics as numerics_policy
 from tessera.errors import TesseraError
 from tessera.ir import schedule
 from tessera.ir.abstract import AbstractTensor, aval
@@ -109,9 +109,15 @@ def default_topology(mesh: Mesh | None) -> Topology:
 
 
 def simulate(
-    module: ModuleOp, name: str, mesh: Mesh | None, topology: Topology | str | None = None
+    module: ModuleOp,
+    name: str,
+    mesh: Mesh | None,
+    topology: Topology | str | None = None,
+    numerics: str | None = None,
 ) -> Simulation:
-    """Simulates ``@name`` of a scheduled ``module`` over ``mesh`` on ``topology``."""
+    """Simulates ``@name`` of a scheduled ``module`` over ``mesh`` on ``topology``, its
+    reductions as the ``numerics`` mode runs them (default: the mode in force)."""
+    deterministic = (numerics_policy.mode() if numerics is None else numerics) == "deterministic"
     if topology is None:
         topology = default_topology(mesh)
     elif isinstance(topology, str):
@@ -127,8 +133,8 @@ def simulate(
             f"simulate: the mesh has {ranks} ranks but topology {topology.name!r} has only "
             f"{topology.num_devices} devices"
         )
-    timed = _Run(function, mesh, topology, ranks, free_communication=False)
-    free = _Run(function, mesh, topology, ranks, free_communication=True)
+    timed = _Run(function, mesh, topology, ranks, deterministic, free_communication=False)
+    free = _Run(function, mesh, topology, ranks, deterministic, free_communication=True)
     return Simulation(
         topology=topology.name,
         events=tuple(timed.events),
@@ -160,9 +166,11 @@ class _Run:
         mesh: Mesh | None,
         topology: Topology,
         ranks: int,
+        deterministic: bool,
         free_communication: bool,
     ):
         self.topology = topology
+        self.deterministic = deterministic  # sums over ranks added in mesh order
         self.mesh = mesh
         self.ranks = ranks
         self.free = free_communication
@@ -268,7 +276,7 @@ class _Run:
             begin = max(
                 max(free_at[r], self.compute[r], *self._operand_ready(op, r)) for r in group
             )
-            if numerics.deterministic() and _summed(kind, attrs):
+            if self.deterministic and _summed(kind, attrs):
                 cost = _ordered_cost(self.topology, kind, nbytes, priced)
             else:
                 cost = self._price(kind, nbytes, priced, op.algorithm_name)

@@ -275,18 +275,17 @@ def stage_programs(
     outputs: Sequence[SSAValue],
     split_backward: bool,
     config: CompileConfig,
-    remat: RematPolicy | None = None,
     batch_layouts: Sequence[Sharding] | None = None,
 ) -> list[StagePrograms]:
     """Every stage's compiled programs, each compiled with ``config`` (its mesh is the
     whole mesh), stage by stage: a stage's received values take the layouts of the
     previous stage's sent ones; ``graph.checkpoint`` blocks are recomputed in the
-    backward as ``remat`` says; batch leaves are laid out as ``batch_layouts`` say
+    backward as ``config.remat`` says; batch leaves are laid out as ``batch_layouts`` say
     inside a stage (default: replicated; the pipeline and dp axes are manual)."""
     stages: list[StagePrograms] = []
     received: list[Sharding] = []
     for stage in range(plan.count):
-        joint = _Joint(plan, stage, params, batch, outputs, split_backward, remat)
+        joint = _Joint(plan, stage, params, batch, outputs, split_backward, config.remat)
         compiler = _StageCompiler(
             f"{name}_s{stage}", joint, param_layouts, received, config, batch_layouts
         )

@@ -33,6 +33,7 @@ layout inside a stage (dp, first on dim 0, is split by the pipeline itself).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -67,12 +68,12 @@ from tessera.pipeline.programs import StagePrograms, stage_programs
 from tessera.pipeline.runtime import PipelineExecutor, Placement, RankState
 from tessera.pipeline.split import balanced_cuts, plan_stages
 from tessera.training import (
+    StepTrace,
     TrainingStep,
     TrainState,
-    forward_only,
     leaf_paths,
     metric_dtype,
-    training_params,
+    tracing_step,
     zero_sharding,
 )
 from tessera.training_state import gathered, local_piece, write_piece
@@ -122,6 +123,7 @@ class PipelineStep:
 
     def compiled(self, state: TrainState, batch: Sequence[Any]) -> CompiledPipeline:
         options = schedule.current()
+        mode = self.step.numerics or numerics.mode()
         m, kind, virtual = (
             options.pipeline_microbatches,
             options.pipeline_schedule,
@@ -139,12 +141,14 @@ class PipelineStep:
             batch_tree,
             tuple(batch_avals),
             options,
+            mode,
             chunks,
         )
         if key not in self._cache:
-            self._cache[key] = self._compile(
-                state, tree, leaves, batch_avals, m, kind, virtual, options, batch_tree
-            )
+            with numerics.mode_of(mode):  # read into every program's config
+                self._cache[key] = self._compile(
+                    state, tree, leaves, batch_avals, m, kind, virtual, options, batch_tree
+                )
         return self._cache[key]
 
     def _batch_leaves(self, batch: Sequence[Any]) -> tuple[list[Any], pytree.TreeDef, list[str]]:
@@ -248,11 +252,12 @@ class PipelineStep:
         n, b = len(leaves), len(batch_avals)
         params = pytree.unflatten(tree, [Tensor(trace, a) for a in args[:n]])
         batch = [Tensor(trace, a) for a in args[n : n + b]]
-        with tracing(trace), forward_only() as recorded:
+        recorded: list[Tensor] = []  # graph.backward records the loss, not differentiating
+        with tracing(trace):
             # mixed precision: the stages compute in the compute dtype from f32 masters
             params, batch = to_compute(params, precision), to_compute(batch, precision)
             casts = list(trace.block.ops)
-            with training_params(params):
+            with tracing_step(StepTrace(params, step.remat, recorded=recorded)):
                 returned = step.fn(params, *pytree.unflatten(batch_tree, batch))
             if not (isinstance(returned, tuple) and len(returned) == 2) or not recorded:
                 raise TraceError(f"{name} must return (graph.backward(loss), metrics)")
@@ -288,7 +293,9 @@ class PipelineStep:
         plan = plan_stages(forward, cuts, outputs)
         kernels = step.kernels or default_kernels()
         split = kind == "zb-h1"
-        config = CompileConfig(self.mesh, kernels, options)
+        config = CompileConfig(
+            self.mesh, kernels, options, numerics.mode(), **step.compile_options()
+        )
         stages = stage_programs(
             name,
             plan,
@@ -298,7 +305,6 @@ class PipelineStep:
             outputs,
             split,
             config,
-            self.step.remat,
             [*batch_layouts, *(Sharding(()) for _ in scale_avals)],
         )
         actions = pipeline_schedule(kind, self.ranks, m, virtual)
@@ -788,6 +794,7 @@ class _UpdateBuilder:
             reduce, mesh=self.mesh, kernels=self.kernels,
             in_shardings=(self._specs(self.stacked), *([None] * len(scale_args))),
             out_shardings=(self._specs(self.grad_layouts), None, None),
+            compile_options=self.step.compile_options(),
         )  # fmt: skip
         return jitted.lower(self._grads_like(), *scale_args)
 
@@ -821,6 +828,7 @@ class _UpdateBuilder:
             update, mesh=self.mesh, kernels=self.kernels, donate_argnums=(0, 1),
             in_shardings=(param_specs, state_specs, grad_specs, *([None] * len(stats))),
             out_shardings=(param_specs, state_specs),
+            compile_options=self.step.compile_options(),
         )  # fmt: skip
         return jitted.lower(self.params, self.opt_state, grads, *stats)
 
@@ -829,6 +837,7 @@ class PipelinedTrainingStep(TrainingStep):
     """A training step on a mesh with a pipeline axis: each call runs the pipelined
     schedule of its stage programs (:class:`PipelineStep`) instead of one program."""
 
+    @functools.wraps(TrainingStep.__init__)  # its options (signature and docstring)
     def __init__(self, fn: Callable[..., Any], **options: Any):
         super().__init__(fn, **options)
         assert self.pp_axis is not None

@@ -29,12 +29,13 @@ from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseE
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from tessera import environment
+from tessera.driver import available_passes
 from tessera.errors import TesseraError
 from tessera.ir.graph import Graph
 from tessera.ir.schedule import Schedule
 from tessera.ir.tile import TILE_DIALECTS
 from tessera.ir.verifier import verify_module
-from tessera.passes import get_all_passes, pass_options, pass_summaries
+from tessera.passes import pass_options, pass_summaries
 from tessera.tools.diagnostics import (
     LocatingParser,
     SpannedVerifyException,
@@ -74,7 +75,9 @@ class TesseraOptMain(xDSLOptMain):
         self.available_targets["triton"] = triton_target
 
     def register_all_passes(self) -> None:
-        for flag, factory in get_all_passes().items():
+        """Tessera's passes as the compile driver runs them (so a program's ``-p`` string
+        replays its compile; ``collective-matmul`` gets the driver's schedule trial)."""
+        for flag, factory in available_passes().items():
             self.register_pass(flag, factory)
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:

@@ -18,6 +18,7 @@ import tessera as ts
 from tessera import dist, op, optim
 from tessera.backends.launch_plan import run_virtual
 from tessera.backends.virtual import run_partitioned
+from tessera.driver import available_passes, schedule_trial
 from tessera.errors import TesseraError
 from tessera.graph import backward, training_step
 from tessera.ir import graph
@@ -27,6 +28,9 @@ from tessera.ir.mesh_symbol import module_mesh
 from tessera.passes import get_all_passes
 from tessera.passes.collective_matmul import CollectiveMatmulPass, choose_chunks, simulated_time
 from tessera.perf.topology import load_topology
+
+# the pass as the compile driver runs it: chunks=0 times candidates with schedule_trial
+DrivenPass = available_passes()["collective-matmul"]()
 
 MESH = dist.mesh({"tp": 4})
 ROWS = dist.ShardSpec(partition=(0,), mesh_axes=("tp",))
@@ -277,18 +281,36 @@ func.func @f(%x: tensor<2x16xf32>, %w: tensor<16x8xf32>) -> tensor<16x8xf32>
 def test_simulation_decomposes_a_large_gather_and_keeps_a_tiny_one() -> None:
     large, tiny = parse(LARGE), parse(TINY)
     for module in (large, tiny):
-        CollectiveMatmulPass().apply(Context(), module)
+        DrivenPass().apply(Context(), module)
         module.verify()
     assert count(large, graph.AllGatherOp) in (2, 4, 8)
     assert count(tiny, graph.AllGatherOp) == 1 and count(tiny, graph.SliceOp) == 0
 
 
+def test_the_driver_times_the_candidates() -> None:
+    """The pass schedules and simulates nothing itself: without the driver's trial
+    chunks=0 cannot choose; with one, every candidate k is timed by it, in the pass's
+    numerics mode (and equal times go to the smaller k: none)."""
+    with pytest.raises(TesseraError, match="compile driver"):
+        CollectiveMatmulPass().apply(Context(), parse(LARGE))
+    calls = []
+
+    def trial(module, function, mesh, topology, numerics):
+        calls.append((function, mesh.size, topology.name, numerics))
+        return 1.0
+
+    module = parse(LARGE)
+    CollectiveMatmulPass.using(trial)(numerics="deterministic").apply(Context(), module)
+    assert calls == [("f", 8, "dgx_h100", "deterministic")] * 4  # k = 1, 2, 4, 8
+    assert count(module, graph.AllGatherOp) == 1
+
+
 def test_simulation_leaves_a_mesh_the_topology_cannot_hold() -> None:
     text = LARGE.replace("tp = 8", "tp = 16").replace("512x", "256x")
     small_machine, large_machine = parse(text), parse(text)
-    CollectiveMatmulPass().apply(Context(), small_machine)  # dgx_h100: 8 devices
+    DrivenPass().apply(Context(), small_machine)  # dgx_h100: 8 devices
     assert count(small_machine, graph.AllGatherOp) == 1
-    CollectiveMatmulPass(topology="dgx_h100x2").apply(Context(), large_machine)
+    DrivenPass(topology="dgx_h100x2").apply(Context(), large_machine)
     large_machine.verify()
     assert count(large_machine, graph.AllGatherOp) > 1
 
@@ -573,15 +595,15 @@ def test_simulation_chooses_k_for_a_megatron_tail() -> None:
     """Tiny: the extra kernels cost more than the hidden communication, left alone. 70B-like
     (4096 tokens, hidden 8192 over tp = 8): chunks pay, and the choice is the fastest k."""
     tiny = parse(megatron_text(16, 64, "f32"))
-    CollectiveMatmulPass().apply(Context(), tiny)
+    DrivenPass().apply(Context(), tiny)
     assert str(tiny) == str(parse(megatron_text(16, 64, "f32")))
     large = parse(megatron_text(4096, 8192, "bf16"))
     mesh = module_mesh(large)[1]  # type: ignore[index]
     topology = load_topology("dgx_h100")
-    times = {k: simulated_time(large, 1, mesh, topology, k) for k in (1, 2, 4, 8)}
+    times = {k: simulated_time(large, 1, mesh, topology, k, schedule_trial) for k in (1, 2, 4, 8)}
     best = min(times, key=lambda k: (times[k], k))
     assert best > 1 and times[best] < times[1]
-    assert choose_chunks(large, function_of(large), mesh, "dgx_h100") == best
-    CollectiveMatmulPass().apply(Context(), large)
+    assert choose_chunks(large, function_of(large), mesh, "dgx_h100", schedule_trial) == best
+    DrivenPass().apply(Context(), large)
     large.verify()
     assert count(large, graph.AllReduceOp) == 2 * best

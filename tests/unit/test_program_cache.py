@@ -13,8 +13,10 @@ import pytest
 import torch
 
 import tessera as ts
-from tessera import compiled, dist, op, schedule
+from tessera import compiled, dist, numerics, op, schedule
 from tessera.driver import STAGES
+from tessera.ir.remat import RematPolicy
+from tessera.program_cache import ProgramCache
 
 
 @pytest.fixture
@@ -65,8 +67,10 @@ def _compile_all(lowered):
 
 
 def test_a_second_trace_reads_every_stage(cache, monkeypatch):
-    first = _compile_all(_jit().lower(*_inputs()))
-    assert len(list((cache / "programs").rglob("*.bin"))) == len(STAGES) - 1
+    lowered = _jit().lower(*_inputs())
+    first = _compile_all(lowered)
+    # every stage but the traced one (and autodiff: not a gradient program) is stored
+    assert len(list((cache / "programs").rglob("*.bin"))) == len(STAGES) - 2
     _jit()(*_inputs())  # a call also stores the per-rank layouts
     assert len(list((cache / "programs").rglob("layouts.bin"))) == 1
 
@@ -89,6 +93,22 @@ def test_another_configuration_or_program_is_compiled(cache):
     x, w1, w2 = _inputs()
     _compile_all(_jit().lower(x[:4], w1, w2))  # another shape: another program
     assert len({p.parent.name for p in (cache / "programs").rglob("*.bin")} - keys) == 2
+
+
+def test_the_key_covers_the_whole_configuration(cache):
+    """Configurations that differ only in the numerics mode, or only in the remat policy
+    (neither changes the pass pipeline of this program), are cached apart."""
+    base = _jit().lower(*_inputs())
+    with numerics.mode_of("deterministic"):
+        deterministic = _jit().lower(*_inputs())
+    remat = ProgramCache(base.module, base.config.replace(remat=RematPolicy("matmuls")))
+    assert deterministic.config == base.config.replace(numerics="deterministic")
+    assert deterministic.pipeline() == base.pipeline()
+    digests = {base.digest(), deterministic.digest(), bytes.fromhex(remat.key)}
+    assert len(digests) == 3
+    for lowered in (base, deterministic):
+        _compile_all(lowered)
+    assert len({p.parent.name for p in (cache / "programs").rglob("*.bin")}) == 2
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])

@@ -3,6 +3,7 @@ update (``optim.adamw`` / ``optim.sgd``), against torch.optim in float64."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 
@@ -218,3 +219,29 @@ def test_a_state_dict_resumes_training_where_it_stopped() -> None:
         step.load_state_dict({"params": params, "opt_state": {}})
     with pytest.raises(ts.TesseraError, match="does not match AdamW's state"):
         step.load_state_dict({"params": params, "opt_state": {"m": {}}, "step": 0})
+
+
+def test_the_training_step_options_are_defined_once() -> None:
+    """``graph.training_step``, ``graph.TrainingStep`` and the pipelined step take the
+    same options, with the same defaults and annotations (``TrainingStep``'s, the one
+    definition), and the decorator's docstring documents each of them."""
+    from tessera.pipeline.step import PipelinedTrainingStep
+
+    def options(entry) -> list[inspect.Parameter]:
+        fn, *rest = inspect.signature(entry).parameters.values()
+        assert fn.name == "fn"
+        return rest
+
+    expected = options(graph.TrainingStep)
+    assert [p.name for p in expected] == [
+        "optimizer", "mesh", "param_shardings", "batch_shardings", "zero", "dp_axis",
+        "kernels", "module", "pp_axis", "remat", "clip_grad_norm", "accumulate",
+        "precision", "numerics",
+    ]  # fmt: skip
+    assert options(graph.training_step) == expected
+    assert options(PipelinedTrainingStep) == expected
+    assert inspect.signature(graph.training_step).parameters["fn"].default is None
+    doc = graph.training_step.__doc__ or ""
+    assert all(f"``{p.name}``" in doc for p in expected)
+    with pytest.raises(TypeError, match=r"training_step: .*'zeros'"):
+        graph.training_step(optimizer=optim.SGD(lr=0.1), zeros=1)

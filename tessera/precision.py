@@ -1,0 +1,74 @@
+"""The precision policy of a training step (:class:`Precision`): the dtype it computes in,
+the dtype its gradients are reduced in, and its loss scaling. The policy is part of a
+compiled program's configuration (``tessera.driver.CompileConfig``);
+:mod:`tessera.mixed_precision` applies it while tracing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tessera.errors import TesseraError
+
+COMPUTE_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+REDUCE_OPTIONS = ("f32", "compute")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A training step's precision policy (see :mod:`tessera.mixed_precision`). ``loss_scale``:
+    ``"dynamic"``, a fixed float, or None (no scaling); default dynamic for fp16."""
+
+    compute: str = "f32"
+    reduce: str = "f32"
+    loss_scale: str | float | None = "default"
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+    def __post_init__(self) -> None:
+        if self.compute not in COMPUTE_DTYPES:
+            raise TesseraError(
+                f"precision: compute must be one of {tuple(COMPUTE_DTYPES)}, found {self.compute!r}"
+            )
+        if self.reduce not in REDUCE_OPTIONS:
+            raise TesseraError(
+                f"precision: reduce must be one of {REDUCE_OPTIONS}, found {self.reduce!r}"
+            )
+        if self.loss_scale == "default":
+            object.__setattr__(self, "loss_scale", "dynamic" if self.compute == "fp16" else None)
+        scale = self.loss_scale
+        if not (scale is None or scale == "dynamic" or isinstance(scale, (int, float))):
+            raise TesseraError(
+                f"precision: loss_scale must be 'dynamic', a number or None, found {scale!r}"
+            )
+
+    @staticmethod
+    def of(value: Precision | str | None) -> Precision:
+        """A policy from a policy, a compute dtype name or None (f32)."""
+        if isinstance(value, Precision):
+            return value
+        if value is None:
+            return Precision()
+        if isinstance(value, str):
+            return Precision(value)
+        raise TesseraError(
+            f"precision must be a graph.Precision or one of {tuple(COMPUTE_DTYPES)}, found {value!r}"
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return COMPUTE_DTYPES[self.compute]
+
+    @property
+    def mixed(self) -> bool:
+        return self.compute != "f32"
+
+    @property
+    def scaled(self) -> bool:
+        return self.loss_scale is not None
+
+
+__all__ = ["COMPUTE_DTYPES", "REDUCE_OPTIONS", "Precision"]
