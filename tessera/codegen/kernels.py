@@ -4,7 +4,7 @@
   ``block`` of elements per program; each output element's index is recovered from its
   flat offset and every value is evaluated there (``codegen.evaluate``).
 - *row reduction* (the ops whose tile code is a :class:`~tessera.ops.RowReduction`: sum,
-  mean, max, min, softmax, log_softmax, layer_norm, rms_norm, cross_entropy, with
+  mean, max, min, prod, softmax, log_softmax, layer_norm, rms_norm, cross_entropy, with
   elementwise prologue and epilogue): a program takes ``rows`` rows and a whole reduced
   row as one block (``rows x next_pow2(R)``); the op's tile code reduces it, masked
   lanes holding the reduction's identity. A kernel may hold several reductions over the
