@@ -44,7 +44,7 @@ from tessera.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from tessera.codegen.evaluate import Evaluator, Index
+    from tessera.ops.registry import Index, TileEvaluator
 
 Dims = list[list[str]]
 Values = list[torch.Tensor]  # one tensor per member of a rank group, in group order
@@ -239,7 +239,7 @@ def _move_split(op: graph.CollectiveOp, dims: Dims) -> None:
 
 
 def _all_slice_tile(
-    ev: Evaluator, op: graph.AllSliceOp, value: SSAValue, index: Index
+    ev: TileEvaluator, op: graph.AllSliceOp, value: SSAValue, index: Index
 ) -> SSAValue:
     """This rank's slice: the index shifted by the rank's offset along ``dim``."""
     attrs = op.attrs()

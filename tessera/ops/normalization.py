@@ -46,8 +46,8 @@ from tessera.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from tessera.codegen.builder import TileBuilder
-    from tessera.codegen.evaluate import Evaluator
+    from tessera.ir.tile_builder import TileBuilder
+    from tessera.ops.registry import TileEvaluator
 
 
 Row = Callable[..., SSAValue]  # RowReduction.fn: (ev, op, x, mask, width) -> value
@@ -162,7 +162,7 @@ def _softmax_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangen
 
 
 def _softmax_row(
-    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+    ev: TileEvaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
 ) -> SSAValue:
     _, shifted, total = _shifted_sum(ev.b, x, mask)
     return ev.b.div(ev.b.exp(shifted), total)
@@ -187,7 +187,7 @@ def _log_softmax_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cota
 
 
 def _log_softmax_row(
-    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+    ev: TileEvaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
 ) -> SSAValue:
     _, shifted, total = _shifted_sum(ev.b, x, mask)
     return ev.b.sub(shifted, ev.b.log(total))
@@ -241,7 +241,7 @@ def _layer_norm_reference(op: graph.LayerNormOp) -> Callable[[torch.Tensor], tor
 
 
 def _layer_norm_row(
-    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+    ev: TileEvaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
 ) -> SSAValue:
     b = ev.b
     eps = b.constant(op.attrs()["eps"])
@@ -280,7 +280,7 @@ def _rms_norm_reference(op: graph.RmsNormOp) -> Callable[[torch.Tensor], torch.T
 
 
 def _rms_norm_row(
-    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+    ev: TileEvaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
 ) -> SSAValue:
     b = ev.b
     eps = b.constant(op.attrs()["eps"])
@@ -404,7 +404,7 @@ def _cross_entropy_reference(
 
 
 def _cross_entropy_row(
-    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+    ev: TileEvaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
 ) -> SSAValue:
     """``max + log(sum(exp(x - max))) - x[label]`` per row."""
     b = ev.b

@@ -36,7 +36,7 @@ from tessera.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from tessera.codegen.evaluate import Evaluator
+    from tessera.ops.registry import TileEvaluator
 
 
 def _keepdims(b: GradBuilder, ct: SSAValue, x: SSAValue, axes: Sequence[int]) -> SSAValue:
@@ -120,7 +120,7 @@ def _row(kind: ReductionKind) -> RowReduction:
     divides by the width)."""
     combine = KINDS[kind.combine]
 
-    def reduce(ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int) -> SSAValue:
+    def reduce(ev: TileEvaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int) -> SSAValue:
         b = ev.b
         total = b.reduce(b.masked(x, mask, combine.name), combine.name, 1)
         if kind.selects and aval(op.results[0]).dtype.is_float:
