@@ -107,7 +107,7 @@ def ordered_reduce(values: Sequence[torch.Tensor], dtype: torch.dtype, kind: str
     """``((v0 ∘ v1) ∘ v2) ∘ …`` in ``dtype``, ``∘`` combining terms of ``kind`` (a mean's
     are added): the deterministic numerics' fixed order."""
     combine = KINDS[KINDS[kind].combine]
-    total = values[0].to(dtype)
+    total = values[0].to(dtype).clone()
     for value in values[1:]:
         total = combine.torch_reduce(torch.stack([total, value.to(dtype)]), (0,), False)
         total = total.to(dtype)  # torch sums and multiplies int32 in int64

@@ -95,7 +95,7 @@ def _prod_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
     return [b.mul(others, b.broadcast_to(_keepdims(b, ct, x, axes), shape))]
 
 
-VJPS: dict[type[graph.ReductionOp], VjpRule] = {
+_VJPS: dict[type[graph.ReductionOp], VjpRule] = {
     graph.SumOp: _sum_mean_vjp,
     graph.MeanOp: _sum_mean_vjp,
     graph.MaxOp: _max_min_vjp,
@@ -146,5 +146,5 @@ def _register(op_type: type[graph.ReductionOp], vjp: VjpRule) -> None:
     )
 
 
-for _op_type, _vjp in VJPS.items():
+for _op_type, _vjp in _VJPS.items():
     _register(_op_type, _vjp)
