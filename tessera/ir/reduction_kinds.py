@@ -94,18 +94,28 @@ class ReductionKind:
 KINDS: dict[str, ReductionKind] = {
     kind.name: kind
     for kind in (
-        ReductionKind("sum", 0.0, "sum", True, False, "sum", "SUM", "tl.sum", "a + b"),
-        # mean's terms are summed, then divided by their count (its Triton forms are sum's)
-        ReductionKind("mean", 0.0, "sum", True, False, "mean", "SUM", "tl.sum", "a + b"),
         ReductionKind(
-            "max", -math.inf, "max", False, True, "amax", "MAX", "tl.max", "tl.maximum(a, b)"
+            "sum", 0.0, combine="sum", linear=True, selects=False, torch_name="sum",
+            dist_op="SUM", triton_reduce="tl.sum", triton_combine="a + b",
+        ),
+        ReductionKind(  # terms are summed, then divided by their count: the sum's forms
+            "mean", 0.0, combine="sum", linear=True, selects=False, torch_name="mean",
+            dist_op="SUM", triton_reduce="tl.sum", triton_combine="a + b",
         ),
         ReductionKind(
-            "min", math.inf, "min", False, True, "amin", "MIN", "tl.min", "tl.minimum(a, b)"
+            "max", -math.inf, combine="max", linear=False, selects=True, torch_name="amax",
+            dist_op="MAX", triton_reduce="tl.max", triton_combine="tl.maximum(a, b)",
         ),
-        ReductionKind("prod", 1.0, "prod", False, False, "prod", "PRODUCT", None, "a * b"),
+        ReductionKind(
+            "min", math.inf, combine="min", linear=False, selects=True, torch_name="amin",
+            dist_op="MIN", triton_reduce="tl.min", triton_combine="tl.minimum(a, b)",
+        ),
+        ReductionKind(
+            "prod", 1.0, combine="prod", linear=False, selects=False, torch_name="prod",
+            dist_op="PRODUCT", triton_reduce=None, triton_combine="a * b",
+        ),
     )
-}
+}  # fmt: skip
 
 NAMES = tuple(KINDS)  # every kind, for messages
 TILE_KINDS = tuple(k for k, kind in KINDS.items() if not kind.averages)  # tile.reduce's
