@@ -187,9 +187,7 @@ def test_prod_gradient_matches_torch_autograd(kernels: str, axis: int) -> None:
 
 @pytest.mark.parametrize("kernels", ["reference", "triton"])
 @pytest.mark.parametrize(("spec", "axis"), [(ROWS_DP, 0), (ROWS_DP, 1), (COLS_DP, 0)])
-def test_prod_sharded_over_dp_matches_torch(
-    kernels: str, spec: dist.ShardSpec, axis: int
-) -> None:
+def test_prod_sharded_over_dp_matches_torch(kernels: str, spec: dist.ShardSpec, axis: int) -> None:
     """Over a split axis each rank multiplies its rows (the result is partial ``prod``
     over dp) and an all_reduce prod resolves it; the gradient is differentiated before
     partitioning, so it too is partial where it multiplies over dp."""
