@@ -4,10 +4,11 @@ In ``deterministic`` mode every reduction has one fixed order, so a training run
 bit-identical run to run, and between the virtual mesh and ``tessera run`` processes for
 the same mesh:
 
-- *Across ranks*: a sum or mean collective (``all_reduce``, ``reduce_scatter``) adds
-  the members' terms one after the other in mesh order, ``((x0 + x1) + x2) + …``
-  (f16/bf16 terms in f32, rounded once), on the virtual mesh and over processes alike.
-  Over processes each rank all-gathers the terms and adds them itself, instead of the
+- *Across ranks*: a sum, mean or prod collective (``all_reduce``, ``reduce_scatter``;
+  the kinds that round, ``reduction_kinds.KINDS``) combines the members' terms one after
+  the other in mesh order, ``((x0 + x1) + x2) + …`` (f16/bf16 terms in f32, rounded
+  once), on the virtual mesh and over processes alike. Over processes each rank
+  all-gathers the terms and combines them itself, instead of the
   library's ring or tree whose association depends on the algorithm, the chunking and
   the group size; this moves ``n − 1`` times the operand's bytes per rank instead of
   ``2 (n − 1) / n`` times (``tessera.perf`` simulates that cost). Max and min do not

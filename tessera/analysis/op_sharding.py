@@ -28,10 +28,10 @@ from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.block_moves import Window, communicating_moves, plan_block_moves, received_elements
+from tessera.ir.reduction_kinds import KINDS
 from tessera.ir.reshard import ALPHA_BYTES, reshard_cost
 from tessera.ir.sharding import MeshLike, Sharding
 from tessera.ir.sharding_rules import (
-    LINEAR_KINDS,
     Assignment,
     Dims,
     FactorKind,
@@ -335,11 +335,12 @@ def _passthrough(
     assignment: Assignment,
     points: ReductionPoints,
 ) -> Passed:
-    """Partial (sum/mean) axes each operand may keep because the op is linear in it."""
+    """Partial axes of a linear kind (sum, mean) each operand may keep because the op is
+    linear in it."""
     definition = op_def(op)
     policy = definition.partial
     partials = [
-        tuple((a, k) for a, k in s.partial if k in LINEAR_KINDS)
+        tuple((a, k) for a, k in s.partial if KINDS[k].linear)
         if s and value not in points
         else ()
         for s, value in zip(known, op.operands, strict=True)

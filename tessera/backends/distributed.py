@@ -66,12 +66,12 @@ from tessera.errors import DistributedError, ExecutionError, TesseraError
 from tessera.ir import graph, schedule
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.mesh import Mesh
+from tessera.ir.reduction_kinds import KINDS, NAMES, rounds
 from tessera.ir.sharding import Sharding
-from tessera.ops.collective import ordered_sum
+from tessera.ops.collective import accumulation_dtype, finish_reduce, ordered_reduce
 from tessera.perf.timeline import Mark
 
 DEFAULT_TIMEOUT_S = environment.DEFAULT_TIMEOUT_S
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def timeout_seconds() -> float:
@@ -564,50 +564,37 @@ def _issue_hierarchical(
     def result() -> torch.Tensor:
         if kind in ("all_gather", "all_to_all"):
             return state["out"]
-        return hierarchical.finish(state["out"], attrs["kind"], size, x.dtype)
+        return finish_reduce(state["out"], attrs["kind"], size, x.dtype)
 
     return _Pending(_Phased(first, rest), result, op, members)
 
 
 def _reduce_op(kind: str) -> object:
-    ops = {
-        "sum": tdist.ReduceOp.SUM,
-        "mean": tdist.ReduceOp.SUM,
-        "max": tdist.ReduceOp.MAX,
-        "min": tdist.ReduceOp.MIN,
-    }
-    if kind not in ops:
-        raise ExecutionError(f"reduction kind must be one of sum, mean, max, min, found {kind!r}")
-    return ops[kind]
+    if kind not in KINDS:
+        raise ExecutionError(f"reduction kind must be one of {NAMES}, found {kind!r}")
+    return KINDS[kind].torch_dist_op()
 
 
 def _accumulate(x: torch.Tensor, kind: str) -> torch.Tensor:
-    """The buffer a reduction runs in: f16/bf16 sums and means accumulate in f32 (as the
-    virtual mesh does)."""
-    if kind in ("sum", "mean") and x.dtype in _LOW_PRECISION:
-        return x.float().contiguous()
-    return x.clone().contiguous()
+    """The buffer a reduction runs in: f16/bf16 terms of sums, means and products
+    accumulate in f32 (as the virtual mesh does)."""
+    dtype = accumulation_dtype(kind, x.dtype)
+    return (x.to(dtype) if dtype != x.dtype else x.clone()).contiguous()
 
 
 def _finish_reduce(
     buffer: torch.Tensor, kind: str, size: int, dtype: torch.dtype
 ) -> Callable[[], torch.Tensor]:
-    def finish() -> torch.Tensor:
-        total = buffer
-        if kind == "mean":
-            exact = total.is_floating_point() or total.is_complex()
-            total = total / size if exact else torch.div(total, size, rounding_mode="floor")
-        return total.to(dtype)
-
-    return finish
+    return lambda: finish_reduce(buffer, kind, size, dtype)
 
 
 def _issue_ordered(
     op: _Start, x: torch.Tensor, group: _Group, rank: int, kind: str, attrs: dict
 ) -> _Pending:
-    """A sum or mean collective in the deterministic numerics: all-gather the terms (in
-    their accumulation dtype), then add them in mesh order (``ordered_sum``), as the
-    virtual mesh does; a reduce-scatter keeps this rank's piece."""
+    """A collective whose reduction rounds (sum, mean, prod) in the deterministic
+    numerics: all-gather the terms (in their accumulation dtype), then combine them in
+    mesh order (``ordered_reduce``), as the virtual mesh does; a reduce-scatter keeps
+    this rank's piece."""
     buffer = _accumulate(x, attrs["kind"])
     received = [torch.empty_like(buffer) for _ in group.members]
     work = tdist.all_gather(received, buffer, group=group.handle, async_op=True)
@@ -615,7 +602,7 @@ def _issue_ordered(
 
     def finish() -> torch.Tensor:
         by_rank = dict(zip(group.by_group_rank, received, strict=True))
-        total = ordered_sum([by_rank[m] for m in group.members], buffer.dtype)
+        total = ordered_reduce([by_rank[m] for m in group.members], buffer.dtype, attrs["kind"])
         if kind == "reduce_scatter":
             total = total.chunk(size, attrs["dim"])[group.position(rank)].contiguous()
         return _finish_reduce(total, attrs["kind"], size, x.dtype)()
@@ -651,8 +638,8 @@ def _issue(
         return x.clone()
     pg = group.handle
     order = group.by_group_rank  # torch's order; mesh order is group.members
-    summed = kind in ("all_reduce", "reduce_scatter") and attrs["kind"] in ("sum", "mean")
-    if summed and numerics.deterministic():  # every rank adds the terms itself, in mesh order
+    ordered = kind in ("all_reduce", "reduce_scatter") and rounds(attrs["kind"])
+    if ordered and numerics.deterministic():  # every rank combines the terms, in mesh order
         return _issue_ordered(op, x, group, rank, kind, attrs)
     if domains is not None:
         return _issue_hierarchical(op, x, *domains, group.members, rank)

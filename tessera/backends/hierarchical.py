@@ -51,9 +51,8 @@ from typing import Any
 import torch
 
 from tessera.errors import ExecutionError
-from tessera.ops.collective import reduce_pieces
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
+from tessera.ir.reduction_kinds import KINDS
+from tessera.ops.collective import accumulation_dtype, finish_reduce, reduce_pieces
 
 
 def domains(members: Sequence[int], domain: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -72,22 +71,13 @@ def domains(members: Sequence[int], domain: int) -> tuple[list[list[int]], list[
 
 def phase_kind(kind: str) -> str:
     """The reduction each phase does: means are sums until the end."""
-    return "sum" if kind == "mean" else kind
+    return KINDS[kind].combine
 
 
 def accumulate(x: torch.Tensor, kind: str) -> torch.Tensor:
-    """``x`` in the dtype the phases reduce in (f32 for f16/bf16 sums and means)."""
-    if kind in ("sum", "mean") and x.dtype in _LOW_PRECISION:
-        return x.float()
-    return x
-
-
-def finish(total: torch.Tensor, kind: str, size: int, dtype: torch.dtype) -> torch.Tensor:
-    """The result from the reduced buffer: a mean divides by the group size; one rounding."""
-    if kind == "mean":
-        exact = total.is_floating_point() or total.is_complex()
-        total = total / size if exact else torch.div(total, size, rounding_mode="floor")
-    return total.to(dtype)
+    """``x`` in the dtype the phases reduce in (f32 for f16/bf16 terms of sums, means
+    and products)."""
+    return x.to(accumulation_dtype(kind, x.dtype))
 
 
 def padded_pieces(x: torch.Tensor, domain: int) -> tuple[list[torch.Tensor], int]:
@@ -137,7 +127,7 @@ def _all_reduce(xs: Sequence[torch.Tensor], kind: str, d: int) -> list[torch.Ten
     for group in intra:  # 3: all_gather within each domain
         gathered = torch.cat([held[m] for m in group])[:count].reshape(shape)
         for member in group:
-            results[member] = finish(gathered.clone(), kind, n, dtype)
+            results[member] = finish_reduce(gathered.clone(), kind, n, dtype)
     return results
 
 
@@ -156,7 +146,7 @@ def _reduce_scatter(xs: Sequence[torch.Tensor], kind: str, dim: int, d: int) -> 
     for group in inter:  # 2: across domains, member k*d + i keeps piece k*d + i
         for k, member in enumerate(group):
             total = reduce_pieces([bundles[m][k] for m in group], step)
-            results[member] = finish(total, kind, n, dtype)
+            results[member] = finish_reduce(total, kind, n, dtype)
     return results
 
 

@@ -49,6 +49,7 @@ from tessera.errors import ExecutionError
 from tessera.ir import schedule
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.mesh import Mesh
+from tessera.ir.reduction_kinds import rounds
 from tessera.ops.collective import on_group
 from tessera.perf import timeline as perf_timeline
 from tessera.perf.compute_cost import runs_as_view, runs_on_host
@@ -225,7 +226,7 @@ class VirtualCollectives:
             ordered, frozen = on_group(graph_op), _Attrs(op)
 
             def compute(xs: list[torch.Tensor]) -> Sequence[torch.Tensor]:
-                if numerics.deterministic() and attrs.get("kind") in ("sum", "mean"):
+                if numerics.deterministic() and rounds(attrs.get("kind")):
                     return ordered(frozen, xs)  # one fixed order, as processes add
                 return hierarchical.run_group(name, attrs, xs, domain)  # type: ignore[arg-type]
 

@@ -4,7 +4,8 @@
 puts pieces back together. A split dim is cut into ``prod(axis sizes)`` contiguous blocks
 and a rank holds the block at the mixed-radix index of its coordinates along the dim's
 axes, major first (as :meth:`DistTensor.local`). A value *partial* over an axis is held
-as terms whose reduction along that axis (sum, mean, max, min) is the value.
+as terms whose reduction along that axis (its kind, a key of ``reduction_kinds.KINDS``)
+is the value.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from math import prod
 
 import torch
 
+from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError
 from tessera.ir.mesh import Mesh
+from tessera.ir.reduction_kinds import KINDS
 from tessera.ir.sharding import Sharding
 from tessera.ops.collective import reduce_pieces
 
@@ -36,19 +39,25 @@ def block(rank: int, sharding: Sharding, mesh: Mesh, shape: Sequence[int]) -> tu
 def scatter(value: torch.Tensor, sharding: Sharding, mesh: Mesh) -> list[torch.Tensor]:
     """Every rank's piece of the global ``value`` (a list indexed by rank).
 
-    For a sum-partial axis the group's first member holds the value and the others
-    zeros; for mean, max and min every member holds the value.
+    For a partial axis whose kind is idempotent (mean, max, min) every member holds the
+    value; for another (sum, prod) the group's first member holds it and the others the
+    identity (see :func:`piece`).
     """
     sharding.validate(mesh, tuple(value.shape), "value")
     return [piece(value, sharding, mesh, rank) for rank in range(mesh.size)]
 
 
 def piece(value: torch.Tensor, sharding: Sharding, mesh: Mesh, rank: int) -> torch.Tensor:
-    """``rank``'s piece of the global ``value`` (one entry of :func:`scatter`)."""
+    """``rank``'s piece of the global ``value`` (one entry of :func:`scatter`): the
+    identity of the first partial axis (in reduction order) whose kind is not
+    idempotent and along which ``rank`` is not its group's first member, else the
+    value. Reducing the axes in order then gives each later axis's first member the
+    value and its other members that axis's identity."""
     part = value[block(rank, sharding, mesh, value.shape)].clone()
     coords = mesh.coords(rank)
-    if any(coords[a] for a, kind in sharding.partial if kind == "sum"):
-        part = torch.zeros_like(part)
+    for axis, kind in sharding.partial:
+        if coords[axis] and not KINDS[kind].idempotent:
+            return torch.full_like(part, KINDS[kind].identity(as_dtype(part.dtype)))
     return part
 
 

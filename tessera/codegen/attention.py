@@ -57,9 +57,8 @@ import numpy as np
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, Float64Type, f32, f64
 from xdsl.ir import Attribute, Operation, SSAValue
 
-from tessera.codegen.builder import TileBuilder, Value, shape
 from tessera.codegen.evaluate import Evaluator, Space, dims_of
-from tessera.codegen.kernels import (
+from tessera.codegen.frame import (
     DEFAULT,
     BlockConfig,
     Frame,
@@ -71,6 +70,7 @@ from tessera.codegen.kernels import (
 )
 from tessera.errors import IRError
 from tessera.ir import graph, schedule, tile
+from tessera.ir.tile_builder import TileBuilder, Value, shape
 from tessera.ops import Fusion, fusion_of
 
 MAX_SCORE_OPS = 16  # elementwise ops between q kᵀ and the softmax

@@ -28,9 +28,8 @@ from xdsl.dialects.builtin import Float64Type, f32, f64
 from xdsl.ir import SSAValue
 
 from tessera.codegen.attention import MAX_HEAD_DIM, causal_shift, grouped_index, head_groups
-from tessera.codegen.builder import TileBuilder, Value
 from tessera.codegen.evaluate import dims_of
-from tessera.codegen.kernels import (
+from tessera.codegen.frame import (
     DEFAULT,
     BlockConfig,
     batch_offset,
@@ -41,6 +40,7 @@ from tessera.codegen.kernels import (
 )
 from tessera.errors import IRError
 from tessera.ir import graph, schedule, tile
+from tessera.ir.tile_builder import TileBuilder, Value
 
 
 def _plus(b: TileBuilder, base: Value | None, offsets: Value) -> Value:

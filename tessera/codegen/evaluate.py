@@ -26,12 +26,11 @@ from dataclasses import dataclass, field
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Operation, SSAValue
 
-from tessera.codegen.builder import TileBuilder, Value, broadcast_shape, shape
 from tessera.errors import IRError
 from tessera.ir.tile import compute_element, strides
+from tessera.ir.tile_builder import TileBuilder, Value, broadcast_shape, shape
 from tessera.ops import IndexMap, Pointwise, lookup
-
-Index = tuple[Value | None, ...]  # per dim: the index value, or None where the dim is 0
+from tessera.ops.registry import Index
 
 
 def dims_of(value: SSAValue) -> tuple[int, ...]:

@@ -63,7 +63,8 @@ def shard(x: Tensor, spec: ShardSpec | Sharding) -> Tensor:
 
 
 def all_reduce(x: Tensor, axis: str | Sequence[str], op: str = "sum") -> Tensor:
-    """Resolves ``x``'s partial sums (max, min, mean) over ``axis``."""
+    """Resolves ``x``'s partial values over ``axis``; ``op`` is their reduction kind
+    (a key of ``tessera.ir.reduction_kinds.KINDS``: sum, mean, max, min, prod)."""
     return _bind(graph.AllReduceOp, x, axes=_axes("dist.all_reduce", axis), kind=op)
 
 

@@ -434,6 +434,9 @@ class Tensor:
     def min(self, axis: Any = None, keepdims: bool = False) -> Tensor:
         return _op().min(self, axis=axis, keepdims=keepdims)
 
+    def prod(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return _op().prod(self, axis=axis, keepdims=keepdims)
+
 
 # the torch.Tensor methods behind Python's operators (``torch_tensor + traced`` calls add)
 _OPERATOR_METHODS = frozenset(

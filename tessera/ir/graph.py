@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from xdsl.dialects.builtin import (
@@ -358,6 +358,9 @@ def _nonfinite_blob(value: DenseIntOrFPElementsAttr) -> str | None:
 
 
 class ReductionOp(UnaryGraphOp):
+    """A reduction over ``axes`` by its ``KIND`` (a key of ``reduction_kinds.KINDS``)."""
+
+    KIND: ClassVar[str]
     axes = prop_def(DenseArrayBase)
     keepdims = prop_def(BoolAttr)
     shape_rule = staticmethod(shape_rules.reduce)
@@ -368,6 +371,7 @@ class SumOp(ReductionOp):
     """Sum over ``axes``, in the operand's dtype (not bool)."""
 
     name = "graph.sum"
+    KIND: ClassVar[str] = "sum"
     shape_rule = staticmethod(shape_rules.sum_reduce)
 
 
@@ -376,6 +380,7 @@ class MeanOp(ReductionOp):
     """Mean over ``axes`` (floating point)."""
 
     name = "graph.mean"
+    KIND: ClassVar[str] = "mean"
     shape_rule = staticmethod(shape_rules.float_reduce)
 
 
@@ -384,6 +389,7 @@ class MaxOp(ReductionOp):
     """Maximum over ``axes``."""
 
     name = "graph.max"
+    KIND: ClassVar[str] = "max"
     shape_rule = staticmethod(shape_rules.extremum_reduce)
 
 
@@ -392,7 +398,17 @@ class MinOp(ReductionOp):
     """Minimum over ``axes``."""
 
     name = "graph.min"
+    KIND: ClassVar[str] = "min"
     shape_rule = staticmethod(shape_rules.extremum_reduce)
+
+
+@irdl_op_definition
+class ProdOp(ReductionOp):
+    """Product over ``axes``, in the operand's dtype (not bool)."""
+
+    name = "graph.prod"
+    KIND: ClassVar[str] = "prod"
+    shape_rule = staticmethod(shape_rules.prod_reduce)
 
 
 @irdl_op_definition
@@ -1237,8 +1253,8 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, ErfOp,
     CosOp, SinOp, StopGradientOp, GeluOp,
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
-    CastOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, SoftmaxOp, LogSoftmaxOp, LayerNormOp,
-    RmsNormOp, CrossEntropyOp, AttentionOp, AttentionBackwardOp, ReshapeOp, BroadcastToOp,
+    CastOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, ProdOp, SoftmaxOp, LogSoftmaxOp,
+    LayerNormOp, RmsNormOp, CrossEntropyOp, AttentionOp, AttentionBackwardOp, ReshapeOp, BroadcastToOp,
     TransposeOp, SliceOp, ConcatOp, SplitOp, GatherOp, TopKOp, MoeRouteOp, MoeDispatchOp,
     MoeCombineOp,
 )  # fmt: skip

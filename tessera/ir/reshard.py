@@ -6,7 +6,8 @@
    ``all_slice`` (a free local slice, done first so later steps move less data; a rank
    may slice its own partial term);
 2. partial axes are resolved: ``reduce_scatter`` when the target splits a dim over the
-   axis (the result is then already split), else ``all_reduce`` (one over all the axes
+   axis and the kind is linear (sum, mean: the result is then already split), else
+   ``all_reduce`` (one over all the axes
    of a reduction kind: a ring over dp × tp moves 2(n-1)/n of the data once, not per axis);
 3. an axis that moves from one dim to another is an ``all_to_all``;
 4. axes no longer split are gathered (``all_gather``, minor axes first);
@@ -29,6 +30,7 @@ from xdsl.ir import SSAValue
 
 from tessera.errors import ShardingError
 from tessera.ir import graph
+from tessera.ir.reduction_kinds import KINDS
 from tessera.ir.sharding import AxisSizes, MeshLike, Sharding
 
 
@@ -65,7 +67,7 @@ def plan_reshard(src: Sharding, dst: Sharding) -> list[ReshardStep]:
         if axis in dst.partial_axes:
             continue
         target = _appendable_dim(dims, dst, axis)
-        if target is not None and kind in ("sum", "mean"):
+        if target is not None and KINDS[kind].linear:
             steps.append(ReshardStep("reduce_scatter", (axis,), dim=target, reduction=kind))
             dims[target].append(axis)
         else:

@@ -16,9 +16,10 @@ from typing import Any
 from tessera.dtypes import DType
 from tessera.errors import ShapeError
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.reduction_kinds import KINDS, NAMES
 from tessera.ir.zigzag import check_zigzag
 
-REDUCTION_KINDS = ("mean", "sum", "none")
+LOSS_REDUCTIONS = ("mean", "sum", "none")  # how a loss reduces its per-example values
 COMPARE_PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge")
 GELU_APPROXIMATIONS = ("none", "tanh")
 
@@ -184,7 +185,7 @@ def matmul(lhs: AbstractTensor, rhs: AbstractTensor) -> AbstractTensor:
 
 
 def reduce(x: AbstractTensor, axes: Sequence[int], keepdims: bool) -> AbstractTensor:
-    """sum / mean / max / min over ``axes``."""
+    """A reduction (sum, mean, max, min, prod) over ``axes``."""
     _check_axes(x, axes)
     if keepdims:
         shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
@@ -214,6 +215,16 @@ def extremum_reduce(x: AbstractTensor, axes: Sequence[int], keepdims: bool) -> A
             f"{x} has size 0"
         )
     return result
+
+
+def prod_reduce(x: AbstractTensor, axes: Sequence[int], keepdims: bool) -> AbstractTensor:
+    """prod: like :func:`sum_reduce` (in the operand's dtype, not bool)."""
+    if x.dtype == DType.i1:
+        raise ShapeError(
+            f"a product of bools is not supported, found {x}; cast to an integer first "
+            f"(op.prod multiplies bools in int64)"
+        )
+    return reduce(x, axes, keepdims)
 
 
 def float_reduce(x: AbstractTensor, axes: Sequence[int], keepdims: bool) -> AbstractTensor:
@@ -251,8 +262,8 @@ def cross_entropy(logits: AbstractTensor, labels: AbstractTensor, reduction: str
             f"expected labels of shape {list(logits.shape[:-1])} for logits {logits}, "
             f"found {labels}"
         )
-    if reduction not in REDUCTION_KINDS:
-        raise ShapeError(f"reduction must be one of {REDUCTION_KINDS}, found {reduction!r}")
+    if reduction not in LOSS_REDUCTIONS:
+        raise ShapeError(f"reduction must be one of {LOSS_REDUCTIONS}, found {reduction!r}")
     return labels.with_dtype(logits.dtype) if reduction == "none" else logits.with_shape(())
 
 
@@ -516,8 +527,6 @@ def moe_combine(
 # is its operand's; in a partitioned function (local view) types are per rank and a
 # gather or slice changes the local size by the rank group's size.
 
-COLLECTIVE_KINDS = ("sum", "mean", "max", "min")
-
 
 def _check_mesh_axes(axes: Sequence[str]) -> None:
     if not axes:
@@ -527,8 +536,8 @@ def _check_mesh_axes(axes: Sequence[str]) -> None:
 
 
 def _check_kind(kind: str) -> None:
-    if kind not in COLLECTIVE_KINDS:
-        raise ShapeError(f"reduction kind must be one of {COLLECTIVE_KINDS}, found {kind!r}")
+    if kind not in KINDS:
+        raise ShapeError(f"reduction kind must be one of {NAMES}, found {kind!r}")
 
 
 def _resize(x: AbstractTensor, dim: int, group_size: int | None, grow: bool) -> AbstractTensor:

@@ -2,7 +2,7 @@
 
 A :class:`Sharding` lists, per tensor dim, the mesh axes that split it (major to minor),
 plus the mesh axes over which the value is *partial* — each rank holds a term of a
-reduction (sum, mean, max, min) not yet performed. This is the information of MLIR's ``shard``
+reduction (one of :data:`~tessera.ir.reduction_kinds.KINDS`) not yet performed. This is the information of MLIR's ``shard``
 dialect, of DTensor's Shard / Replicate / Partial placements and of JAX's PartitionSpec.
 
 In the IR it is ``#graph.sharding<@mesh, [[dp], []], partial = sum[tp]>``.
@@ -25,8 +25,7 @@ from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
 from tessera.errors import ShardingError
-
-REDUCTION_KINDS = ("sum", "mean", "max", "min")
+from tessera.ir.reduction_kinds import KINDS, NAMES
 
 
 class MeshLike(Protocol):
@@ -100,9 +99,9 @@ class Sharding:
                 raise ShardingError(f"{name}: mesh axis {axis!r} is used more than once")
             seen.add(axis)
         for _, kind in self.partial:
-            if kind not in REDUCTION_KINDS:
+            if kind not in KINDS:
                 raise ShardingError(
-                    f"{name}: partial reduction kind must be one of {REDUCTION_KINDS}, found {kind!r}"
+                    f"{name}: partial reduction kind must be one of {NAMES}, found {kind!r}"
                 )
         for dim, size in enumerate(shape):
             pieces = self.shards(mesh, dim)
@@ -163,9 +162,9 @@ class ShardingAttr(ParametrizedAttribute):
         if len(self.partial_axes) != len(self.partial_kinds):
             raise VerifyException("partial axes and reduction kinds differ in number")
         for kind in self.partial_kinds:
-            if kind.data not in REDUCTION_KINDS:
+            if kind.data not in KINDS:
                 raise VerifyException(
-                    f"partial reduction kind must be one of {REDUCTION_KINDS}, found {kind.data!r}"
+                    f"partial reduction kind must be one of {NAMES}, found {kind.data!r}"
                 )
 
     @classmethod
@@ -190,9 +189,9 @@ class ShardingAttr(ParametrizedAttribute):
                 parser.parse_keyword("partial")
                 parser.parse_punctuation("=")
                 while (kind := parser.parse_optional_identifier()) is not None:
-                    if kind not in REDUCTION_KINDS:
+                    if kind not in KINDS:
                         parser.raise_error(
-                            f"partial reduction kind must be one of {REDUCTION_KINDS}, found {kind!r}"
+                            f"partial reduction kind must be one of {NAMES}, found {kind!r}"
                         )
                     group = parse_axes()
                     axes.extend(group.data)

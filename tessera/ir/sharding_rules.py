@@ -89,8 +89,9 @@ class ShardingRule:
     factors: tuple[Factor, ...]
     operands: tuple[Dims, ...]
     results: tuple[Dims, ...]
-    reduction_kind: str = "sum"  # the partial kind a split REDUCTION factor produces:
-    # sum, mean (each rank holds the mean of its slice: the value is their average), max, min
+    reduction_kind: str = "sum"  # the partial kind a split REDUCTION factor produces (one
+    # of reduction_kinds.KINDS; for mean each rank holds the mean of its slice: the value
+    # is their average)
     positions: tuple[tuple[int, int], ...] = ()  # (factor, operand index) of each
     # position operand (see the module docstring); the indices past the op's operands
     # when it has none (shard-partition appends them, 0 plus this rank's start)
@@ -224,9 +225,6 @@ statistic_along_axes = _along_axes(lambda a: a["axes"], FactorKind.STATISTIC)
 
 def factor_product(rule: ShardingRule) -> int:
     return prod(f.size for f in rule.factors)
-
-
-LINEAR_KINDS = ("sum", "mean")  # partial kinds that stay partial through linear ops
 
 
 # --- context factors -----------------------------------------------------------------------

@@ -31,7 +31,8 @@ Triton adds::
   ``i1`` mask of the offsets' shape; a masked-off lane loads 0 and stores nothing.
 - ``tile.dot``: ``acc + a @ b`` on 2-D blocks, accumulated in ``f32`` (``f64`` for f64
   operands, the operands' type for integers).
-- ``tile.reduce``: sum, max or min along one ``axis`` (a 1-D block reduces to a scalar).
+- ``tile.reduce``: a reduction (one of ``reduction_kinds.TILE_KINDS``) along one
+  ``axis`` (a 1-D block reduces to a scalar).
 - ``tile.cmp`` / ``tile.select`` / ``tile.convert``: comparison, choice and element type
   conversion on scalars and blocks (xDSL's ``arith`` versions take scalars only).
 """
@@ -88,8 +89,8 @@ from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure, Symbol
 from xdsl.utils.exceptions import VerifyException
 
 from tessera.ir.limits import MAX_GRID
+from tessera.ir.reduction_kinds import TILE_KINDS
 
-REDUCE_KINDS = ("sum", "max", "min")
 NUM_WARPS = (1, 2, 4, 8, 16, 32)  # warps per program: up to 1024 threads, as CUDA allows
 
 # ops of the upstream dialects a tile kernel may contain
@@ -579,7 +580,8 @@ class DotOp(IRDLOperation):
 
 @irdl_op_definition
 class ReduceOp(IRDLOperation):
-    """Reduces ``input`` along ``axis`` with ``kind`` (sum, max or min)."""
+    """Reduces ``input`` along ``axis`` with ``kind`` (one of ``TILE_KINDS``: a mean is
+    a sum, then a division)."""
 
     name = "tile.reduce"
     traits = traits_def(Pure())
@@ -599,9 +601,9 @@ class ReduceOp(IRDLOperation):
         )
 
     def verify_(self) -> None:
-        if self.kind.data not in REDUCE_KINDS:
+        if self.kind.data not in TILE_KINDS:
             raise VerifyException(
-                f"tile.reduce: unknown kind {self.kind.data!r}; expected sum, max or min"
+                f"tile.reduce: unknown kind {self.kind.data!r}; expected one of {TILE_KINDS}"
             )
         shape = list(block_shape(self.input.type))
         axis = self.axis.value.data

@@ -505,6 +505,14 @@ def sum(x: Operand, axis: Axis = None, keepdims: bool = False, dtype: Any = None
     return _reduce(graph.SumOp, astype(tensor, target), axis, keepdims)
 
 
+def prod(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Product over ``axis``; bools and int32 are multiplied in int64 (wrapping on
+    overflow), as numpy does on 64-bit Linux and torch does."""
+    (tensor,) = _tensors(x)
+    target = DType.i64 if tensor.dtype in (DType.i1, DType.i32) else tensor.dtype
+    return _reduce(graph.ProdOp, astype(tensor, target), axis, keepdims)
+
+
 def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """Mean over ``axis``. The mean of bools or integers is float32 (torch's default
     float; numpy gives float64), computed as numpy does, in float64, and rounded once."""
@@ -830,6 +838,7 @@ __all__ = [
     "permute_dims",
     "pow",
     "power",
+    "prod",
     "relu",
     "reshape",
     "rms_norm",

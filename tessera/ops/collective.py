@@ -29,6 +29,7 @@ from tessera.errors import ExecutionError, ShardingError, TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.grad_builder import GradBuilder
+from tessera.ir.reduction_kinds import KINDS, NAMES
 from tessera.ir.sharding import Sharding
 from tessera.ops.registry import (
     Cotangents,
@@ -43,7 +44,7 @@ from tessera.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from tessera.codegen.evaluate import Evaluator, Index
+    from tessera.ops.registry import Index, TileEvaluator
 
 Dims = list[list[str]]
 Values = list[torch.Tensor]  # one tensor per member of a rank group, in group order
@@ -102,38 +103,44 @@ def on_group(op: Any) -> GroupFn:
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def ordered_sum(values: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """``((v0 + v1) + v2) + …`` in ``dtype``: the deterministic numerics' fixed order."""
+def ordered_reduce(values: Sequence[torch.Tensor], dtype: torch.dtype, kind: str) -> torch.Tensor:
+    """``((v0 ∘ v1) ∘ v2) ∘ …`` in ``dtype``, ``∘`` combining terms of ``kind`` (a mean's
+    are added): the deterministic numerics' fixed order."""
+    combine = KINDS[KINDS[kind].combine]
     total = values[0].to(dtype).clone()
     for value in values[1:]:
-        total += value.to(dtype)
+        total = combine.torch_reduce(torch.stack([total, value.to(dtype)]), (0,), False)
+        total = total.to(dtype)  # torch sums and multiplies int32 in int64
     return total
 
 
+def accumulation_dtype(kind: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype terms of ``kind`` combine in: f32 for f16/bf16 terms of a kind that rounds."""
+    return torch.float32 if KINDS[kind].rounds and dtype in _LOW_PRECISION else dtype
+
+
+def finish_reduce(total: torch.Tensor, kind: str, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """The result from the combined terms of ``size`` ranks: a mean divides by ``size``
+    (integers round down); then one rounding to ``dtype``."""
+    if KINDS[kind].averages:
+        exact = total.is_floating_point() or total.is_complex()
+        total = total / size if exact else torch.div(total, size, rounding_mode="floor")
+    return total.to(dtype)
+
+
 def reduce_pieces(values: Sequence[torch.Tensor], kind: str) -> torch.Tensor:
-    """The ``kind`` reduction (sum, mean, max, min) of same-shaped tensors, in their
-    dtype; sum and mean of f16/bf16 accumulate in f32 and round once."""
+    """The ``kind`` reduction (a key of ``KINDS``) of same-shaped tensors, in their
+    dtype; f16/bf16 terms of a kind that rounds combine in f32 and round once."""
+    if kind not in KINDS:
+        raise ShardingError(f"reduction kind must be one of {NAMES}, found {kind!r}")
     stacked = torch.stack(list(values))
     dtype = stacked.dtype
-    if kind in ("sum", "mean"):
-        accumulate = torch.float32 if dtype in _LOW_PRECISION else dtype
-        if numerics.deterministic():
-            total = ordered_sum(values, accumulate)
-        else:
-            total = stacked.to(accumulate).sum(0)
-        if kind == "mean":
-            exact = total.is_floating_point() or total.is_complex()
-            total = (
-                total / len(values)
-                if exact
-                else torch.div(total, len(values), rounding_mode="floor")
-            )
-        return total.to(dtype)
-    if kind == "max":
-        return stacked.amax(0)
-    if kind == "min":
-        return stacked.amin(0)
-    raise ShardingError(f"reduction kind must be one of sum, mean, max, min, found {kind!r}")
+    accumulate = accumulation_dtype(kind, dtype)
+    if KINDS[kind].rounds and numerics.deterministic():
+        total = ordered_reduce(values, accumulate, kind)
+    else:
+        total = KINDS[KINDS[kind].combine].torch_reduce(stacked.to(accumulate), (0,), False)
+    return finish_reduce(total, kind, len(values), dtype)
 
 
 def _all_reduce_group(op: Any, xs: Values) -> Values:
@@ -232,7 +239,7 @@ def _move_split(op: graph.CollectiveOp, dims: Dims) -> None:
 
 
 def _all_slice_tile(
-    ev: Evaluator, op: graph.AllSliceOp, value: SSAValue, index: Index
+    ev: TileEvaluator, op: graph.AllSliceOp, value: SSAValue, index: Index
 ) -> SSAValue:
     """This rank's slice: the index shifted by the rank's offset along ``dim``."""
     attrs = op.attrs()

@@ -24,7 +24,7 @@ from tessera.ir.tile import compute_element
 from tessera.ops.registry import NOT_LINEAR, Cotangents, Fusion, IndexMap, bound, register
 
 if TYPE_CHECKING:
-    from tessera.codegen.evaluate import Evaluator, Index
+    from tessera.ops.registry import Index, TileEvaluator
 
 
 def _constant_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
@@ -40,7 +40,7 @@ def _constant_reference(op: graph.ConstantOp) -> Callable[[], torch.Tensor]:
     return value.clone
 
 
-def _splat_tile(ev: Evaluator, op: graph.ConstantOp, value: SSAValue, index: Index) -> SSAValue:
+def _splat_tile(ev: TileEvaluator, op: graph.ConstantOp, value: SSAValue, index: Index) -> SSAValue:
     """A splat constant's value, as a scalar (other constants are loaded by pointer)."""
     element = compute_element(op.value.get_type().element_type)
     return ev.b.constant(first_value(op.value), element)

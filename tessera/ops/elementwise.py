@@ -42,7 +42,7 @@ from tessera.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from tessera.codegen.builder import TileBuilder
+    from tessera.ir.tile_builder import TileBuilder
 
 Value = SSAValue
 Operands = Sequence[Value]

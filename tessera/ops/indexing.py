@@ -34,7 +34,7 @@ from tessera.ir.sharding_rules import FactorKind, RuleBuilder, ShardingRule
 from tessera.ops.registry import Cotangents, Fusion, IndexMap, Partition, bound, register
 
 if TYPE_CHECKING:
-    from tessera.codegen.evaluate import Evaluator, Index
+    from tessera.ops.registry import Index, TileEvaluator
 
 
 def _gather_sharding(
@@ -154,7 +154,7 @@ def _gather_reference(op: graph.GatherOp) -> Callable[[torch.Tensor, torch.Tenso
     return gather
 
 
-def _gather_tile(ev: Evaluator, op: graph.GatherOp, value: SSAValue, index: Index) -> SSAValue:
+def _gather_tile(ev: TileEvaluator, op: graph.GatherOp, value: SSAValue, index: Index) -> SSAValue:
     b = ev.b
     axis = op.attrs()["axis"]
     rank = aval(op.indices).rank

@@ -41,7 +41,7 @@ from tessera.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from tessera.codegen.evaluate import Evaluator, Index
+    from tessera.ops.registry import Index, TileEvaluator
 
 
 def _register(
@@ -152,7 +152,7 @@ def _reshape_runs(
     return runs
 
 
-def _reshape_tile(ev: Evaluator, op: graph.ReshapeOp, value: SSAValue, index: Index) -> SSAValue:
+def _reshape_tile(ev: TileEvaluator, op: graph.ReshapeOp, value: SSAValue, index: Index) -> SSAValue:
     """Each run of dims (see :func:`_reshape_runs`) goes through its own flat offset: a
     dim the reshape keeps passes its index through, split or merged dims divide."""
     src, dst = _shape(op.input), _shape(value)
@@ -190,7 +190,7 @@ def _broadcast_to_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cot
 
 
 def _broadcast_to_tile(
-    ev: Evaluator, op: graph.BroadcastToOp, value: SSAValue, index: Index
+    ev: TileEvaluator, op: graph.BroadcastToOp, value: SSAValue, index: Index
 ) -> SSAValue:
     return ev.at_broadcast(op.input, _shape(value), index)
 
@@ -228,7 +228,7 @@ def _transpose_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotang
 
 
 def _transpose_tile(
-    ev: Evaluator, op: graph.TransposeOp, value: SSAValue, index: Index
+    ev: TileEvaluator, op: graph.TransposeOp, value: SSAValue, index: Index
 ) -> SSAValue:
     perm = op.attrs()["perm"]
     inner: list[SSAValue | None] = [None] * len(perm)
@@ -346,7 +346,7 @@ def _slice_reference(op: graph.SliceOp) -> Callable[[torch.Tensor], torch.Tensor
     return lambda x: x[index]
 
 
-def _slice_tile(ev: Evaluator, op: graph.SliceOp, value: SSAValue, index: Index) -> SSAValue:
+def _slice_tile(ev: TileEvaluator, op: graph.SliceOp, value: SSAValue, index: Index) -> SSAValue:
     attrs = op.attrs()
     inner = tuple(
         ev.b.affine(c, step, start)
@@ -405,7 +405,7 @@ def _concat_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangent
     return list(b.ops(graph.SplitOp, ct, axis=axis, sizes=sizes))
 
 
-def _concat_tile(ev: Evaluator, op: graph.ConcatOp, value: SSAValue, index: Index) -> SSAValue:
+def _concat_tile(ev: TileEvaluator, op: graph.ConcatOp, value: SSAValue, index: Index) -> SSAValue:
     b = ev.b
     axis = op.attrs()["axis"]
     result: SSAValue | None = None
@@ -480,7 +480,7 @@ def _split_reference(op: graph.SplitOp) -> Callable[[torch.Tensor], tuple[torch.
     return lambda x: tuple(torch.split(x, sizes, dim=axis))
 
 
-def _split_tile(ev: Evaluator, op: graph.SplitOp, value: SSAValue, index: Index) -> SSAValue:
+def _split_tile(ev: TileEvaluator, op: graph.SplitOp, value: SSAValue, index: Index) -> SSAValue:
     axis = op.attrs()["axis"]
     start = sum(_shape(r)[axis] for r in op.outputs[: list(op.outputs).index(value)])
     inner = list(index)

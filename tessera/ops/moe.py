@@ -35,7 +35,7 @@ from tessera.ops.registry import NOT_LINEAR, Cotangents, Fusion, IndexMap, bound
 from tessera.ops.top_k import HOST_TILE
 
 if TYPE_CHECKING:
-    from tessera.codegen.evaluate import Evaluator, Index
+    from tessera.ops.registry import Index, TileEvaluator
 
 # --- sharding ---------------------------------------------------------------------------
 
@@ -156,7 +156,7 @@ def _combine_reference(op: graph.MoeCombineOp) -> Callable[..., torch.Tensor]:
 
 
 def _row_or_zero(
-    ev: Evaluator, rows: SSAValue, lead: Index, flat: SSAValue, inner: tuple[int, ...], h: Any
+    ev: TileEvaluator, rows: SSAValue, lead: Index, flat: SSAValue, inner: tuple[int, ...], h: Any
 ) -> SSAValue:
     """``rows[lead..., flat as an index over dims of sizes inner..., h]``, 0 where
     ``flat < 0`` (an empty slot or a dropped choice), like ``_take_rows``."""
@@ -177,7 +177,7 @@ def _row_or_zero(
 
 
 def _dispatch_tile(
-    ev: Evaluator, op: graph.MoeDispatchOp, value: SSAValue, index: Index
+    ev: TileEvaluator, op: graph.MoeDispatchOp, value: SSAValue, index: Index
 ) -> SSAValue:
     """Slot ``(g, e, c)`` reads the token ``sources[g, e, c] // K`` (or the choice row
     ``sources`` of ``[G, T, K, H]``), zero when empty."""
@@ -193,7 +193,7 @@ def _dispatch_tile(
     return _row_or_zero(ev, x, (g,), token, (t,), h)
 
 
-def _combine_tile(ev: Evaluator, op: graph.MoeCombineOp, value: SSAValue, index: Index) -> SSAValue:
+def _combine_tile(ev: TileEvaluator, op: graph.MoeCombineOp, value: SSAValue, index: Index) -> SSAValue:
     """Choice ``(g, t, j)`` reads the expert row at slot ``slots[g, t, j]`` of ``[G, E, C,
     H]``, zero when dropped."""
     y, slots, _ = op.operands

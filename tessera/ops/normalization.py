@@ -46,8 +46,8 @@ from tessera.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from tessera.codegen.builder import TileBuilder
-    from tessera.codegen.evaluate import Evaluator
+    from tessera.ir.tile_builder import TileBuilder
+    from tessera.ops.registry import TileEvaluator
 
 
 Row = Callable[..., SSAValue]  # RowReduction.fn: (ev, op, x, mask, width) -> value
@@ -102,16 +102,15 @@ def _row_axes(op: graph.GraphOp) -> tuple[int, ...]:
 
 def _statistic(
     b: GradBuilder,
-    kind: type[graph.GraphOp],
+    kind: type[graph.ReductionOp],
     value: SSAValue,
     axes: Sequence[int],
     mesh_axes: Sequence[str],
-    reduce: str,
 ) -> SSAValue:
     """``kind`` (max, sum, mean) of ``value`` over ``axes`` (kept as size 1) on this rank,
-    all-reduced by ``reduce`` over the ``mesh_axes`` that split them."""
+    all-reduced by its kind over the ``mesh_axes`` that split them."""
     local = b.op(kind, value, axes=list(axes), keepdims=True)
-    return b.op(graph.AllReduceOp, local, axes=tuple(mesh_axes), kind=reduce)
+    return b.op(graph.AllReduceOp, local, axes=tuple(mesh_axes), kind=kind.KIND)
 
 
 def _split_rows(
@@ -131,22 +130,22 @@ def _split_rows(
     if not mesh_axes or not aval(x).size:  # nothing split, or no statistics to take
         return None
 
-    def stat(kind: type[graph.GraphOp], value: SSAValue, reduce: str) -> SSAValue:
-        return _statistic(b, kind, value, axes, mesh_axes, reduce)
+    def stat(kind: type[graph.ReductionOp], value: SSAValue) -> SSAValue:
+        return _statistic(b, kind, value, axes, mesh_axes)
 
     if isinstance(op, (graph.SoftmaxOp, graph.LogSoftmaxOp)):
-        shifted = b.sub(x, stat(graph.MaxOp, x, "max"))
+        shifted = b.sub(x, stat(graph.MaxOp, x))
         exps = b.op(graph.ExpOp, shifted)
-        total = stat(graph.SumOp, exps, "sum")
+        total = stat(graph.SumOp, exps)
         if isinstance(op, graph.SoftmaxOp):
             return b.div(exps, total)
         return b.sub(shifted, b.op(graph.LogOp, total))
     eps = b.constant(op.attrs()["eps"], x)
     if isinstance(op, graph.LayerNormOp):
-        centered = b.sub(x, stat(graph.MeanOp, x, "mean"))
-        variance = stat(graph.MeanOp, b.mul(centered, centered), "mean")
+        centered = b.sub(x, stat(graph.MeanOp, x))
+        variance = stat(graph.MeanOp, b.mul(centered, centered))
         return b.mul(centered, b.op(graph.RsqrtOp, b.add(variance, eps)))
-    square_mean = stat(graph.MeanOp, b.mul(x, x), "mean")
+    square_mean = stat(graph.MeanOp, b.mul(x, x))
     return b.mul(x, b.op(graph.RsqrtOp, b.add(square_mean, eps)))
 
 
@@ -163,7 +162,7 @@ def _softmax_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangen
 
 
 def _softmax_row(
-    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+    ev: TileEvaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
 ) -> SSAValue:
     _, shifted, total = _shifted_sum(ev.b, x, mask)
     return ev.b.div(ev.b.exp(shifted), total)
@@ -188,7 +187,7 @@ def _log_softmax_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cota
 
 
 def _log_softmax_row(
-    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+    ev: TileEvaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
 ) -> SSAValue:
     _, shifted, total = _shifted_sum(ev.b, x, mask)
     return ev.b.sub(shifted, ev.b.log(total))
@@ -242,7 +241,7 @@ def _layer_norm_reference(op: graph.LayerNormOp) -> Callable[[torch.Tensor], tor
 
 
 def _layer_norm_row(
-    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+    ev: TileEvaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
 ) -> SSAValue:
     b = ev.b
     eps = b.constant(op.attrs()["eps"])
@@ -281,7 +280,7 @@ def _rms_norm_reference(op: graph.RmsNormOp) -> Callable[[torch.Tensor], torch.T
 
 
 def _rms_norm_row(
-    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+    ev: TileEvaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
 ) -> SSAValue:
     b = ev.b
     eps = b.constant(op.attrs()["eps"])
@@ -362,16 +361,16 @@ def _cross_entropy_partition(
     shape = aval(logits).shape
     last, classes = len(shape) - 1, shape[-1]
 
-    def stat(kind: type[graph.GraphOp], value: SSAValue, reduce: str) -> SSAValue:
-        return _statistic(b, kind, value, [last], mesh_axes, reduce)
+    def stat(kind: type[graph.ReductionOp], value: SSAValue) -> SSAValue:
+        return _statistic(b, kind, value, [last], mesh_axes)
 
-    peak = stat(graph.MaxOp, logits, "max")
-    total = stat(graph.SumOp, b.op(graph.ExpOp, b.sub(logits, peak)), "sum")
+    peak = stat(graph.MaxOp, logits)
+    total = stat(graph.SumOp, b.op(graph.ExpOp, b.sub(logits, peak)))
     position = b.cast(b.op(graph.AxisIndexOp, axes=tuple(mesh_axes)), labels)
     local = b.sub(labels, b.mul(position, b.constant(classes, labels)))
     iota = b.iota(labels, classes, (1,) * last + (classes,))
     hit = b.op(graph.CompareOp, b.reshape(local, (*shape[:-1], 1)), iota, predicate="eq")
-    picked = stat(graph.SumOp, b.op(graph.SelectOp, hit, logits, b.constant(0, logits)), "sum")
+    picked = stat(graph.SumOp, b.op(graph.SelectOp, hit, logits, b.constant(0, logits)))
     loss = b.reshape(b.sub(b.add(peak, b.op(graph.LogOp, total)), picked), shape[:-1])
     reduction = op.attrs()["reduction"]
     if reduction != "none":
@@ -405,7 +404,7 @@ def _cross_entropy_reference(
 
 
 def _cross_entropy_row(
-    ev: Evaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
+    ev: TileEvaluator, op: graph.GraphOp, x: SSAValue, mask: SSAValue | None, width: int
 ) -> SSAValue:
     """``max + log(sum(exp(x - max))) - x[label]`` per row."""
     b = ev.b

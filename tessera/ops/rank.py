@@ -32,7 +32,7 @@ from tessera.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from tessera.codegen.evaluate import Evaluator, Index
+    from tessera.ops.registry import Index, TileEvaluator
 
 
 def _no_factors(
@@ -53,7 +53,7 @@ def _axis_index_at(op: graph.AxisIndexOp, position: Position) -> Callable[[], to
     return lambda: torch.tensor(index, dtype=torch.int32)
 
 
-def _axis_index_tile(ev: Evaluator, op: graph.AxisIndexOp, value: SSAValue, index: Index) -> SSAValue:
+def _axis_index_tile(ev: TileEvaluator, op: graph.AxisIndexOp, value: SSAValue, index: Index) -> SSAValue:
     """The kernel's ``i32`` argument holding this rank's index along the axes."""
     return ev.b.convert(ev.positions[tuple(op.attrs()["axes"])], i32)
 

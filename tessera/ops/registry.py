@@ -31,7 +31,7 @@ import enum
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from xdsl.ir import Operation, SSAValue
 
@@ -43,8 +43,39 @@ from tessera.ir.sharding import MeshLike, Sharding
 from tessera.ir.sharding_rules import Rule, ShardingRule
 
 if TYPE_CHECKING:
-    from tessera.codegen.builder import TileBuilder
-    from tessera.codegen.evaluate import Evaluator, Index
+    from tessera.ir.tile_builder import TileBuilder
+
+Index = tuple[SSAValue | None, ...]  # per dim of a value: its index, or None where it is 0
+
+
+class TileSpace(Protocol):
+    """What tile code reads of the space a kernel iterates (``codegen.evaluate.Space``)."""
+
+    @property
+    def index(self) -> Index: ...
+
+
+class TileEvaluator(Protocol):
+    """What tile code reads of the evaluator that runs it (``codegen.evaluate.Evaluator``,
+    above this package): its builder, its space, this rank's positions along mesh axes,
+    and the values of the kernel body at an index."""
+
+    @property
+    def b(self) -> TileBuilder: ...
+
+    @property
+    def space(self) -> TileSpace: ...
+
+    @property
+    def positions(self) -> dict[tuple[str, ...], SSAValue]: ...
+
+    def at(self, value: SSAValue, index: Index) -> SSAValue: ...
+
+    def at_broadcast(
+        self, operand: SSAValue, out_dims: Sequence[int], index: Index
+    ) -> SSAValue: ...
+
+    def offsets(self, dims: Sequence[int], index: Index) -> SSAValue: ...
 
 
 class Fusion(enum.Enum):
@@ -128,13 +159,13 @@ class IndexMap:
     """A layout op's tile code: ``fn(ev, op, result, index) -> value`` evaluates its
     operand at the index that ``index`` maps to."""
 
-    fn: Callable[[Evaluator, Any, SSAValue, Index], SSAValue]
+    fn: Callable[[TileEvaluator, Any, SSAValue, Index], SSAValue]
 
 
 @dataclass(frozen=True)
 class RankIndexMap(IndexMap):
     """An index map that reads this rank's position along the op's ``axes``
-    (``Evaluator.positions``: the kernel takes it as an ``i32`` argument)."""
+    (``TileEvaluator.positions``: the kernel takes it as an ``i32`` argument)."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +173,7 @@ class RowReduction:
     """A row reduction's tile code, for the row kernel (``codegen.kernels.lower_reduction``):
     ``fn(ev, op, x, mask, width) -> value`` with ``x`` the operand's block of rows."""
 
-    fn: Callable[[Evaluator, Any, SSAValue, SSAValue | None, int], SSAValue]
+    fn: Callable[[TileEvaluator, Any, SSAValue, SSAValue | None, int], SSAValue]
 
 
 @dataclass(frozen=True)

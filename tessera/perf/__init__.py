@@ -9,7 +9,7 @@ alpha-beta model; :mod:`tessera.perf.compute_cost` prices kernels (a roofline);
 
 from tessera.perf.collective_cost import (
     ALGORITHMS,
-    COLLECTIVE_KINDS,
+    COLLECTIVE_OPERATIONS,
     CollectiveCost,
     algorithms_for,
     collective_time,
@@ -34,7 +34,7 @@ from tessera.perf.trace import Event
 
 __all__ = [
     "ALGORITHMS",
-    "COLLECTIVE_KINDS",
+    "COLLECTIVE_OPERATIONS",
     "PRESETS",
     "CollectiveCost",
     "Device",

@@ -41,7 +41,7 @@ from tessera.errors import TesseraError
 from tessera.ir.schedule import ALGORITHMS
 from tessera.perf.topology import Link, Topology
 
-COLLECTIVE_KINDS = (
+COLLECTIVE_OPERATIONS = (
     "all_reduce",
     "all_gather",
     "reduce_scatter",
@@ -83,8 +83,8 @@ def algorithms_for(
     topology: Topology, kind: str, nbytes: int, ranks: Sequence[int]
 ) -> dict[str, float]:
     """Time of every algorithm that applies to this collective, by algorithm name."""
-    if kind not in COLLECTIVE_KINDS:
-        raise TesseraError(f"unknown collective {kind!r}; valid: {', '.join(COLLECTIVE_KINDS)}")
+    if kind not in COLLECTIVE_OPERATIONS:
+        raise TesseraError(f"unknown collective {kind!r}; valid: {', '.join(COLLECTIVE_OPERATIONS)}")
     if nbytes < 0:
         raise TesseraError(f"{kind}: nbytes must be >= 0, got {nbytes!r}")
     ranks = topology.check_ranks(ranks)

@@ -40,6 +40,7 @@ from tessera.errors import TesseraError
 from tessera.ir import schedule
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.mesh import Mesh
+from tessera.ir.reduction_kinds import rounds
 from tessera.perf.collective_cost import CollectiveCost, algorithms_for, collective_time
 from tessera.perf.compute_cost import kernel_bytes, kernel_flops, kernel_time
 from tessera.perf.topology import Topology, dgx_h100, load_topology, single_gpu
@@ -144,15 +145,18 @@ def simulate(
     )
 
 
-def _summed(kind: str, attrs: dict) -> bool:
-    return kind in ("all_reduce", "reduce_scatter") and attrs.get("kind") in ("sum", "mean")
+def _ordered(kind: str, attrs: dict) -> bool:
+    """Whether collective ``kind`` reduces terms in a fixed order in the deterministic
+    numerics (its reduction rounds: sum, mean, prod)."""
+    return kind in ("all_reduce", "reduce_scatter") and rounds(attrs.get("kind"))
 
 
 def _ordered_cost(
     topology: Topology, kind: str, nbytes: int, ranks: Sequence[int]
 ) -> CollectiveCost:
-    """A sum in the deterministic numerics (:mod:`tessera.numerics`): an all-gather of
-    every member's operand (``n`` times the operand), each rank adding them in order."""
+    """A sum, mean or product in the deterministic numerics (:mod:`tessera.numerics`): an
+    all-gather of every member's operand (``n`` times the operand), each rank combining
+    them in order."""
     gathered = collective_time(topology, "all_gather", nbytes * len(ranks), ranks)
     return CollectiveCost(gathered.time_s, "ordered")
 
@@ -276,7 +280,7 @@ class _Run:
             begin = max(
                 max(free_at[r], self.compute[r], *self._operand_ready(op, r)) for r in group
             )
-            if self.deterministic and _summed(kind, attrs):
+            if self.deterministic and _ordered(kind, attrs):
                 cost = _ordered_cost(self.topology, kind, nbytes, priced)
             else:
                 cost = self._price(kind, nbytes, priced, op.algorithm_name)

@@ -85,6 +85,7 @@ EXERCISED: dict[type, str] = {
     graph.MeanOp: "test_sum_mean_max_min",
     graph.MaxOp: "test_sum_mean_max_min",
     graph.MinOp: "test_sum_mean_max_min",
+    graph.ProdOp: "test_sum_mean_max_min",
     graph.SoftmaxOp: "test_softmax_log_softmax_norms",
     graph.LogSoftmaxOp: "test_softmax_log_softmax_norms",
     graph.LayerNormOp: "test_softmax_log_softmax_norms",
@@ -504,8 +505,8 @@ def test_axis_index_is_the_rank_argument() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_sum_mean_max_min(dtype: torch.dtype) -> None:
-    """sum, mean, max and min over the last, first and a middle axis, two axes and all of
-    them, with and without keepdims; an elementwise prologue and epilogue."""
+    """sum, mean, max, min and prod over the last, first and a middle axis, two axes and
+    all of them, with and without keepdims; an elementwise prologue and epilogue."""
     rng = random.Random(9)
     x = randn((5, 1, 9) if dtype == torch.bfloat16 else random_shape(rng), 1, dtype)
     cases = [
@@ -516,6 +517,8 @@ def test_sum_mean_max_min(dtype: torch.dtype) -> None:
         (graph.SumOp, op.sum, torch.sum, (0, 2), False),
         (graph.MeanOp, op.mean, torch.mean, None, False),
         (graph.MaxOp, op.max, torch.amax, (0, 1), True),
+        (graph.ProdOp, op.prod, torch.prod, -1, True),
+        (graph.ProdOp, op.prod, torch.prod, 0, False),
     ]
     for graph_op, fn, ref_fn, axis, keepdims in cases:
         name = graph_op.name

@@ -89,13 +89,13 @@ def test_the_numerics_option_orders_the_sums(layout: str, monkeypatch: pytest.Mo
     """``numerics="deterministic"`` adds the ranks' terms in mesh order (on the virtual
     mesh as over processes); the default does not."""
     calls = []
-    ordered = collective.ordered_sum
+    ordered = collective.ordered_reduce
 
     def counting(*args, **kwargs):
         calls.append(1)
         return ordered(*args, **kwargs)
 
-    monkeypatch.setattr(collective, "ordered_sum", counting)
+    monkeypatch.setattr(collective, "ordered_reduce", counting)
     for option, expected in (("baseline", False), ("deterministic", True)):
         calls.clear()
         layout_ = fm.LAYOUTS[layout]

@@ -22,6 +22,7 @@ from tessera.backends.virtual import run_partitioned
 from tessera.errors import ExecutionError, ShardingError
 from tessera.ir.graph import Graph
 from tessera.ir.mesh import Mesh
+from tessera.ir.reduction_kinds import KINDS, NAMES
 from tessera.ir.sharding import Sharding
 from tessera.ops import op_def
 from tessera.passes.lower_graph_to_schedule import LowerGraphToSchedulePass
@@ -56,7 +57,8 @@ def np_groups(mesh: Mesh, axes: tuple[str, ...]) -> np.ndarray:
     return moved.reshape(-1, prod(mesh.axis_size(a) for a in axes))
 
 
-NP_REDUCE = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}
+NP_REDUCE = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
+NP_IDENTITY = {"sum": 0.0, "prod": 1.0}  # the kinds whose copies do not combine to the value
 
 
 def np_collective(kind: str, attrs: dict, xs: list[np.ndarray]) -> list[np.ndarray]:
@@ -131,14 +133,14 @@ MESHES_AND_AXES = [
     ),
 ]
 SPECS = [
-    *(("all_reduce", {"kind": k}) for k in ("sum", "mean", "max", "min")),
+    *(("all_reduce", {"kind": k}) for k in KINDS),
     ("all_gather", {"dim": 0}),
     ("all_gather", {"dim": 1}),
     ("all_slice", {"dim": 0}),
     ("all_slice", {"dim": 1}),
     *(
         ("reduce_scatter", {"dim": d, "kind": k})
-        for d, k in [(0, "sum"), (1, "mean"), (0, "max"), (1, "min")]
+        for d, k in [(0, "sum"), (1, "mean"), (0, "max"), (1, "min"), (0, "prod")]
     ),
     ("all_to_all", {"split_dim": 0, "concat_dim": 1}),
     ("all_to_all", {"split_dim": 1, "concat_dim": 0}),
@@ -274,7 +276,7 @@ def layouts(draw):
         if role == "dim":
             dims[draw(st.integers(0, rank - 1))].append(axis)
         elif role == "partial":
-            partial.append((axis, draw(st.sampled_from(["sum", "mean", "max", "min"]))))
+            partial.append((axis, draw(st.sampled_from(NAMES))))
     sharding = Sharding(tuple(map(tuple, dims)), tuple(partial))
     shape = tuple(draw(st.integers(1, 2)) * sharding.shards(mesh, d) for d in range(rank))
     seed = draw(st.integers(0, 2**16))
@@ -301,12 +303,15 @@ def test_scatter_assemble_round_trip(layout):
         assert tuple(piece.shape) == sharding.local_shape(mesh, value.shape)
         block = np_piece(value.numpy(), sharding, mesh, rank)
         coords = mesh.coords(rank)
-        zero = any(coords[a] for a, kind in sharding.partial if kind == "sum")
-        np.testing.assert_array_equal(piece.numpy(), np.zeros_like(block) if zero else block)
+        # the identity of the first partial axis (in reduction order) of a kind whose
+        # copies do not combine to the value, along which the rank is not first
+        held = [NP_IDENTITY[k] for a, k in sharding.partial if coords[a] and k in NP_IDENTITY]
+        expected = np.full_like(block, held[0]) if held else block
+        np.testing.assert_array_equal(piece.numpy(), expected)
     torch.testing.assert_close(assemble(pieces, sharding, mesh), value, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("kind", NAMES)
 def test_assemble_reduces_partial_pieces(kind):
     mesh = Mesh(["dp", "tp"], (2, 3))
     sharding = Sharding((("dp",), ()), (("tp", kind),))

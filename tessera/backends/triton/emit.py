@@ -36,6 +36,7 @@ from xdsl.targets import Target
 
 from tessera.errors import IRError
 from tessera.ir import tile
+from tessera.ir.reduction_kinds import KINDS
 
 HEADER = "import triton\nimport triton.language as tl\n"
 
@@ -147,7 +148,34 @@ def _dot(op: tile.DotOp, a: Sequence[str]) -> str:
 
 
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-_REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+
+
+def _reduce(op: tile.ReduceOp, a: Sequence[str]) -> str:
+    """Triton's reduction function of the kind, else ``tl.reduce`` with its combine
+    function (:func:`_combine_functions`)."""
+    kind, axis = KINDS[op.kind.data], op.axis.value.data
+    if kind.triton_reduce is not None:
+        return f"{kind.triton_reduce}({a[0]}, axis={axis})"
+    return f"tl.reduce({a[0]}, {axis}, {_combine_name(kind.name)})"
+
+
+def _combine_name(kind: str) -> str:
+    return f"_tessera_combine_{kind}"
+
+
+def _combine_functions(kernel: tile.KernelOp) -> list[str]:
+    """The source lines of the ``@triton.jit`` combine function of each kind the kernel
+    reduces by with ``tl.reduce``."""
+    kinds = sorted(
+        {op.kind.data for op in kernel.walk() if isinstance(op, tile.ReduceOp)}
+        - {k for k, kind in KINDS.items() if kind.triton_reduce is not None}
+    )
+    lines = []
+    for k in kinds:
+        lines += ["@triton.jit", f"def {_combine_name(k)}(a, b):"]
+        lines += [f"    return {KINDS[k].triton_combine}", "", ""]
+    return lines
+
 
 # op -> the Python expression of its (single) result, from the names of its operands
 EXPRESSIONS: dict[type[Operation], Callable[..., str]] = {
@@ -173,7 +201,7 @@ EXPRESSIONS: dict[type[Operation], Callable[..., str]] = {
     tile.TransOp: _call("tl.trans"),
     tile.LoadOp: _load,
     tile.DotOp: _dot,
-    tile.ReduceOp: lambda op, a: f"{_REDUCE[op.kind.data]}({a[0]}, axis={op.axis.value.data})",
+    tile.ReduceOp: _reduce,
     tile.CmpOp: lambda op, a: f"{a[0]} {_CMP[op.predicate.data]} {a[1]}",
     tile.SelectOp: _call("tl.where"),
     tile.ConvertOp: lambda op, a: f"{a[0]}.to({triton_dtype(op.result.type)})",
@@ -234,7 +262,8 @@ def emit_kernel(kernel: tile.KernelOp) -> str:
     names = _Names()
     block = kernel.body.block
     params = [names.define(a) for a in block.args]
-    lines = [HEADER, "", "@triton.jit", f"def {kernel.kernel_name}({', '.join(params)}):"]
+    lines = [HEADER, "", *_combine_functions(kernel), "@triton.jit"]
+    lines.append(f"def {kernel.kernel_name}({', '.join(params)}):")
     _emit_block(block, names, lines, "    ")
     if lines[-1].endswith(":"):
         lines.append("    pass")

@@ -6,7 +6,8 @@
 // one `@triton.jit` function per kernel, one line per op, every SSA value a Python name
 // (its name hint, made unique and kept clear of Python keywords and of the names the
 // source uses: tl, triton, range, float), scalar constants inline, block sizes as
-// literals. The checks match whole lines with their indentation; the second RUN line
+// literals; a reduction Triton has no function for (prod) is a tl.reduce with a
+// combine function defined before the kernel. The checks match whole lines with their indentation; the second RUN line
 // checks that the whole output is valid Python.
 
 // A module without tile kernels has nothing to print: the error says what to run first.
@@ -16,6 +17,11 @@
 // CHECK-LABEL:# --- kernel @every_op
 // CHECK-NEXT:import triton
 // CHECK-NEXT:import triton.language as tl
+// CHECK-EMPTY:
+// CHECK-EMPTY:
+// CHECK-NEXT:@triton.jit
+// CHECK-NEXT:def _tessera_combine_prod(a, b):
+// CHECK-NEXT:    return a * b
 // CHECK-EMPTY:
 // CHECK-EMPTY:
 // CHECK-NEXT:@triton.jit
@@ -43,6 +49,7 @@
 // CHECK-NEXT:    sum = tl.sum(d2, axis=1)
 // CHECK-NEXT:    mx = tl.max(sum, axis=0)
 // CHECK-NEXT:    mn = tl.min(d2, axis=0)
+// CHECK-NEXT:    pr = tl.reduce(d2, 0, _tessera_combine_prod)
 // CHECK-NEXT:    e = tl.exp(v)
 // CHECK-NEXT:    l = tl.log(e)
 // CHECK-NEXT:    sq = tl.sqrt(l)
@@ -145,6 +152,7 @@ tile.kernel @every_op(%x: !tile.ptr<f32>, %w: !tile.ptr<bf16>, %out: !tile.ptr<f
   %sum = tile.reduce "sum" %d2, 1 : tensor<16x16xf32> -> tensor<16xf32>
   %mx = tile.reduce "max" %sum, 0 : tensor<16xf32> -> f32
   %mn = tile.reduce "min" %d2, 0 : tensor<16x16xf32> -> tensor<16xf32>
+  %pr = tile.reduce "prod" %d2, 0 : tensor<16x16xf32> -> tensor<16xf32>
   %e = math.exp %v : tensor<16xf32>
   %l = math.log %e : tensor<16xf32>
   %sq = math.sqrt %l : tensor<16xf32>

@@ -126,7 +126,7 @@ def check_layer(mesh: dist.Mesh) -> None:
 
 COLLECTIVES = """
 graph.mesh @mesh axes = [dp = 2, tp = 2]
-func.func @f(%x: tensor<8x12xf32>, %h: tensor<4x6xbf16>) -> (tensor<2x6xf32>, tensor<4x6xbf16>, tensor<4x6xbf16>) attributes {graph.partitioned} {
+func.func @f(%x: tensor<8x12xf32>, %h: tensor<4x6xbf16>) -> (tensor<2x6xf32>, tensor<4x6xbf16>, tensor<4x6xbf16>, tensor<8x12xf32>) attributes {graph.partitioned} {
   %a = graph.all_reduce %x {axes = [tp], kind = mean} : tensor<8x12xf32>
   %b = graph.all_gather %a {axes = [tp, dp], dim = 0} : tensor<8x12xf32> -> tensor<32x12xf32>
   %c = graph.reduce_scatter %b {axes = [tp, dp], dim = 1, kind = max} : tensor<32x12xf32> -> tensor<32x3xf32>
@@ -136,7 +136,8 @@ func.func @f(%x: tensor<8x12xf32>, %h: tensor<4x6xbf16>) -> (tensor<2x6xf32>, te
   %g = graph.all_reduce %f {axes = [dp], kind = min} : tensor<2x6xf32>
   %k = graph.broadcast %h {axes = [dp], src = 1} : tensor<4x6xbf16>
   %m = graph.all_reduce %h {axes = [dp, tp], kind = sum} : tensor<4x6xbf16>
-  func.return %g, %k, %m : tensor<2x6xf32>, tensor<4x6xbf16>, tensor<4x6xbf16>
+  %p = graph.all_reduce %x {axes = [tp, dp], kind = prod} : tensor<8x12xf32>
+  func.return %g, %k, %m, %p : tensor<2x6xf32>, tensor<4x6xbf16>, tensor<4x6xbf16>, tensor<8x12xf32>
 }
 """
 
@@ -168,7 +169,7 @@ def check_collectives() -> None:
     scheduled = module.clone()
     LowerGraphToSchedulePass().apply(context, scheduled)
     got, run = run_rank(scheduled, "f", mesh, rank_args[RANK])
-    assert len(run.collectives) == 8, run.collectives
+    assert len(run.collectives) == 9, run.collectives
     for index, (a, b) in enumerate(zip(got, expected, strict=True)):
         torch.testing.assert_close(
             a, b, rtol=1e-6, atol=1e-6, msg=lambda m, i=index: f"result {i}: {m}"

@@ -103,6 +103,15 @@ func.func @sum_of_bools(%a: tensor<4xi1>) {
 
 // -----
 
+// So is a product of bools (op.prod multiplies them in i64).
+func.func @prod_of_bools(%a: tensor<4xi1>) {
+  // CHECK: graph.prod: a product of bools is not supported, found tensor<4xi1>; cast to an integer first (op.prod multiplies bools in int64){{$}}
+  %0 = graph.prod %a {axes = [0], keepdims = false} : tensor<4xi1> -> tensor<i1>
+  func.return
+}
+
+// -----
+
 // --- matmul --------------------------------------------------------------------------
 
 // matmul needs matrices; the tracer reshapes vectors first.

@@ -309,6 +309,8 @@ func.func @constant_non_splat() {
 // CHECK-NEXT: %{{.*}} = graph.max %[[I]] {axes = [0], keepdims = false} : tensor<5x6xi32> -> tensor<6xi32>{{$}}
 // CHECK-NEXT: %{{.*}} = graph.min %[[I]] {axes = [1], keepdims = true} : tensor<5x6xi32> -> tensor<5x1xi32>{{$}}
 // CHECK-NEXT: %{{.*}} = graph.sum %[[I]] {axes = [0, 1], keepdims = false} : tensor<5x6xi32> -> tensor<i32>{{$}}
+// CHECK-NEXT: %{{.*}} = graph.prod %[[X]] {axes = [2], keepdims = false} : tensor<2x3x4xf32> -> tensor<2x3xf32>{{$}}
+// CHECK-NEXT: %{{.*}} = graph.prod %[[I]] {axes = [1], keepdims = true} : tensor<5x6xi32> -> tensor<5x1xi32>{{$}}
 // CHECK-NEXT: func.return
 func.func @reductions(%x: tensor<2x3x4xf32>, %i: tensor<5x6xi32>) {
   %0 = graph.sum %x {axes = [1], keepdims = true} : tensor<2x3x4xf32> -> tensor<2x1x4xf32>
@@ -320,6 +322,8 @@ func.func @reductions(%x: tensor<2x3x4xf32>, %i: tensor<5x6xi32>) {
   %6 = graph.max %i {axes = [0], keepdims = false} : tensor<5x6xi32> -> tensor<6xi32>
   %7 = graph.min %i {axes = [1], keepdims = true} : tensor<5x6xi32> -> tensor<5x1xi32>
   %8 = graph.sum %i {axes = [0, 1], keepdims = false} : tensor<5x6xi32> -> tensor<i32>
+  %9 = graph.prod %x {axes = [2], keepdims = false} : tensor<2x3x4xf32> -> tensor<2x3xf32>
+  %10 = graph.prod %i {axes = [1], keepdims = true} : tensor<5x6xi32> -> tensor<5x1xi32>
   func.return
 }
 

@@ -21,7 +21,7 @@ func.func @bad_kind(%x: tensor<4xf32>) -> tensor<4xf32> {
   %a = graph.all_reduce %x {axes = [tp], kind = product} : tensor<4xf32>
   func.return %a : tensor<4xf32>
 }
-// CHECK: graph.all_reduce: reduction kind must be one of ('sum', 'mean', 'max', 'min'), found 'product'
+// CHECK: graph.all_reduce: reduction kind must be one of ('sum', 'mean', 'max', 'min', 'prod'), found 'product'
 
 // -----
 

@@ -4,7 +4,7 @@
 func.func @bad_partial_kind(%x: tensor<8xf32> {graph.sharding = #graph.sharding<@mesh, [[]], partial = product[tp]>}) -> tensor<8xf32> {
   func.return %x : tensor<8xf32>
 }
-// CHECK: partial reduction kind must be one of ('sum', 'mean', 'max', 'min'), found 'product'
+// CHECK: partial reduction kind must be one of ('sum', 'mean', 'max', 'min', 'prod'), found 'product'
 
 // -----
 

@@ -461,11 +461,11 @@ tile.kernel @k() grid [1, 1, 1] warps 4 stages 1 {
 
 // -----
 
-// Reductions are sum, max or min.
-// CHECK: tile.reduce: unknown kind 'prod'; expected sum, max or min{{$}}
+// Reductions are the kinds of reduction_kinds.TILE_KINDS (a mean is a sum, then a division).
+// CHECK: tile.reduce: unknown kind 'mean'; expected one of ('sum', 'max', 'min', 'prod'){{$}}
 tile.kernel @k() grid [1, 1, 1] warps 4 stages 1 {
   %a = arith.constant dense<1.000000e+00> : tensor<16x16xf32>
-  %r = tile.reduce "prod" %a, 1 : tensor<16x16xf32> -> tensor<16xf32>
+  %r = tile.reduce "mean" %a, 1 : tensor<16x16xf32> -> tensor<16xf32>
   tile.return
 }
 

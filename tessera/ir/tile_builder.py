@@ -28,15 +28,14 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.rewriter import InsertPoint
 
+from tessera.dtypes import dtype_from_xdsl
 from tessera.ir import tile
+from tessera.ir.reduction_kinds import KINDS
 from tessera.ir.tile import block_shape, block_type, element_type, is_float, strides
 
 Value = SSAValue
 
 i1 = IntegerType(1)
-
-IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
-
 
 def shape(value: Value) -> tuple[int, ...]:
     return block_shape(value.type)
@@ -141,7 +140,9 @@ class TileBuilder:
         """``x`` with the lanes outside ``mask`` set to the ``kind`` reduction's identity."""
         if mask is None:
             return x
-        return self.select(mask, x, self.constant(IDENTITY[kind], element_type(x.type)))
+        element = element_type(x.type)
+        identity = KINDS[kind].identity(dtype_from_xdsl(element))
+        return self.select(mask, x, self.constant(identity, element))
 
     def _common(self, *values: Value) -> list[Value]:
         values = self._widest_float(values)
@@ -282,4 +283,4 @@ class TileBuilder:
         self.insert(tile.ReturnOp())
 
 
-__all__ = ["IDENTITY", "TileBuilder", "broadcast_shape", "f32", "i1", "i32", "shape"]
+__all__ = ["TileBuilder", "broadcast_shape", "f32", "i1", "i32", "shape"]
