@@ -103,9 +103,11 @@ def simulate_pipeline(
     backward_input_s: StageTimes,
     backward_weight_s: StageTimes,
     p2p_s: float = 0.0,
+    record_events: bool = True,
 ) -> PipelineSimulation:
     """Runs ``actions`` (one list per rank) with the given per-stage times (a float for
-    every stage, or a sequence indexed by stage) and point-to-point latency ``p2p_s``."""
+    every stage, or a sequence indexed by stage) and point-to-point latency ``p2p_s``;
+    ``record_events=False`` keeps only the totals (the planner's many simulations)."""
     ranks = len(actions)
     if ranks == 0:
         raise TesseraError("simulate_pipeline: no ranks (an empty list of action lists)")
@@ -147,18 +149,22 @@ def simulate_pipeline(
                     start = clock[rank]
                     clock[rank] = end = start + times[action.kind][action.stage]
                     busy[rank] += end - start
-                    name = f"{action.kind} mb{action.microbatch} s{action.stage}"
-                    args = {"microbatch": action.microbatch, "stage": action.stage}
-                    events.append(Event(rank, COMPUTE, name, start, end, args))
+                    if record_events:
+                        name = f"{action.kind} mb{action.microbatch} s{action.stage}"
+                        args = {"microbatch": action.microbatch, "stage": action.stage}
+                        events.append(Event(rank, COMPUTE, name, start, end, args))
                     live[rank] += _count_activation(held[rank], action)
                     peak[rank] = max(peak[rank], live[rank])
                 elif action.kind in (SEND_ACTIVATION, SEND_GRAD):
                     message = _message(action)
                     in_flight.setdefault(message, []).append(clock[rank] + p2p_s)
-                    name = f"{action.kind} mb{action.microbatch} s{action.stage}->s{action.peer}"
-                    args = {"microbatch": action.microbatch, "from": action.stage,
-                            "to": action.peer}  # fmt: skip
-                    events.append(Event(rank, P2P, name, clock[rank], clock[rank] + p2p_s, args))
+                    if record_events:
+                        name = f"{action.kind} mb{action.microbatch} s{action.stage}->s{action.peer}"
+                        args = {"microbatch": action.microbatch, "from": action.stage,
+                                "to": action.peer}  # fmt: skip
+                        events.append(
+                            Event(rank, P2P, name, clock[rank], clock[rank] + p2p_s, args)
+                        )
                 else:
                     arrivals = in_flight.get(_message(action))
                     if not arrivals:

@@ -41,6 +41,7 @@ precision used.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,9 +194,20 @@ def memory(
     return worst
 
 
+_FP8_MACHINES: dict[int, tuple[Topology, Topology]] = {}  # id(topology) -> (it, with FP8)
+
+
 def _machine(topology: Topology, precision: str) -> Topology:
     if precision != "fp8":
         return topology
+    cached = _FP8_MACHINES.get(id(topology))
+    if cached is None or cached[0] is not topology:  # made once per topology: a search
+        cached = _FP8_MACHINES[id(topology)] = (topology, _fp8_machine(topology))  # asks often
+    return cached[1]
+
+
+def _fp8_machine(topology: Topology) -> Topology:
+    """``topology`` with FP8 matmuls: twice the dense BF16 rate."""
     bf16 = topology.device.matmul_flops["bf16"]
     return topology.with_overrides(
         {"device": {"matmul_flops": {"bf16": 2 * bf16, "f16": 2 * bf16}}},
@@ -218,17 +230,23 @@ def _simulated_pipeline(
     against the full simulation)."""
     virtual = s.virtual if s.schedule == "interleaved" else 1
     simulated = min(m, SIMULATED_ROUNDS * s.pp)
-    actions = pipeline_schedule(s.schedule, s.pp, simulated, virtual)
+    actions = _schedule(s.schedule, s.pp, simulated, virtual)
     if s.schedule == "zb-h1":  # input and weight gradients: half of the backward each
         halves = [b / 2 for b in backward]
-        run = simulate_pipeline(actions, forward, halves, halves, p2p)
+        run = simulate_pipeline(actions, forward, halves, halves, p2p, record_events=False)
     else:
-        run = simulate_pipeline(actions, forward, backward, 0.0, p2p)
+        run = simulate_pipeline(actions, forward, backward, 0.0, p2p, record_events=False)
     stages = len(forward)
     work = [sum(forward[c] + backward[c] for c in range(r, stages, s.pp)) for r in range(s.pp)]
     makespan = run.makespan_s + (m - simulated) * max(work)
     bubble = 1 - m * sum(work) / (s.pp * makespan) if makespan > 0 else 0.0
     return makespan, bubble
+
+
+@functools.lru_cache(maxsize=256)
+def _schedule(kind: str, ranks: int, microbatches: int, virtual: int) -> Any:
+    """The pipeline schedule's actions (built once per shape: strategies share them)."""
+    return pipeline_schedule(kind, ranks, microbatches, virtual)
 
 
 def estimate(
