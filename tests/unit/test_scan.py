@@ -168,3 +168,14 @@ def test_outside_tracing_scan_runs_step_by_step() -> None:
     carry, ys = graph.scan(lambda c, x: (c + x, c * x), torch.zeros(2), torch.ones(3, 2))
     assert torch.equal(carry, torch.full((2,), 3.0))
     assert torch.equal(ys, torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]))
+
+
+def test_regions_and_scans_over_four_processes() -> None:
+    """The same training step unrolled, as region calls and as a scan, each process
+    running its rank's programs with gloo collectives: the three agree on every rank."""
+    from test_distributed import SCRIPTS, tessera_run
+
+    result = tessera_run(4, SCRIPTS / "regions.py", kernels="reference", limit=240.0, timeout=180.0)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in range(4):
+        assert f"rank {rank}: unrolled, regions and scan losses" in result.stdout
