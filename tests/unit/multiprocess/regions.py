@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-import comm_volume  # noqa: E402
+import comm_volume
 
-from tessera import dist  # noqa: E402
+from tessera import dist
 
 LAYERS, STEPS = 3, 2
 
