@@ -40,8 +40,10 @@ from xdsl.dialects.builtin import ModuleOp
 
 from tessera.backends.execution import Execution
 from tessera.backends.launch_plan import (
+    CallStep,
     KernelStep,
     LaunchPlan,
+    ScanStep,
     VirtualCollectiveStep,
     function,
 )
@@ -57,15 +59,37 @@ class CudaGraphWarning(UserWarning):
     """A program compiled with ``cuda_graphs=True`` runs without a CUDA graph."""
 
 
+def _devices(plan: LaunchPlan, host: Collection[str], devices: set[torch.device]) -> str | None:
+    """Adds the devices ``plan``'s steps (and its regions' steps) run on to ``devices``;
+    returns why a step cannot be captured, or None."""
+    for step in plan.steps:
+        if isinstance(step, KernelStep):
+            if step.name in host:
+                return f"kernel @{step.name} runs on the host (ops without generated code)"
+            devices.add(step.device)
+        elif isinstance(step, VirtualCollectiveStep):
+            devices.add(step.device)
+        elif isinstance(step, CallStep | ScanStep):  # a region: its steps, once per call
+            found = _devices(step.callee, host, devices)
+            if found is not None:
+                return found
+        else:
+            what = getattr(step, "what", type(step).__name__)
+            return f"{what} steps ({type(step).__name__}) are not known to be capturable"
+    return None
+
+
 class NotCapturable(Exception):
     """A plan could not be captured (the message says why)."""
 
 
 def host_kernels(module: ModuleOp, name: str) -> set[str]:
-    """The kernels of the scheduled function ``@name`` of ``module`` that run on the host."""
+    """The kernels of the scheduled function ``@name`` of ``module`` and of the regions it
+    calls that run on the host."""
+    function(module, name)  # raises for a missing function
     return {
         op.kernel_name
-        for op in function(module, name).walk()
+        for op in module.walk()
         if isinstance(op, schedule.KernelOp) and runs_on_host(op)
     }
 
@@ -81,15 +105,9 @@ def why_not_capturable(plan: Any, host: Collection[str] = ()) -> str | None:
     if not plan.steps:
         return f"@{plan.name} launches no kernel"
     devices: set[torch.device] = set()
-    for step in plan.steps:
-        if isinstance(step, KernelStep):
-            if step.name in host:
-                return f"kernel @{step.name} runs on the host (ops without generated code)"
-            devices.add(step.device)
-        elif isinstance(step, VirtualCollectiveStep):
-            devices.add(step.device)
-        else:
-            return f"{step.what} steps ({type(step).__name__}) are not known to be capturable"
+    found = _devices(plan, host, devices)
+    if found is not None:
+        return found
     off = sorted({str(d) for d in devices if d.type != "cuda"})
     if off:
         return f"kernels run on {', '.join(off)}, not on a CUDA device"

@@ -122,6 +122,25 @@ def test_plans_that_are_not_capturable_say_why(plan, reason: str) -> None:
     assert reason in (why_not_capturable(plan) or "")
 
 
+def test_region_calls_and_scans_are_captured_through_their_callees() -> None:
+    """A region's call and a scan run their callee's plan: capturable when its steps are
+    (here its kernels run on the CPU, so the reason names the device, not the step)."""
+    from tessera import graph
+
+    layer = graph.region(lambda w, h: op.gelu(h @ w))
+
+    def model(w, x):
+        x = layer(w[0], layer(w[1], x))
+        x, _ = graph.scan(lambda h, v: (op.gelu(h @ v), None), x, w)
+        return x
+
+    lowered = ts.jit(model, kernels="triton").lower(torch.randn(2, 8, 8), torch.randn(4, 8))
+    plan = lowered.launch_plan(VirtualMesh(Mesh(("device",), (1,))))
+    assert {type(step).__name__ for step in plan.steps} >= {"CallStep", "ScanStep"}
+    host = cuda_graphs.host_kernels(lowered.module_at("tile"), lowered.name)
+    assert why_not_capturable(plan, host) == "kernels run on cpu, not on a CUDA device"
+
+
 def test_host_kernels_are_not_captured() -> None:
     """top-k runs on the host by its torch reference (Fusion.HOST)."""
     lowered = ts.jit(lambda x: op.top_k(x * 2, 2)[0] + 1, kernels="triton").lower(torch.ones(4, 8))
