@@ -220,3 +220,46 @@ def test_every_training_option_at_once_agrees_unrolled_regions_and_scan() -> Non
         found[mode] = [float(train(state, x)["loss"]) for _ in range(3)]
     assert found["regions"] == pytest.approx(found["unrolled"], rel=1e-2)
     assert found["scan"] == pytest.approx(found["unrolled"], rel=1e-2)
+
+
+def test_a_pipelined_step_of_one_scan_per_stage_equals_the_unrolled_one() -> None:
+    """pp2 × dp2, 1F1B: each stage one scan over its half of the stacked layers."""
+    from tessera import schedule
+
+    layers, mesh = 4, dist.mesh({"pp": 2, "dp": 2})
+    names = list(comm_volume.layouts(MESH, False)[1])
+
+    def scanned(p, x):
+        for half in ("first", "second"):
+            if half == "second":
+                graph.stage()
+            x, _ = graph.scan(
+                lambda h, q: (comm_volume.transformer_layer(h, q, 4), None), x, p[half]
+            )
+        loss = op.mean(x * x)
+        return graph.backward(loss), {"loss": loss}
+
+    def unrolled(p, x):
+        for i in range(layers):
+            if i == layers // 2:
+                graph.stage()
+            x = comm_volume.transformer_layer(x, {n: p[f"{n}{i}"] for n in names}, 4)
+        loss = op.mean(x * x)
+        return graph.backward(loss), {"loss": loss}
+
+    flat = comm_volume.layer_params(32, layers)
+    stacked = comm_volume.stacked(flat, layers)
+    halves = {
+        "first": {k: v[:2].clone() for k, v in stacked.items()},
+        "second": {k: v[2:].clone() for k, v in stacked.items()},
+    }
+    found = []
+    for fn, params in ((unrolled, flat), (scanned, halves)):
+        train = graph.training_step(
+            fn, optimizer=optim.AdamW(lr=1e-3), mesh=mesh, kernels="reference"
+        )
+        state = train.init(params)
+        x = torch.randn(8, 8, 32, generator=torch.Generator().manual_seed(0))
+        with schedule.pipeline_microbatches(2, kind="1f1b"):
+            found.append([float(train(state, x)["loss"]) for _ in range(2)])
+    assert found[1] == pytest.approx(found[0], rel=1e-6)
