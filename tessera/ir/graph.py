@@ -939,13 +939,13 @@ class CallOp(GraphOp):
         results = tuple(r.type for r in self.results)
         if operands != tuple(inputs):
             raise VerifyException(
-                f"graph.call @{self.callee_name}: operand types {list(operands)} do not match "
-                f"the function's arguments {list(inputs)}"
+                f"graph.call @{self.callee_name}: operand types {_types(operands)} do not match "
+                f"the function's arguments {_types(inputs)}"
             )
         if results != tuple(outputs):
             raise VerifyException(
-                f"graph.call @{self.callee_name}: result types {list(results)} do not match "
-                f"the function's results {list(outputs)}"
+                f"graph.call @{self.callee_name}: result types {_types(results)} do not match "
+                f"the function's results {_types(outputs)}"
             )
 
     def print(self, printer: Printer) -> None:
@@ -979,6 +979,11 @@ class CallOp(GraphOp):
         return op
 
 
+def _types(types: Sequence[Attribute]) -> str:
+    """Types as the IR prints them: ``(tensor<4xf32>, tensor<3x4xf32>)``."""
+    return "(" + ", ".join(str(AbstractTensor.from_xdsl(t).to_xdsl()) for t in types) + ")"
+
+
 def scan_slice(value_type: Attribute) -> Attribute:
     """The type of one step's slice of a stacked (scanned) operand: dim 0 dropped."""
     t = AbstractTensor.from_xdsl(value_type)
@@ -1010,16 +1015,18 @@ def verify_scan(op: Operation, function: FuncOp | None, length: int, carries: in
     expected_results = [*outputs[:carries], *(scan_stack(t, length) for t in outputs[carries:])]
     if list(inputs[:carries]) != list(outputs[:carries]):
         raise VerifyException(
-            f"{name}: the body's carries change type: {list(inputs[:carries])} in, "
-            f"{list(outputs[:carries])} out"
+            f"{name}: the body's carries change type: {_types(inputs[:carries])} in, "
+            f"{_types(outputs[:carries])} out"
         )
     if operands != expected_operands:
         raise VerifyException(
-            f"{name}: operand types {operands} do not match the body's {expected_operands}"
+            f"{name}: operand types {_types(operands)} do not match the body's "
+            f"{_types(expected_operands)}"
         )
     if results != expected_results:
         raise VerifyException(
-            f"{name}: result types {results} do not match the body's {expected_results}"
+            f"{name}: result types {_types(results)} do not match the body's "
+            f"{_types(expected_results)}"
         )
 
 
