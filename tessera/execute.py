@@ -111,13 +111,19 @@ class Executor:
         return plan
 
     def run_plan(
-        self, execution: Execution, rank_args: Sequence[Sequence[torch.Tensor]]
+        self,
+        execution: Execution,
+        rank_args: Sequence[Sequence[torch.Tensor]],
+        ranks: Sequence[int] | None = None,
+        check_program: bool = True,
     ) -> list[tuple[torch.Tensor, ...]]:
-        """Runs the launch plan for ``execution``, through a CUDA graph with
-        ``cuda_graphs=True`` (:mod:`tessera.backends.cuda_graphs`)."""
-        plan = self.launch_plan(execution)
+        """Runs the launch plan for ``execution`` and ``ranks`` (by default all it runs;
+        a pipeline stage: its members) on each rank's arguments, through a CUDA graph
+        with ``cuda_graphs=True`` (:mod:`tessera.backends.cuda_graphs`).
+        ``check_program``: see :meth:`~tessera.backends.execution.Execution.run_plan`."""
+        plan = self.launch_plan(execution, ranks)
         if self.graphs is None:
-            return execution.run_plan(plan, rank_args)
+            return execution.run_plan(plan, rank_args, check_program)
 
         def host() -> set[str]:  # read at the plan's first call only
             stage = "schedule" if self.program.kernels == "reference" else "tile"

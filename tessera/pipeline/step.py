@@ -518,8 +518,8 @@ class PipelineStep:
     ) -> list[list[torch.Tensor]]:
         execution = self._execution
         assert execution is not None
-        plan = lowered.launch_plan(execution, st.members)
-        return [list(r) for r in execution.run_plan(plan, per_member, check_program=False)]
+        results = lowered.executor.run_plan(execution, per_member, st.members, check_program=False)
+        return [list(r) for r in results]
 
     def _reduce(
         self, compiled: CompiledPipeline, states: list[RankState], state: TrainState,
