@@ -633,7 +633,7 @@ def per_device(collectives: Sequence[Collective], num_devices: int, ring: bool =
     return max(totals)
 
 
-def tessera_collectives(lowered: ts.compiled.Lowered, mesh: dist.Mesh) -> list[Collective]:
+def tessera_collectives(lowered: ts.Lowered, mesh: dist.Mesh) -> list[Collective]:
     """Tessera's collectives; a collective_permute received by the devices at its
     targets (of another device's data) in every group over its axes."""
     found = []

@@ -31,7 +31,8 @@ if "TRITON_INTERPRET" not in os.environ and not glob.glob("/dev/nvidia[0-9]*"):
 
 if TYPE_CHECKING:
     from tessera import dist, op
-    from tessera.compiled import JitFunction, Lowered, jit
+    from tessera.jit_function import JitFunction, jit
+    from tessera.program import Lowered
 
 _LAZY = {
     "dist": ("tessera.dist", None),
@@ -40,9 +41,9 @@ _LAZY = {
     "optim": ("tessera.optim", None),
     "schedule": ("tessera.schedule", None),
     "numerics": ("tessera.numerics", None),
-    "jit": ("tessera.compiled", "jit"),
-    "JitFunction": ("tessera.compiled", "JitFunction"),
-    "Lowered": ("tessera.compiled", "Lowered"),
+    "jit": ("tessera.jit_function", "jit"),
+    "JitFunction": ("tessera.jit_function", "JitFunction"),
+    "Lowered": ("tessera.program", "Lowered"),
     "grad": ("tessera.autodiff.api", "grad"),
     "value_and_grad": ("tessera.autodiff.api", "value_and_grad"),
 }

@@ -59,14 +59,6 @@ import torch
 from tessera import numerics as numerics_policy
 from tessera import op, sharded_checkpoint
 from tessera.backends import distributed
-from tessera.compiled import (
-    JitFunction,
-    Lowered,
-    MemoryStats,
-    ModelStateMemory,
-    broadcast_prefix,
-    check_call,
-)
 from tessera.dist.collectives import shard
 from tessera.dist.shard_spec import ShardSpec, check_shard_specs
 from tessera.dist.tensor import DistTensor
@@ -79,7 +71,9 @@ from tessera.grad_clip import clip_by_global_norm
 from tessera.ir.mesh import Mesh
 from tessera.ir.remat import RematPolicy
 from tessera.ir.sharding import Sharding
+from tessera.jit_function import JitFunction, broadcast_prefix, check_call
 from tessera.mixed_precision import LossScaled, Precision, to_compute, widened
+from tessera.program import Lowered, MemoryStats, ModelStateMemory
 from tessera.training_state import TrainState, gathered, rank_shards, write_result
 
 ZERO_STAGES = (0, 1, 2, 3)

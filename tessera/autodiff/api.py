@@ -27,14 +27,16 @@ from xdsl.dialects.builtin import FileLineColLoc
 from xdsl.ir import BlockArgument, Operation
 from xdsl.rewriter import InsertPoint
 
-from tessera.compiled import JitFunction, Lowered, Signature, is_array, where_defined
 from tessera.driver import Autodiff, CompileConfig
 from tessera.errors import ArgumentError, TraceError, describe_location
+from tessera.execute import is_array
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, current_trace
 from tessera.ir import graph
 from tessera.ir.grad_builder import GradBuilder
+from tessera.jit_function import JitFunction, where_defined
 from tessera.passes.autodiff import backprop
+from tessera.program import Lowered, Signature
 
 
 class GradFunction(JitFunction):

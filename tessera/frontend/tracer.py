@@ -462,7 +462,7 @@ _operators: Any = None  # the tessera.op module, which registers itself when imp
 def register_operators(module: Any) -> None:
     """Makes ``module`` (``tessera.op``) implement the traced tensor's operators. The op
     library builds on this module, so it registers itself rather than being imported
-    here (``tessera.compiled`` imports it before tracing anything)."""
+    here (``tessera.jit_function`` imports it before tracing anything)."""
     global _operators
     _operators = module
 

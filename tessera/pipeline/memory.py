@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING
 
 from xdsl.dialects import func
 
-from tessera.compiled import MemoryStats, ModelStateMemory
 from tessera.ir import pipeline_actions as A
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
+from tessera.program import MemoryStats, ModelStateMemory
 
 if TYPE_CHECKING:
-    from tessera.compiled import Lowered
     from tessera.pipeline.programs import Program, StagePrograms
+    from tessera.program import Lowered
 
 
 @dataclass(frozen=True)

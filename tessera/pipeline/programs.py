@@ -31,7 +31,6 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.rewriter import InsertPoint
 
-from tessera.compiled import Lowered, Signature
 from tessera.dist.collectives import MESH_SYMBOL, shard
 from tessera.driver import CompileConfig
 from tessera.frontend import pytree
@@ -45,6 +44,7 @@ from tessera.ir.remat import RematPolicy
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr
 from tessera.passes.autodiff import backprop
 from tessera.pipeline.split import StagePlan, is_free
+from tessera.program import Lowered, Signature
 
 
 @dataclass

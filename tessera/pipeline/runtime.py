@@ -94,9 +94,8 @@ class PipelineExecutor:
             [self._argument(state, source, mb, stage, member) for source in program.inputs]
             for member in state.members
         ]
-        lowered = program.lowered
-        plan = lowered.launch_plan(self.execution, state.members)
-        results = self.execution.run_plan(plan, per_member, check_program=False)
+        executor = program.lowered.executor
+        results = executor.run_plan(self.execution, per_member, state.members, check_program=False)
         return [list(r) for r in results]
 
     def _argument(

@@ -47,7 +47,6 @@ from tessera import numerics, op, schedule
 from tessera.backends import distributed
 from tessera.backends.execution import Execution, execution_for
 from tessera.backends.layout import block, piece
-from tessera.compiled import JitFunction, broadcast_prefix, default_kernels
 from tessera.dist.collectives import shard
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dist.tensor import DistTensor
@@ -60,6 +59,7 @@ from tessera.grad_clip import clip_to_norm, squared_norm
 from tessera.ir import pipeline_actions as A
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.sharding import Sharding
+from tessera.jit_function import JitFunction, broadcast_prefix, default_kernels
 from tessera.mixed_precision import LossScaled, nonfinite_probe, to_compute
 from tessera.optim import decay_mask
 from tessera.perf.topology import load_topology
@@ -79,7 +79,7 @@ from tessera.training import (
 from tessera.training_state import gathered, local_piece, write_piece
 
 if TYPE_CHECKING:
-    from tessera.compiled import Lowered
+    from tessera.program import Lowered
 
 
 @dataclass
@@ -518,8 +518,8 @@ class PipelineStep:
     ) -> list[list[torch.Tensor]]:
         execution = self._execution
         assert execution is not None
-        plan = lowered.launch_plan(execution, st.members)
-        return [list(r) for r in execution.run_plan(plan, per_member, check_program=False)]
+        results = lowered.executor.run_plan(execution, per_member, st.members, check_program=False)
+        return [list(r) for r in results]
 
     def _reduce(
         self, compiled: CompiledPipeline, states: list[RankState], state: TrainState,

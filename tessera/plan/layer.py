@@ -43,8 +43,8 @@ from xdsl.ir import Operation
 
 from tessera import dist, op
 from tessera.autodiff.api import grad
-from tessera.compiled import jit
 from tessera.ir.abstract import AbstractTensor
+from tessera.jit_function import jit
 from tessera.perf.topology import Topology
 from tessera.plan.models import ModelSpec
 

@@ -183,7 +183,7 @@ def test_schedule_stage_and_memory() -> None:
 # --- blocks along a sharded dim ---------------------------------------------------------------
 
 
-def _block_bytes_received(lowered: ts.compiled.Lowered, mesh: dist.Mesh) -> int:
+def _block_bytes_received(lowered: ts.Lowered, mesh: dist.Mesh) -> int:
     """The busiest device's bytes received by collective permutes."""
     received = [0] * mesh.size
     for c in lowered.collectives():

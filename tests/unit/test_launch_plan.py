@@ -18,10 +18,11 @@ import tessera as ts
 from tessera import dist, op, perf
 from tessera.backends import launch_plan, schedule_runner
 from tessera.backends.triton import runtime
-from tessera.compiled import Lowered
+from tessera.execute import Executor
 from tessera.ir import graph, schedule
 from tessera.ops import registry
 from tessera.perf.trace import COMPUTE
+from tessera.program import Lowered
 
 RTOL = 1e-4
 KERNELS = ("triton", "reference")
@@ -75,7 +76,7 @@ def no_ir(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         (Operation, "walk"),
         (graph.GraphOp, "attrs"),
         (schedule.StartOp, "attrs"),
-        (Lowered, "kernel_runner"),
+        (Executor, "kernel_runner"),
         (Lowered, "module_at"),
         (runtime.TritonKernels, "kernel"),
         (runtime.TritonKernels, "tile_name"),
@@ -251,7 +252,7 @@ def test_intermediates_live_in_the_arena_and_results_never_do() -> None:
     lowered = f.lower(*inputs(0))
     first = f(*inputs(0))
     kept = first.clone()
-    (plan,) = lowered._plans.values()
+    (plan,) = lowered.executor.plans.values()
     (arena,) = plan.arenas
     placed, size = launch_plan.arena_offsets(lowered.module_at("schedule").ops.last)  # type: ignore[arg-type]
     assert placed and arena.numel() == size  # two of the three kernels write the arena
@@ -266,7 +267,7 @@ def test_arena_on_the_mesh_one_per_rank() -> None:
     f = ts.jit(block, mesh=MESH, in_shardings=MEGATRON, kernels="triton")
     for seed in range(3):
         close(f(*inputs(seed)), block64(*inputs(seed)))
-    (plan,) = f.lower(*inputs(0))._plans.values()
+    (plan,) = f.lower(*inputs(0)).executor.plans.values()
     assert len(plan.arenas) == MESH.size
     assert len({_storage(a) for a in plan.arenas}) == MESH.size
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tessera as ts
-from tessera import compiled, dist, numerics, op, schedule
+from tessera import dist, numerics, op, program, schedule
 from tessera.driver import STAGES
 from tessera.ir.remat import RematPolicy
 from tessera.program_cache import ProgramCache
@@ -77,7 +77,7 @@ def test_a_second_trace_reads_every_stage(cache, monkeypatch):
     def no_compiling(*args, **kwargs):
         raise AssertionError("a cached stage was compiled again")
 
-    monkeypatch.setattr(compiled, "run_stage", no_compiling)
+    monkeypatch.setattr(program, "run_stage", no_compiling)
     lowered = _jit().lower(*_inputs())
     got = lowered(*_inputs(1))
     assert "partitioned" not in lowered._stages  # the layouts were read, not derived
@@ -144,11 +144,11 @@ def test_a_second_process_reads_the_first_ones_program(cache):
         import sys, torch
         sys.path.insert(0, sys.argv[1])
         import test_program_cache as t
-        from tessera import compiled
+        from tessera import program
         if sys.argv[2] == "second":
             def no_compiling(*a, **k):
                 raise SystemExit("compiled again")
-            compiled.run_stage = no_compiling
+            program.run_stage = no_compiling
         got = t._jit()(*t._inputs(1))
         err = (got.double() - t._reference(*t._inputs(1))).abs().max().item()
         print(f"error {err:.2e}")

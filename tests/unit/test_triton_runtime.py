@@ -10,7 +10,7 @@ import torch
 import tessera as ts
 from tessera import dist, op
 from tessera.backends import schedule_runner
-from tessera.compiled import default_kernels
+from tessera.jit_function import default_kernels
 
 RTOL = 1e-4  # f32 with dots and reductions (relative to the largest reference value)
 

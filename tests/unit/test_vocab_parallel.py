@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import tessera as ts
 from tessera import dist, op
-from tessera.compiled import JitFunction
+from tessera.jit_function import JitFunction
 
 MESH = dist.Mesh(axes=["dp", "tp"], shape=(2, 4))
 VOCAB_TP = dist.ShardSpec(partition=(0,), mesh_axes=("tp",))  # the table's rows

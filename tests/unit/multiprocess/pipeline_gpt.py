@@ -28,17 +28,17 @@ def _record_scheduled() -> list[str]:
     process compiles that far is one it runs)."""
     from xdsl.dialects import func
 
-    from tessera import compiled
+    from tessera import program
 
     scheduled: list[str] = []
-    compile_stage = compiled.run_stage
+    compile_stage = program.run_stage
 
     def run_stage(stage, previous, config):  # type: ignore[no-untyped-def]
         if stage == "schedule":
             scheduled.extend(f.sym_name.data for f in previous.ops if isinstance(f, func.FuncOp))
         return compile_stage(stage, previous, config)
 
-    compiled.run_stage = run_stage
+    program.run_stage = run_stage
     return scheduled
 
 

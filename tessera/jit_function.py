@@ -1,53 +1,32 @@
-"""``ts.jit``: trace a Python function once per signature, then run the compiled program.
+"""``ts.jit``: trace a Python function once per signature into a compiled program.
 
 The signature of a call is its pytree structure, the shape and dtype of every array
 leaf, and the value of every static leaf (Python scalars, strings, None and arguments
 named in ``static_argnums``). A second call with the same signature reuses the compiled
-program without retracing (``JitFunction.trace_count`` counts traces).
+program (a :class:`~tessera.program.Lowered`) without retracing
+(``JitFunction.trace_count`` counts traces). Called from traced code, a ``JitFunction``
+is inlined into the caller's program.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import torch
-from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, UnitAttr
+from xdsl.dialects.builtin import UnitAttr
 from xdsl.ir import Attribute
 
-from tessera import environment, numerics, program_cache, schedule
+from tessera import environment, numerics, schedule
 from tessera import op as _op_library  # noqa: F401 (gives traced tensors their operators)
-from tessera.backends import distributed, schedule_runner
-from tessera.backends.collective_info import CollectiveInfo, collectives
-from tessera.backends.cuda_graphs import CudaGraphs, host_kernels
-from tessera.backends.execution import (
-    Execution,
-    Processes,
-    VirtualMesh,
-    execution_for,
-    kernel_device,
-)
-from tessera.backends.layout import assemble, piece
-from tessera.backends.reference import graph_plan
+from tessera.backends.cuda_graphs import CudaGraphs
 from tessera.dist.collectives import MESH_SYMBOL, shard
 from tessera.dist.shard_spec import ShardSpec, check_shard_specs
 from tessera.dist.tensor import DistTensor
-from tessera.driver import (
-    KERNEL_BACKENDS,
-    STAGES,
-    CompileConfig,
-    pipeline_string,
-    run_stage,
-    stage_passes,
-)
-from tessera.dtypes import as_dtype
+from tessera.driver import KERNEL_BACKENDS, CompileConfig
 from tessera.errors import (
     ArgumentError,
     ExecutionError,
@@ -55,420 +34,19 @@ from tessera.errors import (
     TesseraError,
     TraceError,
 )
+from tessera.execute import abstract, is_array
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, current_trace, is_tracing, tracing
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.graph import DONATED
 from tessera.ir.mesh import Mesh
-from tessera.ir.serialize import SerializeError
-from tessera.ir.sharding import (
-    SHARDING_KEY,
-    Sharding,
-    ShardingAttr,
-    arg_sharding,
-    value_sharding,
-)
-from tessera.passes.plan_memory import peak_bytes
-from tessera.program_cache import ProgramCache
-from tessera.schedule import ScheduleOptions
+from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr
+from tessera.program import Lowered, Signature
 
 
 def default_kernels() -> str:
     """Generated Triton kernels, unless ``TESSERA_KERNELS=reference`` asks for the oracle."""
     return environment.kernels()
-
-
-def is_array(leaf: Any) -> bool:
-    """Whether a leaf of a call's arguments is an array (traced; the others are static):
-    a torch tensor, numpy array or ``dist.tensor``; numpy scalars (``np.float32(1)``)
-    count as 0-d arrays."""
-    return isinstance(leaf, (torch.Tensor, np.ndarray, np.generic, DistTensor))
-
-
-_DTYPES: dict[Any, Any] = {}  # torch or numpy dtype -> tessera DType (as_dtype, cached)
-
-
-def _abstract(leaf: torch.Tensor | np.ndarray | np.generic | DistTensor) -> AbstractTensor:
-    dtype = _DTYPES.get(leaf.dtype)
-    if dtype is None:
-        dtype = _DTYPES[leaf.dtype] = as_dtype(leaf.dtype)
-    if isinstance(leaf, torch.Tensor):
-        return AbstractTensor(tuple(leaf.shape), dtype)
-    return AbstractTensor(tuple(int(d) for d in leaf.shape), dtype)
-
-
-@dataclass(frozen=True)
-class Signature:
-    """What a compiled program is specialised on."""
-
-    treedef: pytree.TreeDef
-    leaves: tuple[Any, ...]  # AbstractTensor for arrays, the value itself for static leaves
-    shardings: tuple[Sharding | None, ...] = ()  # per array leaf, when traced with a mesh
-
-
-@dataclass(frozen=True)
-class ModelStateMemory:
-    """Per-rank bytes of a training step's state (the ZeRO paper's "model states")."""
-
-    params: int
-    grads: int  # the reduced gradients the optimizer consumes
-    optimizer_state: int
-
-    @property
-    def total(self) -> int:
-        return self.params + self.grads + self.optimizer_state
-
-
-@dataclass(frozen=True)
-class MemoryStats:
-    """Per-rank memory of a compiled program."""
-
-    peak_bytes: int  # arguments, results and intermediates live at the worst point
-    model_states: ModelStateMemory | None = None  # training steps (graph.training_step)
-
-
-class Lowered:
-    """A traced program for one signature (like ``jax.jit(f).lower(...)``)."""
-
-    def __init__(
-        self,
-        name: str,
-        module: ModuleOp,
-        signature: Signature,
-        out_tree: pytree.TreeDef,
-        config: CompileConfig,
-    ):
-        self.name = name
-        self.module = module  # as traced
-        self.signature = signature
-        self.out_tree = out_tree
-        self.config = config
-        self._stages: dict[str, ModuleOp] = {"traced": module}
-        # compiled stages on disk, shared by every process tracing the same program
-        self._program_cache = ProgramCache(module, config) if program_cache.enabled() else None
-        self._sources: dict[str, str] | None = None  # Triton source by tile kernel
-        self._runner: schedule_runner.KernelBinder | None = None
-        self._plans: dict[tuple[Any, tuple[int, ...]], Any] = {}  # launch plans
-        self._graph_plan: Callable[..., list[torch.Tensor]] | None = None
-        self.plan_builds = 0  # launch plans built (one per execution and ranks)
-        self._digest: bytes | None = None
-        self._avals: list[AbstractTensor] | None = None
-        self._dtypes: list[torch.dtype] | None = None
-        self._devices: dict[torch.device, VirtualMesh] = {}
-        self._layout_cache: tuple[list[Sharding], list[Sharding]] | None = None
-        self.last_run: distributed.RunRecord | None = None  # set by multi-process calls
-        # set by graph.training_step: the per-rank bytes of parameters, gradients, state
-        self.model_states: Callable[[], ModelStateMemory] | None = None
-        self.graphs: CudaGraphs | None = None  # set by ts.jit(cuda_graphs=True)
-
-    @property
-    def mesh(self) -> Mesh | None:
-        return self.config.mesh
-
-    @property
-    def kernels(self) -> str:
-        return self.config.kernels
-
-    @property
-    def schedule_options(self) -> ScheduleOptions:
-        return self.config.schedule
-
-    def pipeline(self, *stages: str) -> str:
-        """The passes that compile this program (or only ``stages``' passes), as a
-        ``tessera-opt -p`` string: ``tessera-opt`` given the text of the stage before the
-        first of ``stages`` reproduces the text of the last."""
-        return pipeline_string(self.config, stages or STAGES[1:])
-
-    def as_text(self, stage: str = "graph") -> str:
-        """The IR at ``stage``: ``"traced"`` (as traced), ``"autodiff"`` (a gradient
-        program's forward and backward; other programs: as traced), ``"graph"`` (cleaned up by
-        canonicalize, cse and dce; global shapes), ``"sharded"`` (every
-        value annotated with its sharding, collectives inserted), ``"partitioned"``
-        (the per-rank program, local shapes), ``"schedule"`` (kernels, collective
-        start/wait pairs, buffer offsets) or ``"tile"`` (the schedule plus one
-        ``tile.kernel`` per kernel)."""
-        return str(self.module_at(stage))
-
-    def triton_source(self) -> dict[str, str]:
-        """The generated Triton source of every kernel, by kernel name (emitted once, or
-        read from the program cache)."""
-        if self._sources is None and self._program_cache:
-            self._sources = self._program_cache.load_sources()
-        if self._sources is None:
-            from tessera.backends.triton.emit import emit_module
-
-            self._sources = emit_module(self.module_at("tile"))
-            if self._program_cache:
-                self._program_cache.store_sources(self._sources)
-        return dict(self._sources)
-
-    def kernel_runner(self) -> schedule_runner.KernelBinder:
-        """How kernels run: generated Triton kernels (compiled on a GPU, interpreted on a
-        CPU; gather indices and cross-entropy labels range-checked first) or the
-        reference executor (``kernels="reference"``, the test oracle). Launch plans bind
-        every kernel with it once; it is also callable as ``runner(kernel, inputs,
-        context)``."""
-        if self._runner is None:
-            if self.kernels == "reference":
-                self._runner = schedule_runner.reference_kernel
-            else:
-                from tessera.backends.triton.runtime import TritonKernels
-
-                self._runner = TritonKernels(self.module_at("tile"), sources=self.triton_source())
-        return self._runner
-
-    def launch_plan(self, execution: Execution, ranks: Sequence[int] | None = None) -> Any:
-        """The scheduled program planned for ``execution`` and ``ranks`` (by default all
-        it runs): built at the first call, then reused by every call
-        (:mod:`tessera.backends.launch_plan`)."""
-        key = (execution.plan_key, tuple(execution.ranks if ranks is None else ranks))
-        plan = self._plans.get(key)
-        if plan is None:
-            # Triton kernels: the tile stage holds the schedule and the kernels it names,
-            # so a program read from the program cache loads one module, not two
-            stage = "schedule" if self.kernels == "reference" else "tile"
-            plan = execution.plan(
-                self.module_at(stage), self.name, self.kernel_runner(), list(key[1]),
-                self.digest(),
-            )  # fmt: skip
-            self._plans[key] = plan
-            self.plan_builds += 1
-        return plan
-
-    def _run_plan(
-        self, execution: Execution, rank_args: Sequence[Sequence[torch.Tensor]]
-    ) -> list[tuple[torch.Tensor, ...]]:
-        """Runs the launch plan for ``execution``, through a CUDA graph with
-        ``cuda_graphs=True`` (:mod:`tessera.backends.cuda_graphs`)."""
-        plan = self.launch_plan(execution)
-        if self.graphs is None:
-            return execution.run_plan(plan, rank_args)
-
-        def host() -> set[str]:  # read at the plan's first call only
-            stage = "schedule" if self.kernels == "reference" else "tile"
-            return host_kernels(self.module_at(stage), self.name)
-
-        return self.graphs.run(execution, plan, rank_args, host)
-
-    def digest(self) -> bytes:
-        """A digest of the whole program: of Tessera's code, the compile configuration and
-        the traced module (the program cache's key; computed once). Processes compare it
-        before running the program."""
-        if self._digest is None:
-            cache = self._program_cache or ProgramCache(self.module, self.config)
-            try:
-                self._digest = bytes.fromhex(cache.key)
-            except SerializeError:  # not storable: the digest of its text
-                self._digest = hashlib.sha256(str(self.module).encode()).digest()
-        return self._digest
-
-    def module_at(self, stage: str) -> ModuleOp:
-        """The module after ``stage``'s passes (computed once, on a copy)."""
-        if stage not in STAGES:
-            raise TesseraError(f"unknown or not yet available stage {stage!r}; available: {STAGES}")
-        if stage not in self._stages and not stage_passes(stage, self.config):
-            # a stage this program does not have (autodiff): the previous stage's module
-            self._stages[stage] = self.module_at(STAGES[STAGES.index(stage) - 1])
-        if stage not in self._stages:
-            stored = self._program_cache.load(stage) if self._program_cache else None
-            if stored is None:
-                previous = self.module_at(STAGES[STAGES.index(stage) - 1])
-                stored = run_stage(stage, previous, self.config)
-                if self._program_cache:
-                    self._program_cache.store(stage, stored)
-            self._stages[stage] = stored
-        return self._stages[stage]
-
-    def memory(self) -> MemoryStats:
-        """Per-rank memory of the scheduled program (``plan-memory``'s buffer plan) and,
-        for a training step, of its parameters, gradients and optimizer state."""
-        return MemoryStats(
-            peak_bytes=peak_bytes(self.module_at("schedule"))[self.name],
-            model_states=self.model_states() if self.model_states else None,
-        )
-
-    def simulate(self, topology: Any = None) -> Any:
-        """The scheduled program simulated on ``topology`` (a ``tessera.perf.Topology``, a
-        preset name such as ``"gb200_nvl72"``, or a JSON file; by default the mesh's
-        ``topology=``, else DGX H100 nodes enough for the mesh): step time, exposed
-        communication and a timeline (``.save_trace("trace.json")``); see
-        :mod:`tessera.perf.simulate`."""
-        from tessera.perf.simulate import simulate
-
-        return simulate(self.module_at("schedule"), self.name, self.mesh, topology)
-
-    def collectives(self) -> list[CollectiveInfo]:
-        """The communicating collectives each rank runs, in program order."""
-        if self.mesh is None:
-            return []
-        return collectives(self.module_at("partitioned"))
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, _ = pytree.flatten((args, kwargs))
-        return self.run(leaves)
-
-    def run(self, leaves: Sequence[Any], checked: bool = False) -> Any:
-        """Runs the program on the array ``leaves`` of a call (global values, or
-        ``dist.tensor`` pieces): on the virtual mesh the global results come back; in a
-        multi-process job each result is this rank's
-        :class:`~tessera.backends.distributed.LocalResult`. ``checked``: the caller
-        matched the arrays' shapes and dtypes with the signature already."""
-        arrays = [leaf for leaf in leaves if is_array(leaf)]
-        expected = self._input_avals()
-        if not checked:
-            found = [_abstract(a) for a in arrays]
-            if found != expected:
-                raise ExecutionError(
-                    f"{self.name} was compiled for arrays {', '.join(map(str, expected)) or 'none'}; "
-                    f"found {', '.join(map(str, found)) or 'none'}"
-                )
-        to_numpy = any(isinstance(a, (np.ndarray, np.generic)) for a in arrays)
-        if self.mesh is None and self.kernels == "reference":  # the oracle: no schedule
-            if self.graphs:
-                self.graphs.fallback("kernels='reference' runs the reference executor on the CPU")
-            inputs = [_to_torch(a, aval) for a, aval in zip(arrays, expected, strict=True)]
-            if self._graph_plan is None:
-                self._graph_plan = graph_plan(self.module_at("graph"), self.name)
-                self.plan_builds += 1
-            outputs = _all_unaliased(self._graph_plan(*inputs), inputs)
-        elif self.mesh is None:  # one device: the arguments as they are
-            execution = self._execution(kernel_device(arrays, self.kernels))
-            device = execution.device
-            inputs = [
-                a.detach()
-                if isinstance(a, torch.Tensor) and a.dtype is dtype and a.device == device
-                else _to_torch(a, aval, device)
-                for a, aval, dtype in zip(arrays, expected, self._torch_dtypes(), strict=True)
-            ]
-            (outputs,) = self._run_plan(execution, [inputs])
-            outputs = _all_unaliased(outputs, inputs)
-        else:
-            outputs = self._execute(arrays, expected, to_numpy)
-            if outputs and isinstance(outputs[0], distributed.LocalResult):
-                return pytree.unflatten(self.out_tree, outputs)
-        home = _home_device(arrays)
-        outputs = [o.to(home) for o in outputs]
-        results = [o.numpy() if to_numpy and o.dtype != torch.bfloat16 else o for o in outputs]
-        return pytree.unflatten(self.out_tree, results)
-
-    def layouts(self) -> tuple[list[Sharding], list[Sharding]]:
-        """The per-rank layouts of the program's arguments and results (computed once)."""
-        if self._layout_cache is None and self._program_cache:
-            self._layout_cache = self._program_cache.load_layouts()
-        if self._layout_cache is None:
-            module = self.module_at("partitioned")
-            function = next(
-                o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == self.name
-            )
-            args = [
-                arg_sharding(function, i)
-                or Sharding.replicated(AbstractTensor.from_xdsl(a.type).rank)
-                for i, a in enumerate(function.args)
-            ]
-            results = [value_sharding(function, v) for v in function.body.block.last_op.operands]
-            self._layout_cache = (args, results)
-            if self._program_cache:
-                self._program_cache.store_layouts(self._layout_cache)
-        return self._layout_cache
-
-    def _execute(
-        self, arrays: Sequence[Any], avals: Sequence[AbstractTensor], to_numpy: bool
-    ) -> list[Any]:
-        """Cuts the arguments into the pieces of the ranks this process runs (as the
-        partitioned program lays them out; a ``dist.tensor`` gives its own pieces), runs
-        the scheduled program, and puts the results back together: global values on the
-        virtual mesh, this rank's :class:`~tessera.backends.distributed.LocalResult`
-        under a launcher."""
-        mesh = self.mesh
-        assert mesh is not None, "mesh-less programs run in Lowered.run"
-        execution: Execution = execution_for(mesh, arrays, self.kernels)
-        arg_layouts, out_layouts = self.layouts()
-        wholes = [
-            None if isinstance(a, DistTensor) else _to_torch(a, aval, execution.device)
-            for a, aval in zip(arrays, avals, strict=True)
-        ]
-
-        def argument(index: int, rank: int) -> torch.Tensor:
-            array, aval = arrays[index], avals[index]
-            if isinstance(array, DistTensor):
-                value = array.local(rank)
-                value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-                value = value.detach().to(dtype=aval.dtype.to_torch())
-            else:
-                value = piece(wholes[index], arg_layouts[index], mesh, rank)
-            return value.to(execution.device)
-
-        rank_args = [[argument(i, rank) for i in range(len(arrays))] for rank in execution.ranks]
-        per_rank = self._run_plan(execution, rank_args)
-        if isinstance(execution, Processes):
-            self.last_run = execution.last_run
-            (local,), (outputs,) = rank_args, per_rank
-            return [
-                distributed.LocalResult(
-                    _unaliased(o, local).cpu(), layout, mesh, execution.runtime.rank, to_numpy
-                )
-                for o, layout in zip(outputs, out_layouts, strict=True)
-            ]
-        return [
-            assemble([ranks[index] for ranks in per_rank], layout, mesh)
-            for index, layout in enumerate(out_layouts)
-        ]
-
-    def _input_avals(self) -> list[AbstractTensor]:
-        if self._avals is None:
-            leaves = self.signature.leaves
-            self._avals = [leaf for leaf in leaves if isinstance(leaf, AbstractTensor)]
-        return self._avals
-
-    def _torch_dtypes(self) -> list[torch.dtype]:
-        if self._dtypes is None:
-            self._dtypes = [aval.dtype.to_torch() for aval in self._input_avals()]
-        return self._dtypes
-
-    def _execution(self, device: torch.device) -> VirtualMesh:
-        """The one-device execution of a mesh-less program on ``device`` (made once)."""
-        if device not in self._devices:
-            self._devices[device] = VirtualMesh(Mesh(("device",), (1,)), device)
-        return self._devices[device]
-
-
-def _home_device(arrays: Sequence[Any]) -> torch.device:
-    """Results go where the (torch) arguments live: the first CUDA argument's device, else the CPU."""
-    on_gpu = [a.device for a in arrays if isinstance(a, torch.Tensor) and a.is_cuda]
-    return on_gpu[0] if on_gpu else torch.device("cpu")
-
-
-def _to_torch(
-    array: torch.Tensor | np.ndarray | np.generic,
-    aval: AbstractTensor,
-    device: torch.device | str = "cpu",
-) -> torch.Tensor:
-    """A tensor of ``aval``'s dtype on ``device``; numpy data is copied (``np.array`` keeps 0-d shapes)."""
-    if isinstance(array, DistTensor):
-        array = array.data
-    tensor = (
-        array if isinstance(array, torch.Tensor) else torch.from_numpy(np.array(array, order="C"))
-    )
-    return tensor.detach().to(device=device, dtype=aval.dtype.to_torch())
-
-
-def _all_unaliased(
-    outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
-) -> list[torch.Tensor]:
-    """``outputs``, each copied if it shares memory with an argument (only a view or an
-    argument itself can: others are checked by identity alone)."""
-    passed = {id(i) for i in inputs}
-    return [
-        o if o._base is None and id(o) not in passed else _unaliased(o, inputs) for o in outputs
-    ]
-
-
-def _unaliased(output: torch.Tensor, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``output``, copied if it shares memory with an argument: results are new values."""
-    address = output.untyped_storage().data_ptr()
-    if any(address == i.untyped_storage().data_ptr() for i in inputs):
-        return output.clone()
-    return output
 
 
 class JitFunction:
@@ -559,7 +137,7 @@ class JitFunction:
                 )
             if is_array(leaf):
                 try:
-                    keys.append(_abstract(leaf))
+                    keys.append(abstract(leaf))
                 except TesseraError as error:
                     where = _leaf_argument(self.fn, marked, kwargs, index)
                     raise ExecutionError(f"{self.__name__}: {where}: {error}") from None
@@ -707,7 +285,7 @@ class JitFunction:
         ]
         module = trace.finish(out_leaves, arg_attrs)
         lowered = Lowered(trace.name, module, signature, out_tree, config)
-        lowered.graphs = CudaGraphs(trace.name) if self.cuda_graphs else None
+        lowered.executor.graphs = CudaGraphs(trace.name) if self.cuda_graphs else None
         return lowered
 
     def _trace_results(
@@ -942,4 +520,11 @@ def broadcast_prefix(prefix: Any, tree: pytree.TreeDef, what: str) -> list[Any]:
     raise ShardingError(f"{what} does not match the structure of the values it describes")
 
 
-__all__ = ["ExecutionError", "JitFunction", "Lowered", "jit"]
+__all__ = [
+    "JitFunction",
+    "broadcast_prefix",
+    "check_call",
+    "default_kernels",
+    "jit",
+    "where_defined",
+]
