@@ -226,7 +226,7 @@ def microbatch_rows(layout: Layout, accumulate: int) -> list[torch.Tensor]:
     """The batch rows of each microbatch the step computes a loss of (what matters for
     the MoE model's router losses, which are per microbatch): pipelined, contiguous
     blocks (dp rank, accumulation round, microbatch); accumulated, chunk j of every dp
-    rank's rows (``tessera.grad_accumulation``); else the whole batch."""
+    rank's rows (``tessera.training.accumulation``); else the whole batch."""
     rows, dp = torch.arange(layout.batch), layout.axes.get("dp", 1)
     if layout.schedule:
         return list(rows.reshape(dp * accumulate * layout.microbatches, -1))

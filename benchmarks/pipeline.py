@@ -1,6 +1,6 @@
 """Pipeline schedules, simulated: bubble fraction and activation peaks against theory.
 
-Builds every schedule of ``tessera.ir.pipeline_schedules`` (GPipe, 1F1B, Megatron's
+Builds every schedule of ``tessera.transforms.pipeline_schedules`` (GPipe, 1F1B, Megatron's
 interleaved 1F1B, ZB-H1) for p ∈ {2, 4, 8} ranks and m ∈ {4, 8, 16, 32, 64} microbatches
 (interleaved: v ∈ {2, 4} chunks, m a multiple of p) and runs the action lists in
 ``tessera.perf.pipeline_simulate`` with F = B = W = 1 per stage (a full backward = 2) and
@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tessera.ir.pipeline_schedules import SCHEDULE_KINDS, pipeline_schedule
 from tessera.perf.pipeline_simulate import simulate_pipeline
 from tessera.pipeline import theory
+from tessera.transforms.pipeline_schedules import SCHEDULE_KINDS, pipeline_schedule
 
 RANKS = (2, 4, 8)
 MICROBATCHES = (4, 8, 16, 32, 64)

@@ -52,11 +52,11 @@ from xdsl.passes import ModulePass
 from tessera import numerics as numerics_policy
 from tessera.errors import TesseraError
 from tessera.ir.mesh import Mesh
-from tessera.ir.remat import RematPolicy
 from tessera.ir.verifier import verify_module
 from tessera.passes import get_all_passes
 from tessera.precision import Precision
 from tessera.schedule import ScheduleOptions
+from tessera.transforms.remat import RematPolicy
 
 if TYPE_CHECKING:
     from tessera.perf.topology import Topology

@@ -17,7 +17,7 @@ optimizer and the synchronisation.
 
 ``graph.checkpoint(block)`` marks a block for activation checkpointing: the backward
 recomputes what the remat policy (``graph.Remat``; the training step's ``remat=``
-option, or ``graph.backward``'s) does not save of it (:mod:`tessera.ir.remat`).
+option, or ``graph.backward``'s) does not save of it (:mod:`tessera.transforms.remat`).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from tessera.frontend.region import region, scan
 from tessera.frontend.tracer import Tensor, current_trace, user_location
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.mesh import Mesh
-from tessera.ir.remat import RematPolicy as Remat
 from tessera.op import astype
 from tessera.passes.autodiff import backprop
 from tessera.pipeline.step import PipelinedTrainingStep
 from tessera.precision import Precision
 from tessera.training import TrainingStep, TrainState, traced_step
+from tessera.transforms.remat import RematPolicy as Remat
 
 __all__ = [
     "Precision",

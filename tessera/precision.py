@@ -1,7 +1,7 @@
 """The precision policy of a training step (:class:`Precision`): the dtype it computes in,
 the dtype its gradients are reduced in, and its loss scaling. The policy is part of a
 compiled program's configuration (``tessera.driver.CompileConfig``);
-:mod:`tessera.mixed_precision` applies it while tracing."""
+:mod:`tessera.training.mixed_precision` applies it while tracing."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ REDUCE_OPTIONS = ("f32", "compute")
 
 @dataclass(frozen=True)
 class Precision:
-    """A training step's precision policy (see :mod:`tessera.mixed_precision`). ``loss_scale``:
+    """A training step's precision policy (see :mod:`tessera.training.mixed_precision`). ``loss_scale``:
     ``"dynamic"``, a fixed float, or None (no scaling); default dynamic for fp16."""
 
     compute: str = "f32"

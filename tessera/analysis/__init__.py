@@ -1,1 +1,1 @@
-"""Analyses over graph IR that look ops up in the op table (:mod:`tessera.ops`)."""
+"""Analyses over graph IR that look ops up in the op table (:mod:`tessera.opdefs`)."""

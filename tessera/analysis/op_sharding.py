@@ -27,9 +27,7 @@ from tessera.analysis.reduction_points import REDUCE_WIDENED, ReductionPoints
 from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
-from tessera.ir.block_moves import Window, communicating_moves, plan_block_moves, received_elements
 from tessera.ir.reduction_kinds import KINDS
-from tessera.ir.reshard import ALPHA_BYTES, reshard_cost
 from tessera.ir.sharding import MeshLike, Sharding
 from tessera.ir.sharding_rules import (
     Assignment,
@@ -40,7 +38,14 @@ from tessera.ir.sharding_rules import (
     context_layouts,
     factor_product,
 )
-from tessera.ops import LayoutTransition, op_def, sharding_rule
+from tessera.opdefs import LayoutTransition, op_def, sharding_rule
+from tessera.transforms.block_moves import (
+    Window,
+    communicating_moves,
+    plan_block_moves,
+    received_elements,
+)
+from tessera.transforms.reshard import ALPHA_BYTES, reshard_cost
 
 # One multiply-add priced as this many bytes of communication: an H100 does about 495e12
 # dense bf16 multiply-adds per second (989 TFLOP/s) and an NVLink 4 port moves about
@@ -282,7 +287,7 @@ def block_move_bytes(
     mesh: MeshLike,
 ) -> float:
     """Bytes the busiest rank receives when the op's split BLOCKS factors move blocks
-    (:mod:`tessera.ir.block_moves`), plus ``ALPHA_BYTES`` per permute that sends."""
+    (:mod:`tessera.transforms.block_moves`), plus ``ALPHA_BYTES`` per permute that sends."""
     total = 0.0
     for windows in rule.windows:
         axes = assignment.get(windows.factor)

@@ -27,7 +27,7 @@ from itertools import count
 from xdsl.ir import Block, Operation, SSAValue
 
 from tessera.ir.abstract import aval
-from tessera.ops import has_sharding_rule, lookup
+from tessera.opdefs import has_sharding_rule, lookup
 
 # Values visited from one partial value before giving up and deferring (the behaviour
 # without the analysis); the backward of a layer reaches its sinks in a few dozen.

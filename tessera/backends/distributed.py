@@ -3,7 +3,7 @@
 :func:`run_rank` executes a scheduled ``func.func`` carrying ``graph.partitioned`` for the
 calling rank only, through a launch plan (:class:`RankPlan`, which compiled programs keep
 between calls). Kernels run bound by a kernel binder (by default the reference
-semantics, each op's ``tessera.ops.op_def(op).reference``); collectives go through ``torch.distributed``
+semantics, each op's ``tessera.opdefs.op_def(op).reference``); collectives go through ``torch.distributed``
 over one process group per mesh-axis subgroup (``mesh.groups(axes)``), created once, in
 the same order on every rank, and cached (:class:`Runtime`). Collectives are issued with
 ``async_op=True``; their work handles are joined right before the result's first use.
@@ -68,7 +68,7 @@ from tessera.ir.abstract import AbstractTensor
 from tessera.ir.mesh import Mesh
 from tessera.ir.reduction_kinds import KINDS, NAMES, rounds
 from tessera.ir.sharding import Sharding
-from tessera.ops.collective import accumulation_dtype, finish_reduce, ordered_reduce
+from tessera.opdefs.collective import accumulation_dtype, finish_reduce, ordered_reduce
 from tessera.perf.timeline import Mark
 
 DEFAULT_TIMEOUT_S = environment.DEFAULT_TIMEOUT_S

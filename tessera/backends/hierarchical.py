@@ -52,7 +52,7 @@ import torch
 
 from tessera.errors import ExecutionError
 from tessera.ir.reduction_kinds import KINDS
-from tessera.ops.collective import accumulation_dtype, finish_reduce, reduce_pieces
+from tessera.opdefs.collective import accumulation_dtype, finish_reduce, reduce_pieces
 
 
 def domains(members: Sequence[int], domain: int) -> tuple[list[list[int]], list[list[int]]]:

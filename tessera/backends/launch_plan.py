@@ -50,7 +50,7 @@ from tessera.ir import schedule
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.mesh import Mesh
 from tessera.ir.reduction_kinds import rounds
-from tessera.ops.collective import on_group
+from tessera.opdefs.collective import on_group
 from tessera.perf import timeline as perf_timeline
 from tessera.perf.compute_cost import runs_as_view, runs_on_host
 from tessera.perf.trace import COMPUTE
@@ -185,7 +185,7 @@ class Collectives(Protocol):
 
 class _Attrs:
     """A collective's kind and properties, read once (the group functions of
-    :mod:`tessera.ops.collective` call ``op.attrs()``)."""
+    :mod:`tessera.opdefs.collective` call ``op.attrs()``)."""
 
     def __init__(self, op: schedule.StartOp):
         self.name = op.name

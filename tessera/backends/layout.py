@@ -20,7 +20,7 @@ from tessera.errors import ShardingError
 from tessera.ir.mesh import Mesh
 from tessera.ir.reduction_kinds import KINDS
 from tessera.ir.sharding import Sharding
-from tessera.ops.collective import reduce_pieces
+from tessera.opdefs.collective import reduce_pieces
 
 
 def block(rank: int, sharding: Sharding, mesh: Mesh, shape: Sequence[int]) -> tuple[slice, ...]:

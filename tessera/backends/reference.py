@@ -1,6 +1,6 @@
 """Reference semantics of the graph dialect: each op's torch function, compiled.
 
-``op_def(op).reference`` (declared with the op in :mod:`tessera.ops`) computes an op on
+``op_def(op).reference`` (declared with the op in :mod:`tessera.opdefs`) computes an op on
 CPU torch tensors. :func:`graph_plan` compiles a graph function into one closure of the
 ops' bound references (:func:`tessera.backends.schedule_runner.compile_block`), the
 executor behind ``ts.jit(kernels="reference")`` without a mesh and the test oracle;
@@ -23,8 +23,8 @@ from xdsl.ir import Block
 from tessera.backends.schedule_runner import compile_block, traced_at
 from tessera.errors import ExecutionError, TesseraError
 from tessera.ir import graph
-from tessera.ops.indexing import check_indices
-from tessera.ops.normalization import check_labels
+from tessera.opdefs.indexing import check_indices
+from tessera.opdefs.normalization import check_labels
 
 IndexCheck = Callable[[Sequence[torch.Tensor]], None]
 

@@ -7,7 +7,7 @@ kernel of a program once and then only call the bound functions.
 
 :data:`reference_kernel` binds a kernel to its reference semantics (the oracle):
 :func:`compile_block` turns the kernel's body into a closure calling each op's torch
-reference (:func:`tessera.ops.bind_reference`) in order, values in a list of slots.
+reference (:func:`tessera.opdefs.bind_reference`) in order, values in a list of slots.
 Generated Triton kernels are the other binder
 (:class:`tessera.backends.triton.runtime.TritonKernels`). Either is also callable as a
 :data:`KernelRunner`, ``runner(kernel, inputs, context)``, which binds and runs once.
@@ -27,7 +27,7 @@ from xdsl.ir import Block, Operation
 from tessera.errors import ExecutionError, TesseraError, describe_location
 from tessera.ir import graph, schedule
 from tessera.ir.mesh import Mesh
-from tessera.ops import RankReference, bind_reference, lookup
+from tessera.opdefs import RankReference, bind_reference, lookup
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 :func:`run_partitioned` runs a ``func.func`` carrying ``graph.partitioned`` (all types
 are per-rank local types) for all ranks of a mesh in lockstep, op by op in program
 order. Compute ops run per rank through the reference semantics
-(each op's ``tessera.ops.op_def(op).reference``); collectives are computed exactly in memory
+(each op's ``tessera.opdefs.op_def(op).reference``); collectives are computed exactly in memory
 over each rank group ``mesh.groups(axes)``, a member's group position being its index
 in the group. This is the oracle the real backends are tested against.
 """
@@ -21,8 +21,8 @@ from tessera.errors import ExecutionError, TesseraError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.mesh import Mesh
-from tessera.ops import RankReference, lookup
-from tessera.ops.collective import on_group
+from tessera.opdefs import RankReference, lookup
+from tessera.opdefs.collective import on_group
 
 Values = list[torch.Tensor]  # one tensor per member of a rank group, in group order
 

@@ -71,7 +71,7 @@ from tessera.codegen.frame import (
 from tessera.errors import IRError
 from tessera.ir import graph, schedule, tile
 from tessera.ir.tile_builder import TileBuilder, Value, shape
-from tessera.ops import Fusion, fusion_of
+from tessera.opdefs import Fusion, fusion_of
 
 MAX_SCORE_OPS = 16  # elementwise ops between q kᵀ and the softmax
 MAX_HEAD_DIM = 256  # q/k and v head dims one program holds in registers

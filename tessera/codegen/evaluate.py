@@ -6,8 +6,8 @@ axes). :meth:`Evaluator.at` computes a graph value at an index of its own shape 
 walking back through the body (index passing, as Inductor's loop bodies do):
 
 - an elementwise op evaluates its operands at the broadcast-adjusted index and applies
-  its :class:`~tessera.ops.Pointwise` tile code (float math in f32, like Triton kernels);
-- a layout op maps the index with its :class:`~tessera.ops.IndexMap` tile code
+  its :class:`~tessera.opdefs.Pointwise` tile code (float math in f32, like Triton kernels);
+- a layout op maps the index with its :class:`~tessera.opdefs.IndexMap` tile code
   (transpose permutes it, slice scales and shifts it, reshape goes through the flat
   offset, all_slice adds this rank's offset, gather loads the indices, concat selects
   among its operands); a splat constant's index map gives its scalar;
@@ -29,8 +29,8 @@ from xdsl.ir import Operation, SSAValue
 from tessera.errors import IRError
 from tessera.ir.tile import compute_element, strides
 from tessera.ir.tile_builder import TileBuilder, Value, broadcast_shape, shape
-from tessera.ops import IndexMap, Pointwise, lookup
-from tessera.ops.registry import Index
+from tessera.opdefs import IndexMap, Pointwise, lookup
+from tessera.opdefs.registry import Index
 
 
 def dims_of(value: SSAValue) -> tuple[int, ...]:

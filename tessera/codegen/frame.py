@@ -29,7 +29,7 @@ from tessera.ir import graph, schedule, tile
 from tessera.ir.dense import is_splat
 from tessera.ir.tile import strides
 from tessera.ir.tile_builder import TileBuilder, Value
-from tessera.ops import RankIndexMap, lookup
+from tessera.opdefs import RankIndexMap, lookup
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def pointer_constants(kernel: schedule.KernelOp) -> list[graph.ConstantOp]:
 
 def position_axes(kernel: schedule.KernelOp) -> list[tuple[str, ...]]:
     """The mesh-axis groups whose rank index the kernel needs (those of its ops whose
-    tile code is a :class:`~tessera.ops.RankIndexMap`: all_slice, axis_index)."""
+    tile code is a :class:`~tessera.opdefs.RankIndexMap`: all_slice, axis_index)."""
     axes: list[tuple[str, ...]] = []
     for op in kernel.body.block.ops:
         found = lookup(op)

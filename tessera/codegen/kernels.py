@@ -3,7 +3,7 @@
 - *pointwise* (elementwise ops and layout ops): a 1-D grid over the flat output, one
   ``block`` of elements per program; each output element's index is recovered from its
   flat offset and every value is evaluated there (``codegen.evaluate``).
-- *row reduction* (the ops whose tile code is a :class:`~tessera.ops.RowReduction`: sum,
+- *row reduction* (the ops whose tile code is a :class:`~tessera.opdefs.RowReduction`: sum,
   mean, max, min, prod, softmax, log_softmax, layer_norm, rms_norm, cross_entropy, with
   elementwise prologue and epilogue): a program takes ``rows`` rows and a whole reduced
   row as one block (``rows x next_pow2(R)``); the op's tile code reduces it, masked
@@ -53,14 +53,14 @@ from tessera.errors import IRError
 from tessera.ir import graph, schedule, tile
 from tessera.ir.tile import compute_element, element_type
 from tessera.ir.tile_builder import TileBuilder, Value, shape
-from tessera.ops import Fusion, Kernel, RowReduction, lookup, op_def
+from tessera.opdefs import Fusion, Kernel, RowReduction, lookup, op_def
 
 MAX_ROW_BLOCK = 65536  # elements of one reduced row held in one block
 
 
 def kernel_class(kernel: schedule.KernelOp) -> str:
     """``attention``, a dedicated kernel's name (an op whose tile code is a
-    :class:`~tessera.ops.Kernel`: ``matmul``), ``reduction`` or ``pointwise``."""
+    :class:`~tessera.opdefs.Kernel`: ``matmul``), ``reduction`` or ``pointwise``."""
     if match_attention(kernel) is not None:
         return "attention"
     tiles = [found.tile for op in kernel.body.block.ops if (found := lookup(op)) is not None]

@@ -1,7 +1,7 @@
 """``graph.checkpoint``: mark a block of traced code for activation checkpointing.
 
 Each call of a checkpointed function tags the ops it traces with ``graph.checkpoint =
-<id>`` (:mod:`tessera.ir.remat`); the backward pass then keeps only what the training
+<id>`` (:mod:`tessera.transforms.remat`); the backward pass then keeps only what the training
 step's remat policy saves of the block and recomputes the rest, as
 ``torch.utils.checkpoint`` and ``jax.checkpoint`` do::
 
@@ -20,7 +20,7 @@ from xdsl.dialects.builtin import IntegerAttr, i64
 
 from tessera.errors import TraceError
 from tessera.frontend.tracer import current_trace, is_tracing, user_location
-from tessera.ir.remat import CHECKPOINT
+from tessera.transforms.remat import CHECKPOINT
 
 
 def checkpoint(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -3,7 +3,7 @@
 Each op class defines the op as IR: its operands, its properties and its ``shape_rule``
 (from :mod:`tessera.ir.shape_rules`), which the verifier and the tracer share. What the
 compiler knows beyond that (sharding rule, linearity, VJP, torch reference, tile code,
-fusion class) is its op definition in :mod:`tessera.ops`. Every op prints in one
+fusion class) is its op definition in :mod:`tessera.opdefs`. Every op prints in one
 legible custom form::
 
     %y = graph.matmul %x, %w : tensor<16x64xf32>, tensor<64x256xf32> -> tensor<16x256xf32>

@@ -24,7 +24,7 @@ RECV_ACTIVATION = "recv_activation"
 SEND_GRAD = "send_grad"
 RECV_GRAD = "recv_grad"
 
-# the pipeline schedules tessera.ir.pipeline_schedules builds (schedule.pipeline's kinds)
+# the pipeline schedules tessera.transforms.pipeline_schedules builds (schedule.pipeline's kinds)
 SCHEDULE_KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
 COMPUTE_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)

@@ -37,7 +37,7 @@ its result is waited for) and *placement* (streams, buffers, microbatches, stage
 - ``schedule.microbatch`` / ``schedule.stage``: regions for one microbatch ``index`` of
   ``count``, or one pipeline stage; they verify, print and parse (nothing lowers them yet).
 - ``schedule.pipeline`` / ``schedule.pipeline_rank`` / ``schedule.action``: a pipeline
-  schedule (``pipeline-schedule`` makes one; ``tessera.ir.pipeline_schedules`` converts it to and
+  schedule (``pipeline-schedule`` makes one; ``tessera.transforms.pipeline_schedules`` converts it to and
   from :class:`tessera.ir.pipeline_actions.Action` lists). The pipeline holds one
   ``pipeline_rank`` per rank, in rank order, each holding that rank's actions in the
   order it runs them; none has a terminator::

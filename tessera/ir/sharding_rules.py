@@ -18,7 +18,7 @@ factor's kind says what splitting it over a mesh axis means (as in Shardy's
   split's pieces, a concat's operands, a slice's result; :class:`FactorWindows`). The
   dim may stay split: each rank then holds its block of every window, and the blocks
   that live on another rank move there by collective permutes
-  (:mod:`tessera.ir.block_moves`), priced by the cost model like any reshard.
+  (:mod:`tessera.transforms.block_moves`), priced by the cost model like any reshard.
 - ``REPLICATED``: the op needs the dim whole (a reshape's merged minor dims).
 - ``CONTEXT``: a sequence the op attends over (attention's keys and values): a split
   stays on the tensors that have it, and ``shard-partition`` expands the op so that each
@@ -35,7 +35,7 @@ holding the global index of a factor's first element (attention's causal offsets
 When the factor's slices differ per rank, ``shard-partition`` adds this rank's start.
 
 This module is the rules' vocabulary and the builders shared by several ops; each op's
-rule is declared with the op in :mod:`tessera.ops` (see ``tessera.ops.sharding_rule``).
+rule is declared with the op in :mod:`tessera.opdefs` (see ``tessera.opdefs.sharding_rule``).
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ For ``func.func @f`` whose first result is a scalar float (the loss), the pass a
 ``@f_grad`` (or rewrites ``@f`` in place with ``in-place=true``) returning ``@f``'s results
 followed by the gradient of the loss with respect to each argument listed in ``wrt``
 (default: every float argument). The backward program is appended after the forward one:
-ops are visited in reverse, each op's VJP rule (``tessera.ops.op_def(op).vjp``) maps its results' cotangents to its operands', and cotangents of a value used several
+ops are visited in reverse, each op's VJP rule (``tessera.opdefs.op_def(op).vjp``) maps its results' cotangents to its operands', and cotangents of a value used several
 times are summed. Arguments the loss does not depend on get zeros.
 
-Activation checkpointing (:mod:`tessera.ir.remat`): ops tagged ``graph.checkpoint``
+Activation checkpointing (:mod:`tessera.transforms.remat`): ops tagged ``graph.checkpoint``
 belong to checkpointed blocks. With the ``remat`` option (``nothing`` by default, or
 ``matmuls``; ``everything`` turns it off) the values of a block that the policy does not
 save are recomputed in the backward program, just before the block's VJPs, which then
@@ -39,8 +39,8 @@ from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.function_table import FunctionTable, register, table_of
 from tessera.ir.grad_builder import GradBuilder
-from tessera.ir.remat import CHECKPOINT, REMAT, RematPolicy
-from tessera.ops import Fusion, fusion_of, lookup
+from tessera.opdefs import Fusion, fusion_of, lookup
+from tessera.transforms.remat import CHECKPOINT, REMAT, RematPolicy
 
 
 def differentiate(

@@ -31,7 +31,7 @@ from xdsl.transforms.dead_code_elimination import region_dce
 from tessera.dtypes import DType
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
-from tessera.ops import op_def
+from tessera.opdefs import op_def
 
 
 def _replace(rewriter: PatternRewriter, op: Operation, new_op: Operation) -> None:

@@ -78,7 +78,7 @@ from tessera.ir.abstract import aval
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import module_mesh
 from tessera.numerics import check as check_numerics
-from tessera.ops import Fusion, fusion_of
+from tessera.opdefs import Fusion, fusion_of
 from tessera.perf.topology import Topology, load_topology
 
 CANDIDATE_CHUNKS = (2, 4, 8)

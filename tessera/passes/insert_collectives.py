@@ -43,9 +43,9 @@ from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
-from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard, step_collective
 from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
-from tessera.ops import has_sharding_rule
+from tessera.opdefs import has_sharding_rule
+from tessera.transforms.reshard import ReshardStep, apply_step, plan_reshard, step_collective
 
 
 @dataclass(frozen=True)

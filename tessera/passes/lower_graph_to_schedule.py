@@ -8,7 +8,7 @@ operands re-viewed as ``[M, batch·K]`` and ``[batch·K, N]`` by layout ops). Th
 
 1. *Group* (greedy, in program order). Every graph op but a collective or a constant
    belongs to a group; a group becomes one ``schedule.kernel``. What an op may join is its
-   fusion class (``tessera.ops.op_def(op).fusion``). Each group has one iteration space
+   fusion class (``tessera.opdefs.op_def(op).fusion``). Each group has one iteration space
    (the broadcast of an elementwise group's results, a matmul's result, or the operand of
    a reduction group's reductions), and the kernel computes every value over it:
 
@@ -65,7 +65,7 @@ operands re-viewed as ``[M, batch·K]`` and ``[batch·K, N]`` by layout ops). Th
    - Constants join no group: each kernel that uses one gets its own copy; a constant
      used outside kernels (returned, or sent to a collective) becomes a kernel alone.
    - *Recomputation stays in the backward*: an op tagged ``graph.remat`` (a checkpointed
-     block recomputed, :mod:`tessera.ir.remat`) shares a kernel with no op before the
+     block recomputed, :mod:`tessera.transforms.remat`) shares a kernel with no op before the
      first op of its recomputation, so the values it makes again are not kept from the
      forward.
 
@@ -101,8 +101,8 @@ from xdsl.utils.exceptions import PassFailedException
 from tessera.codegen.attention import find_attention
 from tessera.codegen.kernels import reduced_axes
 from tessera.ir import graph, schedule
-from tessera.ir.remat import REMAT
-from tessera.ops import Fusion, fusion_of
+from tessera.opdefs import Fusion, fusion_of
+from tessera.transforms.remat import REMAT
 
 
 def _is(op: Operation | None, fusion: Fusion) -> bool:

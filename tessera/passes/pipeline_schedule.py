@@ -3,7 +3,7 @@
 For every function holding ``schedule.stage`` regions (all of one ``count`` S: the model's
 pipeline stages), the pass builds the schedule ``kind`` of ``microbatches`` microbatches
 over ``ranks = S / virtual`` pipeline ranks (stage ``s`` on rank ``s % ranks``) with
-:func:`tessera.ir.pipeline_schedules.pipeline_schedule`, and puts it, as a
+:func:`tessera.transforms.pipeline_schedules.pipeline_schedule`, and puts it, as a
 ``schedule.pipeline`` op (see :mod:`tessera.ir.schedule`), just before the function's
 ``func.return``. A ``schedule.pipeline`` already there is replaced, so running the pass
 again with other options re-schedules::
@@ -74,7 +74,7 @@ class PipelineSchedulePass(ModulePass):
                 f"stages per rank",
             )
         ranks = stages // self.virtual
-        from tessera.ir.pipeline_schedules import pipeline_op, pipeline_schedule
+        from tessera.transforms.pipeline_schedules import pipeline_op, pipeline_schedule
 
         try:
             actions = pipeline_schedule(self.kind, ranks, self.microbatches, self.virtual)

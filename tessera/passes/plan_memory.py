@@ -41,7 +41,7 @@ from tessera.ir.abstract import AbstractTensor
 from tessera.ir.graph import DONATED
 from tessera.ir.limits import MAX_BYTES
 from tessera.ir.located_error import LocatedPassFailure
-from tessera.ops import Fusion, fusion_of
+from tessera.opdefs import Fusion, fusion_of
 
 PEAK_BYTES = "schedule.peak_bytes"
 

@@ -4,12 +4,12 @@ Runs after ``insert-collectives``. Every value's type becomes its per-rank (loca
 (``Sharding.local_shape``), the function is marked ``graph.partitioned`` so collectives
 verify with local semantics, and ops whose attributes name global sizes are localised
 (a slice's bounds on split dims). An op whose operands' layouts split a factor it
-reduces internally does not gather them: its registered :class:`~tessera.ops.Partition`
+reduces internally does not gather them: its registered :class:`~tessera.opdefs.Partition`
 rewrites it into local work and all-reduces of small values, for example
 
 - softmax over a split axis: ``m = all_reduce_max(max(x))``,
   ``s = all_reduce_sum(sum(exp(x - m)))``, ``exp(x - m) / s`` (layer_norm, rms_norm and
-  log_softmax likewise, see ``tessera.ops.normalization``);
+  log_softmax likewise, see ``tessera.opdefs.normalization``);
 - cross_entropy over split classes: the row max, the sum of exponentials and the
   label's logit (picked on the rank holding it) are the all-reduced statistics;
 - gather along a split axis (a vocabulary-parallel embedding): each rank looks up the
@@ -19,7 +19,7 @@ rewrites it into local work and all-reduces of small values, for example
 A split, concat or slice whose windowed dim stays split (a BLOCKS factor, see
 ``sharding_rules``) does not gather it either: each result block is built from the
 operand blocks where it lies by local slices, ``collective_permute``s (ranks that are no
-target receive zeros), their sum and a concat (:mod:`tessera.ir.block_moves`).
+target receive zeros), their sum and a concat (:mod:`tessera.transforms.block_moves`).
 
 An op whose sharding rule has a split ``CONTEXT`` factor (attention with the sequence
 split over ``cp``: context parallelism) is expanded as the rule says
@@ -54,14 +54,11 @@ from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.attr_values import to_attr
-from tessera.ir.block_moves import Window, plan_block_moves
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.graph_emitter import GraphEmitter
 from tessera.ir.located_error import LocatedPassFailure
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
-from tessera.ir.reshard import ReshardStep, apply_step, plan_reshard, step_collective
-from tessera.ir.ring_attention import Ring, ring_backward, ring_forward
 from tessera.ir.sharding import (
     Sharding,
     arg_sharding,
@@ -70,8 +67,11 @@ from tessera.ir.sharding import (
     value_sharding,
 )
 from tessera.ir.sharding_rules import FactorKind, FactorWindows, ShardingRule, context_layouts
-from tessera.ops import Partition, has_sharding_rule, lookup, sharding_rule
+from tessera.opdefs import Partition, has_sharding_rule, lookup, sharding_rule
 from tessera.perf.context_parallel import RingPlan, ring_plan
+from tessera.transforms.block_moves import Window, plan_block_moves
+from tessera.transforms.reshard import ReshardStep, apply_step, plan_reshard, step_collective
+from tessera.transforms.ring_attention import Ring, ring_backward, ring_forward
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ class _Partitioner:
 
     def _expand(self, op: Operation, shardings: Sequence[Sharding]) -> bool:
         """Replaces ``op`` by its registered per-rank form, if it has one for its operands'
-        layouts (see :class:`~tessera.ops.Partition`); whether it did."""
+        layouts (see :class:`~tessera.opdefs.Partition`); whether it did."""
         found = lookup(op)
         if found is None or not isinstance(found.partition, Partition):
             return False
@@ -211,7 +211,7 @@ class _Partitioner:
         shardings: Sequence[Sharding],
     ) -> None:
         """Builds each result window's local block from the operand windows' blocks by
-        local slices, collective permutes, sums and a concat (:mod:`tessera.ir.block_moves`),
+        local slices, collective permutes, sums and a concat (:mod:`tessera.transforms.block_moves`),
         instead of gathering the dim. Every op made is annotated with the layout of the
         result it builds."""
         ranks = math.prod(self.mesh.axis_size(a) for a in mesh_axes)
@@ -315,7 +315,7 @@ class _Partitioner:
         return plan.cost(self.topology).method == "ring"
 
     def _ring(self, op: graph.GraphOp, plan: RingPlan) -> list[SSAValue]:
-        """``op`` expanded round the ring (:mod:`tessera.ir.ring_attention`); the op is
+        """``op`` expanded round the ring (:mod:`tessera.transforms.ring_attention`); the op is
         erased and its local results returned."""
         ring = Ring(op, self.mesh_name, plan.axes, plan.size, self.zigzagged)
         expand = ring_forward if isinstance(op, graph.AttentionOp) else ring_backward

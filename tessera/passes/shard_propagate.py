@@ -60,7 +60,7 @@ from tessera.ir.sharding import (
     value_sharding,
 )
 from tessera.ir.sharding_rules import FactorKind, ShardingRule
-from tessera.ops import has_sharding_rule, sharding_rule
+from tessera.opdefs import has_sharding_rule, sharding_rule
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ def runs_on_host(kernel: schedule.KernelOp) -> bool:
     """Whether the kernel holds an op without generated code (``Fusion.HOST``: MoE
     routing, top-k), which the runtime computes by the ops' references (so
     ``lower-schedule-to-tile`` gives it no tile kernel)."""
-    from tessera.ops import Fusion, fusion_of
+    from tessera.opdefs import Fusion, fusion_of
 
     return any(fusion_of(o) is Fusion.HOST for o in kernel.body.block.ops)
 

@@ -25,12 +25,12 @@ from math import prod
 from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.mesh import Mesh
-from tessera.ir.ring_attention import RingLayouts
 from tessera.ir.sharding import Sharding
 from tessera.ir.sharding_rules import Assignment, ShardingRule
 from tessera.perf.collective_cost import collective_time
 from tessera.perf.compute_cost import attention_flops, compute_time
 from tessera.perf.topology import Topology, load_topology
+from tessera.transforms.ring_attention import RingLayouts
 
 
 @dataclass(frozen=True)

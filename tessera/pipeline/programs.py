@@ -40,11 +40,11 @@ from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.function_table import FunctionTable, register, table_of
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.mesh import Mesh
-from tessera.ir.remat import RematPolicy
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr
 from tessera.passes.autodiff import backprop
 from tessera.pipeline.split import StagePlan, is_free
 from tessera.program import Lowered, Signature
+from tessera.transforms.remat import RematPolicy
 
 
 @dataclass

@@ -55,12 +55,10 @@ from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, Trace, tracing
-from tessera.grad_clip import clip_to_norm, squared_norm
 from tessera.ir import pipeline_actions as A
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.sharding import Sharding
 from tessera.jit_function import JitFunction, broadcast_prefix, default_kernels
-from tessera.mixed_precision import LossScaled, nonfinite_probe, to_compute
 from tessera.optim import decay_mask
 from tessera.perf.topology import load_topology
 from tessera.pipeline.memory import PipelineMemoryStats, pipeline_memory
@@ -76,7 +74,9 @@ from tessera.training import (
     tracing_step,
     zero_sharding,
 )
-from tessera.training_state import gathered, local_piece, write_piece
+from tessera.training.grad_clip import clip_to_norm, squared_norm
+from tessera.training.mixed_precision import LossScaled, nonfinite_probe, to_compute
+from tessera.training.state import gathered, local_piece, write_piece
 
 if TYPE_CHECKING:
     from tessera.program import Lowered
@@ -230,7 +230,7 @@ class PipelineStep:
         batch_avals: list[AbstractTensor], m: int, kind: str, virtual: int, options: Any,
         batch_tree: pytree.TreeDef,
     ) -> CompiledPipeline:  # fmt: skip
-        from tessera.ir.pipeline_schedules import actions_of, pipeline_op, pipeline_schedule
+        from tessera.transforms.pipeline_schedules import actions_of, pipeline_op, pipeline_schedule
 
         step = self.step
         name = step.__name__

@@ -1,4 +1,4 @@
-"""Closed forms for the schedules of :mod:`tessera.ir.pipeline_schedules`.
+"""Closed forms for the schedules of :mod:`tessera.transforms.pipeline_schedules`.
 
 All assume every stage takes the same time for a forward (F), an input-gradient backward
 (B) and a weight-gradient backward (W), F = B = W, a full backward B + W, and free
@@ -25,7 +25,7 @@ when split), as :func:`tessera.perf.pipeline_simulate.simulate_pipeline` measure
 from __future__ import annotations
 
 from tessera.errors import TesseraError
-from tessera.ir.pipeline_schedules import validate
+from tessera.transforms.pipeline_schedules import validate
 
 
 def bubble_fraction(kind: str, ranks: int, microbatches: int, virtual: int = 1) -> float:

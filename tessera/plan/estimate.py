@@ -46,7 +46,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.ir.pipeline_schedules import pipeline_schedule
 from tessera.perf.collective_cost import collective_time
 from tessera.perf.compute_cost import compute_time
 from tessera.perf.pipeline_simulate import simulate_pipeline
@@ -55,6 +54,7 @@ from tessera.pipeline.theory import bubble_fraction, peak_activations
 from tessera.plan.layer import LayerProfile, LayerShape, profile_layer
 from tessera.plan.models import ModelSpec
 from tessera.plan.strategy import Strategy, dp_group, rank_of
+from tessera.transforms.pipeline_schedules import pipeline_schedule
 
 BF16 = 2
 ADAM_FP32 = 12  # master weights, first and second moments

@@ -8,11 +8,11 @@ message saying what was expected and what was found.
 from __future__ import annotations
 
 from tessera.errors import TesseraError
-from tessera.ir.pipeline_schedules import validate as validate_schedule
 from tessera.perf.topology import Topology
 from tessera.plan.estimate import MEMORY_HEADROOM, Estimate, estimate
 from tessera.plan.models import ModelSpec
 from tessera.plan.strategy import PRECISIONS, REMAT, SCHEDULES, ZERO_STAGES, Strategy
+from tessera.transforms.pipeline_schedules import validate as validate_schedule
 
 
 def structural_violations(

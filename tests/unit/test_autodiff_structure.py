@@ -30,7 +30,7 @@ from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding import Sharding, ShardingAttr
-from tessera.ops import op_def
+from tessera.opdefs import op_def
 
 TOL = {torch.float64: 1e-9, torch.float32: 1e-5}
 

@@ -16,7 +16,7 @@ boolean results must be equal.
 - bf16 (inputs are bf16 values; the reference uses them in f64; the kernel rounds its
   f32 result once): ``err <= 1e-2``.
 
-Every op with pointwise, index-map or row-reduction tile code (``tessera.ops``)
+Every op with pointwise, index-map or row-reduction tile code (``tessera.opdefs``)
 of ``codegen.kernels`` is checked to appear in the kernels of some case here.
 """
 
@@ -56,7 +56,7 @@ from tessera.errors import IRError
 from tessera.ir import graph, schedule, tile
 from tessera.ir.graph import Graph
 from tessera.ir.schedule import Schedule
-from tessera.ops import Fusion, IndexMap, Pointwise, RowReduction, registered
+from tessera.opdefs import Fusion, IndexMap, Pointwise, RowReduction, registered
 from tessera.passes.lower_schedule_to_tile import LowerScheduleToTilePass
 
 F32_POINTWISE = 1e-5

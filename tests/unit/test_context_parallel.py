@@ -287,10 +287,10 @@ def test_the_cost_model_prices_the_expansion() -> None:
     from tessera.analysis import op_sharding
     from tessera.analysis.reduction_points import ReductionPoints
     from tessera.ir import graph
-    from tessera.ir.reshard import ALPHA_BYTES
     from tessera.ir.sharding import AxisSizes, Sharding
     from tessera.ir.sharding_rules import FactorKind
-    from tessera.ops import sharding_rule
+    from tessera.opdefs import sharding_rule
+    from tessera.transforms.reshard import ALPHA_BYTES
 
     batch, heads, seq, dim, cp = 2, 2, 64, 8, 4
     q, k, v, w = (t.float() for t in _inputs((batch, heads, seq, dim), 4))

@@ -24,9 +24,9 @@ from tessera.driver import (
     program_stages,
     stage_passes,
 )
-from tessera.ir.remat import RematPolicy
 from tessera.precision import Precision
 from tessera.tools.opt import main as tessera_opt
+from tessera.transforms.remat import RematPolicy
 
 
 def replay(text: str, pipeline: str, tmp_path: Path) -> str:

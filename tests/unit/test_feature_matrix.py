@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import feature_matrix as fm
 
 from tessera import TesseraError
-from tessera.ops import collective
+from tessera.opdefs import collective
 
 # refusals the matrix expects, with words each must contain (both features named)
 EXPECTED_REFUSALS = {

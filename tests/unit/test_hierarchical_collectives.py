@@ -24,7 +24,7 @@ from tessera.errors import ExecutionError, TesseraError
 from tessera.ir import graph
 from tessera.ir import schedule as schedule_ir
 from tessera.ir.reduction_kinds import KINDS, NAMES
-from tessera.ops.collective import reduce_pieces
+from tessera.opdefs.collective import reduce_pieces
 from tessera.passes.choose_collective_algorithms import ChooseCollectiveAlgorithmsPass
 from tessera.perf import Link, Topology, algorithms_for, collective_time, dgx_h100
 from tessera.perf.simulate import simulate

@@ -20,7 +20,7 @@ from tessera.backends import launch_plan, schedule_runner
 from tessera.backends.triton import runtime
 from tessera.execute import Executor
 from tessera.ir import graph, schedule
-from tessera.ops import registry
+from tessera.opdefs import registry
 from tessera.perf.trace import COMPUTE
 from tessera.program import Lowered
 

@@ -1,6 +1,6 @@
-"""The op table (``tessera.ops``) is complete: every graph op declares every field.
+"""The op table (``tessera.opdefs``) is complete: every graph op declares every field.
 
-A field that does not apply is a named :class:`~tessera.ops.NotApplicable` (with its
+A field that does not apply is a named :class:`~tessera.opdefs.NotApplicable` (with its
 reason), never left out: ``register`` rejects a missing or None field.
 """
 
@@ -15,7 +15,7 @@ from tessera.errors import IRError
 from tessera.ir import graph
 from tessera.ir.graph import Graph
 from tessera.ir.sharding_rules import elementwise
-from tessera.ops import (
+from tessera.opdefs import (
     LOCAL,
     NOT_LINEAR,
     Fusion,
@@ -33,7 +33,7 @@ from tessera.ops import (
     register,
     registered,
 )
-from tessera.ops.collective import CollectiveReference, on_group
+from tessera.opdefs.collective import CollectiveReference, on_group
 
 # Ops of the dialect that compute nothing, so have no op definition, and why.
 STRUCTURAL = {graph.MeshOp: "a module-level symbol naming the device mesh; it has no value"}

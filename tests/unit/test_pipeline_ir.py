@@ -26,7 +26,7 @@ from tessera.ir.pipeline_actions import (
     SEND_GRAD,
     Action,
 )
-from tessera.ir.pipeline_schedules import actions_of, pipeline_op
+from tessera.transforms.pipeline_schedules import actions_of, pipeline_op
 
 Lists = list[list[Action]]
 
@@ -146,7 +146,7 @@ GENERATED = [
 def test_generated_schedules_round_trip(
     kind: str, ranks: int, microbatches: int, virtual: int
 ) -> None:
-    from tessera.ir.pipeline_schedules import pipeline_schedule
+    from tessera.transforms.pipeline_schedules import pipeline_schedule
 
     lists = pipeline_schedule(kind, ranks, microbatches, virtual)
     _round_trip(kind, ranks, microbatches, virtual, lists)
@@ -382,8 +382,8 @@ def _staged_function(stages: int) -> str:
 def test_pass_inserts_the_generated_schedule(
     kind: str, ranks: int, microbatches: int, virtual: int
 ) -> None:
-    from tessera.ir.pipeline_schedules import pipeline_schedule
     from tessera.passes.pipeline_schedule import PipelineSchedulePass
+    from tessera.transforms.pipeline_schedules import pipeline_schedule
 
     module = _parse(_staged_function(ranks * virtual))
     for _ in range(2):  # the second run replaces the first schedule

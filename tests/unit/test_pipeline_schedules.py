@@ -23,10 +23,10 @@ from tessera.ir.pipeline_actions import (
     Action,
     rank_of,
 )
-from tessera.ir.pipeline_schedules import SCHEDULE_KINDS, pipeline_schedule, stage_count
 from tessera.perf.pipeline_simulate import simulate_pipeline
 from tessera.perf.trace import COMPUTE
 from tessera.pipeline import theory
+from tessera.transforms.pipeline_schedules import SCHEDULE_KINDS, pipeline_schedule, stage_count
 
 RANKS = (2, 4, 8)
 MICROBATCHES = (4, 8, 16, 32, 64)

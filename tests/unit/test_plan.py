@@ -217,9 +217,9 @@ def test_pipeline_extension_matches_the_full_simulation(
 ) -> None:
     """The estimate simulates at most 4·pp microbatches and extends the makespan at the
     busiest rank's pace: within 0.5% of simulating all ``m`` (uneven stages, p2p time)."""
-    from tessera.ir.pipeline_schedules import pipeline_schedule
     from tessera.perf.pipeline_simulate import simulate_pipeline
     from tessera.plan.estimate import _simulated_pipeline
+    from tessera.transforms.pipeline_schedules import pipeline_schedule
 
     stages = pp * virtual
     forward = [1.0 + 0.1 * (i % 3) for i in range(stages)]

@@ -15,8 +15,8 @@ import torch
 import tessera as ts
 from tessera import dist, numerics, op, program, schedule
 from tessera.driver import STAGES
-from tessera.ir.remat import RematPolicy
 from tessera.program_cache import ProgramCache
+from tessera.transforms.remat import RematPolicy
 
 
 @pytest.fixture

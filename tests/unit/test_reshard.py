@@ -21,8 +21,14 @@ from hypothesis import strategies as st
 
 from tessera.errors import ShardingError
 from tessera.ir.mesh import Mesh
-from tessera.ir.reshard import ALPHA_BYTES, ReshardStep, apply_step, plan_reshard, reshard_cost
 from tessera.ir.sharding import Sharding
+from tessera.transforms.reshard import (
+    ALPHA_BYTES,
+    ReshardStep,
+    apply_step,
+    plan_reshard,
+    reshard_cost,
+)
 
 Pieces = dict[int, np.ndarray]
 

@@ -17,7 +17,7 @@ from xdsl.parser import Parser
 import tessera as ts
 from tessera import dist, op
 from tessera.ir import graph, schedule
-from tessera.ops import Fusion, fusion_of
+from tessera.opdefs import Fusion, fusion_of
 from tessera.passes.lower_graph_to_schedule import LowerGraphToSchedulePass
 
 MESH = dist.Mesh(axes=["dp", "tp"], shape=(2, 4))

@@ -32,7 +32,7 @@ from tessera.backends.virtual import run_partitioned
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.graph import Graph
 from tessera.ir.mesh import Mesh
-from tessera.ops import op_def
+from tessera.opdefs import op_def
 
 MESHES = [(("x",), (4,)), (("x", "y"), (2, 2)), (("x", "y"), (2, 3)), (("x", "y"), (3, 2))]
 SIZES = (12, 24)  # divisible by every axis size and product used here (4 and 6)

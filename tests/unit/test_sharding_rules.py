@@ -19,9 +19,14 @@ from xdsl.ir import Block
 from tessera.dtypes import DType
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
-from tessera.ir.block_moves import Window, communicating_moves, plan_block_moves, received_elements
 from tessera.ir.sharding_rules import FactorKind, ShardingRule
-from tessera.ops import has_sharding_rule, op_def, registered, sharding_rule
+from tessera.opdefs import has_sharding_rule, op_def, registered, sharding_rule
+from tessera.transforms.block_moves import (
+    Window,
+    communicating_moves,
+    plan_block_moves,
+    received_elements,
+)
 
 F32, I64, I1, I32 = DType.f32, DType.i64, DType.i1, DType.i32
 

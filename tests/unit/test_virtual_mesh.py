@@ -24,7 +24,7 @@ from tessera.ir.graph import Graph
 from tessera.ir.mesh import Mesh
 from tessera.ir.reduction_kinds import KINDS, NAMES
 from tessera.ir.sharding import Sharding
-from tessera.ops import op_def
+from tessera.opdefs import op_def
 from tessera.passes.lower_graph_to_schedule import LowerGraphToSchedulePass
 
 
@@ -535,7 +535,7 @@ func.func @f(%x: tensor<2xi32>) -> tensor<2xi32> attributes {{graph.partitioned}
 
 def test_axis_index_has_no_value_in_the_global_view() -> None:
     from tessera.ir import graph
-    from tessera.ops import op_def
+    from tessera.opdefs import op_def
 
     with pytest.raises(ExecutionError, match=r"graph\.axis_index has a value per rank"):
         op_def(graph.AxisIndexOp).reference(

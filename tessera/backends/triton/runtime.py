@@ -34,7 +34,7 @@ from tessera.codegen.kernels import pointer_constants, position_axes
 from tessera.errors import ExecutionError
 from tessera.ir import schedule, tile
 from tessera.ir.abstract import AbstractTensor
-from tessera.ops import op_def
+from tessera.opdefs import op_def
 from tessera.perf.compute_cost import runs_as_view, runs_on_host
 
 

@@ -21,10 +21,10 @@ from tessera.ir.dense import dense_to_numpy, first_value
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import elementwise
 from tessera.ir.tile import compute_element
-from tessera.ops.registry import NOT_LINEAR, Cotangents, Fusion, IndexMap, bound, register
+from tessera.opdefs.registry import NOT_LINEAR, Cotangents, Fusion, IndexMap, bound, register
 
 if TYPE_CHECKING:
-    from tessera.ops.registry import Index, TileEvaluator
+    from tessera.opdefs.registry import Index, TileEvaluator
 
 
 def _constant_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:

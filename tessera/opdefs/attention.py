@@ -34,7 +34,7 @@ from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import FactorKind, Rule, RuleBuilder, ShardingRule
 from tessera.ir.zigzag import zigzag_order
-from tessera.ops.registry import NOT_LINEAR, Cotangents, Fusion, Kernel, bound, register
+from tessera.opdefs.registry import NOT_LINEAR, Cotangents, Fusion, Kernel, bound, register
 
 FORWARD_OPERANDS = 3  # q, k, v; then the optional positions q0, k0
 BACKWARD_OPERANDS = 6  # q, k, v, do, lse, delta; then the optional positions

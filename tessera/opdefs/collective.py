@@ -11,7 +11,7 @@ Communicating collectives become ``schedule.start`` / ``schedule.wait`` pairs;
 like a layout op, at this rank's offset. ``collective_permute`` moves one rank's block
 to another (XLA's source-target pairs; ranks that are no target receive zeros): it
 exists only in partitioned programs, where ``shard-partition`` builds block moves of it
-(:mod:`tessera.ir.block_moves`); on a global value it has no meaning.
+(:mod:`tessera.transforms.block_moves`); on a global value it has no meaning.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tessera.ir.abstract import aval
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.reduction_kinds import KINDS, NAMES
 from tessera.ir.sharding import Sharding
-from tessera.ops.registry import (
+from tessera.opdefs.registry import (
     Cotangents,
     Fusion,
     IndexMap,
@@ -44,7 +44,7 @@ from tessera.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from tessera.ops.registry import Index, TileEvaluator
+    from tessera.opdefs.registry import Index, TileEvaluator
 
 Dims = list[list[str]]
 Values = list[torch.Tensor]  # one tensor per member of a rank group, in group order

@@ -31,11 +31,11 @@ from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import FactorKind, RuleBuilder, ShardingRule
-from tessera.ops.registry import NOT_LINEAR, Cotangents, Fusion, IndexMap, bound, register
-from tessera.ops.top_k import HOST_TILE
+from tessera.opdefs.registry import NOT_LINEAR, Cotangents, Fusion, IndexMap, bound, register
+from tessera.opdefs.top_k import HOST_TILE
 
 if TYPE_CHECKING:
-    from tessera.ops.registry import Index, TileEvaluator
+    from tessera.opdefs.registry import Index, TileEvaluator
 
 # --- sharding ---------------------------------------------------------------------------
 

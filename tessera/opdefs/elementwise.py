@@ -27,7 +27,7 @@ from tessera.ir.dense import first_value, is_splat
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import elementwise
 from tessera.ir.tile import compute_element, element_type, is_float
-from tessera.ops.registry import (
+from tessera.opdefs.registry import (
     NOT_LINEAR,
     Cotangents,
     Fusion,

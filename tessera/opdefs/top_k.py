@@ -18,7 +18,7 @@ from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import FactorKind, RuleBuilder, ShardingRule
-from tessera.ops.registry import NOT_LINEAR, Cotangents, Fusion, NotApplicable, bound, register
+from tessera.opdefs.registry import NOT_LINEAR, Cotangents, Fusion, NotApplicable, bound, register
 
 HOST_TILE = NotApplicable("computed on the host by its reference (Fusion.HOST)")
 

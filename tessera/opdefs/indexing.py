@@ -31,10 +31,10 @@ from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding import MeshLike, Sharding
 from tessera.ir.sharding_rules import FactorKind, RuleBuilder, ShardingRule
-from tessera.ops.registry import Cotangents, Fusion, IndexMap, Partition, bound, register
+from tessera.opdefs.registry import Cotangents, Fusion, IndexMap, Partition, bound, register
 
 if TYPE_CHECKING:
-    from tessera.ops.registry import Index, TileEvaluator
+    from tessera.opdefs.registry import Index, TileEvaluator
 
 
 def _gather_sharding(

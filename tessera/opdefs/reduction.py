@@ -22,7 +22,7 @@ from tessera.ir.abstract import aval
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.reduction_kinds import KINDS, ReductionKind
 from tessera.ir.sharding_rules import reduction
-from tessera.ops.registry import (
+from tessera.opdefs.registry import (
     NOT_LINEAR,
     Cotangents,
     Fusion,
@@ -36,7 +36,7 @@ from tessera.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from tessera.ops.registry import TileEvaluator
+    from tessera.opdefs.registry import TileEvaluator
 
 
 def _keepdims(b: GradBuilder, ct: SSAValue, x: SSAValue, axes: Sequence[int]) -> SSAValue:

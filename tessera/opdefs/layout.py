@@ -29,7 +29,7 @@ from tessera.ir.sharding_rules import (
     ShardingRule,
     elementwise,
 )
-from tessera.ops.registry import (
+from tessera.opdefs.registry import (
     Cotangents,
     Fusion,
     IndexMap,
@@ -41,7 +41,7 @@ from tessera.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from tessera.ops.registry import Index, TileEvaluator
+    from tessera.opdefs.registry import Index, TileEvaluator
 
 
 def _register(

@@ -1,14 +1,14 @@
 """Op definitions: everything the compiler knows about each graph op, in one place.
 
 Each family module declares, together, its ops' sharding rule, linearity, VJP, torch
-reference, tile code and fusion class (:func:`tessera.ops.registry.register`); importing
+reference, tile code and fusion class (:func:`tessera.opdefs.registry.register`); importing
 this package registers every op. Passes, codegen, backends and autodiff look ops up with
 :func:`op_def` instead of keeping their own per-op tables.
 """
 
 from __future__ import annotations
 
-from tessera.ops import (  # noqa: F401  (registers the ops)
+from tessera.opdefs import (  # noqa: F401  (registers the ops)
     attention,
     collective,
     constant,
@@ -22,7 +22,7 @@ from tessera.ops import (  # noqa: F401  (registers the ops)
     reduction,
     top_k,
 )
-from tessera.ops.registry import (
+from tessera.opdefs.registry import (
     LOCAL,
     NOT_LINEAR,
     Fusion,

@@ -2,9 +2,9 @@
 
 It has no value in the global view: ``shard-partition`` makes it, in the per-rank program,
 for the offset of this rank's slice of a split axis (a vocabulary-parallel lookup). Its
-reference is a :class:`~tessera.ops.RankReference` (the virtual mesh and the reference
+reference is a :class:`~tessera.opdefs.RankReference` (the virtual mesh and the reference
 kernels give it each rank's position); in a kernel it is one more ``i32`` argument, this
-rank's index along its axes (a :class:`~tessera.ops.RankIndexMap`, like ``all_slice``'s
+rank's index along its axes (a :class:`~tessera.opdefs.RankIndexMap`, like ``all_slice``'s
 offset). Like a constant, it joins no kernel group: each kernel using it gets a copy.
 """
 
@@ -21,7 +21,7 @@ from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import RuleBuilder, ShardingRule
-from tessera.ops.registry import (
+from tessera.opdefs.registry import (
     Cotangents,
     Fusion,
     NotApplicable,
@@ -32,7 +32,7 @@ from tessera.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from tessera.ops.registry import Index, TileEvaluator
+    from tessera.opdefs.registry import Index, TileEvaluator
 
 
 def _no_factors(

@@ -13,7 +13,7 @@ dialect definition (syntax, verification and shape rule stay on the IRDL class i
   (:func:`on_operands` makes one of a plain torch function, :func:`bound` one that reads
   the op's attributes once; :func:`bind_reference` gives the function of the tensors
   alone that launch plans call; a collective's also has per-rank group semantics,
-  ``tessera.ops.collective.CollectiveReference``);
+  ``tessera.opdefs.collective.CollectiveReference``);
 - ``tile``: how a kernel computes it (:class:`Pointwise`, :class:`IndexMap`,
   :class:`RowReduction`, or a dedicated :class:`Kernel` class), or why none does;
 - ``fusion``: its class for kernel grouping (:class:`Fusion`);

@@ -33,7 +33,7 @@ from tessera.ir.sharding_rules import (
     statistic_along_axes,
     statistic_along_axis,
 )
-from tessera.ops.registry import (
+from tessera.opdefs.registry import (
     NOT_LINEAR,
     Cotangents,
     Fusion,
@@ -47,7 +47,7 @@ from tessera.ops.registry import (
 
 if TYPE_CHECKING:
     from tessera.ir.tile_builder import TileBuilder
-    from tessera.ops.registry import TileEvaluator
+    from tessera.opdefs.registry import TileEvaluator
 
 
 Row = Callable[..., SSAValue]  # RowReduction.fn: (ev, op, x, mask, width) -> value

@@ -41,7 +41,7 @@ The step's program donates the parameters and optimizer state (``donate_argnums`
 values into the tensors of the :class:`TrainState`. On the virtual mesh these are the
 user's parameter tensors, updated in place as torch optimizers do; under ``tessera run``
 each process holds and updates its rank's shards only (``DistTensor``; see
-:mod:`tessera.training_state`), and :meth:`TrainingStep.gather` /
+:mod:`tessera.training.state`), and :meth:`TrainingStep.gather` /
 :meth:`TrainingStep.state_dict` give every rank the whole state.
 """
 
@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from tessera import numerics as numerics_policy
-from tessera import op, sharded_checkpoint
+from tessera import op
 from tessera.backends import distributed
 from tessera.dist.collectives import shard
 from tessera.dist.shard_spec import ShardSpec, check_shard_specs
@@ -66,15 +66,16 @@ from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor
-from tessera.grad_accumulation import accumulate_microbatches
-from tessera.grad_clip import clip_by_global_norm
 from tessera.ir.mesh import Mesh
-from tessera.ir.remat import RematPolicy
 from tessera.ir.sharding import Sharding
 from tessera.jit_function import JitFunction, broadcast_prefix, check_call
-from tessera.mixed_precision import LossScaled, Precision, to_compute, widened
 from tessera.program import Lowered, MemoryStats, ModelStateMemory
-from tessera.training_state import TrainState, gathered, rank_shards, write_result
+from tessera.training import checkpoint
+from tessera.training.accumulation import accumulate_microbatches
+from tessera.training.grad_clip import clip_by_global_norm
+from tessera.training.mixed_precision import LossScaled, Precision, to_compute, widened
+from tessera.training.state import TrainState, gathered, rank_shards, write_result
+from tessera.transforms.remat import RematPolicy
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -173,7 +174,7 @@ class TrainingStep:
         ``clip_grad_norm`` the global norm the gradients are clipped to (metric
         ``"grad_norm"``: their norm before), ``accumulate`` the microbatches each batch is
         cut into (gradients averaged), ``precision`` the mixed-precision policy
-        (``graph.Precision``, or ``"bf16"`` / ``"fp16"``: :mod:`tessera.mixed_precision`),
+        (``graph.Precision``, or ``"bf16"`` / ``"fp16"``: :mod:`tessera.training.mixed_precision`),
         ``numerics`` the step's numerics policy (``"fast"`` or ``"deterministic"``;
         default the global one: :mod:`tessera.numerics`), ``cuda_graphs`` whether the
         step replays from a CUDA graph (``ts.jit``'s option; not for pipelined steps)."""
@@ -292,16 +293,16 @@ class TrainingStep:
     def save(self, state: TrainState, path: str | Path) -> None:
         """Writes ``state`` (parameters, optimizer state, step, torch RNG) to the directory
         ``path`` as a sharded, atomic ``torch.distributed.checkpoint``
-        (:mod:`tessera.sharded_checkpoint`; a collective under ``tessera run``)."""
+        (:mod:`tessera.training.checkpoint`; a collective under ``tessera run``)."""
         leaves, paths = self._named_leaves(state)
-        sharded_checkpoint.save(leaves, paths, state.step, path)
+        checkpoint.save(leaves, paths, state.step, path)
 
     def restore(self, state: TrainState, path: str | Path) -> TrainState:
         """Fills ``state`` (from :meth:`init`, on this step's mesh) with the checkpoint at
         ``path``, saved on any mesh (resharded on load); returns it."""
         leaves, paths = self._named_leaves(state)
         try:
-            state.step = sharded_checkpoint.restore(leaves, paths, path)
+            state.step = checkpoint.restore(leaves, paths, path)
         except TesseraError as error:
             raise TesseraError(f"{self.__name__}.restore: {error}") from None
         return state
@@ -340,7 +341,7 @@ class TrainingStep:
 
     def _placed(self, state: TrainState) -> TrainState:
         """``state`` as this process keeps it: under ``tessera run`` its leaves become this
-        rank's shards (in place; see :mod:`tessera.training_state`)."""
+        rank's shards (in place; see :mod:`tessera.training.state`)."""
         if not self._processes():
             return state
         assert self.mesh is not None

@@ -16,7 +16,7 @@ from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.sharding_rules import FactorKind, RuleBuilder, ShardingRule
-from tessera.ops.registry import Cotangents, Fusion, Kernel, on_operands, register
+from tessera.opdefs.registry import Cotangents, Fusion, Kernel, on_operands, register
 
 
 def _matmul_sharding(
