@@ -36,7 +36,11 @@ from tessera.opdefs import (
 from tessera.opdefs.collective import CollectiveReference, on_group
 
 # Ops of the dialect that compute nothing, so have no op definition, and why.
-STRUCTURAL = {graph.MeshOp: "a module-level symbol naming the device mesh; it has no value"}
+STRUCTURAL = {
+    graph.MeshOp: "a module-level symbol naming the device mesh; it has no value",
+    graph.CallOp: "a call of a region: every pass handles it through its callee",
+    graph.ScanOp: "a loop over a region's steps: every pass handles it through its callee",
+}
 
 FIELDS = [f.name for f in fields(OpDef) if f.name != "op_type"]
 REQUIRED = [f.name for f in fields(OpDef) if f.name != "op_type" and f.default is MISSING]
