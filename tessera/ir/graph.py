@@ -949,33 +949,13 @@ class CallOp(GraphOp):
             )
 
     def print(self, printer: Printer) -> None:
-        printer.print_string(f" @{self.callee_name}(")
-        printer.print_list(self.operands, printer.print_operand)
-        printer.print_string(")")
-        printer.print_op_attributes(self.attributes, print_keyword=True)
-        printer.print_string(" : (")
-        printer.print_list([v.type for v in self.operands], printer.print_attribute)
-        printer.print_string(") -> (")
-        printer.print_list([r.type for r in self.results], printer.print_attribute)
-        printer.print_string(")")
+        print_call_like(self, printer, {})
 
     @classmethod
     def parse(cls, parser: Parser) -> CallOp:
-        callee = parser.parse_symbol_name().data
-        operands = parser.parse_comma_separated_list(
-            parser.Delimiter.PAREN, parser.parse_unresolved_operand
-        )
-        attributes = parser.parse_optional_attr_dict_with_keyword()
-        parser.parse_punctuation(":")
-        types = parser.parse_comma_separated_list(parser.Delimiter.PAREN, parser.parse_type)
-        parser.parse_punctuation("->")
-        results = parser.parse_comma_separated_list(parser.Delimiter.PAREN, parser.parse_type)
-        if len(types) != len(operands):
-            parser.raise_error(f"expected {len(operands)} operand types, found {len(types)}")
-        values = [parser.resolve_operand(o, t) for o, t in zip(operands, types, strict=True)]
+        callee, values, results, _, attributes = parse_call_like(parser)
         op = CallOp.get(callee, values, results)
-        if attributes:
-            op.attributes.update(attributes.data)
+        op.attributes.update(attributes)
         return op
 
 
@@ -1078,8 +1058,64 @@ def parse_call_like(
     return callee, values, results, properties, dict(attributes.data) if attributes else {}
 
 
+class ScanLike:
+    """What ``graph.scan`` and ``schedule.scan`` share: their properties, as Python
+    values, and their syntax."""
+
+    @staticmethod
+    def properties_of(
+        callee: str, length: int, carries: int, reverse: bool
+    ) -> dict[str, Attribute]:
+        return {
+            "callee": SymbolRefAttr(callee),
+            "length": IntegerAttr(length, 64),
+            "carries": IntegerAttr(carries, 64),
+            "reverse": BoolAttr(reverse, IntegerType(1)),
+        }
+
+    @property
+    def callee_name(self) -> str:
+        return self.callee.root_reference.data  # type: ignore[attr-defined]
+
+    @property
+    def steps(self) -> int:
+        return self.length.value.data  # type: ignore[attr-defined]
+
+    @property
+    def carry_count(self) -> int:
+        return self.carries.value.data  # type: ignore[attr-defined]
+
+    @property
+    def reversed(self) -> bool:
+        return bool(self.reverse.value.data)  # type: ignore[attr-defined]
+
+    def verify_scan(self) -> None:
+        function = CallOp.callee_function(self)  # type: ignore[arg-type]
+        if function is None and _in_module(self):  # type: ignore[arg-type]
+            raise VerifyException(f"{self.name}: no function @{self.callee_name} in the module")  # type: ignore[attr-defined]
+        verify_scan(self, function, self.steps, self.carry_count)  # type: ignore[arg-type]
+
+    def print(self, printer: Printer) -> None:
+        properties = {"carries": self.carry_count, "length": self.steps, "reverse": self.reversed}
+        print_call_like(self, printer, properties)  # type: ignore[arg-type]
+
+    @classmethod
+    def parse(cls, parser: Parser) -> Any:
+        callee, values, results, properties, attributes = parse_call_like(parser)
+        op = cls.create(  # type: ignore[attr-defined]
+            operands=values,
+            result_types=results,
+            properties=cls.properties_of(
+                callee, properties.get("length", 1), properties.get("carries", 0),
+                bool(properties.get("reverse", False)),
+            ),
+        )  # fmt: skip
+        op.attributes.update(attributes)
+        return op
+
+
 @irdl_op_definition
-class ScanOp(GraphOp):
+class ScanOp(ScanLike, GraphOp):
     """A loop over ``length`` steps of a region (``graph.scan``): ``@callee(carries,
     slices) -> (carries, per-step results)``. The first ``carries`` operands are the
     initial carries, each other operand stacks the steps' slices on dim 0; the results
@@ -1109,52 +1145,14 @@ class ScanOp(GraphOp):
         return ScanOp.create(
             operands=list(operands),
             result_types=list(result_types),
-            properties={
-                "callee": SymbolRefAttr(callee),
-                "length": IntegerAttr(length, 64),
-                "carries": IntegerAttr(carries, 64),
-                "reverse": BoolAttr(reverse, IntegerType(1)),
-            },
+            properties=ScanLike.properties_of(callee, length, carries, reverse),
         )
-
-    @property
-    def callee_name(self) -> str:
-        return self.callee.root_reference.data
-
-    @property
-    def steps(self) -> int:
-        return self.length.value.data
-
-    @property
-    def carry_count(self) -> int:
-        return self.carries.value.data
-
-    @property
-    def reversed(self) -> bool:
-        return bool(self.reverse.value.data)
 
     def callee_function(self) -> FuncOp | None:
         return CallOp.callee_function(self)  # type: ignore[arg-type]
 
     def verify_(self) -> None:
-        function = self.callee_function()
-        if function is None and _in_module(self):
-            raise VerifyException(f"graph.scan: no function @{self.callee_name} in the module")
-        verify_scan(self, function, self.steps, self.carry_count)
-
-    def print(self, printer: Printer) -> None:
-        properties = {"carries": self.carry_count, "length": self.steps, "reverse": self.reversed}
-        print_call_like(self, printer, properties)
-
-    @classmethod
-    def parse(cls, parser: Parser) -> ScanOp:
-        callee, values, results, properties, attributes = parse_call_like(parser)
-        op = ScanOp.get(
-            callee, values, results, properties.get("length", 1), properties.get("carries", 0),
-            bool(properties.get("reverse", False)),
-        )  # fmt: skip
-        op.attributes.update(attributes)
-        return op
+        self.verify_scan()
 
 
 def _in_module(op: Operation) -> bool:

@@ -75,7 +75,6 @@ from xdsl.dialects.builtin import (
     FunctionType,
     IntAttr,
     IntegerAttr,
-    IntegerType,
     ModuleOp,
     StringAttr,
     SymbolRefAttr,
@@ -1143,7 +1142,7 @@ def _check_order(
 
 
 @irdl_op_definition
-class ScanOp(IRDLOperation):
+class ScanOp(graph.ScanLike, IRDLOperation):
     """``graph.scan`` in a scheduled function: ``length`` steps of the scheduled
     ``@callee``, its carries threaded through, the other operands sliced on dim 0 and
     the other results stacked on dim 0 (from the last step with ``reverse``)::
@@ -1167,45 +1166,8 @@ class ScanOp(IRDLOperation):
             properties={k: op.properties[k] for k in ("callee", "length", "carries", "reverse")},
         )
 
-    @property
-    def callee_name(self) -> str:
-        return self.callee.root_reference.data
-
-    @property
-    def steps(self) -> int:
-        return self.length.value.data
-
-    @property
-    def carry_count(self) -> int:
-        return self.carries.value.data
-
-    @property
-    def reversed(self) -> bool:
-        return bool(self.reverse.value.data)
-
     def verify_(self) -> None:
-        function = graph.CallOp.callee_function(self)  # type: ignore[arg-type]
-        graph.verify_scan(self, function, self.steps, self.carry_count)
-
-    def print(self, printer: Printer) -> None:
-        properties = {"carries": self.carry_count, "length": self.steps, "reverse": self.reversed}
-        graph.print_call_like(self, printer, properties)
-
-    @classmethod
-    def parse(cls, parser: Parser) -> ScanOp:
-        callee, values, results, properties, attributes = graph.parse_call_like(parser)
-        op = ScanOp.create(
-            operands=values,
-            result_types=results,
-            properties={
-                "callee": SymbolRefAttr(callee),
-                "length": IntegerAttr(properties.get("length", 1), 64),
-                "carries": IntegerAttr(properties.get("carries", 0), 64),
-                "reverse": BoolAttr(bool(properties.get("reverse", False)), IntegerType(1)),
-            },
-        )
-        op.attributes.update(attributes)
-        return op
+        self.verify_scan()
 
 
 Schedule = Dialect(

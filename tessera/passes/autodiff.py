@@ -178,12 +178,7 @@ def _call_vjp(
     derivative = _derivative(table, op.callee_name, policy)
     forward_types = table.get(derivative.forward).function_type.outputs.data
     forward = graph.CallOp.get(derivative.forward, list(op.operands), forward_types)
-    forward.location = op.location
-    forward.attributes.update({k: v for k, v in op.attributes.items() if k != CHECKPOINT})
-    Rewriter.insert_op(forward, InsertPoint.after(op))
-    count = len(op.results)
-    for old, new in zip(op.results, forward.results[:count], strict=True):
-        old.replace_all_uses_with(new)
+    count = _take_over(op, forward)
     seeds = [
         cts[i] if cts[i] is not None else b.zeros_like(forward.results[i])
         for i in derivative.float_results
@@ -217,12 +212,7 @@ def _scan_vjp(
         [*step_types[:carries], *(graph.scan_stack(t, length) for t in step_types[carries:])],
         length, carries, op.reversed,
     )  # fmt: skip
-    forward.location = op.location
-    forward.attributes.update({k: v for k, v in op.attributes.items() if k != CHECKPOINT})
-    Rewriter.insert_op(forward, InsertPoint.after(op))
-    count = len(op.results)
-    for old, new in zip(op.results, forward.results[:count], strict=True):
-        old.replace_all_uses_with(new)
+    count = _take_over(op, forward)
     saved = list(forward.results[count:])  # residuals, then the carries received
     residuals, received = saved[: len(saved) - carries], saved[len(saved) - carries :]
     seeds = [
@@ -242,6 +232,18 @@ def _scan_vjp(
     for index, grad in zip(derivative.float_arguments, backward.results, strict=True):
         operand_cts[index] = grad
     return operand_cts
+
+
+def _take_over(op: Operation, forward: Operation) -> int:
+    """Puts ``forward`` (a call of the derivative's forward) after ``op`` in its place:
+    ``op``'s users read ``forward``'s leading results instead (``op``, dead, goes at the
+    next ``dce``). Returns how many results ``op`` had."""
+    forward.location = op.location
+    forward.attributes.update({k: v for k, v in op.attributes.items() if k != CHECKPOINT})
+    Rewriter.insert_op(forward, InsertPoint.after(op))
+    for old, new in zip(op.results, forward.results[: len(op.results)], strict=True):
+        old.replace_all_uses_with(new)
+    return len(op.results)
 
 
 def _derivative(
