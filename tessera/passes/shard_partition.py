@@ -90,9 +90,12 @@ class ShardPartitionPass(ModulePass):
             raise ShardingError(
                 f"shard-partition: context must be auto, ring or all_gather, found {self.context!r}"
             )
+        called = graph.called_functions(op)
         for mesh_name, mesh, function in sharded_functions(op, self.name):
             if graph.PARTITIONED not in function.attributes:
-                _Partitioner(mesh, mesh_name, function, self.context, self.topology).run()
+                partitioner = _Partitioner(mesh, mesh_name, function, self.context, self.topology)
+                partitioner.in_region = function.sym_name.data in called
+                partitioner.run()
 
 
 class _Partitioner:
@@ -115,6 +118,7 @@ class _Partitioner:
         self.starts: dict[tuple[tuple[str, ...], int], SSAValue] = {}  # rank starts
         self.zero: SSAValue | None = None  # the 0 of position operands created here
         self.rules: dict[Operation, ShardingRule] = {}  # read while the types are global
+        self.in_region = False  # a function graph.call / graph.scan ops call
 
     def local(self, value: SSAValue, sharding: Sharding) -> AbstractTensor:
         typ = aval(value)
@@ -279,6 +283,15 @@ class _Partitioner:
         in to their own (see the module docstring)."""
         have = [self.sharding_of(v) for v in op.operands]
         assignment = assignment_of(rule, have)
+        if self.in_region and any(
+            axes and rule.factors[f].kind == FactorKind.CONTEXT for f, axes in assignment.items()
+        ):
+            raise LocatedPassFailure(
+                op,
+                f"shard-partition: {op.name} with its sequence split over the mesh (context "
+                f"parallelism) inside graph.region / graph.scan @{self.function.sym_name.data} "
+                f"is not supported yet; call these layers unrolled on a mesh with a cp axis",
+            )
         ring = ring_plan(op, rule, assignment, have, self.mesh)
         if ring is not None and self._rings(op, ring):
             computed = list(ring.layouts.results)

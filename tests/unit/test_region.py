@@ -267,3 +267,19 @@ def test_collectives_simulation_and_memory_count_every_call() -> None:
     assert region_count == count + 1
     assert 0.8 * time < region_time < 1.5 * time
     assert 0.8 * peak < region_peak < 1.25 * peak
+
+
+def test_context_parallel_attention_inside_a_region_is_refused_by_name() -> None:
+    """Ring or all-gather attention over a split sequence inside a region is not
+    supported yet: an error naming it, not a wrong program."""
+    mesh = dist.mesh({"cp": 2})
+
+    @graph.region
+    def attend(q, k, v):
+        return op.attention(q, k, v, causal=True)
+
+    seq = dist.ShardSpec(partition=(2,), mesh_axes=("cp",))
+    f = ts.jit(attend, mesh=mesh, in_shardings=(seq, seq, seq), kernels="reference")
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(Exception, match=r"context parallelism\) inside graph\.region"):
+        f(q, q, q)
