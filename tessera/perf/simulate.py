@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import SSAValue
+from xdsl.ir import Operation, SSAValue
 
 from tessera import numerics as numerics_policy
 from tessera.errors import TesseraError
@@ -115,9 +115,13 @@ def simulate(
     mesh: Mesh | None,
     topology: Topology | str | None = None,
     numerics: str | None = None,
+    only: Collection[Operation] | None = None,
 ) -> Simulation:
     """Simulates ``@name`` of a scheduled ``module`` over ``mesh`` on ``topology``, its
-    reductions as the ``numerics`` mode runs them (default: the mode in force)."""
+    reductions as the ``numerics`` mode runs them (default: the mode in force).
+
+    ``only``: the ops of ``@name`` to run (say, the forward part of a gradient program:
+    the ops its forward result depends on); by default all of them."""
     deterministic = (numerics_policy.mode() if numerics is None else numerics) == "deterministic"
     if topology is None:
         topology = default_topology(mesh)
@@ -134,8 +138,8 @@ def simulate(
             f"simulate: the mesh has {ranks} ranks but topology {topology.name!r} has only "
             f"{topology.num_devices} devices"
         )
-    timed = _Run(function, mesh, topology, ranks, deterministic, free_communication=False)
-    free = _Run(function, mesh, topology, ranks, deterministic, free_communication=True)
+    timed = _Run(function, mesh, topology, ranks, deterministic, False, only)
+    free = _Run(function, mesh, topology, ranks, deterministic, True, only)
     return Simulation(
         topology=topology.name,
         events=tuple(timed.events),
@@ -172,6 +176,7 @@ class _Run:
         ranks: int,
         deterministic: bool,
         free_communication: bool,
+        only: Collection[Operation] | None = None,
     ):
         self.topology = topology
         self.deterministic = deterministic  # sums over ranks added in mesh order
@@ -188,11 +193,16 @@ class _Run:
         self.functions = {
             f.sym_name.data: f for f in (module.ops if module is not None else ()) if isinstance(f, func.FuncOp)
         }  # fmt: skip
-        self._run(function)
+        self._run(function, only)
 
-    def _run(self, function: func.FuncOp) -> list[SSAValue]:
-        """Simulates ``function``'s ops in order; returns the values it returns."""
+    def _run(
+        self, function: func.FuncOp, only: Collection[Operation] | None = None
+    ) -> list[SSAValue]:
+        """Simulates ``function``'s ops (those in ``only``, where given) in order; returns
+        the values it returns."""
         for op in function.body.block.ops:
+            if only is not None and op not in only and not isinstance(op, func.ReturnOp):
+                continue
             if isinstance(op, schedule.KernelOp):
                 self._kernel(op)
             elif isinstance(op, schedule.StartOp):

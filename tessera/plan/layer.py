@@ -10,10 +10,10 @@ the dense layer its tokens see: an MLP of ``(top_k + shared) · expert_ffn`` (th
 matmul FLOPs per token); expert parallelism's all-to-alls are priced analytically by the
 caller.
 
-:func:`profile_layer` compiles the layer's forward and its gradient (``ts.grad``) at the
-model's real widths from abstract arrays (``device="meta"``: shapes and dtypes, no data),
-runs the Schedule IR passes, and reads from them: the simulated forward and
-forward-and-backward time on the cluster (``tessera.perf.simulate``); the *saved
+:func:`profile_layer` compiles the layer's gradient (``ts.grad``) at the model's real
+widths from abstract arrays (``device="meta"``: shapes and dtypes, no data), runs the
+Schedule IR passes, and reads from them: the simulated time of its forward (the ops the
+layer's output depends on, :func:`forward_ops`) and of the whole program on the cluster (``tessera.perf.simulate``); the *saved
 activations* (:func:`saved_activations`: the per-rank values the scheduled gradient
 program's forward kernels make and its backward kernels read, the bytes one layer keeps
 per microbatch in flight);
@@ -33,7 +33,7 @@ distinct layer program once.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,8 +188,9 @@ def layer_mesh(shape: LayerShape) -> dist.Mesh:
 
 def compile_layer(
     shape: LayerShape, dtype: torch.dtype = torch.bfloat16, device: str = "meta"
-) -> tuple[Callable[..., Any], Callable[..., Any], tuple[Any, ...]]:
-    """The jitted forward and gradient of the layer and their example arguments."""
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The jitted gradient of the layer (its loss's, with the layer's output as ``has_aux``)
+    and its example arguments."""
     x_spec, specs = layer_shardings(shape)
     mesh = layer_mesh(shape)
     params = {
@@ -198,24 +199,40 @@ def compile_layer(
     x = torch.empty(shape.micro_batch, shape.seq, shape.hidden, dtype=dtype, device=device)
     static = (shape.heads, shape.kv_heads, shape.mlp, x_spec if shape.sp else None)
     shardings = (x_spec, specs, None, None, None, None)
-    statics = (2, 3, 4, 5)
-    layer = layer_of(shape)
-    forward = jit(layer, static_argnums=statics, mesh=mesh, in_shardings=shardings)
     gradient = jit(
-        grad(_loss_of(layer), argnums=(0, 1), has_aux=True), static_argnums=statics,
-        mesh=mesh, in_shardings=shardings,
+        grad(_loss_of(layer_of(shape)), argnums=(0, 1), has_aux=True),
+        static_argnums=(2, 3, 4, 5), mesh=mesh, in_shardings=shardings,
     )  # fmt: skip
-    return forward, gradient, (x, params, *static)
+    return gradient, (x, params, *static)
 
 
 def _argument_bytes(module: Any, name: str) -> int:
-    function = next(o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == name)
+    function = _function(module, name)
     args = sum(AbstractTensor.from_xdsl(a.type).nbytes for a in function.body.block.args)
     results = sum(AbstractTensor.from_xdsl(t).nbytes for t in function.function_type.outputs)
     return args + results
 
 
 VIEWS = ("graph.reshape", "graph.shard")  # results that alias their operand
+
+
+def _function(module: Any, name: str) -> func.FuncOp:
+    return next(o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == name)
+
+
+def forward_ops(function: func.FuncOp) -> set[Operation]:
+    """The ops of a gradient program of :func:`layer_loss` that its last result (the
+    layer's output) depends on: the layer's forward, as the gradient program runs it."""
+    output = list(function.body.block.ops)[-1].operands[-1]
+    forward: set[Operation] = set()
+    stack = [output.owner] if isinstance(output.owner, Operation) else []
+    while stack:
+        node = stack.pop()
+        if node in forward:
+            continue
+        forward.add(node)
+        stack.extend(v.owner for v in node.operands if isinstance(v.owner, Operation))
+    return forward
 
 
 def saved_activations(module: Any, name: str) -> tuple[int, list[tuple[str, int]]]:
@@ -229,18 +246,10 @@ def saved_activations(module: Any, name: str) -> tuple[int, list[tuple[str, int]
     (and the layer input) read by any other op, those computed from parameters alone
     left out (gathered or transposed weights: model state, re-made in the backward). A
     view (reshape, sharding constraint) of a value counts once, as its base."""
-    function = next(o for o in module.ops if isinstance(o, func.FuncOp) and o.sym_name.data == name)
+    function = _function(module, name)
     block = function.body.block
     ops = list(block.ops)
-    output = ops[-1].operands[-1]
-    forward: set[Any] = set()
-    stack = [output.owner] if isinstance(output.owner, Operation) else []
-    while stack:
-        node = stack.pop()
-        if node in forward:
-            continue
-        forward.add(node)
-        stack.extend(v.owner for v in node.operands if isinstance(v.owner, Operation))
+    forward = forward_ops(function)
     x = block.args[0]
     activation: set[Any] = {x}  # values that depend on the layer input
     for node in ops:
@@ -265,33 +274,38 @@ def saved_activations(module: Any, name: str) -> tuple[int, list[tuple[str, int]
     return sum(n for _, n in parts), parts
 
 
-def _attention_flops(module: Any) -> float:
-    """The matmul FLOPs of the attention ops (forward and backward kernels) of a module."""
+def _attention_flops(ops: Iterable[Operation]) -> float:
+    """The matmul FLOPs of the attention ops (forward and backward kernels) in ``ops``."""
     from tessera.ir import graph
     from tessera.perf.compute_cost import attention_flops
 
     return sum(
         attention_flops(o)
-        for o in module.walk()
+        for top in ops
+        for o in top.walk()
         if isinstance(o, graph.AttentionOp | graph.AttentionBackwardOp)
     )
 
 
-_LOWERED: dict[LayerShape, tuple[Any, Any]] = {}
+_LOWERED: dict[LayerShape, Any] = {}
 _PROFILES: dict[tuple[LayerShape, str], LayerProfile] = {}
 
 
-def lowered_layer(shape: LayerShape) -> tuple[Any, Any]:
-    """The lowered forward and gradient programs of ``shape`` (compiled once per shape)."""
+def lowered_layer(shape: LayerShape) -> Any:
+    """The lowered gradient program of ``shape`` (compiled once per shape; the forward is
+    the part of it that the layer's output depends on, :func:`forward_ops`)."""
     if shape not in _LOWERED:
-        forward, gradient, args = compile_layer(shape, getattr(torch, shape.dtype))
-        _LOWERED[shape] = (forward.lower(*args), gradient.lower(*args))
+        gradient, args = compile_layer(shape, getattr(torch, shape.dtype))
+        _LOWERED[shape] = gradient.lower(*args)
     return _LOWERED[shape]
 
 
 def profile_layer(shape: LayerShape, topology: Topology, exact: bool = True) -> LayerProfile:
     """The layer's simulated times and memory on ``topology`` (cached per shape and machine).
 
+    One program is compiled per shape, the gradient: the forward's time is the
+    simulation of its forward ops alone (:func:`forward_ops`), the backward's the whole
+    program's less that.
     ``exact=False`` (a search's screening pass) profiles one sequence per microbatch and
     scales times and bytes by ``micro_batch``; the finalists are profiled exactly."""
     if not exact and shape.micro_batch > 1:
@@ -309,16 +323,21 @@ def profile_layer(shape: LayerShape, topology: Topology, exact: bool = True) -> 
     key = (shape, topology.name + repr(topology.device))
     if key in _PROFILES:
         return _PROFILES[key]
-    lowered_forward, lowered_gradient = lowered_layer(shape)
-    fwd = lowered_forward.simulate(topology)
-    both = lowered_gradient.simulate(topology)
-    gradient_module = lowered_gradient.module_at("schedule")
-    peak = lowered_gradient.memory().peak_bytes
-    live = peak - _argument_bytes(gradient_module, lowered_gradient.name)
-    saved, _ = saved_activations(gradient_module, lowered_gradient.name)
+    from tessera.perf.simulate import simulate
+
+    lowered = lowered_layer(shape)
+    module = lowered.module_at("schedule")
+    function = _function(module, lowered.name)
+    forward = forward_ops(function)
+    fwd = simulate(module, lowered.name, lowered.mesh, topology, only=forward)
+    both = lowered.simulate(topology)
+    peak = lowered.memory().peak_bytes
+    live = peak - _argument_bytes(module, lowered.name)
+    saved, _ = saved_activations(module, lowered.name)
     width = torch.empty((), dtype=getattr(torch, shape.dtype)).element_size()
     local_x = shape.micro_batch * (shape.seq // shape.cp) * shape.hidden * width
     local_x //= shape.tp if shape.sp else 1
+    attention_forward = _attention_flops(forward)
     profile = LayerProfile(
         shape=shape,
         forward_s=fwd.step_time_s,
@@ -328,14 +347,14 @@ def profile_layer(shape: LayerShape, topology: Topology, exact: bool = True) -> 
         stash_bytes=max(saved, local_x),
         input_bytes=local_x,
         work_bytes=max(live, saved),
-        attention_forward_flops=_attention_flops(lowered_forward.module_at("schedule")),
-        attention_backward_flops=_attention_flops(gradient_module)
-        - _attention_flops(lowered_forward.module_at("schedule")),
+        attention_forward_flops=attention_forward,
+        attention_backward_flops=_attention_flops(function.body.block.ops) - attention_forward,
     )
     _PROFILES[key] = profile
     return profile
 
 
 def compiled_count() -> int:
-    """Distinct layer programs (forward and gradient) compiled so far in this process."""
-    return 2 * len(_LOWERED)
+    """Distinct layer programs (one gradient program per shape) compiled so far in this
+    process."""
+    return len(_LOWERED)

@@ -80,7 +80,7 @@ def test_saved_activations_against_megatron(tp: int, sp: bool) -> None:
 
     s, b, h, a = 2048, 1, 4096, 32
     model = load_model(f"layers=2,hidden={h},heads={a},kv_heads={a},ffn={4 * h},vocab=8,mlp=gelu")
-    _, gradient = lowered_layer(LayerShape.of(model, s, b, tp, 1, sp))
+    gradient = lowered_layer(LayerShape.of(model, s, b, tp, 1, sp))
     saved, _ = saved_activations(gradient.module_at("schedule"), gradient.name)
     sbh, lse = s * b * h, 4 * a * s * b / tp
     megatron = sbh * 34 / tp if sp else sbh * (10 + 24 / tp)
