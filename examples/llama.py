@@ -2,10 +2,10 @@
 written with ``tessera.op`` and, independently, with torch: the model of the feature
 matrix (``benchmarks/feature_matrix.py``).
 
-Rotary embeddings use the rotate-half convention (Llama's and ``transformers``'): the
-program computes the cos/sin tables from the positions (``op.cos``, ``op.sin``); the
-torch twin computes them with torch. Under context parallelism the positions are the
-true position of each stored token.
+Rotary embeddings use the rotate-half convention (Llama's and ``transformers``'):
+``op.rope`` computes the cos/sin tables in the program from the positions; the torch
+twin computes them with torch. Under context parallelism the positions are the true
+position of each stored token.
 """
 
 from __future__ import annotations
@@ -84,23 +84,6 @@ def _positions(T: int, zigzag: int | None) -> torch.Tensor:
     return torch.arange(T) if zigzag is None else torch.as_tensor(dist.zigzag_order(T, zigzag))
 
 
-def _traced_rope_tables(config: LlamaConfig, positions: torch.Tensor):
-    """:func:`rope_tables` computed in the program (float64, then the caller casts): only
-    the positions and the frequencies enter it as constants, not ``[T, head_dim]``
-    tables, which every kernel reading them would carry."""
-    half = config.head_dim // 2
-    inv_freq = config.theta ** (-torch.arange(half, dtype=torch.float64) * 2 / config.head_dim)
-    angles = op.constant(positions.to(torch.float64)[:, None]) * op.constant(inv_freq[None, :])
-    angles = op.concat([angles, angles], axis=-1)
-    return op.cos(angles), op.sin(angles)
-
-
-def _rope(x, cos, sin):
-    first, second = op.split(x, 2, axis=-1)
-    rotated = op.concat([-second, first], axis=-1)
-    return x * op.astype(cos, x.dtype) + rotated * op.astype(sin, x.dtype)
-
-
 LAYER_PARAMS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
 
 
@@ -118,14 +101,11 @@ def block(p, x, config: LlamaConfig, zigzag: int | None = None):
     q = op.transpose(op.reshape(h @ p["wq"], (B, T, H, D)), (0, 2, 1, 3))
     k = op.transpose(op.reshape(h @ p["wk"], (B, T, KV, D)), (0, 2, 1, 3))
     v = op.transpose(op.reshape(h @ p["wv"], (B, T, KV, D)), (0, 2, 1, 3))
-    cos, sin = _traced_rope_tables(config, _positions(T, zigzag))
-    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-
-    def repeat_kv(t):  # [B, KV, T, D] -> [B, H, T, D], each kv head shared by H / KV heads
-        t = op.broadcast_to(op.reshape(t, (B, KV, 1, T, D)), (B, KV, H // KV, T, D))
-        return op.reshape(t, (B, H, T, D))
-
-    attn = op.attention(q, repeat_kv(k), repeat_kv(v), causal=True, zigzag=zigzag)
+    positions = _positions(T, zigzag)
+    q, k = (op.rope(t, positions, theta=config.theta) for t in (q, k))
+    # [B, KV, T, D] -> [B, H, T, D]: each kv head shared by H / KV heads
+    k, v = (op.repeat_interleave(t, H // KV, dim=1) for t in (k, v))
+    attn = op.attention(q, k, v, causal=True, zigzag=zigzag)
     x = x + op.reshape(op.transpose(attn, (0, 2, 1, 3)), (B, T, C)) @ p["wo"]
     h = op.rms_norm(x, eps=config.eps, weight=p["mlp_norm"])
     return x + (op.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]

@@ -19,6 +19,12 @@ semantics and Triton kernels from its constituents. They are re-exported by
 ``squeeze``,        ``reshape``
 ``expand_dims``
 ``take_along_axis`` ``equal`` with an iota, ``where`` and ``sum`` (a one-hot pick)
+``repeat``,         ``expand_dims``, ``broadcast_to``, ``reshape`` (per-entry counts: a
+``repeat_interleave`` ``take`` with constant indices)
+``tile``            ``reshape``, ``broadcast_to``, ``reshape``
+``cumsum``          ``matmul`` with a constant triangle of ones (``O(n²)`` on the axis)
+``rope``            ``multiply`` of the positions by constant frequencies, ``cos``,
+                    ``sin``, ``split``, ``multiply``, ``add``/``subtract``, ``concat``
 ==================  =====================================================================
 """
 
@@ -30,9 +36,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from tessera.dtypes import DType
-from tessera.errors import ShapeError, TraceError
+from tessera.errors import ArgumentError, ShapeError, TraceError
 from tessera.frontend.tracer import Tensor, user_location
 from tessera.op import einsum_equation as _einsum
 from tessera.op.primitives import (
@@ -41,12 +48,16 @@ from tessera.op.primitives import (
     _axes,
     _axis,
     _dtype_argument,
+    _integer,
+    _integers,
     _tensors,
     abs,
     add,
     astype,
+    broadcast_to,
     concat,
     constant,
+    cos,
     divide,
     equal,
     exp,
@@ -57,11 +68,16 @@ from tessera.op.primitives import (
     max,
     mean,
     multiply,
+    not_equal,
     reshape,
+    sin,
+    split,
     sqrt,
     stop_gradient,
     subtract,
     sum,
+    swapaxes,
+    take,
     transpose,
     where,
 )
@@ -413,16 +429,272 @@ def take_along_axis(x: Operand, indices: Operand, axis: int | None) -> Tensor:
     return sum(chosen, axis=ax + 1, dtype=tensor.dtype)  # x's dtype, as in numpy
 
 
+def _repeat_counts(repeats: Any, size: int, what: str) -> int | tuple[int, ...]:
+    """``repeats`` as one int or one int per entry of an axis of ``size`` (a ShapeError
+    naming the user's line when negative, traced or of the wrong length)."""
+    if isinstance(repeats, Tensor):
+        raise ShapeError(
+            f"{what}: repeats must be Python or numpy integers (the result's shape depends "
+            f"on them), found the traced {repeats.aval}, at {user_location()}"
+        )
+    if isinstance(repeats, torch.Tensor):
+        repeats = repeats.tolist()
+    if isinstance(repeats, np.ndarray) and repeats.ndim == 0:
+        repeats = repeats.item()
+    counts = _integers(repeats, f"{what}: repeats")
+    if any(c < 0 for c in counts):
+        raise ShapeError(f"{what}: repeats must be >= 0, found {repeats!r}, at {user_location()}")
+    scalar = isinstance(repeats, (int, np.integer)) or len(counts) == 1
+    if scalar:
+        return counts[0]
+    if len(counts) != size:
+        raise ShapeError(
+            f"{what}: expected one repeat count per entry of the axis ({size}), found "
+            f"{len(counts)} in {repeats!r}, at {user_location()}"
+        )
+    return counts
+
+
+def repeat(x: Operand, repeats: Any, axis: int | None = None) -> Tensor:
+    """numpy / ``jnp.repeat`` (torch ``repeat_interleave``): each entry of ``x`` along
+    ``axis`` repeated ``repeats`` times in place (``[a, b] -> [a, a, b, b]``).
+    ``repeats`` is an int or one static int per entry of the axis; ``axis=None``
+    repeats the flattened ``x``. One count: ``expand_dims``, ``broadcast_to``,
+    ``reshape``; per-entry counts: a ``take`` with constant indices."""
+    (tensor,) = _tensors(x)
+    if axis is None:
+        tensor, axis = reshape(tensor, (-1,)), 0
+    ax = _axis(tensor, axis)
+    size = tensor.shape[ax]
+    counts = _repeat_counts(repeats, size, "repeat")
+    if isinstance(counts, tuple):
+        indices = np.repeat(np.arange(size, dtype=np.int64), counts)
+        return take(tensor, constant(indices, DType.i64), axis=ax)
+    if counts == 1:
+        return tensor
+    wide = list(tensor.shape)
+    wide.insert(ax + 1, counts)
+    spread = broadcast_to(expand_dims(tensor, ax + 1), wide)
+    return reshape(spread, [*tensor.shape[:ax], size * counts, *tensor.shape[ax + 1 :]])
+
+
+def repeat_interleave(input: Operand, repeats: Any, dim: int | None = None) -> Tensor:
+    """torch ``repeat_interleave``: :func:`repeat` under torch's names (static
+    ``repeats``: an int or one int per entry of ``dim``)."""
+    return repeat(input, repeats, axis=dim)
+
+
+def tile(x: Operand, reps: int | Sequence[int]) -> Tensor:
+    """numpy / torch ``tile``: ``x`` repeated as a whole ``reps[d]`` times along each dim
+    (``[a, b] -> [a, b, a, b]``). Shorter ``reps`` are padded with 1s on the left; a
+    longer one gives ``x`` leading size-1 dims first. A ``reshape`` inserting a dim
+    before each tiled one, ``broadcast_to`` and a ``reshape``."""
+    (tensor,) = _tensors(x)
+    counts = list(_integers(reps, "tile: reps"))
+    if any(c < 0 for c in counts):
+        raise ShapeError(f"tile: reps must be >= 0, found {reps!r}, at {user_location()}")
+    ndim = builtins.max(len(counts), tensor.ndim)
+    counts = [1] * (ndim - len(counts)) + counts
+    shape = [1] * (ndim - tensor.ndim) + list(tensor.shape)
+    if all(c == 1 for c in counts):
+        return reshape(tensor, shape)
+    narrow, wide = [], []
+    for count, size in zip(counts, shape, strict=True):
+        if count != 1:
+            narrow.append(1)
+            wide.append(count)
+        narrow.append(size)
+        wide.append(size)
+    spread = broadcast_to(reshape(tensor, narrow), wide)
+    return reshape(spread, [c * s for c, s in zip(counts, shape, strict=True)])
+
+
+def cumsum(x: Operand, axis: int | None = None, dtype: Any = None) -> Tensor:
+    """numpy ``cumsum`` (torch ``cumsum``): running sums along ``axis`` (the flattened
+    ``x`` when None). Bools and integers narrower than 64 bits are summed in i64, as
+    numpy and torch do; ``dtype`` sums (and returns) in that dtype instead.
+
+    A matmul with a constant triangle of ones, ``[n, n]`` for an axis of size ``n``:
+    ``O(n²)`` work per row (fine for moderate ``n``: sequence lengths of a few thousand),
+    one batched matmul on tensor cores, sharded and differentiated as a matmul (its
+    gradient is the reversed running sum)."""
+    (tensor,) = _tensors(x)
+    target = _dtype_argument(dtype) if dtype is not None else None
+    if target == DType.i1:  # numpy: a running logical or
+        return not_equal(cumsum(astype(tensor, DType.i1), axis), 0)
+    if target is None:
+        target = DType.i64 if tensor.dtype in (DType.i1, DType.i32) else tensor.dtype
+    tensor = astype(tensor, target)
+    if axis is None:
+        tensor, axis = reshape(tensor, (-1,)), 0
+    ax = _axis(tensor, axis)
+    n = tensor.shape[ax]
+    if n <= 1:
+        return tensor
+    upper = np.triu(np.ones((n, n), dtype=np.int64))  # upper[i, j] = i <= j
+    if ax == tensor.ndim - 1:
+        return matmul(tensor, constant(upper, tensor.dtype))
+    if ax == tensor.ndim - 2:
+        return matmul(constant(upper.T, tensor.dtype), tensor)
+    moved = swapaxes(tensor, ax, -1)
+    return swapaxes(matmul(moved, constant(upper, tensor.dtype)), ax, -1)
+
+
+# --- rotary position embeddings ----------------------------------------------------------------
+
+_ROPE_TYPES = ("default", "linear", "llama3")
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _scaling_value(scaling: dict[str, Any], key: str, kind: str) -> float:
+    if key not in scaling:
+        raise ArgumentError(
+            f"rope: scaling of rope_type {kind!r} needs {key!r} (Hugging Face's "
+            f"rope_scaling), found the keys {sorted(scaling)}, at {user_location()}"
+        )
+    return float(scaling[key])
+
+
+def rope_frequencies(
+    head_dim: int, theta: float = 10000.0, scaling: dict[str, Any] | None = None
+) -> np.ndarray:
+    """The ``head_dim // 2`` inverse frequencies ``theta ** (-2j / head_dim)`` of rotary
+    embeddings, in float64, rescaled as ``scaling`` (Hugging Face's ``rope_scaling``)
+    says: ``None`` or ``{"rope_type": "default"}``; ``"linear"`` (all divided by
+    ``factor``); ``"llama3"`` (Llama 3.1: transformers' ``_compute_llama3_parameters``:
+    wavelengths above ``original_max_position_embeddings / low_freq_factor`` divided by
+    ``factor``, below ``... / high_freq_factor`` kept, smoothly interpolated between)."""
+    inv_freq = 1.0 / float(theta) ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if scaling is None:
+        return inv_freq
+    if not isinstance(scaling, dict):
+        raise ArgumentError(
+            f"rope: scaling must be a dict like Hugging Face's rope_scaling or None, found "
+            f"{scaling!r}, at {user_location()}"
+        )
+    kind = scaling.get("rope_type", scaling.get("type", "default"))  # "type": older configs
+    if kind not in _ROPE_TYPES:
+        raise ArgumentError(
+            f"rope: unsupported rope_type {kind!r} in scaling; supported: "
+            f"{', '.join(_ROPE_TYPES)}, at {user_location()}"
+        )
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / _scaling_value(scaling, "factor", kind)
+    factor, low, high, context = (_scaling_value(scaling, key, kind) for key in _LLAMA3_KEYS)
+    low_freq_wavelen, high_freq_wavelen = context / low, context / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return np.where(medium, smoothed, scaled)
+
+
+def rope(
+    x: Operand,
+    positions: Any,
+    theta: float = 10000.0,
+    scaling: dict[str, Any] | None = None,
+    interleaved: bool = False,
+    *,
+    seq_axis: int = -2,
+) -> Tensor:
+    """Rotary position embeddings (RoPE) of ``x``: each pair of features of the last
+    dim (``head_dim``, even) rotated by ``position * f_j`` for the frequencies ``f_j``
+    of :func:`rope_frequencies` (``theta``, ``scaling``: Hugging Face's
+    ``rope_scaling``, e.g. Llama 3.1's ``{"rope_type": "llama3", "factor": 8.0,
+    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}``).
+
+    Layout: ``x`` is ``[..., seq, head_dim]`` with the sequence at ``seq_axis``: by
+    default transformers' ``[batch, heads, seq, head_dim]``; ``seq_axis=-3`` for
+    ``[batch, seq, heads, head_dim]``. ``positions`` (ints or floats: a traced tensor,
+    a ``range``, a list, a numpy array) is ``[seq]``, or ``[batch, seq]`` with ``batch``
+    ``x``'s dim 0.
+
+    Pairs: the rotate-half convention by default (transformers / Llama / GPT-NeoX:
+    feature ``j`` pairs with ``j + head_dim/2``); ``interleaved=True`` for GPT-J's and
+    Meta's original Llama (features ``2j`` and ``2j+1``). As in transformers, the
+    angles, cos and sin are computed in the program in f32 (f64 for an f64 ``x``; the
+    frequencies are computed in float64 and rounded), then cast to ``x``'s dtype."""
+    (tensor,) = _tensors(x)
+    if not tensor.dtype.is_float or tensor.ndim < 2:
+        raise ShapeError(
+            f"rope: expected a floating tensor [..., seq, head_dim] (rank >= 2), found "
+            f"{tensor.aval} at {user_location()}"
+        )
+    head_dim = tensor.shape[-1]
+    if head_dim % 2:
+        raise ShapeError(
+            f"rope: head_dim (the last dim of x) must be even, found {head_dim} in "
+            f"{tensor.aval} (features rotate in pairs), at {user_location()}"
+        )
+    (seq,) = _normalized([_integer(seq_axis, "rope: seq_axis")], tensor.ndim, "rope", tensor)
+    if seq == tensor.ndim - 1:
+        raise ShapeError(
+            f"rope: seq_axis {seq_axis} is the head_dim axis of {tensor.aval}; the sequence "
+            f"must be another dim, at {user_location()}"
+        )
+    compute = DType.f64 if tensor.dtype == DType.f64 else DType.f32
+    if isinstance(positions, Tensor):
+        where_from = positions.aval
+        pos = astype(positions, compute)
+    else:
+        if isinstance(positions, torch.Tensor):
+            values = positions.detach().cpu().numpy()
+        else:
+            values = np.asarray(list(positions) if isinstance(positions, range) else positions)
+        if values.dtype.kind not in "iuf":
+            raise ShapeError(
+                f"rope: positions must be numbers, found {positions!r}, at {user_location()}"
+            )
+        where_from = f"positions of shape {list(values.shape)}"
+        pos = constant(values, compute)
+    length = tensor.shape[seq]
+    batch_ok = pos.ndim == 2 and seq != 0 and pos.shape[0] in (1, tensor.shape[0])
+    if pos.shape[-1:] != (length,) or not (pos.ndim == 1 or batch_ok):
+        raise ShapeError(
+            f"rope: expected positions [seq] or [batch, seq] with seq = {length} (dim "
+            f"{seq} of x) and batch = {tensor.shape[0]}, found {where_from} for x "
+            f"{tensor.aval}, at {user_location()}"
+        )
+    half = head_dim // 2
+    frequencies = constant(rope_frequencies(head_dim, theta, scaling), compute)
+    angles = multiply(expand_dims(pos, -1), frequencies)  # [(batch,) seq, half]
+    table = [1] * tensor.ndim
+    table[seq], table[-1] = length, half
+    if pos.ndim == 2:
+        table[0] = pos.shape[0]
+    pairs = tensor  # rotate-half: feature j pairs with j + half
+    if interleaved:  # [..., half, 2]: the pairs are (2j, 2j + 1)
+        table.append(1)
+        pairs = reshape(tensor, [*tensor.shape[:-1], half, 2])
+    cos_, sin_ = (reshape(astype(f(angles), tensor.dtype), table) for f in (cos, sin))
+    first, second = split(pairs, 2, axis=-1)
+    rotated = concat(
+        [subtract(first * cos_, second * sin_), add(second * cos_, first * sin_)], axis=-1
+    )
+    return reshape(rotated, tensor.shape) if interleaved else rotated
+
+
 __all__ = [
     "arange",
+    "cumsum",
     "einsum",
     "expand_dims",
     "logsumexp",
     "one_hot",
+    "repeat",
+    "repeat_interleave",
+    "rope",
+    "rope_frequencies",
     "squeeze",
     "stack",
     "std",
     "take_along_axis",
+    "tile",
     "tril",
     "triu",
     "var",
