@@ -30,7 +30,7 @@ if "TRITON_INTERPRET" not in os.environ and not glob.glob("/dev/nvidia[0-9]*"):
     os.environ["TRITON_INTERPRET"] = "1"
 
 if TYPE_CHECKING:
-    from tessera import dist, op
+    from tessera import dist, op, random
     from tessera.jit_function import JitFunction, jit
     from tessera.program import Lowered
 
@@ -41,6 +41,7 @@ _LAZY = {
     "optim": ("tessera.optim", None),
     "schedule": ("tessera.schedule", None),
     "numerics": ("tessera.numerics", None),
+    "random": ("tessera.random", None),
     "jit": ("tessera.jit_function", "jit"),
     "JitFunction": ("tessera.jit_function", "JitFunction"),
     "Lowered": ("tessera.program", "Lowered"),
@@ -78,6 +79,7 @@ __all__ = [
     "numerics",
     "op",
     "optim",
+    "random",
     "schedule",
     "value_and_grad",
 ]

@@ -20,7 +20,7 @@ from xdsl.dialects.builtin import IntegerAttr, i64
 
 from tessera.errors import TraceError
 from tessera.frontend.tracer import current_trace, is_tracing, user_location
-from tessera.transforms.remat import CHECKPOINT
+from tessera.transforms.remat import CHECKPOINT, REGENERATE
 
 
 def checkpoint(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -35,15 +35,29 @@ def checkpoint(fn: Callable[..., Any]) -> Callable[..., Any]:
     def block(*args: Any, **kwargs: Any) -> Any:
         if not is_tracing():
             return fn(*args, **kwargs)
-        trace = current_trace()
-        before = trace.block.last_op
-        result = fn(*args, **kwargs)
-        tag = IntegerAttr(trace.checkpoints, i64)
-        trace.checkpoints += 1
-        op = before.next_op if before is not None else trace.block.first_op
-        while op is not None:
-            op.attributes[CHECKPOINT] = tag
-            op = op.next_op
-        return result
+        return _tagged(CHECKPOINT, fn, *args, **kwargs)
 
     return block
+
+
+def regenerate(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, traced as a block that every backward pass recomputes
+    instead of keeping its values (``graph.regenerate``): for cheap values that are big
+    to keep, like a dropout mask computed from a key."""
+    if not is_tracing():
+        return fn(*args, **kwargs)
+    return _tagged(REGENERATE, fn, *args, **kwargs)
+
+
+def _tagged(attribute: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, its traced ops tagged ``attribute = <a new block id>``."""
+    trace = current_trace()
+    before = trace.block.last_op
+    result = fn(*args, **kwargs)
+    tag = IntegerAttr(trace.checkpoints, i64)
+    trace.checkpoints += 1
+    op = before.next_op if before is not None else trace.block.first_op
+    while op is not None:
+        op.attributes[attribute] = tag
+        op = op.next_op
+    return result

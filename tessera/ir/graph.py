@@ -295,6 +295,29 @@ class CastOp(UnaryGraphOp):
 
 
 @irdl_op_definition
+class RandomBitsOp(GraphOp):
+    """Philox-4x32-10 random bits, elementwise (numpy broadcasting of its operands)::
+
+        %bits = graph.random_bits %k0, %k1, %counter {stream = 0}
+            : tensor<i32>, tensor<i32>, tensor<4x8xi32> -> tensor<4x8xi32>
+
+    Each element is the first 32-bit word of Philox-4x32-10 of the counter
+    ``(counter, stream, 0, 0)`` under the key ``(k0, k1)`` (bit patterns of uint32), as
+    ``triton.language.randint(seed=k1 << 32 | k0, offset=counter)`` for stream 0. Pure:
+    the same operands give the same bits (``tessera.random`` passes each element's
+    index in the global array as its counter, so that a shard's bits do not depend on
+    the mesh)."""
+
+    name = "graph.random_bits"
+    key0 = operand_def(TensorType)
+    key1 = operand_def(TensorType)
+    counter = operand_def(TensorType)
+    result = result_def(TensorType)
+    stream = prop_def(IntegerAttr)
+    shape_rule = staticmethod(shape_rules.random_bits)
+
+
+@irdl_op_definition
 class ConstantOp(GraphOp):
     """A constant tensor (``full`` is a splat constant): ``graph.constant dense<1.0> : T``."""
 
@@ -1258,7 +1281,7 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, ErfOp,
     CosOp, SinOp, StopGradientOp, GeluOp,
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
-    CastOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, ProdOp, SoftmaxOp, LogSoftmaxOp,
+    CastOp, RandomBitsOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, ProdOp, SoftmaxOp, LogSoftmaxOp,
     LayerNormOp, RmsNormOp, CrossEntropyOp, AttentionOp, AttentionBackwardOp, ReshapeOp, BroadcastToOp,
     TransposeOp, SliceOp, ConcatOp, SplitOp, GatherOp, TopKOp, MoeRouteOp, MoeDispatchOp,
     MoeCombineOp,

@@ -157,6 +157,18 @@ def cast(x: AbstractTensor, dtype: DType) -> AbstractTensor:
     return x.with_dtype(dtype)
 
 
+def random_bits(
+    key0: AbstractTensor, key1: AbstractTensor, counter: AbstractTensor, stream: int
+) -> AbstractTensor:
+    """Philox bits: i32 key words and counter, broadcast; a stream in [0, 2^32)."""
+    for name, x in (("key0", key0), ("key1", key1), ("counter", counter)):
+        if x.dtype != DType.i32:
+            raise ShapeError(f"expected an i32 {name}, found {x}")
+    if not 0 <= stream < 1 << 32:
+        raise ShapeError(f"expected a stream in [0, 2^32), found {stream}")
+    return AbstractTensor(broadcast_shapes(key0.shape, key1.shape, counter.shape), DType.i32)
+
+
 # --- contractions --------------------------------------------------------------------
 
 

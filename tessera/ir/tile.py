@@ -35,6 +35,7 @@ Triton adds::
   ``axis`` (a 1-D block reduces to a scalar).
 - ``tile.cmp`` / ``tile.select`` / ``tile.convert``: comparison, choice and element type
   conversion on scalars and blocks (xDSL's ``arith`` versions take scalars only).
+- ``tile.philox``: Philox-4x32-10 random bits (``triton.language.philox``).
 """
 
 from __future__ import annotations
@@ -701,11 +702,37 @@ class ConvertOp(IRDLOperation):
             )
 
 
+@irdl_op_definition
+class PhiloxOp(IRDLOperation):
+    """Philox-4x32-10: the first word of the counter ``(c0, c1, 0, 0)`` under the key
+    ``(k0, k1)``, on ``i32`` bit patterns of ``uint32`` (all four of one shape)::
+
+        %r = tile.philox %k0, %k1, %c0, %c1 : tensor<64xi32>
+    """
+
+    name = "tile.philox"
+    traits = traits_def(Pure())
+    T: ClassVar = VarConstraint("T", AnyAttr())
+    key0 = operand_def(T)
+    key1 = operand_def(T)
+    counter0 = operand_def(T)
+    counter1 = operand_def(T)
+    result = result_def(T)
+    assembly_format = "$key0 `,` $key1 `,` $counter0 `,` $counter1 attr-dict `:` type($result)"
+
+    def __init__(self, key0: SSAValue, key1: SSAValue, counter0: SSAValue, counter1: SSAValue):
+        super().__init__(operands=[key0, key1, counter0, counter1], result_types=[counter0.type])
+
+    def verify_(self) -> None:
+        if element_type(self.result.type) != i32:
+            raise VerifyException(f"tile.philox: expected i32 values, found {self.result.type}")
+
+
 Tile = Dialect(
     "tile",
     [
         KernelOp, ReturnOp, ProgramIdOp, ArangeOp, SplatOp, BroadcastOp, ExpandDimsOp,
-        TransOp, LoadOp, StoreOp, DotOp, ReduceOp, CmpOp, SelectOp, ConvertOp,
+        TransOp, LoadOp, StoreOp, DotOp, ReduceOp, CmpOp, SelectOp, ConvertOp, PhiloxOp,
     ],
     [PointerType],
 )  # fmt: skip

@@ -222,6 +222,10 @@ class TileBuilder:
         cond, on_true, on_false = self._common(cond, on_true, on_false)
         return self.insert(tile.SelectOp(cond, on_true, on_false))
 
+    def philox(self, key0: Value, key1: Value, counter0: Value, counter1: Value) -> Value:
+        """Philox-4x32-10 bits of the counter ``(counter0, counter1, 0, 0)`` (i32 values)."""
+        return self.insert(tile.PhiloxOp(*self._common(key0, key1, counter0, counter1)))
+
     def convert(self, value: Value, element: Attribute) -> Value:
         if element_type(value.type) == element:
             return value

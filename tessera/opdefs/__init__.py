@@ -18,6 +18,7 @@ from tessera.opdefs import (  # noqa: F401  (registers the ops)
     layout,
     moe,
     normalization,
+    random,
     rank,
     reduction,
     top_k,

@@ -40,7 +40,7 @@ from tessera.ir.abstract import aval
 from tessera.ir.function_table import FunctionTable, register, table_of
 from tessera.ir.grad_builder import GradBuilder
 from tessera.opdefs import Fusion, fusion_of, lookup
-from tessera.transforms.remat import CHECKPOINT, REMAT, RematPolicy
+from tessera.transforms.remat import CHECKPOINT, REGENERATE, REMAT, RematPolicy
 
 
 def differentiate(
@@ -111,8 +111,8 @@ def backprop(
     reverse accumulation over the ``forward`` ops (in program order). ``seeds`` gives
     further values' cotangents (a vector-Jacobian product: a pipeline stage's outputs
     seeded with the gradients the next stage sends back). Checkpointed blocks are
-    recomputed as ``remat`` says (default: nothing saved); the forward ops lose their
-    ``graph.checkpoint`` tags."""
+    recomputed as ``remat`` says (default: nothing saved), ``graph.regenerate`` blocks
+    always; the forward ops lose their ``graph.checkpoint`` and ``graph.regenerate`` tags."""
     cotangents: dict[SSAValue, SSAValue] = dict(seeds or {})
     blocks = _checkpointed_blocks(forward, remat or RematPolicy())
     recomputed: dict[int, dict[Operation, Operation]] = {}
@@ -151,6 +151,7 @@ def backprop(
         block.release(recomputed.get(block.key, {}))
     for op in forward:
         op.attributes.pop(CHECKPOINT, None)
+        op.attributes.pop(REGENERATE, None)
     return [cotangents.get(v) or b.zeros_like(v) for v in wrt]
 
 
@@ -382,6 +383,7 @@ class _Block:
         for op in self.ops:
             copy = op.clone(dict(values))
             copy.attributes.pop(CHECKPOINT, None)
+            copy.attributes.pop(REGENERATE, None)
             copy.attributes[REMAT] = IntegerAttr(self.key, i64)
             Rewriter.insert_op(copy, b.point)
             copies[op] = copy
@@ -409,19 +411,23 @@ def _last_before(point: InsertPoint) -> Operation | None:
 def _checkpointed_blocks(
     forward: Sequence[Operation], policy: RematPolicy
 ) -> dict[Operation, _Block]:
-    """Each op of a block that ``policy`` checkpoints, mapped to its block."""
-    if not policy.active:
-        return {}
+    """Each op of a block that ``policy`` checkpoints, or of a ``graph.regenerate`` block
+    (recomputed whatever the policy), mapped to its block."""
     by_key: dict[int, list[Operation]] = {}
+    regenerated: dict[int, list[Operation]] = {}
     for op in forward:
-        tag = op.attributes.get(CHECKPOINT)
-        if isinstance(tag, IntegerAttr):
+        if isinstance(tag := op.attributes.get(REGENERATE), IntegerAttr):
+            regenerated.setdefault(tag.value.data, []).append(op)
+        elif policy.active and isinstance(tag := op.attributes.get(CHECKPOINT), IntegerAttr):
             by_key.setdefault(tag.value.data, []).append(op)
     blocks: dict[Operation, _Block] = {}
     for index, (key, ops) in enumerate(by_key.items()):
         if index % policy.every == 0:
             block = _Block(key, ops, policy)
             blocks.update((op, block) for op in ops)
+    for key, ops in regenerated.items():
+        block = _Block(key, ops, RematPolicy("nothing"))
+        blocks.update((op, block) for op in ops)
     return blocks
 
 

@@ -11,6 +11,10 @@ keeps ``cse`` from merging a recomputation into the forward op it copies, and
 
 A block's inputs and its outputs (values used after it) are always saved: the forward
 keeps them for the following blocks anyway.
+
+``graph.regenerate = <id>`` tags a block that is recomputed whatever the policy (saving
+nothing but its inputs and outputs): ``op.dropout``'s, whose mask the backward
+regenerates from the key instead of keeping it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from tessera.errors import TesseraError
 
 CHECKPOINT = "graph.checkpoint"  # on forward ops: the checkpointed block they belong to
 REMAT = "graph.remat"  # on recomputed ops: the block they recompute
+REGENERATE = "graph.regenerate"  # on forward ops: a block always recomputed (its id)
 
 SAVE_POLICIES = ("nothing", "matmuls", "everything")
 

@@ -177,6 +177,28 @@ def _combine_functions(kernel: tile.KernelOp) -> list[str]:
     return lines
 
 
+_PHILOX = "_tessera_philox"
+
+
+def _philox_function(kernel: tile.KernelOp) -> list[str]:
+    """The source lines of the ``@triton.jit`` Philox helper (``tl.philox`` on the key's
+    words as one 64-bit seed, ``k1 << 32 | k0``), if the kernel uses ``tile.philox``."""
+    if not any(isinstance(op, tile.PhiloxOp) for op in kernel.walk()):
+        return []
+    return [
+        "@triton.jit",
+        f"def {_PHILOX}(k0, k1, c0, c1):",
+        "    lo = tl.to_tensor(k0).to(tl.uint32, bitcast=True).to(tl.uint64)",
+        "    hi = tl.to_tensor(k1).to(tl.uint32, bitcast=True).to(tl.uint64)",
+        "    c0 = tl.to_tensor(c0)",
+        "    zero = c0 * 0",
+        "    r, _, _, _ = tl.philox((hi << 32) | lo, c0, tl.to_tensor(c1) + zero, zero, zero)",
+        "    return r.to(tl.int32, bitcast=True)",
+        "",
+        "",
+    ]
+
+
 # op -> the Python expression of its (single) result, from the names of its operands
 EXPRESSIONS: dict[type[Operation], Callable[..., str]] = {
     arith.ConstantOp: lambda op, a: _constant(op),
@@ -205,6 +227,7 @@ EXPRESSIONS: dict[type[Operation], Callable[..., str]] = {
     tile.CmpOp: lambda op, a: f"{a[0]} {_CMP[op.predicate.data]} {a[1]}",
     tile.SelectOp: _call("tl.where"),
     tile.ConvertOp: lambda op, a: f"{a[0]}.to({triton_dtype(op.result.type)})",
+    tile.PhiloxOp: _call(_PHILOX),
 }  # fmt: skip
 
 
@@ -262,7 +285,7 @@ def emit_kernel(kernel: tile.KernelOp) -> str:
     names = _Names()
     block = kernel.body.block
     params = [names.define(a) for a in block.args]
-    lines = [HEADER, "", *_combine_functions(kernel), "@triton.jit"]
+    lines = [HEADER, "", *_combine_functions(kernel), *_philox_function(kernel), "@triton.jit"]
     lines.append(f"def {kernel.kernel_name}({', '.join(params)}):")
     _emit_block(block, names, lines, "    ")
     if lines[-1].endswith(":"):
