@@ -61,7 +61,7 @@ def split(key: Key, num: int = 2) -> tuple[Key, ...]:
         return tuple(_eager(lambda k: split(k, num), key))
     from tessera import op
 
-    bits = _bits(_checked(key, "split"), op.constant(np.arange(2 * num, dtype=np.int32)), SPLIT)
+    bits = _bits(check_key(key, "split"), op.constant(np.arange(2 * num, dtype=np.int32)), SPLIT)
     return tuple(op.slice(bits, [2 * i], [2 * i + 2]) for i in range(num))
 
 
@@ -72,7 +72,7 @@ def fold_in(key: Key, data: int | Tensor) -> Key:
         return _eager(lambda k: fold_in(k, data), key)
     from tessera import op
 
-    checked = _checked(key, "fold_in")
+    checked = check_key(key, "fold_in")
     if isinstance(data, Tensor):
         if data.shape != () or data.dtype not in (DType.i32, DType.i64):
             raise ShapeError(f"fold_in: expected an integer scalar, found {data.aval} at {user_location()}")
@@ -88,7 +88,7 @@ def bits(key: Key, shape: Sequence[int]) -> Tensor:
     """Random ``int32`` bit patterns (uniform over all 2^32) of ``shape``."""
     if not is_tracing():
         return _eager(lambda k: bits(k, shape), key)
-    return _bits(_checked(key, "bits"), _global_index(_shape(shape, "bits")), SAMPLE)
+    return _bits(check_key(key, "bits"), _global_index(_shape(shape, "bits")), SAMPLE)
 
 
 def uniform(
@@ -107,7 +107,7 @@ def uniform(
     target = as_dtype(dtype)
     if not target.is_float:
         raise ShapeError(f"uniform: expected a float dtype, found {dtype!r} at {user_location()}")
-    words = _bits(_checked(key, "uniform"), _global_index(_shape(shape, "uniform")), SAMPLE)
+    words = _bits(check_key(key, "uniform"), _global_index(_shape(shape, "uniform")), SAMPLE)
     positive = op.where(op.less(words, 0), op.subtract(op.negative(words), 1), words)
     unit = op.minimum(op.multiply(op.astype(positive, "f32"), _UNIT), _BELOW_ONE)
     unit = op.astype(unit, target)
@@ -122,7 +122,7 @@ def normal(key: Key, shape: Sequence[int] = (), dtype: Any = "f32") -> Tensor:
         return _eager(lambda k: normal(k, shape, dtype), key)
     from tessera import op
 
-    radius_key, angle_key = split(_checked(key, "normal"))
+    radius_key, angle_key = split(check_key(key, "normal"))
     u1, u2 = uniform(radius_key, shape), uniform(angle_key, shape)
     radius = op.sqrt(op.multiply(op.log(op.subtract(1.0, u1)), -2.0))
     return op.astype(op.multiply(radius, op.cos(op.multiply(u2, 2 * math.pi))), dtype)
@@ -139,13 +139,13 @@ def bernoulli(key: Key, p: float | Tensor = 0.5, shape: Sequence[int] | None = N
 
     if shape is None:
         shape = p.shape if isinstance(p, Tensor) else ()
-    return op.less(uniform(_checked(key, "bernoulli"), shape), p)
+    return op.less(uniform(check_key(key, "bernoulli"), shape), p)
 
 
 # --- helpers ------------------------------------------------------------------------------
 
 
-def _checked(key: Any, what: str) -> Tensor:
+def check_key(key: Any, what: str) -> Tensor:
     """``key`` if it is a key (an int32[2] tensor); a ShapeError at the user's line if not."""
     if not isinstance(key, Tensor) or key.shape != (2,) or key.dtype != DType.i32:
         found = key.aval if isinstance(key, Tensor) else repr(key)
