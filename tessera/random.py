@@ -43,7 +43,9 @@ def key(seed: int | Tensor) -> Key:
 
     if isinstance(seed, Tensor):
         if seed.shape != () or seed.dtype not in (DType.i32, DType.i64):
-            raise ShapeError(f"key: expected an integer scalar seed, found {seed.aval} at {user_location()}")
+            raise ShapeError(
+                f"key: expected an integer scalar seed, found {seed.aval} at {user_location()}"
+            )
         return op.concat([op.reshape(op.astype(seed, "i32"), (1,)), op.zeros((1,), "i32")])
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ShapeError(f"key: expected an integer seed, found {seed!r} at {user_location()}")
@@ -75,12 +77,20 @@ def fold_in(key: Key, data: int | Tensor) -> Key:
     checked = check_key(key, "fold_in")
     if isinstance(data, Tensor):
         if data.shape != () or data.dtype not in (DType.i32, DType.i64):
-            raise ShapeError(f"fold_in: expected an integer scalar, found {data.aval} at {user_location()}")
-        counter = op.add(op.multiply(op.astype(data, "i32"), 2), op.constant(np.arange(2, dtype=np.int32)))
+            raise ShapeError(
+                f"fold_in: expected an integer scalar, found {data.aval} at {user_location()}"
+            )
+        counter = op.add(
+            op.multiply(op.astype(data, "i32"), 2), op.constant(np.arange(2, dtype=np.int32))
+        )
     elif isinstance(data, (int, np.integer)) and not isinstance(data, bool) and 0 <= data < 1 << 31:
-        counter = op.constant(np.array([2 * int(data), 2 * int(data) + 1], np.uint32).view(np.int32))
+        counter = op.constant(
+            np.array([2 * int(data), 2 * int(data) + 1], np.uint32).view(np.int32)
+        )
     else:
-        raise ShapeError(f"fold_in: expected an int in [0, 2^31), found {data!r} at {user_location()}")
+        raise ShapeError(
+            f"fold_in: expected an int in [0, 2^31), found {data!r} at {user_location()}"
+        )
     return _bits(checked, counter, FOLD)
 
 
@@ -111,7 +121,11 @@ def uniform(
     positive = op.where(op.less(words, 0), op.subtract(op.negative(words), 1), words)
     unit = op.minimum(op.multiply(op.astype(positive, "f32"), _UNIT), _BELOW_ONE)
     unit = op.astype(unit, target)
-    if isinstance(minval, (int, float)) and isinstance(maxval, (int, float)) and (minval, maxval) == (0, 1):
+    if (
+        isinstance(minval, (int, float))
+        and isinstance(maxval, (int, float))
+        and (minval, maxval) == (0, 1)
+    ):
         return unit
     return op.add(minval, op.multiply(unit, op.subtract(maxval, minval)))
 
@@ -190,7 +204,9 @@ def _shape(shape: Any, what: str) -> tuple[int, ...]:
     if not isinstance(shape, Sequence) or not all(
         isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in shape
     ):
-        raise ShapeError(f"{what}: expected a shape (non-negative ints), found {shape!r} at {user_location()}")
+        raise ShapeError(
+            f"{what}: expected a shape (non-negative ints), found {shape!r} at {user_location()}"
+        )
     return tuple(int(s) for s in shape)
 
 
@@ -199,7 +215,11 @@ def _eager(fn: Callable[[Tensor], Any], key: Any) -> Any:
     from tessera.jit_function import jit
 
     if not isinstance(key, torch.Tensor) or key.shape != (2,) or key.dtype != torch.int32:
-        found = f"a tensor of {key.dtype}{list(key.shape)}" if isinstance(key, torch.Tensor) else repr(key)
+        found = (
+            f"a tensor of {key.dtype}{list(key.shape)}"
+            if isinstance(key, torch.Tensor)
+            else repr(key)
+        )
         raise ShapeError(
             f"expected a key (an int32[2] from ts.random.key, split or fold_in), found {found} "
             f"at {user_location()}"

@@ -21,10 +21,14 @@ def dropout(x: Operand, rate: float, key: Any, deterministic: bool = False) -> T
     """``x * mask / (1 - rate)``, the mask true with probability ``1 - rate`` (drawn from
     ``key``); ``x`` itself when ``deterministic`` (evaluation) or ``rate == 0``."""
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
-        raise ShapeError(f"dropout: rate must be a number in [0, 1), found {rate!r} at {user_location()}")
+        raise ShapeError(
+            f"dropout: rate must be a number in [0, 1), found {rate!r} at {user_location()}"
+        )
     (tensor,) = _tensors(x)
     if not tensor.dtype.is_float:
-        raise ShapeError(f"dropout: expected a float tensor, found {tensor.aval} at {user_location()}")
+        raise ShapeError(
+            f"dropout: expected a float tensor, found {tensor.aval} at {user_location()}"
+        )
     if deterministic or rate == 0:
         if key is not None:
             random.check_key(key, "dropout")

@@ -31,7 +31,9 @@ KEY_A, KEY_B = np.uint32(0x9E3779B9), np.uint32(0xBB67AE85)  # the key's increme
 ROUND_A, ROUND_B = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)  # the multipliers
 
 
-def philox(key0: np.ndarray, key1: np.ndarray, counter0: np.ndarray, counter1: np.ndarray) -> np.ndarray:
+def philox(
+    key0: np.ndarray, key1: np.ndarray, counter0: np.ndarray, counter1: np.ndarray
+) -> np.ndarray:
     """The first word of Philox-4x32-10 of the counter ``(counter0, counter1, 0, 0)``
     under the key ``(key0, key1)``: uint32 arrays (broadcast) to uint32, as
     ``triton.language.random.philox_impl`` computes it."""
@@ -66,7 +68,9 @@ def _random_bits_reference(op: graph.RandomBitsOp) -> Callable[..., torch.Tensor
     return run
 
 
-def _random_bits_tile(b: TileBuilder, op: graph.RandomBitsOp, operands: Sequence[SSAValue]) -> SSAValue:
+def _random_bits_tile(
+    b: TileBuilder, op: graph.RandomBitsOp, operands: Sequence[SSAValue]
+) -> SSAValue:
     key0, key1, counter = operands
     return b.philox(key0, key1, counter, b.constant(_signed(op.attrs()["stream"]), i32))
 

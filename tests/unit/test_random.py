@@ -89,7 +89,10 @@ def test_same_key_same_numbers_split_and_fold_in_differ() -> None:
 
     def derived(k: Any) -> Any:
         a, b, c = ts.random.split(k, 3)
-        return [ts.random.uniform(x, (64,)) for x in (k, a, b, c, ts.random.fold_in(k, 0), ts.random.fold_in(k, 1))]
+        return [
+            ts.random.uniform(x, (64,))
+            for x in (k, a, b, c, ts.random.fold_in(k, 0), ts.random.fold_in(k, 1))
+        ]
 
     samples = [array(s) for s in jit(derived)(key)]
     for i in range(len(samples)):
@@ -105,10 +108,14 @@ def test_keys_pass_in_and_out_of_jit_and_eager_calls_match_traced_ones() -> None
     traced = jit(lambda k: ts.random.split(k))(key)
     np.testing.assert_array_equal(array(traced[1]), array(b))
     folded = ts.random.fold_in(key, 7)
-    traced = jit(lambda k, step: ts.random.fold_in(k, step))(key, torch.tensor(7, dtype=torch.int32))
+    traced = jit(lambda k, step: ts.random.fold_in(k, step))(
+        key, torch.tensor(7, dtype=torch.int32)
+    )
     np.testing.assert_array_equal(array(traced), array(folded))
     np.testing.assert_allclose(  # transcendentals: to rounding
-        array(ts.random.normal(b, (8,))), array(jit(lambda k: ts.random.normal(k, (8,)))(b)), rtol=1e-6
+        array(ts.random.normal(b, (8,))),
+        array(jit(lambda k: ts.random.normal(k, (8,)))(b)),
+        rtol=1e-6,
     )
 
 
@@ -197,7 +204,9 @@ def test_dropout_value_and_gradient_against_torch_with_the_same_mask(kernels: st
     y = jit(lambda x, k: op.dropout(x, rate, k), kernels=kernels)(x, key)
     leaf = x.double().requires_grad_()
     theirs = leaf * mask / (1 - rate)
-    torch.testing.assert_close(torch.as_tensor(array(y)).double(), theirs.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        torch.as_tensor(array(y)).double(), theirs.detach(), rtol=1e-6, atol=1e-6
+    )
     (expected,) = torch.autograd.grad((theirs * c.double()).sum(), [leaf])
     got = ts.grad(lambda x, k: op.sum(op.dropout(x, rate, k) * c), kernels=kernels)(x, key)
     torch.testing.assert_close(torch.as_tensor(array(got)).double(), expected, rtol=1e-6, atol=1e-6)
