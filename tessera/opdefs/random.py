@@ -61,7 +61,10 @@ def _random_bits_reference(op: graph.RandomBitsOp) -> Callable[..., torch.Tensor
     stream = np.uint32(op.attrs()["stream"])
 
     def run(key0: torch.Tensor, key1: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
-        words = [t.numpy().view(np.uint32) for t in (key0, key1, counter)]
+        words = [
+            (t.to(torch.int64).numpy() & 0xFFFFFFFF).astype(np.uint32)
+            for t in (key0, key1, counter)
+        ]
         bits = philox(*words, stream)
         return torch.from_numpy(np.ascontiguousarray(bits).view(np.int32))
 

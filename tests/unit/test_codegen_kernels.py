@@ -73,6 +73,7 @@ EXERCISED: dict[type, str] = {
     graph.CompareOp: "test_compare_select_cast",
     graph.SelectOp: "test_compare_select_cast",
     graph.CastOp: "test_compare_select_cast",
+    graph.RandomBitsOp: "test_random.py::test_triton_kernels_and_reference_give_identical_bits",
     graph.TransposeOp: "test_layout_ops",
     graph.BroadcastToOp: "test_layout_ops",
     graph.SliceOp: "test_layout_ops",

@@ -86,6 +86,7 @@ CASES: list[tuple[type[graph.GraphOp], list[tuple[tuple[int, ...], DType]], dict
         {"causal": False, "scale": 0.3},
     ),
     (graph.TopKOp, [((2, 4, 6), F32)], {"k": 3}),
+    (graph.RandomBitsOp, [((), I32), ((), I32), ((4, 6), I32)], {"stream": 1}),
     (graph.MoeRouteOp, [((2, 6, 2), I32)], {"experts": 4, "capacity": 3}),
     (graph.MoeDispatchOp, [((2, 6, 8), F32), ((2, 6, 2), I32), ((2, 4, 3), I32)], {}),
     (graph.MoeDispatchOp, [((2, 6, 2, 8), F32), ((2, 6, 2), I32), ((2, 4, 3), I32)], {}),
