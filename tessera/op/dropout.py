@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tessera import random
 from tessera.errors import ShapeError
 from tessera.frontend.checkpoint import regenerate
 from tessera.frontend.tracer import Tensor, user_location
+from tessera.op import random
 from tessera.op.primitives import Operand, _tensors, multiply, where
 
 
