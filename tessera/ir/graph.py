@@ -486,13 +486,26 @@ class AttentionOp(GraphOp):
     q = operand_def(TensorType)
     k = operand_def(TensorType)
     v = operand_def(TensorType)
-    positions = var_operand_def(TensorType)
+    extra = var_operand_def(TensorType)  # [q_segment_ids, kv_segment_ids], [q0, k0]
     output = result_def(TensorType)
     lse = result_def(TensorType)
     causal = prop_def(BoolAttr)
     scale = prop_def(FloatAttr)
     zigzag = opt_prop_def(IntegerAttr)
+    window = opt_prop_def(IntegerAttr)
+    softcap = opt_prop_def(FloatAttr)
+    segments = opt_prop_def(BoolAttr)
     shape_rule = staticmethod(shape_rules.attention)
+
+    @property
+    def segment_ids(self) -> tuple[SSAValue, ...]:
+        """``(q_segment_ids, kv_segment_ids)``, or ``()``."""
+        return attention_segment_ids(self, 3)
+
+    @property
+    def positions(self) -> tuple[SSAValue, ...]:
+        """``(q0, k0)``, or ``()``."""
+        return attention_positions(self, 3)
 
 
 @irdl_op_definition
@@ -514,14 +527,37 @@ class AttentionBackwardOp(GraphOp):
     do = operand_def(TensorType)
     lse = operand_def(TensorType)
     delta = operand_def(TensorType)
-    positions = var_operand_def(TensorType)
+    extra = var_operand_def(TensorType)  # [q_segment_ids, kv_segment_ids], [q0, k0]
     dq = result_def(TensorType)
     dk = result_def(TensorType)
     dv = result_def(TensorType)
     causal = prop_def(BoolAttr)
     scale = prop_def(FloatAttr)
     zigzag = opt_prop_def(IntegerAttr)
+    window = opt_prop_def(IntegerAttr)
+    softcap = opt_prop_def(FloatAttr)
+    segments = opt_prop_def(BoolAttr)
     shape_rule = staticmethod(shape_rules.attention_backward)
+
+    @property
+    def segment_ids(self) -> tuple[SSAValue, ...]:
+        """``(q_segment_ids, kv_segment_ids)``, or ``()``."""
+        return attention_segment_ids(self, 6)
+
+    @property
+    def positions(self) -> tuple[SSAValue, ...]:
+        """``(q0, k0)``, or ``()``."""
+        return attention_positions(self, 6)
+
+
+def attention_segment_ids(op: GraphOp, first: int) -> tuple[SSAValue, ...]:
+    """The segment-id operands of an attention op whose fixed operands are ``first``."""
+    return tuple(op.operands[first : first + 2]) if op.attrs().get("segments") else ()
+
+
+def attention_positions(op: GraphOp, first: int) -> tuple[SSAValue, ...]:
+    """The position operands (after the segment ids) of an attention op."""
+    return tuple(op.operands[first + 2 * bool(op.attrs().get("segments")) :])
 
 
 # --- layout ----------------------------------------------------------------------------------
