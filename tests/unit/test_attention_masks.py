@@ -124,3 +124,17 @@ def test_reference_matches_torch(name: str, causal: bool) -> None:
 @pytest.mark.parametrize("name", ["segments", "all"])
 def test_reference_grouped_query_heads(name: str) -> None:
     _check(True, OPTIONS[name], kv_heads=2, kernels="reference")
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_triton_forward_matches_torch(interpret, name: str, causal: bool) -> None:
+    q, k, v, _ = _inputs(2, torch.float32)
+    attend, _, masks = _attend(causal, OPTIONS[name])
+    f = ts.jit(attend, kernels="triton")
+    _close([f(q, k, v, *masks)], [_torch(q, k, v, causal, OPTIONS[name])], 1e-4)
