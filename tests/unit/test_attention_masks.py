@@ -36,16 +36,16 @@ OPTIONS = {
 }
 
 
-def _inputs(kv_heads: int = H, dtype: torch.dtype = torch.float64, seed: int = 0):
+def _inputs(kv_heads: int = H, dtype: torch.dtype = torch.float64, seed: int = 0, t: int = T):
     g = torch.Generator().manual_seed(seed)
-    shapes = ((B, H, T, D), (B, kv_heads, T, D), (B, kv_heads, T, D), (B, H, T, D))
+    shapes = ((B, H, t, D), (B, kv_heads, t, D), (B, kv_heads, t, D), (B, H, t, D))
     return [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in shapes]
 
 
-def _mask(causal: bool, options: dict) -> torch.Tensor:
-    """The boolean ``attn_mask`` [B, 1, T, T] (True = attend) of ``options``."""
-    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    mask = torch.ones(B, 1, T, T, dtype=torch.bool)
+def _mask(causal: bool, options: dict, t: int = T) -> torch.Tensor:
+    """The boolean ``attn_mask`` [B, 1, t, t] (True = attend) of ``options``."""
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    mask = torch.ones(B, 1, t, t, dtype=torch.bool)
     if causal:
         mask &= i >= j
     if "window" in options:
@@ -62,7 +62,7 @@ def _torch(q, k, v, causal: bool, options: dict) -> torch.Tensor:
     """Attention by torch in float64; a row that sees no key gives 0."""
     q, k, v = (t.double() for t in (q, k, v))
     k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-    mask = _mask(causal, options)
+    mask = _mask(causal, options, q.shape[-2])
     seen = mask.any(-1, keepdim=True)
     mask = mask | ~seen  # no NaN rows; zeroed below
     if "softcap" in options:
@@ -138,3 +138,30 @@ def test_triton_forward_matches_torch(interpret, name: str, causal: bool) -> Non
     attend, _, masks = _attend(causal, OPTIONS[name])
     f = ts.jit(attend, kernels="triton")
     _close([f(q, k, v, *masks)], [_torch(q, k, v, causal, OPTIONS[name])], 1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_triton_gradients_match_torch(interpret, name: str, causal: bool) -> None:
+    q, k, v, w = _inputs(2, torch.float32)
+    _, loss, masks = _attend(causal, OPTIONS[name])
+    g = ts.jit(ts.grad(loss, argnums=(0, 1, 2)), kernels="triton")
+    want = _torch_grads(q, k, v, w, causal, OPTIONS[name])
+    _close(g(q, k, v, w, *masks), want, 1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_triton_many_blocks(interpret, causal: bool) -> None:
+    """72 tokens: three key blocks of 32 (the last one partial), a window of 20 keys
+    crossing them (the loops skip blocks outside it), documents and padding."""
+    t = 72
+    ids = torch.tensor([[0] * 30 + [1] * 42, [0] * 50 + [1] * 22], dtype=torch.int32)
+    keep = torch.ones(B, t, dtype=torch.bool)
+    keep[0, 60:] = False
+    options = {"key_padding_mask": keep, "segment_ids": ids, "window": 20, "softcap": 3.0}
+    q, k, v, w = _inputs(2, torch.float32, t=t)
+    attend, loss, masks = _attend(causal, options)
+    f = ts.jit(attend, kernels="triton")
+    _close([f(q, k, v, *masks)], [_torch(q, k, v, causal, options)], 1e-4)
+    g = ts.jit(ts.grad(loss, argnums=(0, 1, 2)), kernels="triton")
+    _close(g(q, k, v, w, *masks), _torch_grads(q, k, v, w, causal, options), 1e-4)
