@@ -446,10 +446,10 @@ def _mask_argument(x: Operand, what: str, shape: tuple[int, ...], kind: str) -> 
     (tensor,) = _tensors(x)
     ok = tensor.dtype == DType.i1 if kind == "b" else tensor.dtype.is_int and tensor.dtype != DType.i1
     if not ok or tuple(tensor.shape) != shape:
-        want = "bool" if kind == "b" else "integer"
+        want = "a bool" if kind == "b" else "an integer"
         raise ShapeError(
-            f"graph.attention: {what} must be a {want} tensor of shape {list(shape)} "
-            f"([batch, {'Tq' if what.startswith('q_') else 'Tk'}]), found {tensor.aval!r}, "
+            f"graph.attention: {what} must be {want} tensor of shape {list(shape)} "
+            f"([batch, {'Tq' if what.startswith('q_') else 'Tk'}]), found {tensor.aval}, "
             f"at {user_location()}"
         )
     return astype(tensor, DType.i32) if kind == "i" else tensor

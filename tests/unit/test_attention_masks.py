@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import tessera as ts
-from tessera import dist, op
+from tessera import dist, op, schedule
 from tessera.errors import TesseraError
 
 B, H, T, D = 2, 4, 16, 8
@@ -165,3 +165,78 @@ def test_triton_many_blocks(interpret, causal: bool) -> None:
     _close([f(q, k, v, *masks)], [_torch(q, k, v, causal, options)], 1e-4)
     g = ts.jit(ts.grad(loss, argnums=(0, 1, 2)), kernels="triton")
     _close(g(q, k, v, w, *masks), _torch_grads(q, k, v, w, causal, options), 1e-4)
+
+
+# --- sharded -----------------------------------------------------------------------------
+
+
+def _spec(*axes_by_dim: tuple[int, str]) -> dist.ShardSpec:
+    return dist.ShardSpec(
+        partition=tuple(d for d, _ in axes_by_dim), mesh_axes=tuple(a for _, a in axes_by_dim)
+    )
+
+
+@pytest.mark.parametrize("name", ["padding", "segments", "all"])
+def test_dp_x_tp_heads_on_tp(name: str) -> None:
+    """Batch over dp (the masks with it), heads over tp, grouped k/v heads."""
+    _check(
+        True, OPTIONS[name], kv_heads=2, kernels="reference",
+        mesh=dist.mesh({"dp": 2, "tp": 2}),
+        spec=_spec((0, "dp"), (1, "tp")), mask_spec=_spec((0, "dp")),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("context", ["auto", "ring", "all_gather"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_context_parallel(name: str, causal: bool, context: str) -> None:
+    """The sequence over cp (the masks and segment ids with it), batch over dp."""
+    with schedule.options(context_parallel=context):
+        _check(
+            causal, OPTIONS[name], kernels="reference",
+            mesh=dist.mesh({"dp": 2, "cp": 2}),
+            spec=_spec((0, "dp"), (2, "cp")), mask_spec=_spec((0, "dp"), (1, "cp")),
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_context_parallel_triton(interpret, causal: bool) -> None:
+    """The generated kernels on dp x cp: each rank's window from its position along cp."""
+    _check(
+        causal, OPTIONS["all"], kv_heads=2, dtype=torch.float32, tolerance=1e-4,
+        kernels="triton", mesh=dist.mesh({"dp": 2, "cp": 2}),
+        spec=_spec((0, "dp"), (2, "cp")), mask_spec=_spec((0, "dp"), (1, "cp")),
+    )  # fmt: skip
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+def _trace_error(error: type[Exception], **options) -> str:
+    q, k, v, _ = _inputs()
+    f = ts.jit(lambda q, k, v: op.attention(q, k, v, **options))  # the user's line
+    with pytest.raises(error) as info:
+        f(q, k, v)
+    return str(info.value)
+
+
+def test_wrongly_shaped_mask_names_the_argument_and_line() -> None:
+    message = _trace_error(TesseraError, key_padding_mask=torch.ones(B, T + 1, dtype=torch.bool))
+    assert "key_padding_mask" in message and "[2, 16]" in message
+    assert "test_attention_masks.py" in message
+
+
+def test_wrong_mask_dtype_names_the_argument_and_line() -> None:
+    message = _trace_error(TesseraError, key_padding_mask=torch.ones(B, T, dtype=torch.int32))
+    assert "key_padding_mask must be a bool tensor" in message
+    assert "test_attention_masks.py" in message
+    message = _trace_error(TesseraError, q_segment_ids=SEGMENTS.float(), kv_segment_ids=SEGMENTS)
+    assert "q_segment_ids must be an integer tensor" in message
+
+
+def test_unsupported_combinations_are_errors() -> None:
+    assert "only q_segment_ids" in _trace_error(TesseraError, q_segment_ids=SEGMENTS)
+    assert "window must be a positive int" in _trace_error(TesseraError, window=0)
+    assert "softcap must be a positive" in _trace_error(TesseraError, softcap=-1.0)
+    message = _trace_error(TesseraError, causal=True, window=4, zigzag=2)
+    assert "zigzag with segment ids" in message and "test_attention_masks.py" in message
