@@ -39,7 +39,10 @@ where every intermediate has exactly one use. The grouping pass
   stops at the diagonal block. With the op's offsets (query i sees key j iff
   ``i + q0 - k0 >= j``, known only at run time) the loop bounds are computed the same
   way from the shift: blocks every row sees, then the diagonal blocks, masked;
-- the op's ``lse`` is ``max + log(sum)`` per row, ``-inf`` for a row that saw no key.
+- the op's ``lse`` is ``max + log(sum)`` per row, ``-inf`` for a row that saw no key;
+- the op's masks (:class:`Masks`): the soft cap on every block; segment ids (loaded per
+  block) and a sliding window mask every block, and the loop walks only the key blocks
+  inside the window of the program's rows.
 
 Block sizes come from the ``BlockConfig``: ``block_m`` query rows and ``block_n`` keys
 per step (each at least 16, as ``tile.dot`` needs); the head dims are padded to powers

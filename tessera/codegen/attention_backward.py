@@ -14,7 +14,9 @@ forward's ``lse``, and ``delta = rowsum(do * o)`` comes precomputed (the VJP's r
 reduction). With a causal mask the two loops of a program take ``n + 1`` blocks
 together whatever ``p`` is, so programs are balanced. With grouped-query attention a
 program loops over the query heads of its k/v head (dk and dv sum over them).
-Accumulators are f32 (f64 for f64 inputs); ``p`` and ``ds`` enter the dots in the input
+The op's masks (segment ids, a sliding window: the loops then walk only the blocks
+inside it, the soft cap whose slope scales ``ds``) are those of the forward
+(``codegen.attention.Masks``). Accumulators are f32 (f64 for f64 inputs); ``p`` and ``ds`` enter the dots in the input
 dtype (tensor cores for bf16/f16), as in FlashAttention-2. Rows past ``Tq`` and keys past
 ``Tk`` are masked; a query row that sees no key (``lse = -inf``) contributes nothing.
 """

@@ -480,7 +480,14 @@ class AttentionOp(GraphOp):
     parallelism computes. With ``zigzag = n`` the sequences of q and of k, v are stored
     in zig-zag order over ``n`` ranks (:mod:`tessera.ir.zigzag`) and the mask compares
     their true positions. A row that sees no key gives 0 and an lse of -inf. k and v may
-    have fewer heads than q (grouped-query attention, heads in dim -3)."""
+    have fewer heads than q (grouped-query attention, heads in dim -3).
+
+    Masks: with ``segments = true`` the operands after q, k, v start with the query and
+    key segment ids (i32 ``[batch, Tq]``, ``[batch, Tk]``, batch: q's dims before the
+    heads; a key padding mask is ids no query has): query ``i`` sees key ``j`` only if
+    their ids are equal. ``window = w`` hides keys with ``|q0 + i - k0 - j| >= w`` (it
+    takes the positions as causal does); ``softcap = c`` makes the scores ``c · tanh(s /
+    c)`` before masking."""
 
     name = "graph.attention"
     q = operand_def(TensorType)
@@ -517,8 +524,8 @@ class AttentionBackwardOp(GraphOp):
 
     from the output's cotangent ``do``, the forward's ``lse`` and ``delta =
     rowsum(do * o)`` (``[..., Tq]``, the lse's dtype); the probabilities are recomputed
-    block by block from ``lse``. ``positions``, ``causal``, ``scale`` and ``zigzag`` as
-    the forward's."""
+    block by block from ``lse``. The segment ids, positions and properties as the
+    forward's."""
 
     name = "graph.attention_backward"
     q = operand_def(TensorType)

@@ -18,6 +18,10 @@ needed whole. With ``zigzag = n`` (the sequence stored in zig-zag order,
 runs it as a ring with no relayout, or ``unzigzag-attention`` rewrites it into
 natural-order calls.
 
+Segment ids (a key padding mask becomes ids) split with q's batch and rows and k's
+batch and keys; all-gathered with k and v under context parallelism (the ring does not
+carry them, nor a window: ``ring_plan`` gathers). A window takes the causal positions.
+
 References compute in f32 (f64 for f64 inputs) and round once, as the kernels do.
 """
 

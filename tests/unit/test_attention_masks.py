@@ -9,8 +9,6 @@ and the sequence over ``cp`` (all-gathered k/v and their masks).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -92,7 +90,7 @@ def _attend(causal: bool, options: dict):
     names = sorted(masks)
 
     def attend(q, k, v, *tensors):
-        return op.attention(q, k, v, causal=causal, **static, **dict(zip(names, tensors)))
+        return op.attention(q, k, v, causal=causal, **static, **dict(zip(names, tensors, strict=True)))
 
     def loss(q, k, v, w, *tensors):
         return op.sum(attend(q, k, v, *tensors) * w)
