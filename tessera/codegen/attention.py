@@ -39,7 +39,10 @@ where every intermediate has exactly one use. The grouping pass
   stops at the diagonal block. With the op's offsets (query i sees key j iff
   ``i + q0 - k0 >= j``, known only at run time) the loop bounds are computed the same
   way from the shift: blocks every row sees, then the diagonal blocks, masked;
-- the op's ``lse`` is ``max + log(sum)`` per row, ``-inf`` for a row that saw no key.
+- the op's ``lse`` is ``max + log(sum)`` per row, ``-inf`` for a row that saw no key;
+- the op's masks (:class:`Masks`): the soft cap on every block; segment ids (loaded per
+  block) and a sliding window mask every block, and the loop walks only the key blocks
+  inside the window of the program's rows.
 
 Block sizes come from the ``BlockConfig``: ``block_m`` query rows and ``block_n`` keys
 per step (each at least 16, as ``tile.dot`` needs); the head dims are padded to powers
@@ -54,6 +57,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+from xdsl.dialects import math as mathd
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, Float64Type, f32, f64
 from xdsl.ir import Attribute, Operation, SSAValue
 
@@ -380,6 +384,8 @@ class FlashForward:
     shift: Value | None  # q0 - k0 of the causal mask (i32; None: 0, known when compiling)
     output: Value  # pointer of the output
     lse: Value | None  # pointer of the per-row log-sum-exp, if the kernel stores it
+    window: int = 0  # a sliding window (|i + shift - j| < window): keys before it are skipped
+    everywhere: bool = False  # every key block takes the mask (window, segment ids)
 
 
 def grouped_index(
@@ -467,22 +473,108 @@ def lower_attention_op(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT)
         )
     attrs = op.attrs()
     causal, scale = attrs["causal"], attrs["scale"]
-    shift = causal_shift(kernel, frame, op) if causal else None
+    masks = op_masks(kernel, frame, op)
     outputs = dict(zip(yielded(kernel), frame.outputs, strict=True))
 
     def scores(block: KeyBlock) -> Value:
-        body = block.body
-        s = body.mul(block.qk, body.constant(scale))
-        if causal and block.diagonal:
-            seen = block.rows if shift is None else body.add(block.rows, shift)
-            s = body.select(body.cmp("le", block.cols, seen), s, body.constant(float("-inf")))
+        body, index = block.body, block.batch_index
+        s, _ = masks.cap(body, body.mul(block.qk, body.constant(scale)))
+        if block.diagonal or masks.everywhere:
+            ids = None
+            if masks.segments:
+                ids = (
+                    masks.ids(body, 0, index, block.rows, block.row_mask),
+                    masks.ids(body, 1, index, block.cols, block.col_mask),
+                )
+            seen = masks.visible(body, block.rows, block.cols, ids)
+            if seen is not None:
+                s = body.select(seen, s, body.constant(float("-inf")))
         return s
 
     spec = FlashForward(
         op.q, op.k, op.v, False, dims_of(op.output), head_groups(op.q, op.k), scores,
-        causal=causal, shift=shift, output=outputs[op.output], lse=outputs.get(op.lse),
+        causal=causal, shift=masks.shift, output=outputs[op.output], lse=outputs.get(op.lse),
+        window=masks.window, everywhere=masks.everywhere,
     )  # fmt: skip
     return flash_forward(frame, spec, config)
+
+
+@dataclass(frozen=True)
+class Masks:
+    """The masks of a ``graph.attention(_backward)`` op in its kernel: causal and the
+    sliding window by position (``shift = q0 - k0``), segment ids loaded per block, and the
+    soft cap."""
+
+    causal: bool
+    window: int  # 0: none
+    softcap: float  # 0: none
+    shift: Value | None  # q0 - k0 (i32; None: 0)
+    segments: tuple[SSAValue, ...]  # the query and key segment ids, or ()
+    frame: Frame
+    heads: bool  # q has a head dim (the ids' batch index drops it)
+
+    @property
+    def everywhere(self) -> bool:
+        """Whether every key block needs the mask (not only those a causal mask cuts)."""
+        return bool(self.window or self.segments)
+
+    def cap(self, b: TileBuilder, s: Value) -> tuple[Value, Value | None]:
+        """``softcap · tanh(s / softcap)`` and its derivative by ``s`` (None: no cap)."""
+        if not self.softcap:
+            return s, None
+        t = b.math(mathd.TanhOp, b.div(s, b.constant(self.softcap)))
+        slope = b.sub(b.constant(1.0), b.mul(t, t))
+        return b.mul(t, b.constant(self.softcap)), slope
+
+    def ids(
+        self,
+        b: TileBuilder,
+        which: int,
+        batch_index: Sequence[Value | None],
+        positions: Value,
+        mask: Value | None,
+    ) -> Value:
+        """Segment ids (0: the queries', 1: the keys') at ``positions`` ([n, 1] or [1, n])
+        for a program at q's ``batch_index``."""
+        value = self.segments[which]
+        dims = dims_of(value)
+        index = list(batch_index)[:-1] if self.heads else list(batch_index)
+        block = shape(positions)
+        space = Space(
+            dims,
+            (*index[len(index) - len(dims) + 1 :], positions),
+            block,
+            [mask if size > 1 else None for size in block],
+        )
+        ev = Evaluator(b, space, dict(self.frame.pointers), dict(self.frame.positions))
+        return ev.at(value, ev.full_index(value))
+
+    def visible(
+        self, b: TileBuilder, rows: Value, cols: Value, ids: tuple[Value, Value] | None
+    ) -> Value | None:
+        """Whether query ``rows`` sees key ``cols`` (broadcast), or None: all."""
+        seen = rows if self.shift is None else b.add(rows, self.shift)
+        out = b.cmp("le", cols, seen) if self.causal else None
+        if self.window:
+            out = b.and_(out, b.cmp("lt", b.sub(seen, cols), b.index(self.window)))
+            if not self.causal:
+                out = b.and_(out, b.cmp("lt", b.sub(cols, seen), b.index(self.window)))
+        if ids is not None:
+            out = b.and_(out, b.cmp("eq", ids[0], ids[1]))
+        return out
+
+
+def op_masks(
+    kernel: schedule.KernelOp, frame: Frame, op: graph.AttentionOp | graph.AttentionBackwardOp
+) -> Masks:
+    """The :class:`Masks` of ``op`` in ``kernel``."""
+    attrs = op.attrs()
+    causal, window = attrs["causal"], attrs.get("window", 0)
+    shift = causal_shift(kernel, frame, op) if causal or window else None
+    return Masks(
+        causal, window, attrs.get("softcap", 0.0), shift, op.segment_ids, frame,
+        len(dims_of(op.q)) > 2,
+    )  # fmt: skip
 
 
 def head_groups(q: SSAValue, k: SSAValue) -> int:
@@ -604,7 +696,19 @@ def flash_forward(frame: Frame, spec: FlashForward, config: BlockConfig) -> tile
 
     carried = [m0, l0, acc0]
     first_row = b.mul(pid_m, b.index(bm))
-    if spec.causal and spec.shift is not None:
+    if spec.everywhere:  # every block masked; a window skips the blocks outside it
+        seen = first_row if spec.shift is None else b.add(first_row, spec.shift)
+        lower, upper = b.index(0), b.index(tk)
+        if spec.window:  # the first row sees keys above seen - window
+            lower = b.add(seen, b.index(1 - spec.window))
+            lower = b.mul(b.div(_clamp(b, lower, tk), b.index(bn)), b.index(bn))
+        last_seen = b.add(seen, b.index(bm - 1))
+        if spec.causal:
+            upper = _clamp(b, b.add(last_seen, b.index(1)), tk)
+        elif spec.window:
+            upper = _clamp(b, b.add(last_seen, b.index(spec.window)), tk)
+        loop_results = key_loop(lower, upper, carried, diagonal=True)
+    elif spec.causal and spec.shift is not None:
         # row r sees keys j <= r + shift: those below the block's first row's last key
         # (aligned down to a block) are visible to every row, blocks up to the last
         # row's last key take the mask, later ones are all masked

@@ -14,7 +14,9 @@ forward's ``lse``, and ``delta = rowsum(do * o)`` comes precomputed (the VJP's r
 reduction). With a causal mask the two loops of a program take ``n + 1`` blocks
 together whatever ``p`` is, so programs are balanced. With grouped-query attention a
 program loops over the query heads of its k/v head (dk and dv sum over them).
-Accumulators are f32 (f64 for f64 inputs); ``p`` and ``ds`` enter the dots in the input
+The op's masks (segment ids, a sliding window: the loops then walk only the blocks
+inside it, the soft cap whose slope scales ``ds``) are those of the forward
+(``codegen.attention.Masks``). Accumulators are f32 (f64 for f64 inputs); ``p`` and ``ds`` enter the dots in the input
 dtype (tensor cores for bf16/f16), as in FlashAttention-2. Rows past ``Tq`` and keys past
 ``Tk`` are masked; a query row that sees no key (``lse = -inf``) contributes nothing.
 """
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 from xdsl.dialects.builtin import Float64Type, f32, f64
 from xdsl.ir import SSAValue
 
-from tessera.codegen.attention import MAX_HEAD_DIM, causal_shift, grouped_index, head_groups
+from tessera.codegen.attention import MAX_HEAD_DIM, grouped_index, head_groups, op_masks
 from tessera.codegen.evaluate import dims_of
 from tessera.codegen.frame import (
     DEFAULT,
@@ -68,7 +70,8 @@ def lower_attention_backward(
         )
     attrs = op.attrs()
     causal, scale = attrs["causal"], attrs["scale"]
-    shift = causal_shift(kernel, frame, op) if causal else None
+    masks = op_masks(kernel, frame, op)
+    shift, window = masks.shift, masks.window
     pointers = {t: frame.pointers[t] for t in tensors}
     outputs = dict(zip(yielded(kernel), frame.outputs, strict=True))
     element = op.q.type.element_type  # type: ignore[attr-defined]
@@ -133,10 +136,28 @@ def lower_attention_backward(
         base = batch_offset(body, (*dims_of(tensor), 1), index)
         return body.load(pointers[tensor], _plus(body, base, queries), mask)
 
-    def visible(body: TileBuilder, keys: Value, queries: Value) -> Value:
-        """Causal: key j is visible to query i iff j <= i + q0 - k0."""
-        seen = queries if shift is None else body.add(queries, shift)
-        return body.cmp("le", keys, seen)
+    def visible(
+        body: TileBuilder,
+        keys: Value,
+        queries: Value,
+        index: Sequence[Value | None],
+        key_mask: Value | None,
+        query_mask: Value | None,
+    ) -> Value | None:
+        """Whether key j is visible to query i (causal: j <= i + q0 - k0; the window; the
+        segment ids at ``index``, q's batch index), or None: all are."""
+        ids = None
+        if masks.segments:
+            ids = (
+                masks.ids(body, 0, index, queries, query_mask),
+                masks.ids(body, 1, index, keys, key_mask),
+            )
+        return masks.visible(body, queries, keys, ids)
+
+    def shifted(body: TileBuilder, value: Value, plus: int) -> Value:
+        """``value - (q0 - k0) + plus``: a key position as a query position."""
+        value = value if shift is None else body.sub(value, shift)
+        return body.add(value, body.index(plus)) if plus else value
 
     def clamp(body: TileBuilder, value: Value, upper: int) -> Value:
         return body.minimum(body.maximum(value, body.index(0)), body.index(upper))
@@ -151,10 +172,12 @@ def lower_attention_backward(
     k_block = load_rows(b, op.k, kv_index, key_rows, key_mask)  # [bn, bd]
     v_block = load_rows(b, op.v, kv_index, key_rows, key_mask)  # [bn, bdv]
     first_query = b.index(0)
-    if causal:  # the first query that sees key key_start, aligned down to a block
-        seen_from = key_start if shift is None else b.sub(key_start, shift)
+    if causal or window:  # the first query that sees key key_start, aligned down to a block
+        seen_from = shifted(b, key_start, 0 if causal else 1 - window)
         first_query = b.mul(b.div(clamp(b, seen_from, tq), b.index(bm)), b.index(bm))
     last_query = b.index(tq)
+    if window:  # queries past the window of the block's last key see none of it
+        last_query = clamp(b, shifted(b, key_start, bn - 1 + window), tq)
     if programs > key_blocks:  # programs past the last key block: no query loop
         last_query = b.select(b.cmp("lt", pid, b.index(key_blocks)), last_query, first_query)
 
@@ -172,13 +195,15 @@ def lower_attention_backward(
         delta = load_statistic(body, op.delta, index, q_cols, col_mask)
         zero = body.constant(0.0, compute, (bn, bm))
         s_t = body.mul(body.dot(k_block, body.trans(q), zero), body.constant(scale))
+        s_t, slope_t = masks.cap(body, s_t)
         valid = body.and_(key_mask, col_mask)
-        if causal:
-            valid = body.and_(valid, visible(body, key_rows, q_cols))
+        valid = body.and_(valid, visible(body, key_rows, q_cols, index, key_mask, col_mask))
         p_t = masked(body, body.exp(body.sub(s_t, lse)), valid)  # [bn, bm]
         dv_new = body.dot(body.convert(p_t, dot_element), do, dv_acc)
         dp_t = body.dot(v_block, body.trans(do), zero)  # v doᵀ: [bn, bm]
         ds_t = body.mul(p_t, body.sub(dp_t, delta))
+        if slope_t is not None:
+            ds_t = body.mul(ds_t, slope_t)
         dk_new = body.dot(body.convert(ds_t, dot_element), q, dk)
         return [dk_new, dv_new]
 
@@ -210,10 +235,15 @@ def lower_attention_backward(
     query_start = b.mul(pid, b.index(bm))
     rows = b.add(query_start, b.expand_dims(m_range, 1))  # [bm, 1]
     row_mask = None if programs * bm == tq else b.cmp("lt", rows, b.index(tq))
-    last_key = b.index(tk)
+    last_key, first_key = b.index(tk), b.index(0)
+    seen = query_start if shift is None else b.add(query_start, shift)
     if causal:  # keys past the block's last row's last visible key are all masked
-        seen = b.add(query_start, b.index(bm))
-        last_key = clamp(b, seen if shift is None else b.add(seen, shift), tk)
+        last_key = clamp(b, b.add(seen, b.index(bm)), tk)
+    elif window:
+        last_key = clamp(b, b.add(seen, b.index(bm - 1 + window)), tk)
+    if window:  # keys before the first row's window, aligned down to a block
+        first_key = b.add(seen, b.index(1 - window))
+        first_key = b.mul(b.div(clamp(b, first_key, tk), b.index(bn)), b.index(bn))
     if programs > query_blocks:
         last_key = b.select(b.cmp("lt", pid, b.index(query_blocks)), last_key, b.index(0))
 
@@ -226,7 +256,7 @@ def lower_attention_backward(
         delta = load_statistic(body, op.delta, index, rows, row_mask)
         zero = body.constant(0.0, compute, (bm, bn))
         loop, inner, start, (dq,) = body.for_loop(
-            body.index(0), last_key, body.index(bn), [body.constant(0.0, compute, (bm, bd))]
+            first_key, last_key, body.index(bn), [body.constant(0.0, compute, (bm, bd))]
         )
         keys = inner.add(start, n_range)
         k_rows, k_cols = inner.expand_dims(keys, 1), inner.expand_dims(keys, 0)
@@ -235,12 +265,14 @@ def lower_attention_backward(
         k = load_rows(inner, op.k, kv_index, k_rows, k_row_mask)  # [bn, bd]
         v = load_rows(inner, op.v, kv_index, k_rows, k_row_mask)  # [bn, bdv]
         s = inner.mul(inner.dot(q, inner.trans(k), zero), inner.constant(scale))
+        s, slope = masks.cap(inner, s)
         valid = inner.and_(row_mask, k_col_mask)
-        if causal:
-            valid = inner.and_(valid, visible(inner, k_cols, rows))
+        valid = inner.and_(valid, visible(inner, k_cols, rows, index, k_col_mask, row_mask))
         p = masked(inner, inner.exp(inner.sub(s, lse)), valid)  # [bm, bn]
         dp = inner.dot(do, inner.trans(v), zero)  # do vᵀ
         ds = inner.mul(p, inner.sub(dp, delta))
+        if slope is not None:
+            ds = inner.mul(ds, slope)
         inner.yield_([inner.dot(inner.convert(ds, dot_element), k, dq)])
         dq_final = body.mul(loop.results[0], body.constant(scale))
         _, offsets, mask = rows_block(body, op.q, index, rows, row_mask)

@@ -503,19 +503,39 @@ class AttentionOp(GraphOp):
     parallelism computes. With ``zigzag = n`` the sequences of q and of k, v are stored
     in zig-zag order over ``n`` ranks (:mod:`tessera.ir.zigzag`) and the mask compares
     their true positions. A row that sees no key gives 0 and an lse of -inf. k and v may
-    have fewer heads than q (grouped-query attention, heads in dim -3)."""
+    have fewer heads than q (grouped-query attention, heads in dim -3).
+
+    Masks: with ``segments = true`` the operands after q, k, v start with the query and
+    key segment ids (i32 ``[batch, Tq]``, ``[batch, Tk]``, batch: q's dims before the
+    heads; a key padding mask is ids no query has): query ``i`` sees key ``j`` only if
+    their ids are equal. ``window = w`` hides keys with ``|q0 + i - k0 - j| >= w`` (it
+    takes the positions as causal does); ``softcap = c`` makes the scores ``c · tanh(s /
+    c)`` before masking."""
 
     name = "graph.attention"
     q = operand_def(TensorType)
     k = operand_def(TensorType)
     v = operand_def(TensorType)
-    positions = var_operand_def(TensorType)
+    extra = var_operand_def(TensorType)  # [q_segment_ids, kv_segment_ids], [q0, k0]
     output = result_def(TensorType)
     lse = result_def(TensorType)
     causal = prop_def(BoolAttr)
     scale = prop_def(FloatAttr)
     zigzag = opt_prop_def(IntegerAttr)
+    window = opt_prop_def(IntegerAttr)
+    softcap = opt_prop_def(FloatAttr)
+    segments = opt_prop_def(BoolAttr)
     shape_rule = staticmethod(shape_rules.attention)
+
+    @property
+    def segment_ids(self) -> tuple[SSAValue, ...]:
+        """``(q_segment_ids, kv_segment_ids)``, or ``()``."""
+        return attention_segment_ids(self, 3)
+
+    @property
+    def positions(self) -> tuple[SSAValue, ...]:
+        """``(q0, k0)``, or ``()``."""
+        return attention_positions(self, 3)
 
 
 @irdl_op_definition
@@ -527,8 +547,8 @@ class AttentionBackwardOp(GraphOp):
 
     from the output's cotangent ``do``, the forward's ``lse`` and ``delta =
     rowsum(do * o)`` (``[..., Tq]``, the lse's dtype); the probabilities are recomputed
-    block by block from ``lse``. ``positions``, ``causal``, ``scale`` and ``zigzag`` as
-    the forward's."""
+    block by block from ``lse``. The segment ids, positions and properties as the
+    forward's."""
 
     name = "graph.attention_backward"
     q = operand_def(TensorType)
@@ -537,14 +557,37 @@ class AttentionBackwardOp(GraphOp):
     do = operand_def(TensorType)
     lse = operand_def(TensorType)
     delta = operand_def(TensorType)
-    positions = var_operand_def(TensorType)
+    extra = var_operand_def(TensorType)  # [q_segment_ids, kv_segment_ids], [q0, k0]
     dq = result_def(TensorType)
     dk = result_def(TensorType)
     dv = result_def(TensorType)
     causal = prop_def(BoolAttr)
     scale = prop_def(FloatAttr)
     zigzag = opt_prop_def(IntegerAttr)
+    window = opt_prop_def(IntegerAttr)
+    softcap = opt_prop_def(FloatAttr)
+    segments = opt_prop_def(BoolAttr)
     shape_rule = staticmethod(shape_rules.attention_backward)
+
+    @property
+    def segment_ids(self) -> tuple[SSAValue, ...]:
+        """``(q_segment_ids, kv_segment_ids)``, or ``()``."""
+        return attention_segment_ids(self, 6)
+
+    @property
+    def positions(self) -> tuple[SSAValue, ...]:
+        """``(q0, k0)``, or ``()``."""
+        return attention_positions(self, 6)
+
+
+def attention_segment_ids(op: GraphOp, first: int) -> tuple[SSAValue, ...]:
+    """The segment-id operands of an attention op whose fixed operands are ``first``."""
+    return tuple(op.operands[first : first + 2]) if op.attrs().get("segments") else ()
+
+
+def attention_positions(op: GraphOp, first: int) -> tuple[SSAValue, ...]:
+    """The position operands (after the segment ids) of an attention op."""
+    return tuple(op.operands[first + 2 * bool(op.attrs().get("segments")) :])
 
 
 # --- layout ----------------------------------------------------------------------------------

@@ -342,21 +342,53 @@ def _check_attention_operands(
         raise ShapeError(f"expected a finite scale, found {scale}")
 
 
+def _check_masking(
+    q: AbstractTensor,
+    k: AbstractTensor,
+    extra: Sequence[AbstractTensor],
+    window: int,
+    softcap: float,
+    segments: bool,
+) -> Sequence[AbstractTensor]:
+    """Checks the segment ids (``segments``: the first two of ``extra``), the window and
+    the soft cap; returns the position operands (the rest)."""
+    if window < 0:
+        raise ShapeError(f"expected a positive window, found {window}")
+    if softcap < 0 or not math.isfinite(softcap):
+        raise ShapeError(f"expected a positive finite softcap, found {softcap}")
+    if not segments:
+        return extra
+    if len(extra) < 2:
+        raise ShapeError("expected the query and key segment ids after q, k and v")
+    batch = q.shape[:-3]
+    for role, ids, length in (("query", extra[0], q.shape[-2]), ("key", extra[1], k.shape[-2])):
+        want = AbstractTensor((*batch, length), DType.i32)
+        if ids != want:
+            raise ShapeError(f"expected the {role} segment ids to be {want}, found {ids}")
+    return extra[2:]
+
+
 def attention(
     q: AbstractTensor,
     k: AbstractTensor,
     v: AbstractTensor,
-    *positions: AbstractTensor,
+    *extra: AbstractTensor,
     causal: bool,
     scale: float,
     zigzag: int = 0,
+    window: int = 0,
+    softcap: float = 0.0,
+    segments: bool = False,
 ) -> tuple[AbstractTensor, AbstractTensor]:
     """``softmax(scale · q kᵀ [masked]) v`` and its per-row log-sum-exp ``[..., Tq]``.
 
-    ``positions`` are the optional causal offsets ``q0, k0`` (i32 scalars): query ``i``
-    sees key ``j`` iff ``q0 + i >= k0 + j``; ``zigzag = n``: q, k and v are stored in
-    zig-zag order over ``n`` ranks (``i`` and ``j`` are their true positions)."""
+    ``extra``: with ``segments`` the segment ids ``[batch, Tq]`` and ``[batch, Tk]`` (i32,
+    ``batch`` q's dims before the heads), then the optional offsets ``q0, k0`` (i32
+    scalars): query ``i`` sees key ``j`` iff ``q0 + i >= k0 + j`` (causal) and ``|q0 + i -
+    k0 - j| < window``; ``zigzag = n``: q, k and v are stored in zig-zag order over ``n``
+    ranks (``i`` and ``j`` are their true positions)."""
     _check_attention_operands(q, k, v, scale)
+    positions = _check_masking(q, k, extra, window, softcap, segments)
     _check_positions(positions)
     _check_zigzag(zigzag)
     out = q.with_shape((*q.shape[:-1], v.shape[-1]))
@@ -370,15 +402,18 @@ def attention_backward(
     do: AbstractTensor,
     lse: AbstractTensor,
     delta: AbstractTensor,
-    *positions: AbstractTensor,
+    *extra: AbstractTensor,
     causal: bool,
     scale: float,
     zigzag: int = 0,
+    window: int = 0,
+    softcap: float = 0.0,
+    segments: bool = False,
 ) -> tuple[AbstractTensor, AbstractTensor, AbstractTensor]:
     """``dq, dk, dv`` of :func:`attention` from the output's cotangent ``do``, the
     forward's ``lse`` and ``delta = rowsum(do * o)`` (both ``[..., Tq]``)."""
     _check_attention_operands(q, k, v, scale)
-    _check_positions(positions)
+    _check_positions(_check_masking(q, k, extra, window, softcap, segments))
     _check_zigzag(zigzag)
     want = q.with_shape((*q.shape[:-1], v.shape[-1]))
     if do != want:

@@ -356,6 +356,12 @@ def attention(
     q_offset: Operand | None = None,
     k_offset: Operand | None = None,
     zigzag: int | None = None,
+    key_padding_mask: Operand | None = None,
+    segment_ids: Operand | None = None,
+    q_segment_ids: Operand | None = None,
+    kv_segment_ids: Operand | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
     """Scaled dot-product attention, ``softmax(scale · q kᵀ) v`` over the keys, as one
     fused op (torch's ``F.scaled_dot_product_attention``, ``jax.nn.dot_product_attention``).
@@ -368,6 +374,16 @@ def attention(
     that sees no key gives 0. Neither direction materialises the ``[Tq, Tk]`` scores
     (flash attention forward and backward), and with the sequence split over a mesh
     axis it runs context-parallel (see ``graph.attention``).
+
+    Masks (``batch``: q's dims before the heads), combined with ``causal``:
+
+    - ``key_padding_mask [batch, Tk]`` (bool, True = keep): padded keys are hidden;
+    - ``q_segment_ids [batch, Tq]``, ``kv_segment_ids [batch, Tk]`` (integers), or one
+      ``segment_ids`` when ``Tq == Tk``: query ``i`` sees key ``j`` only in its own
+      segment (packed documents);
+    - ``window=w``: a sliding window (Mistral), ``|i - j| < w`` on the positions above
+      (with ``causal``: ``i - w < j <= i``);
+    - ``softcap=c``: scores become ``c · tanh(scores / c)`` before masking (Gemma 2).
 
     ``zigzag=n``: the sequences arrive in zig-zag order over ``n`` ranks, as a data loader
     stores them with ``x[..., dist.zigzag_order(T, n), :]`` (Megatron-LM's load-balanced
@@ -383,18 +399,106 @@ def attention(
         raise ShapeError(
             f"graph.attention: scale must be a Python number, found {scale!r}, at {user_location()}"
         )
+    masking: dict[str, Any] = {}
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+            raise ShapeError(
+                f"graph.attention: window must be a positive int, found {window!r}, at "
+                f"{user_location()}"
+            )
+        masking["window"] = int(window)
+    if softcap is not None:
+        number = isinstance(softcap, (int, float, np.integer, np.floating))
+        if isinstance(softcap, bool) or not number or not 0 < softcap < math.inf:
+            raise ShapeError(
+                f"graph.attention: softcap must be a positive number, found {softcap!r}, at "
+                f"{user_location()}"
+            )
+        masking["softcap"] = float(softcap)
+    segments = _segment_ids(
+        tensors, key_padding_mask, segment_ids, q_segment_ids, kv_segment_ids
+    )
+    if segments:
+        masking["segments"] = True
+    if zigzag is not None and (segments or window is not None):
+        raise TesseraError(
+            "graph.attention: zigzag with segment ids, a key padding mask or a sliding "
+            f"window is not supported yet, at {user_location()}"
+        )
     positions = []
-    if q_offset is not None or k_offset is not None:
+    if q_offset is not None or k_offset is not None or window is not None:
         positions = [_position(q_offset, "q_offset"), _position(k_offset, "k_offset")]
     order = {} if zigzag is None else {"zigzag": _zigzag_ranks(zigzag, *tensors[:2])}
     out, _ = current_trace().bind(
         graph.AttentionOp,
-        [*tensors, *positions],
+        [*tensors, *segments, *positions],
         causal=bool(causal),
         scale=float(scale),
         **order,
+        **masking,
     )
     return out
+
+
+def _mask_argument(x: Operand, what: str, shape: tuple[int, ...], kind: str) -> Tensor:
+    """``attention``'s mask or segment ids ``x``, checked to be of ``shape``, bool
+    (``kind`` "b") or integer ("i")."""
+    (tensor,) = _tensors(x)
+    ok = tensor.dtype == DType.i1 if kind == "b" else tensor.dtype.is_int and tensor.dtype != DType.i1
+    if not ok or tuple(tensor.shape) != shape:
+        want = "a bool" if kind == "b" else "an integer"
+        raise ShapeError(
+            f"graph.attention: {what} must be {want} tensor of shape {list(shape)} "
+            f"([batch, {'Tq' if what.startswith('q_') else 'Tk'}]), found {tensor.aval}, "
+            f"at {user_location()}"
+        )
+    return astype(tensor, DType.i32) if kind == "i" else tensor
+
+
+def _segment_ids(
+    tensors: Sequence[Tensor],
+    key_padding_mask: Operand | None,
+    segment_ids: Operand | None,
+    q_segment_ids: Operand | None,
+    kv_segment_ids: Operand | None,
+) -> list[Tensor]:
+    """The query and key segment ids (i32) of ``attention``'s masks, or ``[]``: a key
+    padding mask becomes ids no query has (``2 · id`` for the queries, ``2 · id + 1`` for
+    padded keys)."""
+    q, k = tensors[:2]
+    batch = tuple(q.shape[:-3])
+    tq, tk = (q.shape[-2], k.shape[-2]) if q.ndim >= 2 and k.ndim >= 2 else (0, 0)
+    if segment_ids is not None:
+        if q_segment_ids is not None or kv_segment_ids is not None:
+            raise ShapeError(
+                "graph.attention: give segment_ids or q_segment_ids and kv_segment_ids, not "
+                f"both, at {user_location()}"
+            )
+        if tq != tk:
+            raise ShapeError(
+                f"graph.attention: segment_ids needs as many queries as keys, found {tq} and "
+                f"{tk}; give q_segment_ids and kv_segment_ids, at {user_location()}"
+            )
+        q_segment_ids = kv_segment_ids = segment_ids
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ShapeError(
+            "graph.attention: q_segment_ids and kv_segment_ids go together, found only "
+            f"{'q' if kv_segment_ids is None else 'kv'}_segment_ids, at {user_location()}"
+        )
+    ids: list[Tensor] = []
+    if q_segment_ids is not None:
+        name = "segment_ids" if segment_ids is not None else None
+        ids = [
+            _mask_argument(q_segment_ids, name or "q_segment_ids", (*batch, tq), "i"),
+            _mask_argument(kv_segment_ids, name or "kv_segment_ids", (*batch, tk), "i"),
+        ]
+    if key_padding_mask is None:
+        return ids
+    keep = _mask_argument(key_padding_mask, "key_padding_mask", (*batch, tk), "b")
+    padded = 1 - astype(keep, DType.i32)
+    if not ids:
+        return [full((*batch, tq), 0, DType.i32), padded]
+    return [ids[0] * 2, ids[1] * 2 + padded]
 
 
 def _zigzag_ranks(zigzag: Any, q: Tensor, k: Tensor) -> int:

@@ -18,6 +18,10 @@ needed whole. With ``zigzag = n`` (the sequence stored in zig-zag order,
 runs it as a ring with no relayout, or ``unzigzag-attention`` rewrites it into
 natural-order calls.
 
+Segment ids (a key padding mask becomes ids) split with q's batch and rows and k's
+batch and keys; all-gathered with k and v under context parallelism (the ring does not
+carry them, nor a window: ``ring_plan`` gathers). A window takes the causal positions.
+
 References compute in f32 (f64 for f64 inputs) and round once, as the kernels do.
 """
 
@@ -57,13 +61,18 @@ def _rule(backward: bool) -> Rule:
         q_dims, k_dims = (*batch, rows, head), (*batch, keys, head)
         v_dims, o_dims, row_dims = (*batch, keys, value_head), (*batch, rows, value_head), (*batch, rows)
         first = BACKWARD_OPERANDS if backward else FORWARD_OPERANDS
-        positions = [()] * (len(operands) - first)
+        segments: list[tuple[int, ...]] = []
+        if attrs.get("segments"):  # [batch, Tq] and [batch, Tk]: q's dims before the heads
+            outer = batch[:-1] if q.rank > 2 else batch
+            segments = [(*outer, rows), (*outer, keys)]
+        extra = [*segments, *[()] * (len(operands) - first - len(segments))]
         if backward:
-            dims = [q_dims, k_dims, v_dims, o_dims, row_dims, row_dims, *positions]
+            dims = [q_dims, k_dims, v_dims, o_dims, row_dims, row_dims, *extra]
             out = [q_dims, k_dims, v_dims]
         else:
-            dims, out = [q_dims, k_dims, v_dims, *positions], [o_dims, row_dims]
-        positions = ((rows, first), (keys, first + 1)) if attrs["causal"] else ()
+            dims, out = [q_dims, k_dims, v_dims, *extra], [o_dims, row_dims]
+        at = first + len(segments)
+        positions = ((rows, at), (keys, at + 1)) if by_position(attrs) else ()
         return b.rule(dims, out, "sum", positions)
 
     rule.__doc__ = (
@@ -75,6 +84,12 @@ def _rule(backward: bool) -> Rule:
 
 
 # --- reference semantics ------------------------------------------------------------------
+
+
+def by_position(attrs: dict[str, Any]) -> bool:
+    """Whether the op masks by position (causal or a sliding window): it then takes the
+    position offsets."""
+    return bool(attrs["causal"] or attrs.get("window"))
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -89,17 +104,33 @@ def _grouped(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def _scores(
-    op: graph.GraphOp, q: torch.Tensor, k: torch.Tensor, positions: tuple[torch.Tensor, ...]
-) -> torch.Tensor:
-    """``scale · q kᵀ``, -inf where the causal mask hides a key."""
+    op: graph.GraphOp, q: torch.Tensor, k: torch.Tensor, extra: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``scale · q kᵀ`` (soft-capped), -inf where a mask hides a key; and with a soft cap
+    the derivative of the capped scores by the uncapped ones."""
     attrs = op.attrs()
     scores = q @ k.transpose(-1, -2) * attrs["scale"]
-    if attrs["causal"]:
+    slope = None
+    if attrs.get("softcap"):
+        cap = attrs["softcap"]
+        scores = torch.tanh(scores / cap)
+        slope = 1 - scores * scores
+        scores = scores * cap
+    segments, positions = (extra[:2], extra[2:]) if attrs.get("segments") else ((), extra)
+    hidden = torch.zeros(scores.shape[-2:], dtype=torch.bool)
+    if by_position(attrs):
         q0, k0 = (int(p) for p in positions) if positions else (0, 0)
-        rows = _true_positions(q.shape[-2], attrs.get("zigzag", 0)) + q0
-        cols = _true_positions(k.shape[-2], attrs.get("zigzag", 0)) + k0
-        scores = scores.masked_fill(rows[:, None] < cols[None, :], float("-inf"))
-    return scores
+        rows = _true_positions(q.shape[-2], attrs.get("zigzag", 0))[:, None] + q0
+        cols = _true_positions(k.shape[-2], attrs.get("zigzag", 0))[None, :] + k0
+        if attrs["causal"]:
+            hidden = hidden | (rows < cols)
+        if attrs.get("window"):
+            hidden = hidden | ((rows - cols).abs() >= attrs["window"])
+    if segments:
+        q_ids, k_ids = segments
+        differ = q_ids[..., :, None] != k_ids[..., None, :]  # [batch, Tq, Tk]
+        hidden = hidden | (differ[..., None, :, :] if q.dim() > 2 else differ)
+    return scores.masked_fill(hidden, float("-inf")), slope
 
 
 def _true_positions(length: int, zigzag: int) -> torch.Tensor:
@@ -119,11 +150,11 @@ def _probabilities(scores: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
 def _attention_reference(op: graph.AttentionOp) -> Callable[..., tuple[torch.Tensor, ...]]:
     """``softmax(scale · q kᵀ) v`` and the log-sum-exp, from the scores in full."""
 
-    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *positions: torch.Tensor) -> Any:
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *extra: torch.Tensor) -> Any:
         compute = _compute_dtype(q)
         heads = q.shape[-3] if q.dim() > 2 else 0
         qc, kc, vc = (t.to(compute) for t in (q, _grouped(k, heads), _grouped(v, heads)))
-        scores = _scores(op, qc, kc, positions)
+        scores, _ = _scores(op, qc, kc, extra)
         lse = torch.logsumexp(scores, dim=-1)  # -inf for a row that sees no key
         return (_probabilities(scores, lse) @ vc).to(q.dtype), lse
 
@@ -143,7 +174,7 @@ def _attention_backward_reference(
     op: graph.AttentionBackwardOp,
 ) -> Callable[..., tuple[torch.Tensor, ...]]:
     """With ``p = exp(scale · q kᵀ - lse)`` (masked): ``dv = pᵀ do``, ``ds = p (do vᵀ -
-    delta)``, ``dq = scale · ds k``, ``dk = scale · dsᵀ q``."""
+    delta)`` (times the soft cap's slope), ``dq = scale · ds k``, ``dk = scale · dsᵀ q``."""
     scale = op.attrs()["scale"]
 
     def run(
@@ -153,14 +184,17 @@ def _attention_backward_reference(
         do: torch.Tensor,
         lse: torch.Tensor,
         delta: torch.Tensor,
-        *positions: torch.Tensor,
+        *extra: torch.Tensor,
     ) -> Any:
         compute = _compute_dtype(q)
         heads = q.shape[-3] if q.dim() > 2 else 0
         qc, kc, vc = (t.to(compute) for t in (q, _grouped(k, heads), _grouped(v, heads)))
         doc = do.to(compute)
-        p = _probabilities(_scores(op, qc, kc, positions), lse.to(compute))
+        scores, slope = _scores(op, qc, kc, extra)
+        p = _probabilities(scores, lse.to(compute))
         ds = p * (doc @ vc.transpose(-1, -2) - delta.to(compute)[..., None])
+        if slope is not None:
+            ds = ds * slope
         dq = ds @ kc * scale
         dk = _ungrouped(ds.transpose(-1, -2) @ qc * scale, k)
         dv = _ungrouped(p.transpose(-1, -2) @ doc, v)
@@ -176,7 +210,7 @@ def _attention_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotang
     """``attention_backward`` with ``delta = rowsum(do * o) - dlse``: the log-sum-exp's
     cotangent enters as ``ds = p (dp - delta)`` does (``d lse_i / d s_ij = p_ij``)."""
     d_out, d_lse = cts
-    positions = list(op.operands[FORWARD_OPERANDS:])
+    extra = list(op.operands[FORWARD_OPERANDS:])  # segment ids, positions
     if d_out is None and d_lse is None:
         return [None] * len(op.operands)
     out, lse = op.results
@@ -188,8 +222,8 @@ def _attention_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotang
         delta = b.sub(delta, d_lse)
     attrs = op.attrs()
     q, k, v = op.operands[:FORWARD_OPERANDS]
-    dq, dk, dv = b.ops(graph.AttentionBackwardOp, q, k, v, d_out, lse, delta, *positions, **attrs)
-    return [dq, dk, dv, *[None] * len(positions)]
+    dq, dk, dv = b.ops(graph.AttentionBackwardOp, q, k, v, d_out, lse, delta, *extra, **attrs)
+    return [dq, dk, dv, *[None] * len(extra)]
 
 
 def _no_second_derivative(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:

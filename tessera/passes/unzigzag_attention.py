@@ -165,6 +165,12 @@ class _Unzigzag:
 
     def run(self) -> None:
         op = self.op
+        if self.attrs.get("segments") or self.attrs.get("window"):
+            raise LocatedPassFailure(
+                op,
+                f"unzigzag-attention: {op.name} in zig-zag order with segment ids or a "
+                f"sliding window is not supported yet",
+            )
         if not self.attrs["causal"] or self.ranks <= 1:  # natural order, or it does not matter
             del op.properties["zigzag"]
             return

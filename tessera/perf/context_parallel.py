@@ -135,6 +135,8 @@ def ring_plan(
     if q.shape[-2] != k.shape[-2]:
         return None
     attrs = op.attrs()
+    if attrs.get("segments") or attrs.get("window"):
+        return None  # the ring does not carry segment ids or skip by window: gathered
     stored = attrs.get("zigzag", 0)
     if attrs["causal"] and stored and (stored != size or q.shape[-2] % 2):
         return None  # not the ring's zig-zag pairs: gathered (see ``unzigzag-attention``)
