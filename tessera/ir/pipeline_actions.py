@@ -31,6 +31,10 @@ COMPUTE_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 TRANSFER_KINDS = (SEND_ACTIVATION, RECV_ACTIVATION, SEND_GRAD, RECV_GRAD)
 ACTION_KINDS = COMPUTE_KINDS + TRANSFER_KINDS
 
+# an action's fields (kind, microbatch, stage, peer) as a plain tuple: what the planner's
+# many simulations read, without building (and checking) an Action object per step
+Step = tuple[str, int, int, int | None]
+
 
 @dataclass(frozen=True)
 class Action:

@@ -48,13 +48,13 @@ from typing import Any
 
 from tessera.perf.collective_cost import collective_time
 from tessera.perf.compute_cost import compute_time
-from tessera.perf.pipeline_simulate import simulate_pipeline
+from tessera.perf.pipeline_simulate import PipelineProgram, simulate_pipeline
 from tessera.perf.topology import Topology
 from tessera.pipeline.theory import bubble_fraction, peak_activations
 from tessera.plan.layer import LayerProfile, LayerShape, profile_layer
 from tessera.plan.models import ModelSpec
 from tessera.plan.strategy import Strategy, dp_group, rank_of
-from tessera.transforms.pipeline_schedules import pipeline_schedule
+from tessera.transforms.pipeline_schedules import schedule_steps
 
 BF16 = 2
 ADAM_FP32 = 12  # master weights, first and second moments
@@ -129,69 +129,158 @@ def stage_params(
     model: ModelSpec, s: Strategy, layers: int, first: bool, last: bool
 ) -> tuple[float, float]:
     """(dense, expert) parameters a rank of a stage with ``layers`` layers holds."""
+    return _stage_params(model, s.tp, s.ep, layers, first, last)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_params(
+    model: ModelSpec, tp: int, ep: int, layers: int, first: bool, last: bool
+) -> tuple[float, float]:
     moe_share = model.moe_layers / model.layers
     dense_layer = model.dense_layer_params() if not model.is_moe else (
         (1 - moe_share) * model.dense_layer_params()
         + moe_share * (model.moe_layer_params() - model.expert_params())
     )  # fmt: skip
-    dense = layers * dense_layer / s.tp
-    embedding = model.vocab * model.hidden / s.tp
+    dense = layers * dense_layer / tp
+    embedding = model.vocab * model.hidden / tp
     if first:
         dense += embedding
     if last and (not first or not model.tied_embeddings):
         dense += embedding
-    expert = layers * moe_share * model.expert_params() / (s.tp * s.ep)
+    expert = layers * moe_share * model.expert_params() / (tp * ep)
     return dense, expert
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How a model's layers and parameters lie on ``pp`` pipeline ranks of ``virtual``
+    chunks each (parameters split over tp and ep).
+
+    A stage's times depend on its layer count and on whether it is the last stage alone:
+    stages of the same *kind* take the same times, and so do ranks whose chunks are of
+    the same kinds, so maxima over stages (ranks) need the first of each kind."""
+
+    counts: tuple[int, ...]  # layers per stage (stage_layers)
+    kind_of: tuple[int, ...]  # per stage, the first stage of its kind
+    stage_kinds: tuple[int, ...]  # the first stage of each kind, in order
+    rank_kinds: tuple[tuple[int, ...], ...]  # the first rank of each kind: its chunks' kinds
+    busiest_layers: int  # the most layers a rank holds
+    # the first and the last rank: (rank, layers, dense parameters, expert parameters)
+    edges: tuple[tuple[int, int, float, float], ...]
+    stage_params: tuple[float, float]  # (dense, expert) of the largest stage, times virtual
+    one_layer: float  # dense + expert parameters of one layer
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout(model: ModelSpec, tp: int, ep: int, pp: int, virtual: int) -> _Layout:
+    stages = pp * virtual
+    counts = tuple(stage_layers(model.layers, stages))
+    kinds = [(count, stage == stages - 1) for stage, count in enumerate(counts)]
+    first = {kind: stage for stage, kind in reversed([*enumerate(kinds)])}
+    kind_of = tuple(first[kind] for kind in kinds)
+    ranks = {tuple(kind_of[c] for c in range(r, stages, pp)): r for r in reversed(range(pp))}
+    rank_layers = [sum(counts[c] for c in range(r, stages, pp)) for r in range(pp)]
+    edges = []
+    for rank in (0, pp - 1) if pp > 1 else (0,):
+        layers = rank_layers[rank]
+        params = _stage_params(model, tp, ep, layers, rank == 0, rank == pp - 1)
+        edges.append((rank, layers, *params))
+    d1, e1 = _stage_params(model, tp, ep, 1, False, False)
+    return _Layout(
+        counts=counts,
+        kind_of=kind_of,
+        stage_kinds=tuple(sorted(first.values())),
+        rank_kinds=tuple(chunks for chunks, _ in sorted(ranks.items(), key=lambda x: x[1])),
+        busiest_layers=max(rank_layers),
+        edges=tuple(edges),
+        stage_params=_stage_params(model, tp, ep, max(counts) * virtual, False, False),
+        one_layer=d1 + e1,
+    )
 
 
 def memory(
     model: ModelSpec, s: Strategy, profile: LayerProfile, topology: Topology, global_batch: int
 ) -> Memory:
     """Per-rank memory of the worse of the first and the last pipeline stage."""
-    stages = s.pp * s.virtual
-    counts = stage_layers(model.layers, stages)
+    layout = _layout(model, s.tp, s.ep, s.pp, s.virtual)
     m = s.microbatches(global_batch)
     keep = profile.input_bytes if s.remat == "full" else profile.stash_bytes
-    worst: Memory | None = None
-    for rank in {0, s.pp - 1}:
-        chunks = range(rank, stages, s.pp)
-        layers = sum(counts[c] for c in chunks)
-        dense, expert = stage_params(model, s, layers, 0 in chunks, stages - 1 in chunks)
-        expert_dp = max(1, s.dp // s.ep)
-        divide = {"opt": s.zero >= 1, "grad": s.zero >= 2, "param": s.zero >= 3}
-
-        def share(
-            kind: str, d: float = dense, e: float = expert, n: int = expert_dp,
-            dv: dict[str, bool] = divide,
-        ) -> float:  # fmt: skip
-            return d / s.dp + e / n if dv[kind] else d + e
-
+    expert_dp = max(1, s.dp // s.ep)
+    gathered = 0.0
+    if s.zero >= 3 and s.dp > 1:  # a layer in use, the next prefetched, one's gradient
+        gathered = 3 * BF16 * layout.one_layer
+    worst: tuple[int, int, int, int] | None = None
+    for rank, layers, dense, expert in layout.edges:
+        split = dense / s.dp + expert / expert_dp  # what ZeRO leaves a rank
+        whole = dense + expert
         if s.pp == 1:
             in_flight = 1
         elif s.schedule == "interleaved":
-            in_flight = peak_activations("interleaved", s.pp, m, rank, s.virtual)
+            in_flight = _peak_activations("interleaved", s.pp, m, rank, s.virtual)
         else:
-            in_flight = peak_activations(s.schedule, s.pp, m, rank)
+            in_flight = _peak_activations(s.schedule, s.pp, m, rank)
         per_unit = layers / s.virtual
         activations = in_flight * per_unit * keep + max(0, profile.work_bytes - keep)
-        if stages - 1 in chunks:
+        if rank == s.pp - 1:  # the last stage's logits
             tokens = s.micro_batch * profile.shape.seq // s.cp
             activations += 2 * 4 * tokens * model.vocab / s.tp
-        gathered = 0.0
-        if s.zero >= 3 and s.dp > 1:  # a layer in use, the next prefetched, one's gradient
-            d1, e1 = stage_params(model, s, 1, False, False)
-            gathered = 3 * BF16 * (d1 + e1)
-        candidate = Memory(
-            params=int(BF16 * share("param") + gathered),
-            grads=int(BF16 * share("grad")),
-            optimizer=int(ADAM_FP32 * share("opt")),
-            activations=int(activations),
-            capacity=topology.device.memory_bytes,
+        candidate = (
+            int(BF16 * (split if s.zero >= 3 else whole) + gathered),
+            int(BF16 * (split if s.zero >= 2 else whole)),
+            int(ADAM_FP32 * (split if s.zero >= 1 else whole)),
+            int(activations),
         )
-        if worst is None or candidate.total > worst.total:
+        if worst is None or sum(candidate) > sum(worst):
             worst = candidate
     assert worst is not None
-    return worst
+    return Memory(*worst, capacity=topology.device.memory_bytes)
+
+
+_peak_activations = functools.lru_cache(maxsize=4096)(peak_activations)
+_bubble_fraction = functools.lru_cache(maxsize=1024)(bubble_fraction)
+
+
+class _Identity:
+    """A topology as a cache key, equal to the same object only (a Topology holds dicts,
+    so it has no hash); a cache holding the key keeps the topology, and so its id."""
+
+    __slots__ = ("topology",)
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+
+    def __hash__(self) -> int:
+        return id(self.topology)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.topology is self.topology
+
+
+@functools.lru_cache(maxsize=4096)
+def _collective_s(machine: _Identity, kind: str, nbytes: int, ranks: tuple[int, ...]) -> float:
+    """``collective_time(...).time_s``, asked once (a topology does not change)."""
+    return collective_time(machine.topology, kind, nbytes, ranks).time_s
+
+
+@functools.lru_cache(maxsize=1024)
+def _dp_group(dp: int, tp: int, cp: int, size: int | None = None) -> tuple[int, ...]:
+    return tuple(dp_group(Strategy(dp=dp, tp=tp, cp=cp), size))
+
+
+@functools.lru_cache(maxsize=1024)
+def _profile(
+    model: ModelSpec, seq: int, micro_batch: int, tp: int, cp: int, sp: bool,
+    machine: _Identity, exact: bool,
+) -> LayerProfile:  # fmt: skip
+    """``profile_layer`` of the layer at these sizes (a pure function of its arguments,
+    asked once per search)."""
+    shape = LayerShape.of(model, seq, micro_batch, tp, cp, sp)
+    return profile_layer(shape, machine.topology, exact=exact)
+
+
+@functools.lru_cache(maxsize=256)
+def _flops_per_token(model: ModelSpec, seq: int) -> float:
+    return model.flops_per_token(seq)
 
 
 _FP8_MACHINES: dict[int, tuple[Topology, Topology]] = {}  # id(topology) -> (it, with FP8)
@@ -230,23 +319,52 @@ def _simulated_pipeline(
     against the full simulation)."""
     virtual = s.virtual if s.schedule == "interleaved" else 1
     simulated = min(m, SIMULATED_ROUNDS * s.pp)
-    actions = _schedule(s.schedule, s.pp, simulated, virtual)
-    if s.schedule == "zb-h1":  # input and weight gradients: half of the backward each
-        halves = [b / 2 for b in backward]
-        run = simulate_pipeline(actions, forward, halves, halves, p2p, record_events=False)
-    else:
-        run = simulate_pipeline(actions, forward, backward, 0.0, p2p, record_events=False)
+    run = _simulated_makespan(
+        s.schedule, s.pp, simulated, virtual, tuple(forward), tuple(backward), p2p
+    )
     stages = len(forward)
     work = [sum(forward[c] + backward[c] for c in range(r, stages, s.pp)) for r in range(s.pp)]
-    makespan = run.makespan_s + (m - simulated) * max(work)
+    makespan = run + (m - simulated) * max(work)
     bubble = 1 - m * sum(work) / (s.pp * makespan) if makespan > 0 else 0.0
     return makespan, bubble
 
 
-@functools.lru_cache(maxsize=256)
-def _schedule(kind: str, ranks: int, microbatches: int, virtual: int) -> Any:
-    """The pipeline schedule's actions (built once per shape: strategies share them)."""
-    return pipeline_schedule(kind, ranks, microbatches, virtual)
+@functools.lru_cache(maxsize=1024)
+def _simulated_makespan(
+    kind: str,
+    ranks: int,
+    microbatches: int,
+    virtual: int,
+    forward: tuple[float, ...],
+    backward: tuple[float, ...],
+    p2p: float,
+) -> float:
+    """The simulated makespan (strategies differing only where the pipeline does not
+    look, e.g. ZeRO 0-2, share it)."""
+    program = _schedule(kind, ranks, microbatches, virtual)
+    if kind == "zb-h1":  # input and weight gradients: half of the backward each
+        halves = [b / 2 for b in backward]
+        run = simulate_pipeline(program, forward, halves, halves, p2p, record_events=False)
+    else:
+        run = simulate_pipeline(program, forward, backward, 0.0, p2p, record_events=False)
+    return run.makespan_s
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(kind: str, ranks: int, microbatches: int, virtual: int) -> PipelineProgram:
+    """The pipeline schedule, compiled for the simulator (once per shape: strategies
+    share it)."""
+    return PipelineProgram.from_steps(schedule_steps(kind, ranks, microbatches, virtual))
+
+
+def screen_memory(
+    model: ModelSpec, s: Strategy, topology: Topology, global_batch: int, seq: int
+) -> Memory:
+    """The memory ``estimate(..., screen=True)`` reports, without the step time (a search
+    drops most strategies on memory alone)."""
+    machine = _Identity(_machine(topology, s.precision))
+    profile = _profile(model, seq, s.micro_batch, s.tp, s.cp, s.sp, machine, False)
+    return memory(model, s, profile, topology, global_batch)
 
 
 def estimate(
@@ -259,8 +377,8 @@ def estimate(
 ) -> Estimate:
     """Memory and step time of strategy ``s`` (``topology`` holds at least ``s.gpus``)."""
     machine = _machine(topology, s.precision)
-    shape = LayerShape.of(model, seq, s.micro_batch, s.tp, s.cp, s.sp)
-    profile = profile_layer(shape, machine, exact=not screen)
+    same = _Identity(topology)  # collectives run on the topology, layers on the machine
+    profile = _profile(model, seq, s.micro_batch, s.tp, s.cp, s.sp, _Identity(machine), not screen)
     mem = memory(model, s, profile, topology, global_batch)
     m = s.microbatches(global_batch)
     device = machine.device
@@ -270,7 +388,7 @@ def estimate(
     a2a = 0.0
     if model.is_moe and s.ep > 1:
         nbytes = int(tokens * model.top_k * model.hidden * BF16 / s.tp)
-        a2a = collective_time(topology, "all_to_all", nbytes, dp_group(s, s.ep)).time_s
+        a2a = _collective_s(same, "all_to_all", nbytes, _dp_group(s.dp, s.tp, s.cp, s.ep))
     moe_share = model.moe_layers / model.layers
     layer_f = profile.forward_s + 2 * a2a * moe_share
     layer_b = profile.backward_s + 2 * a2a * moe_share
@@ -281,76 +399,78 @@ def estimate(
     if s.remat == "full":
         layer_b += profile.forward_s
 
+    # stage times, by kind of stage (_Layout): the first stage of each kind -> its time
     stages = s.pp * s.virtual
-    counts = stage_layers(model.layers, stages)
-    forward = [c * layer_f for c in counts]
-    backward = [c * layer_b for c in counts]
+    layout = _layout(model, s.tp, s.ep, s.pp, s.virtual)
+    forward = {c: layout.counts[c] * layer_f for c in layout.stage_kinds}
+    backward = {c: layout.counts[c] * layer_b for c in layout.stage_kinds}
     head = 2.0 * tokens * model.hidden * model.vocab / s.tp
-    forward[-1] += compute_time(topology.device, head, 0, "bf16")  # BF16 with FP8 too
-    backward[-1] += compute_time(topology.device, 2 * head, 0, "bf16")
+    forward[stages - 1] += compute_time(topology.device, head, 0, "bf16")  # BF16 with FP8 too
+    backward[stages - 1] += compute_time(topology.device, 2 * head, 0, "bf16")
 
     # ZeRO-3 gathers the stage's parameters twice per microbatch (forward; backward, with
     # any recomputation) and reduce-scatters their gradients, layer by layer, each layer's
     # prefetched during the previous one's compute: the first layer's gather and the last
     # layer's reduce-scatter are exposed, the rest only where they outlast the compute
     zero3_exposed = 0.0
-    stage_layer_count = max(counts) * s.virtual
-    dense, expert = stage_params(model, s, stage_layer_count, False, False)
-    group = dp_group(s)
+    stage_layer_count = max(layout.counts) * s.virtual
+    dense, expert = layout.stage_params
+    group = _dp_group(s.dp, s.tp, s.cp)
     if s.zero == 3 and s.dp > 1:
         nbytes = int(BF16 * (dense + expert))
-        gather = collective_time(topology, "all_gather", nbytes, group).time_s
-        scatter = collective_time(topology, "reduce_scatter", nbytes, group).time_s
+        gather = _collective_s(same, "all_gather", nbytes, group)
+        scatter = _collective_s(same, "reduce_scatter", nbytes, group)
         per_mb = 2 * gather + scatter
-        busiest = max(f + b for f, b in zip(forward, backward, strict=True))
+        busiest = max(forward[c] + backward[c] for c in layout.stage_kinds)
         edges = (gather + scatter) / stage_layer_count
         zero3_exposed = max(0.0, per_mb - busiest) + edges
-        backward = [b + zero3_exposed for b in backward]
+        backward = {c: b + zero3_exposed for c, b in backward.items()}
 
     p2p = 0.0
     if s.pp > 1:
-        nbytes = profile.input_bytes
-        p2p = collective_time(topology, "send", nbytes, [0, rank_of(s, pp=1)]).time_s
+        p2p = _collective_s(same, "send", profile.input_bytes, (0, rank_of(s, pp=1)))
     if s.pp == 1:
         makespan = m * (forward[0] + backward[0])
         bubble = 0.0
         simulated = True
     elif screen:
-        per_rank = [
-            sum(forward[c] + backward[c] for c in range(r, stages, s.pp)) for r in range(s.pp)
-        ]
+        busiest_rank = max(
+            sum(forward[c] + backward[c] for c in chunks) for chunks in layout.rank_kinds
+        )
         virtual = s.virtual if s.schedule == "interleaved" else 1
-        bubble = bubble_fraction(s.schedule, s.pp, m, virtual)
-        makespan = m * max(per_rank) / (1 - bubble) + 2 * (s.pp - 1) * p2p
+        bubble = _bubble_fraction(s.schedule, s.pp, m, virtual)
+        makespan = m * busiest_rank / (1 - bubble) + 2 * (s.pp - 1) * p2p
         simulated = False
     else:
-        makespan, bubble = _simulated_pipeline(s, m, forward, backward, p2p)
+        makespan, bubble = _simulated_pipeline(
+            s, m, [forward[c] for c in layout.kind_of], [backward[c] for c in layout.kind_of], p2p
+        )
         simulated = True
 
     # data-parallel gradient reduction and, with ZeRO, the parameter all-gather
     dp_time = 0.0
     if s.dp > 1:
-        for count, ranks in ((dense, group), (expert, dp_group(s, max(1, s.dp // s.ep)))):
+        expert_group = _dp_group(s.dp, s.tp, s.cp, max(1, s.dp // s.ep))
+        for count, ranks in ((dense, group), (expert, expert_group)):
             nbytes = int(BF16 * count)
             if nbytes == 0 or len(ranks) < 2:
                 continue
             if s.zero == 0:
-                dp_time += collective_time(topology, "all_reduce", nbytes, ranks).time_s
+                dp_time += _collective_s(same, "all_reduce", nbytes, ranks)
             elif s.zero in (1, 2):
-                dp_time += collective_time(topology, "reduce_scatter", nbytes, ranks).time_s
-                dp_time += collective_time(topology, "all_gather", nbytes, ranks).time_s
-    last_backward = max(backward) / max(1, s.virtual)
-    per_layer = dp_time / max(1, max(counts))
+                dp_time += _collective_s(same, "reduce_scatter", nbytes, ranks)
+                dp_time += _collective_s(same, "all_gather", nbytes, ranks)
+    last_backward = max(backward.values()) / max(1, s.virtual)
+    per_layer = dp_time / max(1, max(layout.counts))
     dp_exposed = max(dp_time - last_backward, per_layer) if dp_time else 0.0
     owned = (dense + expert) / (s.dp if s.zero >= 1 else 1)
     optimizer = compute_time(device, 0, 32 * owned, "f32")
     step = makespan + dp_exposed + optimizer
 
     layer_exposed = profile.forward_exposed_comm_s + profile.backward_exposed_comm_s
-    busiest_layers = max(sum(counts[c] for c in range(r, stages, s.pp)) for r in range(s.pp))
-    exposed = m * busiest_layers * (layer_exposed + 4 * a2a * moe_share)
+    exposed = m * layout.busiest_layers * (layer_exposed + 4 * a2a * moe_share)
     exposed += dp_exposed + m * zero3_exposed + (2 * m * p2p if s.pp > 1 else 0.0)
-    flops = model.flops_per_token(seq) * global_batch * seq
+    flops = _flops_per_token(model, seq) * global_batch * seq
     peak = machine.device.matmul_flops["bf16"] * s.gpus  # the precision's peak
     return Estimate(
         strategy=s,

@@ -10,20 +10,29 @@ simulated step time.
    model states, with the reason, counted by rule.
 3. *Screen* the rest with :func:`estimate` and ``screen=True``: the compiled layer at one
    sequence per microbatch (one compile per tp, cp and sequence parallelism), scaled by
-   the microbatch size, and the closed-form bubble; drop those whose memory does not fit.
+   the microbatch size, and the closed-form bubble; drop those whose memory does not fit
+   (:func:`screen_memory`, checked before the step time).
 4. *Simulate* the ``finalists`` fastest exactly: the layer compiled at its microbatch size
    and the pipeline simulator; rank by step time.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from tessera.perf.topology import Topology
-from tessera.plan.estimate import ADAM_FP32, BF16, MEMORY_HEADROOM, Estimate, estimate
+from tessera.plan.estimate import (
+    ADAM_FP32,
+    BF16,
+    MEMORY_HEADROOM,
+    Estimate,
+    estimate,
+    screen_memory,
+)
 from tessera.plan.layer import compiled_count
 from tessera.plan.models import ModelSpec
 from tessera.plan.strategy import Strategy
@@ -86,14 +95,22 @@ def candidates(model: ModelSpec, gpus: int, global_batch: int, seq: int) -> Iter
 
 def model_state_bytes(model: ModelSpec, s: Strategy) -> float:
     """A lower bound of the per-rank model states (no embedding, even stages)."""
-    dense = (model.params() - model.moe_layers * model.expert_params()) / (s.tp * s.pp)
-    expert = model.moe_layers * model.expert_params() / (s.tp * s.pp * s.ep)
+    dense_params, expert_params = _split_params(model)
+    dense = dense_params / (s.tp * s.pp)
+    expert = expert_params / (s.tp * s.pp * s.ep)
     expert_dp = max(1, s.dp // s.ep)
 
     def part(bytes_per: int, divided: bool) -> float:
         return bytes_per * (dense / s.dp + expert / expert_dp if divided else dense + expert)
 
     return part(BF16, s.zero >= 3) + part(BF16, s.zero >= 2) + part(ADAM_FP32, s.zero >= 1)
+
+
+@functools.lru_cache(maxsize=64)
+def _split_params(model: ModelSpec) -> tuple[int, int]:
+    """The model's (dense, routed expert) parameters."""
+    expert = model.moe_layers * model.expert_params()
+    return model.params() - expert, expert
 
 
 def search(
@@ -121,12 +138,11 @@ def search(
         if model_state_bytes(model, s) > capacity:
             result.dropped["model states alone exceed GPU memory"] += 1
             continue
-        rough = estimate(model, s, topology, global_batch, seq, screen=True)
         result.screened += 1
-        if memory_violation(rough):
+        if not screen_memory(model, s, topology, global_batch, seq).fits:
             result.dropped["activations and model states exceed GPU memory"] += 1
             continue
-        screened.append(rough)
+        screened.append(estimate(model, s, topology, global_batch, seq, screen=True))
     screened.sort(key=lambda e: e.step_s)
     final = []
     for rough in screened[:finalists]:

@@ -39,6 +39,7 @@ from tessera.ir.pipeline_actions import (
     SEND_ACTIVATION,
     SEND_GRAD,
     Action,
+    Step,
 )
 from tessera.ir.schedule import ActionOp, PipelineOp, PipelineRankOp
 
@@ -58,6 +59,15 @@ def pipeline_schedule(
     ``virtual`` (model chunks per rank) is for ``interleaved`` only; with ``virtual = 1``
     it is exactly ``1f1b`` (Megatron's interleaved warm-up would run p − r − 1 more
     forwards). Raises :class:`TesseraError` for an unknown kind or bad sizes."""
+    return [
+        [Action(*step) for step in steps]
+        for steps in schedule_steps(kind, ranks, microbatches, virtual)
+    ]
+
+
+def schedule_steps(kind: str, ranks: int, microbatches: int, virtual: int = 1) -> list[list[Step]]:
+    """:func:`pipeline_schedule`'s lists as plain ``(kind, microbatch, stage, peer)``
+    tuples (what the planner simulates: no :class:`Action` built per step)."""
     validate(kind, ranks, microbatches, virtual)
     p, m = ranks, microbatches
     if kind == "gpipe":
@@ -146,19 +156,26 @@ def _zb_h1(p: int, rank: int, m: int) -> list[Compute]:
     return order
 
 
-def _with_transfers(order: list[Compute], stages: int) -> list[Action]:
-    actions: list[Action] = []
+def _with_transfers(order: list[Compute], stages: int) -> list[Step]:
+    steps: list[Step] = []
+    append = steps.append
+    last = stages - 1
     for kind, mb, stage in order:
-        if kind == FORWARD and stage > 0:
-            actions.append(Action(RECV_ACTIVATION, mb, stage, stage - 1))
-        if kind in (BACKWARD, BACKWARD_INPUT) and stage < stages - 1:
-            actions.append(Action(RECV_GRAD, mb, stage, stage + 1))
-        actions.append(Action(kind, mb, stage))
-        if kind == FORWARD and stage < stages - 1:
-            actions.append(Action(SEND_ACTIVATION, mb, stage, stage + 1))
-        if kind in (BACKWARD, BACKWARD_INPUT) and stage > 0:
-            actions.append(Action(SEND_GRAD, mb, stage, stage - 1))
-    return actions
+        if kind == FORWARD:
+            if stage > 0:
+                append((RECV_ACTIVATION, mb, stage, stage - 1))
+            append((kind, mb, stage, None))
+            if stage < last:
+                append((SEND_ACTIVATION, mb, stage, stage + 1))
+        elif kind in (BACKWARD, BACKWARD_INPUT):
+            if stage < last:
+                append((RECV_GRAD, mb, stage, stage + 1))
+            append((kind, mb, stage, None))
+            if stage > 0:
+                append((SEND_GRAD, mb, stage, stage - 1))
+        else:
+            append((kind, mb, stage, None))
+    return steps
 
 
 # --- schedules as IR: action lists to schedule.pipeline and back -------------------------
