@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +31,15 @@ from tessera.plan.strategy import (
 )
 
 EP_NOTE = "expert parallelism is priced analytically (all-to-all cost model); MoE layers are compiled as their active dense MLP"
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on (its affinity), at most 8."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -75,6 +85,11 @@ def parser() -> argparse.ArgumentParser:
                              help="search --gpus only (no Pareto front over GPU counts)")  # fmt: skip
             sub.add_argument("--dry-run", action="store_true",
                              help="compile the best plan at reduced width; run one step")  # fmt: skip
+            sub.add_argument(
+                "--jobs", type=int, default=default_jobs(),
+                help="processes compiling layer programs in parallel (default: the CPUs "
+                "this process may use, at most 8)",
+            )  # fmt: skip
         if name == "launch":
             sub.add_argument("script")
             sub.add_argument("script_args", nargs=argparse.REMAINDER)
@@ -133,7 +148,7 @@ def _recommend(args: argparse.Namespace, model: ModelSpec, seq: int) -> int:
         others = []
     for gpus in [args.gpus, *dict.fromkeys(g for g in others if g != args.gpus)]:
         topology = cluster_topology(args.cluster, gpus)
-        result = search(model, topology, gpus, args.global_batch, seq, fix=fix)
+        result = search(model, topology, gpus, args.global_batch, seq, fix=fix, jobs=args.jobs)
         if gpus == args.gpus:
             best_result = result
         if result.best:

@@ -286,7 +286,8 @@ def _flops_per_token(model: ModelSpec, seq: int) -> float:
 _FP8_MACHINES: dict[int, tuple[Topology, Topology]] = {}  # id(topology) -> (it, with FP8)
 
 
-def _machine(topology: Topology, precision: str) -> Topology:
+def precision_machine(topology: Topology, precision: str) -> Topology:
+    """The machine the layers of a ``precision`` strategy run on (FP8: doubled matmul rate)."""
     if precision != "fp8":
         return topology
     cached = _FP8_MACHINES.get(id(topology))
@@ -362,7 +363,7 @@ def screen_memory(
 ) -> Memory:
     """The memory ``estimate(..., screen=True)`` reports, without the step time (a search
     drops most strategies on memory alone)."""
-    machine = _Identity(_machine(topology, s.precision))
+    machine = _Identity(precision_machine(topology, s.precision))
     profile = _profile(model, seq, s.micro_batch, s.tp, s.cp, s.sp, machine, False)
     return memory(model, s, profile, topology, global_batch)
 
@@ -376,7 +377,7 @@ def estimate(
     screen: bool = False,
 ) -> Estimate:
     """Memory and step time of strategy ``s`` (``topology`` holds at least ``s.gpus``)."""
-    machine = _machine(topology, s.precision)
+    machine = precision_machine(topology, s.precision)
     same = _Identity(topology)  # collectives run on the topology, layers on the machine
     profile = _profile(model, seq, s.micro_batch, s.tp, s.cp, s.sp, _Identity(machine), not screen)
     mem = memory(model, s, profile, topology, global_batch)

@@ -33,7 +33,8 @@ distinct layer program once.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+import multiprocessing
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -320,7 +321,7 @@ def profile_layer(shape: LayerShape, topology: Topology, exact: bool = True) -> 
             attention_forward_flops=b * one.attention_forward_flops,
             attention_backward_flops=b * one.attention_backward_flops,
         )  # fmt: skip
-    key = (shape, topology.name + repr(topology.device))
+    key = _profile_key(shape, topology)
     if key in _PROFILES:
         return _PROFILES[key]
     from tessera.perf.simulate import simulate
@@ -354,7 +355,51 @@ def profile_layer(shape: LayerShape, topology: Topology, exact: bool = True) -> 
     return profile
 
 
+def _profile_key(shape: LayerShape, topology: Topology) -> tuple[LayerShape, str]:
+    return shape, topology.name + repr(topology.device)
+
+
+_PREFETCHED: set[LayerShape] = set()  # shapes compiled by prefetch_profiles' workers
+
+
 def compiled_count() -> int:
-    """Distinct layer programs (one gradient program per shape) compiled so far in this
-    process."""
-    return len(_LOWERED)
+    """Distinct layer programs (one gradient program per shape) compiled so far by this
+    process and its :func:`prefetch_profiles` workers."""
+    return len(_PREFETCHED | set(_LOWERED))
+
+
+def prefetch_profiles(
+    shapes: Iterable[LayerShape], topologies: Sequence[Topology], jobs: int
+) -> None:
+    """Profiles every shape on every topology (as :func:`profile_layer` does) in ``jobs``
+    forked worker processes, one shape per task, so a search's independent layer
+    compiles run in parallel (as ``make -j`` or TorchInductor's compile workers). The
+    profiles are plain numbers, returned over a pipe; a shape a worker fails on is left
+    for :func:`profile_layer` to compile (and report) in this process. Without ``fork``
+    (not Linux or macOS) or with ``jobs <= 1`` this does nothing."""
+    missing = list(
+        dict.fromkeys(
+            s for s in shapes if any(_profile_key(s, t) not in _PROFILES for t in topologies)
+        )
+    )
+    if jobs <= 1 or len(missing) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return
+    context = multiprocessing.get_context("fork")
+    with context.Pool(min(jobs, len(missing)), initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        for shape, profiles in zip(
+            missing, pool.map(_profiles_of, [(s, list(topologies)) for s in missing]), strict=True
+        ):
+            if profiles is None:
+                continue
+            _PREFETCHED.add(shape)
+            for topology, profile in zip(topologies, profiles, strict=True):
+                _PROFILES[_profile_key(shape, topology)] = profile
+
+
+def _profiles_of(task: tuple[LayerShape, list[Topology]]) -> list[LayerProfile] | None:
+    """A worker's task: the shape's profile on each topology (None if it fails)."""
+    shape, topologies = task
+    try:
+        return [profile_layer(shape, t) for t in topologies]
+    except Exception:  # the parent compiles it again and reports the error
+        return None

@@ -31,9 +31,10 @@ from tessera.plan.estimate import (
     MEMORY_HEADROOM,
     Estimate,
     estimate,
+    precision_machine,
     screen_memory,
 )
-from tessera.plan.layer import compiled_count
+from tessera.plan.layer import LayerShape, compiled_count, prefetch_profiles
 from tessera.plan.models import ModelSpec
 from tessera.plan.strategy import Strategy
 from tessera.plan.validate import memory_violation, structural_violations
@@ -121,12 +122,14 @@ def search(
     seq: int,
     finalists: int = 12,
     fix: dict[str, object] | None = None,
+    jobs: int = 1,
 ) -> SearchResult:
-    """The ranked strategies (``fix``: fields every candidate must have, e.g. ``{"tp": 8}``)."""
+    """The ranked strategies (``fix``: fields every candidate must have, e.g. ``{"tp": 8}``;
+    ``jobs``: worker processes compiling the screening's layer programs in parallel)."""
     started = time.perf_counter()
     result = SearchResult(ranked=[])
     capacity = MEMORY_HEADROOM * topology.device.memory_bytes
-    screened: list[Estimate] = []
+    plausible: list[Strategy] = []
     for s in candidates(model, gpus, global_batch, seq):
         if fix and any(getattr(s, k) != v for k, v in fix.items()):
             continue
@@ -138,6 +141,12 @@ def search(
         if model_state_bytes(model, s) > capacity:
             result.dropped["model states alone exceed GPU memory"] += 1
             continue
+        plausible.append(s)
+    machines = {id(m): m for m in (precision_machine(topology, s.precision) for s in plausible)}
+    screening = (LayerShape.of(model, seq, 1, s.tp, s.cp, s.sp) for s in plausible)
+    prefetch_profiles(screening, list(machines.values()), jobs)
+    screened: list[Estimate] = []
+    for s in plausible:
         result.screened += 1
         if not screen_memory(model, s, topology, global_batch, seq).fits:
             result.dropped["activations and model states exceed GPU memory"] += 1

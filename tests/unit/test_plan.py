@@ -170,6 +170,28 @@ def test_dry_run_of_a_recommended_plan() -> None:
     assert torch.isfinite(torch.tensor(run.loss))
 
 
+def test_parallel_layer_compiles_give_the_serial_ranking() -> None:
+    """``jobs=2`` compiles the screening's layer programs in two forked workers: the
+    ranking (strategies, step times, memory) equals the serial search's, exactly."""
+    from tessera.perf.topology import dgx_h100
+    from tessera.plan import estimate, layer
+    from tessera.plan.search import search
+
+    model = load_model(SMALL)
+
+    def ranking(jobs: int) -> tuple[list[tuple[object, ...]], int]:
+        layer._PROFILES.clear(), layer._LOWERED.clear(), layer._PREFETCHED.clear()
+        estimate._profile.cache_clear()
+        result = search(model, dgx_h100(), 8, 16, 32, finalists=2, jobs=jobs)
+        rows = [(e.strategy, e.step_s, e.memory, e.parts) for e in result.ranked]
+        return rows, result.compiled_programs
+
+    serial = ranking(1)
+    parallel = ranking(2)
+    assert layer._PREFETCHED, "the workers compiled nothing"
+    assert parallel == serial
+
+
 def test_zero3_prices_its_gathers_and_buffers() -> None:
     """ZeRO-3 gathers every layer's parameters twice per microbatch and reduce-scatters
     its gradients: against ZeRO-1 on the same layout its step is no shorter, its exposed
