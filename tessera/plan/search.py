@@ -11,7 +11,9 @@ simulated step time.
 3. *Screen* the rest with :func:`estimate` and ``screen=True``: the compiled layer at one
    sequence per microbatch (one compile per tp, cp and sequence parallelism), scaled by
    the microbatch size, and the closed-form bubble; drop those whose memory does not fit
-   (:func:`screen_memory`, checked before the step time).
+   (:func:`screen_memory`, checked before the step time). The screening's layer programs
+   are independent: with ``jobs > 1`` forked workers compile them in parallel first
+   (``tessera plan recommend --jobs``).
 4. *Simulate* the ``finalists`` fastest exactly: the layer compiled at its microbatch size
    and the pipeline simulator; rank by step time.
 """
