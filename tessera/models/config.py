@@ -7,10 +7,16 @@ from typing import Any
 
 from tessera.errors import ArgumentError
 
+_REQUIRED = object()
 
-def _first(raw: dict[str, Any], *keys: str, default: Any = None) -> Any:
-    """The value of the first of ``keys`` that ``raw`` holds (not None), else ``default``."""
-    return next((raw[k] for k in keys if raw.get(k) is not None), default)
+
+def _first(raw: dict[str, Any], *keys: str, default: Any = _REQUIRED) -> Any:
+    """The value of the first of ``keys`` that ``raw`` holds (not None), else ``default``
+    (an error naming ``keys`` when none is given)."""
+    value = next((raw[k] for k in keys if raw.get(k) is not None), default)
+    if value is _REQUIRED:
+        raise ArgumentError(f"config.json has no {' or '.join(map(repr, keys))}")
+    return value
 
 
 def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
@@ -63,7 +69,7 @@ class ModelConfig:
         theta, scaling = _rope(raw)
         return cls(
             model_type=kind,
-            vocab_size=int(raw["vocab_size"]),
+            vocab_size=int(_first(raw, "vocab_size")),
             hidden_size=hidden,
             num_hidden_layers=layers,
             num_attention_heads=heads,

@@ -16,10 +16,11 @@ MODELS: dict[str, type[CausalLM]] = {"llama": Llama, "mistral": Llama, "qwen2": 
 def from_config(config: dict[str, Any] | ModelConfig) -> CausalLM:
     """The model of ``config`` (a parsed Hugging Face ``config.json`` or a
     :class:`ModelConfig`)."""
+    kind = config.model_type if isinstance(config, ModelConfig) else config.get("model_type")
+    if kind not in MODELS:
+        raise ArgumentError(
+            f"unsupported model_type {kind!r}; supported: {', '.join(sorted(MODELS))}"
+        )
     if not isinstance(config, ModelConfig):
         config = ModelConfig.from_dict(config)
-    if config.model_type not in MODELS:
-        raise ArgumentError(
-            f"unsupported model_type {config.model_type!r}; supported: {', '.join(sorted(MODELS))}"
-        )
-    return MODELS[config.model_type](config)
+    return MODELS[kind](config)
