@@ -1,5 +1,5 @@
 """Causal language models checked against Hugging Face ``transformers``: GPT-2, Llama
-(2, 3, 3.1), Mistral and Qwen2, each a Tessera function of ``(params, tokens)`` with
+(2, 3, 3.1), Mistral, Mixtral and Qwen2, each a Tessera function of ``(params, tokens)`` with
 ``params`` keyed by the Hugging Face state-dict names::
 
     model, params = models.load("path/to/checkpoint")   # config.json + safetensors
@@ -13,6 +13,7 @@ from tessera.models.config import ModelConfig
 from tessera.models.files import load, read_tensors, save
 from tessera.models.gpt2 import GPT2
 from tessera.models.llama import Llama
+from tessera.models.mixtral import Mixtral
 from tessera.models.registry import MODELS, from_config
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "MODELS",
     "CausalLM",
     "Llama",
+    "Mixtral",
     "ModelConfig",
     "Params",
     "from_config",

@@ -9,8 +9,11 @@ from tessera.models.base import CausalLM
 from tessera.models.config import ModelConfig
 from tessera.models.gpt2 import GPT2
 from tessera.models.llama import Llama
+from tessera.models.mixtral import Mixtral
 
-MODELS: dict[str, type[CausalLM]] = {"llama": Llama, "mistral": Llama, "qwen2": Llama, "gpt2": GPT2}
+MODELS: dict[str, type[CausalLM]] = {
+    "llama": Llama, "mistral": Llama, "qwen2": Llama, "mixtral": Mixtral, "gpt2": GPT2
+}  # fmt: skip
 
 
 def from_config(config: dict[str, Any] | ModelConfig) -> CausalLM:

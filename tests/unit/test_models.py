@@ -38,6 +38,9 @@ CONFIGS = {
     "mistral": ("MistralConfig", "MistralForCausalLM", SMALL | {"sliding_window": 3}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
               SMALL | {"use_sliding_window": True, "max_window_layers": 1, "sliding_window": 3}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                SMALL | {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 5,
+                         "experts_implementation": "eager"}),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel",
              {"vocab_size": 100, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 16}),
 }  # fmt: skip
@@ -77,11 +80,22 @@ def rotary_forward(self, x: torch.Tensor, position_ids: torch.Tensor):
 def exact_float64(monkeypatch: pytest.MonkeyPatch) -> None:
     """transformers' RMSNorm and rotary tables in the model's dtype (see the module's
     docstring)."""
-    for kind in ("llama", "mistral", "qwen2"):
+    for kind in ("llama", "mistral", "qwen2", "mixtral"):
         module = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
-        prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[kind]
+        prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "mixtral": "Mixtral"}[
+            kind
+        ]
         monkeypatch.setattr(getattr(module, f"{prefix}RMSNorm"), "forward", rms_norm_forward)
         monkeypatch.setattr(getattr(module, f"{prefix}RotaryEmbedding"), "forward", rotary_forward)
+    router = importlib.import_module("transformers.models.mixtral.modeling_mixtral")
+    monkeypatch.setattr(router.MixtralTopKRouter, "forward", router_forward)
+
+
+def router_forward(self, x: torch.Tensor):
+    """Mixtral's router with its softmax in the model's dtype (transformers': float32)."""
+    logits = F.linear(x.reshape(-1, self.hidden_dim), self.weight)
+    top, experts = torch.topk(logits.softmax(-1), self.top_k, dim=-1)
+    return logits, top / top.sum(-1, keepdim=True), experts
 
 
 def hf_loss(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -92,9 +106,25 @@ def hf_loss(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor)
 
 
 def hf_grads(model: torch.nn.Module, tokens, targets) -> dict[str, torch.Tensor]:
+    """The gradients of :func:`hf_loss`, by checkpoint names (transformers keeps Mixtral's
+    experts stacked in memory: ``experts.gate_up_proj [E, 2F, C]``, ``down_proj``)."""
     model.zero_grad()
     hf_loss(model, tokens, targets).backward()
-    return {name: p.grad for name, p in model.named_parameters()}
+    grads = {}
+    for name, p in model.named_parameters():
+        moe = name.split("mlp.")[0] + "block_sparse_moe."
+        if name.endswith("mlp.gate.weight"):
+            grads[f"{moe}gate.weight"] = p.grad
+        elif name.endswith("experts.gate_up_proj"):
+            gate, up = p.grad.chunk(2, dim=1)
+            for e in range(p.shape[0]):
+                grads[f"{moe}experts.{e}.w1.weight"] = gate[e]
+                grads[f"{moe}experts.{e}.w3.weight"] = up[e]
+        elif name.endswith("experts.down_proj"):
+            grads |= {f"{moe}experts.{e}.w2.weight": g for e, g in enumerate(p.grad.unbind(0))}
+        else:
+            grads[name] = p.grad
+    return grads
 
 
 def batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,7 +158,7 @@ def test_logits_and_gradients_match_transformers(kind, tmp_path, exact_float64) 
     assert logits.dtype == torch.float64
     assert relative_error(logits, expected) < 1e-9
     loss, grads = ts.value_and_grad(model.loss, kernels="reference")(params, tokens, targets)
-    assert abs(float(loss) - float(hf_loss(hf, tokens, targets))) < 1e-9
+    assert abs(float(loss) - hf_loss(hf, tokens, targets).item()) < 1e-9
     assert_grads_match(grads, hf_grads(hf, tokens, targets), params, 1e-9)
 
 
@@ -146,23 +176,22 @@ def test_stock_transformers_agrees_to_float32_rounding(tmp_path) -> None:
     assert abs(float(loss) - float(hf(tokens, labels=tokens).loss)) < 1e-5
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "mixtral", "gpt2"])
 def test_tensor_parallel_on_a_dp_tp_mesh(kind, tmp_path, exact_float64) -> None:
     hf = hf_model(kind)
     hf.save_pretrained(tmp_path)
     model, params = models.load(tmp_path)
     mesh = dist.mesh({"dp": 2, "tp": 2})
     specs = model.param_shardings(mesh)
-    assert specs["lm_head.weight" if kind == "llama" else "transformer.wte.weight"].partition == (
-        0,
-    )
+    head = "transformer.wte.weight" if kind == "gpt2" else "lm_head.weight"
+    assert specs[head].partition == (0,)
     rows = dist.ShardSpec(partition=(0,), mesh_axes=("dp",))
     tokens, targets = batch()
     shardings = (specs, rows, rows)
     loss, grads = ts.value_and_grad(
         model.loss, mesh=mesh, in_shardings=shardings, kernels="reference"
     )(params, tokens, targets)
-    assert abs(float(loss) - float(hf_loss(hf, tokens, targets))) < 1e-9
+    assert abs(float(loss) - hf_loss(hf, tokens, targets).item()) < 1e-9
     assert_grads_match(grads, hf_grads(hf, tokens, targets), params, 1e-9)
     jitted = ts.jit(model.logits, mesh=mesh, in_shardings=(specs, rows), kernels="reference")
     assert relative_error(jitted(params, tokens), hf(tokens).logits) < 1e-9
@@ -233,7 +262,9 @@ def test_param_shardings_are_megatron() -> None:
 
 def test_an_unsupported_model_type_is_named_with_the_supported_ones(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 10}))
-    with pytest.raises(ts.ArgumentError, match=r"'bert'; supported: gpt2, llama, mistral, qwen2"):
+    with pytest.raises(
+        ts.ArgumentError, match=r"'bert'; supported: gpt2, llama, mistral, mixtral, qwen2"
+    ):
         models.load(tmp_path)
 
 
