@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import tessera as ts
-from tessera import dist, models, op
+from tessera import dist, graph, models, op, optim
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -277,3 +277,24 @@ def test_a_checkpoint_that_does_not_match_its_config_is_refused(tmp_path) -> Non
     del params["model.norm.weight"]
     with pytest.raises(ts.ArgumentError, match=r"params lack \['model.norm.weight'\]"):
         models.save(tmp_path / "wrong", model, params)
+
+
+def test_param_shardings_drive_a_training_step() -> None:
+    model = models.from_config(json.loads(json.dumps(hf_model("mistral").config.to_dict())))
+    params = {n: 0.2 * torch.randn(s, generator=torch.Generator().manual_seed(0))
+              for n, s in model.param_shapes().items()}  # fmt: skip
+    mesh = dist.mesh({"dp": 2, "tp": 2})
+    rows = dist.ShardSpec(partition=(0,), mesh_axes=("dp",))
+
+    def step(p, tokens, targets):
+        loss = model.loss(p, tokens, targets)
+        return graph.backward(loss), {"loss": loss}
+
+    train = graph.training_step(
+        step, optimizer=optim.AdamW(lr=1e-2), mesh=mesh, kernels="reference",
+        param_shardings=model.param_shardings(mesh), batch_shardings=(rows, rows),
+    )  # fmt: skip
+    state = train.init(params)
+    tokens, targets = batch()
+    losses = [float(train(state, tokens, targets)["loss"]) for _ in range(3)]
+    assert losses[2] < losses[0]
