@@ -30,7 +30,7 @@ if "TRITON_INTERPRET" not in os.environ and not glob.glob("/dev/nvidia[0-9]*"):
     os.environ["TRITON_INTERPRET"] = "1"
 
 if TYPE_CHECKING:
-    from tessera import dist, op, random
+    from tessera import dist, models, op, random
     from tessera.jit_function import JitFunction, jit
     from tessera.program import Lowered
 
@@ -42,6 +42,7 @@ _LAZY = {
     "schedule": ("tessera.schedule", None),
     "numerics": ("tessera.numerics", None),
     "random": ("tessera.random", None),
+    "models": ("tessera.models", None),
     "jit": ("tessera.jit_function", "jit"),
     "JitFunction": ("tessera.jit_function", "JitFunction"),
     "Lowered": ("tessera.program", "Lowered"),

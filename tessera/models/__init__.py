@@ -1,0 +1,31 @@
+"""Causal language models checked against Hugging Face ``transformers``: GPT-2, Llama
+(2, 3, 3.1), Mistral, Mixtral and Qwen2, each a Tessera function of ``(params, tokens)`` with
+``params`` keyed by the Hugging Face state-dict names::
+
+    model, params = models.load("path/to/checkpoint")   # config.json + safetensors
+    logits = ts.jit(model.logits)(params, tokens)
+    specs = model.param_shardings(mesh)                  # Megatron tensor parallelism
+    models.save("out", model, params)                    # transformers loads it
+"""
+
+from tessera.models.base import CausalLM, Params
+from tessera.models.config import ModelConfig
+from tessera.models.files import load, read_tensors, save
+from tessera.models.gpt2 import GPT2
+from tessera.models.llama import Llama
+from tessera.models.mixtral import Mixtral
+from tessera.models.registry import MODELS, from_config
+
+__all__ = [
+    "GPT2",
+    "MODELS",
+    "CausalLM",
+    "Llama",
+    "Mixtral",
+    "ModelConfig",
+    "Params",
+    "from_config",
+    "load",
+    "read_tensors",
+    "save",
+]

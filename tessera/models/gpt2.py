@@ -1,0 +1,86 @@
+"""GPT-2: learned positions, LayerNorm, GELU (tanh), fused q/k/v, a head tied to the
+embedding. Parameters are named and laid out as in transformers' ``GPT2LMHeadModel``
+(its ``Conv1D`` weights are ``[in, out]``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tessera import op
+from tessera.errors import ArgumentError
+from tessera.models.base import CausalLM, Params, activation, heads, merge_heads
+
+
+def conv1d(x: Any, params: Params, name: str) -> Any:
+    """transformers' ``Conv1D``: ``x @ weight + bias``, weight ``[in, out]``."""
+    return x @ params[f"{name}.weight"] + params[f"{name}.bias"]
+
+
+@dataclass(frozen=True)
+class GPT2(CausalLM):
+    """``GPT2LMHeadModel``."""
+
+    def __post_init__(self) -> None:
+        raw = self.config.raw
+        for option in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+            if raw.get(option):
+                raise ArgumentError(f"GPT-2: {option}=True is not supported")
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        c = self.config
+        C, F = c.hidden_size, c.intermediate_size
+        shapes = {
+            "transformer.wte.weight": (c.vocab_size, C),
+            "transformer.wpe.weight": (c.max_position_embeddings, C),
+        }
+        for i in range(c.num_hidden_layers):
+            layer = f"transformer.h.{i}."
+            modules = {"ln_1": (C,), "attn.c_attn": (C, 3 * C), "attn.c_proj": (C, C), "ln_2": (C,),
+                       "mlp.c_fc": (C, F), "mlp.c_proj": (F, C)}  # fmt: skip
+            for name, shape in modules.items():
+                shapes[f"{layer}{name}.weight"] = shape
+                shapes[f"{layer}{name}.bias"] = shape[-1:]
+        shapes |= {"transformer.ln_f.weight": (C,), "transformer.ln_f.bias": (C,)}
+        if not c.tie_word_embeddings:
+            shapes["lm_head.weight"] = (c.vocab_size, C)
+        return shapes
+
+    def tp_dims(self) -> dict[str, int]:
+        dims = {}
+        for name in self.param_shapes():
+            if name.endswith(("c_attn.weight", "c_fc.weight", "c_attn.bias", "c_fc.bias")):
+                dims[name] = 0 if name.endswith("bias") else 1  # output features
+            elif name.endswith("c_proj.weight"):
+                dims[name] = 0  # input features ([in, out] weights)
+            elif name in ("transformer.wte.weight", "lm_head.weight"):
+                dims[name] = 0  # vocabulary
+        return dims
+
+    def logits(self, params: Params, tokens: Any) -> Any:
+        c = self.config
+        T = tokens.shape[1]
+        x = op.take(params["transformer.wte.weight"], tokens, axis=0)
+        x = x + params["transformer.wpe.weight"][:T]
+        for i in range(c.num_hidden_layers):
+            x = self.layer(params, f"transformer.h.{i}.", x)
+        x = self.norm(params, "transformer.ln_f", x)
+        head = "transformer.wte.weight" if c.tie_word_embeddings else "lm_head.weight"
+        return x @ op.transpose(params[head])
+
+    def norm(self, params: Params, name: str, x: Any) -> Any:
+        weight, bias = params[f"{name}.weight"], params[f"{name}.bias"]
+        return op.layer_norm(x, eps=self.config.norm_eps, weight=weight, bias=bias)
+
+    def layer(self, params: Params, prefix: str, x: Any) -> Any:
+        """One pre-LN block of ``x [B, T, C]``."""
+        c = self.config
+        H, D = c.num_attention_heads, c.hidden_size // c.num_attention_heads
+        qkv = conv1d(self.norm(params, f"{prefix}ln_1", x), params, f"{prefix}attn.c_attn")
+        q, k, v = (heads(t, H, D) for t in op.split(qkv, 3, axis=-1))
+        attended = merge_heads(op.attention(q, k, v, causal=True))
+        x = x + conv1d(attended, params, f"{prefix}attn.c_proj")
+        h = activation(c.hidden_act)(
+            conv1d(self.norm(params, f"{prefix}ln_2", x), params, f"{prefix}mlp.c_fc")
+        )
+        return x + conv1d(h, params, f"{prefix}mlp.c_proj")
