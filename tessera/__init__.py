@@ -77,6 +77,7 @@ __all__ = [
     "grad",
     "graph",
     "jit",
+    "models",
     "numerics",
     "op",
     "optim",
