@@ -382,8 +382,13 @@ def prefetch_profiles(
             s for s in shapes if any(_profile_key(s, t) not in _PROFILES for t in topologies)
         )
     )
-    if jobs <= 1 or len(missing) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    if jobs <= 1 or len(missing) < 3 or "fork" not in multiprocessing.get_all_start_methods():
         return
+    # the first shape here: the workers inherit the modules and caches compiling it
+    # loaded (lazily imported passes, kernel templates), instead of each loading them
+    for topology in topologies:
+        profile_layer(missing[0], topology)
+    missing = missing[1:]
     context = multiprocessing.get_context("fork")
     with context.Pool(min(jobs, len(missing)), initializer=torch.set_num_threads, initargs=(1,)) as pool:
         for shape, profiles in zip(
