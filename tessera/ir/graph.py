@@ -15,6 +15,7 @@ A single type after ``:`` means every operand and the result have that type.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -96,9 +97,7 @@ class GraphOp(IRDLOperation):
     @classmethod
     def _property_names(cls) -> list[str]:
         """Property names, those declared by base classes first."""
-        names = list(cls.get_irdl_definition().properties)
-        mro = list(reversed(cls.__mro__))
-        return sorted(names, key=lambda n: next(i for i, k in enumerate(mro) if n in vars(k)))
+        return list(_property_names(cls))
 
     def verify_(self) -> None:
         try:
@@ -1297,6 +1296,14 @@ Graph = Dialect(
     [*GRAPH_OPS, *COLLECTIVE_OPS, *PER_RANK_OPS, ShardOp, CallOp, ScanOp, MeshOp],
     [ShardingAttr],
 )
+
+
+@functools.lru_cache(maxsize=1024)
+def _property_names(op_type: type[GraphOp]) -> tuple[str, ...]:
+    """``GraphOp._property_names`` (cached: an op class's properties are fixed)."""
+    names = list(op_type.get_irdl_definition().properties)
+    mro = list(reversed(op_type.__mro__))
+    return tuple(sorted(names, key=lambda n: next(i for i, k in enumerate(mro) if n in vars(k))))
 
 
 def build(op_type: type[GraphOp], operands: Sequence[SSAValue], **attrs: Any) -> GraphOp:
