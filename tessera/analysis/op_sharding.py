@@ -13,6 +13,12 @@ The decision shared by ``shard-propagate`` (which writes the result layouts) and
   results partial; partial operands stay partial through linear ops, unless
   ``reduction_points`` says to reduce them first);
 - :func:`after_collective` is the layout an explicit collective leaves.
+
+A pass asks through one :class:`Decisions` per function, which reads each op's
+:class:`OpShape` (its rule and types; one per distinct op, shared by ops alike) once and
+prices each candidate assignment once; a choice is kept by everything it reads (a
+bounded cache), so ``insert-collectives`` reuses most of ``shard-propagate``'s choices
+and identical layers share theirs. None of this changes a decision.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from tessera.analysis.reduction_points import REDUCE_WIDENED, ReductionPoints
 from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
+from tessera.ir.attribute_set import AttributeMap
 from tessera.ir.reduction_kinds import KINDS
 from tessera.ir.sharding import MeshLike, Sharding
 from tessera.ir.sharding_rules import (
@@ -105,6 +112,7 @@ class OpShape:
         self.linear = definition.linear or widened
         self.policy = "all" if widened else definition.partial
         self.matmul = isinstance(op, graph.MatmulOp)
+        self.context = rule.has_context
         kinds = [f.kind for f in rule.factors]
         self.reductions = frozenset(f for f, k in enumerate(kinds) if k is FactorKind.REDUCTION)
 
@@ -220,17 +228,21 @@ class OpShape:
         return {}, axes
 
 
-_SHAPES: _Lru[tuple[object, ...], OpShape] = _Lru(4096)
+_SHAPES: AttributeMap[OpShape] = AttributeMap(4096)
 
 
 def op_shape(op: graph.GraphOp) -> OpShape:
     """The :class:`OpShape` of ``op``, shared with the ops alike (a rule reads only the
     op's class, types and properties)."""
+    if isinstance(op, graph.ConstantOp):  # its value may be large: not worth a key
+        return OpShape(op)
     key = (
         type(op),
-        tuple(v.type for v in op.operands),
-        tuple(r.type for r in op.results),
-        tuple(op.properties.items()),
+        *(v.type for v in op.operands),
+        None,  # operands end
+        *(r.type for r in op.results),
+        None,  # results end
+        *(part for item in op.properties.items() for part in item),
         REDUCE_WIDENED in op.attributes,
     )
     try:
@@ -238,8 +250,7 @@ def op_shape(op: graph.GraphOp) -> OpShape:
     except TypeError:  # an unhashable property: not shared
         return OpShape(op)
     if found is None:
-        found = OpShape(op)
-        _SHAPES.put(key, found)
+        found = _SHAPES[key] = OpShape(op)
     return found
 
 
@@ -264,8 +275,12 @@ _CHOICES: _Lru[tuple[object, ...], Assignment] = _Lru(4096)
 
 
 class Decisions:
-    """The sharding decisions of one pass run on one mesh, each op's shape read once
-    (a run must not change an op's types or properties while it decides)."""
+    """The sharding decisions of one pass run over a function on ``mesh``: each op's
+    shape is read once (a run must not change an op's types or properties) and each
+    reshard priced once. ``points`` is asked about an operand only when its layout is
+    partial (no other answer is read), when a choice first needs it, except in
+    :meth:`decide`, which asks as soon as it is called (``insert-collectives`` changes
+    the IR between two decisions)."""
 
     def __init__(self, mesh: MeshLike, points: ReductionPoints):
         self.mesh = mesh
@@ -306,9 +321,7 @@ class Decisions:
         whose users want its results laid out as ``wanted``, where given)."""
         for value, sharding in zip(op.operands, known, strict=True):
             if sharding is not None and sharding.partial:
-                # asked now, at the value's first decision, as the IR is now (only a
-                # partial operand's answer is ever read)
-                _ = value in self.points
+                _ = value in self.points  # asked as the IR is now (see the class)
         pricing = _Pricing(self, op, self.shape(op), known, wanted)
         assignment = self._choose(pricing)
         passed = pricing.passthrough(assignment)
@@ -423,6 +436,11 @@ class _Pricing:
         self._passed: tuple[Passed, frozenset[str]] | None = None
         self._costs: dict[tuple[tuple[int, tuple[str, ...]], ...], float] = {}
 
+    @cached_property
+    def inherited(self) -> set[str]:
+        """The axes over which operands are partial."""
+        return {a for s in self.known if s is not None for a, _ in s.partial}
+
     def reduced(self, index: int) -> bool:
         """Whether a partial operand ``index`` is reduced before its uses (``points``)."""
         return self.op.operands[index] in self.decisions.points
@@ -456,13 +474,12 @@ class _Pricing:
         produced = shape.results(assignment, passed)
         if shape.rule.windows:
             total += self._block_move_bytes(assignment, produced)
-        if shape.rule.has_context:
+        if shape.context:
             total += self._context_cost(assignment, produced, passed)
-        inherited = {a for s in known if s is not None for a, _ in s.partial}
         wants = [*self.wanted, *[None] * (len(produced) - len(self.wanted))]
         for tensor, sharding, want in zip(shape.result_tensors, produced, wants, strict=True):
             # new partial axes are resolved (reduce-scattered where the users' split allows)
-            kept = tuple(p for p in sharding.partial if p[0] in inherited)
+            kept = tuple(p for p in sharding.partial if p[0] in self.inherited)
             gone = dict(kept)
             dims = want.dims if want is not None else sharding.dims
             target = Sharding(tuple(tuple(a for a in d if a not in gone) for d in dims), kept)

@@ -57,6 +57,7 @@ from tessera.errors import ShapeError, TesseraError
 from tessera.ir import shape_rules
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.attr_values import parse_properties, print_properties, to_attr, to_python
+from tessera.ir.attribute_set import AttributeMap
 from tessera.ir.limits import MAX_MESH_DEVICES
 from tessera.ir.located_error import LocatedPassFailure
 from tessera.ir.sharding import ShardingAttr
@@ -1269,20 +1270,20 @@ def _verify_once_per_signature(cls: type[GraphOp]) -> None:
     the properties, and the ops of identical layers share signatures, so a module of
     many layers costs as many checks as one layer."""
     verify = cls.verify_
-    verified: set[tuple[Any, ...]] = set()
+    verified: AttributeMap[bool] = AttributeMap(1 << 16)
 
     def verify_(self: GraphOp) -> None:
         key = (
-            tuple(v.type for v in self.operands),
-            tuple(r.type for r in self.results),
-            tuple(self.properties.items()),
+            *(v.type for v in self.operands),
+            None,  # operands end
+            *(r.type for r in self.results),
+            None,  # results end
+            *(part for item in self.properties.items() for part in item),
         )
-        if key in verified:
+        if verified.get(key):
             return
         verify(self)
-        if len(verified) > 1 << 16:
-            verified.clear()
-        verified.add(key)
+        verified[key] = True
 
     cls.verify_ = verify_  # type: ignore[method-assign]
 
