@@ -23,12 +23,10 @@ and identical layers share theirs. None of this changes a decision.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from math import prod
-from typing import Generic, TypeVar
 
 from xdsl.ir import Operation, SSAValue
 
@@ -75,29 +73,6 @@ class OpLayout:
 
 
 Tensor = tuple[tuple[int, ...], int]  # a tensor's shape and item size, as costs read it
-Key = TypeVar("Key", bound=Hashable)
-Value = TypeVar("Value")
-
-
-class _Lru(Generic[Key, Value]):
-    """A dict that keeps its latest ``size`` entries."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self._entries: OrderedDict[Key, Value] = OrderedDict()
-
-    def get(self, key: Key) -> Value | None:
-        found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
-        return found
-
-    def put(self, key: Key, value: Value) -> None:
-        self._entries[key] = value
-        if len(self._entries) > self.size:
-            self._entries.popitem(last=False)
-
-
 class OpShape:
     """Everything of an op that its sharding decision reads but the values around it:
     its rule, its tensors' types, how partial operands pass through it. Ops alike (of
@@ -268,10 +243,12 @@ def _kept(passthrough: tuple[Passed, frozenset[str]], assignment: Assignment) ->
     return passed
 
 
-# The latest choices, by everything a choice reads: the op's shape, its operands'
-# layouts, its users' wishes, the ``points`` answers it reads and the mesh axes' sizes
-# (insert-collectives asks most of shard-propagate's last questions again).
-_CHOICES: _Lru[tuple[object, ...], Assignment] = _Lru(4096)
+# Choices by everything a choice reads: the op's shape, its operands' layouts, its users'
+# wishes, the ``points`` answers it reads and the mesh axes' sizes (insert-collectives
+# asks most of shard-propagate's last questions again); at most _MAX_CHOICES of them
+# (the cache starts afresh when full).
+_CHOICES: dict[tuple[object, ...], Assignment] = {}
+_MAX_CHOICES = 4096
 
 
 class Decisions:
@@ -352,7 +329,9 @@ class Decisions:
         found = _CHOICES.get(key)
         if found is None:
             found = self._compute_choice(pricing)
-            _CHOICES.put(key, found)
+            if len(_CHOICES) >= _MAX_CHOICES:
+                _CHOICES.clear()
+            _CHOICES[key] = found
         return dict(found)
 
     def _compute_choice(self, pricing: _Pricing) -> Assignment:
