@@ -5,7 +5,7 @@ The decision shared by ``shard-propagate`` (which writes the result layouts) and
 
 - :func:`choose` picks how the op's factors (see ``sharding_rules``) are split over mesh
   axes, at the least cost: the bytes moved (``reshard_cost``, and the block moves of a
-  split BLOCKS factor, :func:`block_move_bytes`) plus, for a matmul, its multiply-adds
+  split BLOCKS factor) plus, for a matmul, its multiply-adds
   per device priced in bytes (so that leaving a split operand's factor unsplit, which
   repeats the same products on every rank, is not free);
 - :func:`required` is the layout an operand must have under that choice;
@@ -13,20 +13,28 @@ The decision shared by ``shard-propagate`` (which writes the result layouts) and
   results partial; partial operands stay partial through linear ops, unless
   ``reduction_points`` says to reduce them first);
 - :func:`after_collective` is the layout an explicit collective leaves.
+
+A pass asks through one :class:`Decisions` per function, which reads each op's
+:class:`OpShape` (its rule and types; one per distinct op, shared by ops alike) once and
+prices each candidate assignment once; a choice is kept by everything it reads (a
+bounded cache), so ``insert-collectives`` reuses most of ``shard-propagate``'s choices
+and identical layers share theirs. None of this changes a decision.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from math import prod
 
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 
 from tessera.analysis.reduction_points import REDUCE_WIDENED, ReductionPoints
 from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
+from tessera.ir.attribute_set import AttributeMap
 from tessera.ir.reduction_kinds import KINDS
 from tessera.ir.sharding import MeshLike, Sharding
 from tessera.ir.sharding_rules import (
@@ -64,6 +72,462 @@ class OpLayout:
     results: tuple[Sharding, ...]
 
 
+Tensor = tuple[tuple[int, ...], int]  # a tensor's shape and item size, as costs read it
+class OpShape:
+    """Everything of an op that its sharding decision reads but the values around it:
+    its rule, its tensors' types, how partial operands pass through it. Ops alike (of
+    one class, with equal types and properties) share one (:func:`op_shape`)."""
+
+    def __init__(self, op: graph.GraphOp, rule: ShardingRule | None = None):
+        self.rule = rule = sharding_rule(op) if rule is None else rule
+        self.operand_tensors = tuple(_tensor(v) for v in op.operands)
+        self.result_tensors = tuple(_tensor(r) for r in op.results)
+        definition = op_def(op)
+        widened = REDUCE_WIDENED in op.attributes  # a widening cast carrying partial sums
+        self.linear = definition.linear or widened
+        self.policy = "all" if widened else definition.partial
+        self.matmul = isinstance(op, graph.MatmulOp)
+        self.context = rule.has_context
+        kinds = [f.kind for f in rule.factors]
+        self.reductions = frozenset(f for f, k in enumerate(kinds) if k is FactorKind.REDUCTION)
+
+        def splittable(dims: Dims) -> Dims:  # a tensor's factors, None where never split
+            return tuple(
+                f if f is not None and kinds[f] != FactorKind.REPLICATED else None for f in dims
+            )
+
+        self.operand_factors = tuple(splittable(dims) for dims in rule.operands)
+        self.result_factors = tuple(splittable(dims) for dims in rule.results)
+        self.result_context = tuple(
+            frozenset(f for f in dims if f is not None and kinds[f] is FactorKind.CONTEXT)
+            for dims in rule.results
+        )
+        self._divides: dict[tuple[int, int], bool] = {}
+
+    @cached_property
+    def work(self) -> int | None:
+        """A matmul's multiply-adds (None for other ops)."""
+        return factor_product(self.rule) if self.matmul else None
+
+    @cached_property
+    def sharing(self) -> frozenset[frozenset[int]]:
+        return axis_sharing(self.rule)
+
+    @cached_property
+    def weight(self) -> dict[int, int]:
+        """Per factor, the bytes of the largest operand (else result) with it: equal
+        costs go to the heaviest factor."""
+        weight: dict[int, int] = {}
+        sides = (
+            zip(self.rule.operands, self.operand_tensors, strict=True),
+            zip(self.rule.results, self.result_tensors, strict=True),
+        )
+        for tensors in sides:
+            unweighed = {f for f in range(len(self.rule.factors)) if not weight.get(f)}
+            for dims, (shape, itemsize) in tensors:
+                for factor in dims:
+                    if factor in unweighed:
+                        weight[factor] = max(weight.get(factor, 0), prod(shape) * itemsize)
+        return weight
+
+    def divides(self, factor: int, ways: int) -> bool:
+        """``rule.divides``, memoized."""
+        found = self._divides.get((factor, ways))
+        if found is None:
+            found = self._divides[(factor, ways)] = self.rule.divides(factor, ways)
+        return found
+
+    def required(self, assignment: Assignment, index: int, passed: Passed) -> Sharding:
+        """The layout operand ``index`` must have under ``assignment`` (``passed``: the
+        partial axes that operands keep under it)."""
+        factors = self.operand_factors[index]
+        dims = tuple(assignment.get(f, ()) if f is not None else () for f in factors)
+        return Sharding(dims, passed.get(index, ()))
+
+    def results(self, assignment: Assignment, passed: Passed) -> list[Sharding]:
+        """:func:`results` (``passed``: the partial axes that operands keep under
+        ``assignment``)."""
+        kind = self.rule.reduction_kind
+        inherited = next(iter(passed.values()), ())
+        produced = []
+        for dims, factors, context in zip(
+            self.rule.results, self.result_factors, self.result_context, strict=True
+        ):
+            context_axes = {a for f in context for a in assignment.get(f, ())}
+            partial = [
+                (axis, kind)
+                for factor, axes in assignment.items()
+                if factor in self.reductions and factor not in dims
+                for axis in axes
+                if axis not in context_axes
+            ]
+            split = tuple(assignment.get(f, ()) if f is not None else () for f in factors)
+            produced.append(Sharding(split, (*inherited, *partial)))
+        return produced
+
+    def read_reductions(
+        self, known: Sequence[Sharding | None], reduced: Callable[[int], bool]
+    ) -> tuple[bool | None, ...]:
+        """The answers of ``reduced`` (whether a partial operand is reduced before its
+        uses) that a choice for operand layouts ``known`` reads."""
+        if not self.linear:
+            return ()
+        return tuple(
+            reduced(i) if s is not None and s.partial else None for i, s in enumerate(known)
+        )
+
+    def passthrough(
+        self, known: Sequence[Sharding | None], reduced: Callable[[int], bool]
+    ) -> tuple[Passed, frozenset[str]]:
+        """Partial axes of a linear kind (sum, mean) each operand may keep because the op
+        is linear in it, and the axes that, split by the op, make it keep none."""
+        if not self.linear or not any(s is not None and s.partial for s in known):
+            return {}, frozenset()
+        partials = [
+            tuple((a, k) for a, k in s.partial if KINDS[k].linear)
+            if s is not None and s.partial and not reduced(i)
+            else ()
+            for i, s in enumerate(known)
+        ]
+        axes = frozenset(a for p in partials for a, _ in p)
+        if self.policy == "all":
+            # a sum over mesh axes does not depend on their order: (tp, dp) is (dp, tp)
+            if partials and partials[0] and all(set(p) == set(partials[0]) for p in partials):
+                return dict.fromkeys(range(len(partials)), partials[0]), axes
+            return {}, axes
+        carriers = [i for i in self.policy if i < len(partials) and partials[i]]  # type: ignore[union-attr]
+        if len(carriers) == 1 and all(
+            not partials[i] for i in range(len(partials)) if i != carriers[0]
+        ):
+            return {carriers[0]: partials[carriers[0]]}, axes
+        return {}, axes
+
+
+_SHAPES: AttributeMap[OpShape] = AttributeMap(4096)
+
+
+def op_shape(op: graph.GraphOp) -> OpShape:
+    """The :class:`OpShape` of ``op``, shared with the ops alike (a rule reads only the
+    op's class, types and properties)."""
+    if isinstance(op, graph.ConstantOp):  # its value may be large: not worth a key
+        return OpShape(op)
+    key = (
+        type(op),
+        *(v.type for v in op.operands),
+        None,  # operands end
+        *(r.type for r in op.results),
+        None,  # results end
+        *(part for item in op.properties.items() for part in item),
+        REDUCE_WIDENED in op.attributes,
+    )
+    try:
+        found = _SHAPES.get(key)
+    except TypeError:  # an unhashable property: not shared
+        return OpShape(op)
+    if found is None:
+        found = _SHAPES[key] = OpShape(op)
+    return found
+
+
+def _tensor(value: SSAValue) -> Tensor:
+    typ = aval(value)
+    return typ.shape, typ.dtype.itemsize
+
+
+def _kept(passthrough: tuple[Passed, frozenset[str]], assignment: Assignment) -> Passed:
+    """What ``OpShape.passthrough`` lets operands keep under ``assignment``: nothing
+    when it splits one of their partial axes."""
+    passed, axes = passthrough
+    if axes and any(a in axes for split in assignment.values() for a in split):
+        return {}
+    return passed
+
+
+# Choices by everything a choice reads: the op's shape, its operands' layouts, its users'
+# wishes, the ``points`` answers it reads and the mesh axes' sizes (insert-collectives
+# asks most of shard-propagate's last questions again); at most _MAX_CHOICES of them
+# (the cache starts afresh when full).
+_CHOICES: dict[tuple[object, ...], Assignment] = {}
+_MAX_CHOICES = 4096
+
+
+class Decisions:
+    """The sharding decisions of one pass run over a function on ``mesh``: each op's
+    shape is read once (a run must not change an op's types or properties) and each
+    reshard priced once. ``points`` is asked about an operand only when its layout is
+    partial (no other answer is read), when a choice first needs it, except in
+    :meth:`decide`, which asks as soon as it is called (``insert-collectives`` changes
+    the IR between two decisions)."""
+
+    def __init__(self, mesh: MeshLike, points: ReductionPoints):
+        self.mesh = mesh
+        self.points = points
+        self._shapes: dict[Operation, OpShape] = {}
+        self._sizes = {a: mesh.axis_size(a) for a in mesh.axis_names}
+        self._mesh_key = tuple(self._sizes.items())
+        self._reshards: dict[tuple[Sharding, Sharding, Tensor], float] = {}
+
+    def shape(self, op: graph.GraphOp) -> OpShape:
+        found = self._shapes.get(op)
+        if found is None:
+            found = self._shapes[op] = op_shape(op)
+        return found
+
+    def size(self, axis: str) -> int:
+        found = self._sizes.get(axis)
+        return found if found is not None else self.mesh.axis_size(axis)
+
+    def ways(self, assignment: Assignment) -> int:
+        """Into how many pieces ``assignment`` splits the op's work."""
+        return prod(self.size(a) for axes in assignment.values() for a in axes)
+
+    def reshard_cost(self, src: Sharding, dst: Sharding, tensor: Tensor) -> float:
+        """``reshard.reshard_cost`` on this mesh, memoized."""
+        if src == dst:
+            return 0.0
+        key = (src, dst, tensor)
+        found = self._reshards.get(key)
+        if found is None:
+            found = self._reshards[key] = reshard_cost(src, dst, tensor[0], tensor[1], self.mesh)
+        return found
+
+    def decide(
+        self, op: graph.GraphOp, known: Sequence[Sharding], wanted: Sequence[Sharding | None] = ()
+    ) -> OpLayout:
+        """The full decision for ``op`` whose operands have the layouts ``known`` (and
+        whose users want its results laid out as ``wanted``, where given)."""
+        for value, sharding in zip(op.operands, known, strict=True):
+            if sharding is not None and sharding.partial:
+                _ = value in self.points  # asked as the IR is now (see the class)
+        pricing = _Pricing(self, op, self.shape(op), known, wanted)
+        assignment = self._choose(pricing)
+        passed = pricing.passthrough(assignment)
+        shape = pricing.shape
+        operands = tuple(shape.required(assignment, i, passed) for i in range(len(op.operands)))
+        return OpLayout(assignment, operands, tuple(shape.results(assignment, passed)))
+
+    def choose(
+        self,
+        op: graph.GraphOp,
+        known: Sequence[Sharding | None],
+        wanted: Sequence[Sharding | None] = (),
+    ) -> Assignment:
+        """:func:`choose` for ``op``."""
+        return self._choose(_Pricing(self, op, self.shape(op), known, wanted))
+
+    def results(
+        self, op: graph.GraphOp, assignment: Assignment, known: Sequence[Sharding | None]
+    ) -> list[Sharding]:
+        """:func:`results` for ``op``."""
+        pricing = _Pricing(self, op, self.shape(op), known)
+        return pricing.shape.results(assignment, pricing.passthrough(assignment))
+
+    def _choose(self, pricing: _Pricing) -> Assignment:
+        known, wanted = pricing.known, pricing.wanted
+        reads = pricing.shape.read_reductions(known, pricing.reduced)
+        key = (pricing.shape, known, wanted, reads, self._mesh_key)
+        found = _CHOICES.get(key)
+        if found is None:
+            found = self._compute_choice(pricing)
+            if len(_CHOICES) >= _MAX_CHOICES:
+                _CHOICES.clear()
+            _CHOICES[key] = found
+        return dict(found)
+
+    def _compute_choice(self, pricing: _Pricing) -> Assignment:
+        rule, known, wanted = pricing.shape.rule, pricing.known, pricing.wanted
+        operand_side = _proposals(rule, known, rule.operands)
+        assignment, cost = self._greedy(pricing, operand_side)
+        # a split over several axes that another factor's split shares (tokens over
+        # (dp, ep), experts over ep) can block the pair of its prefix and the other split,
+        # which only pays together: try without it too
+        blocking = [
+            (f, axes)
+            for f, axes in operand_side
+            if len(axes) > 1
+            and any(g != f and set(axes) & set(other) for g, other in operand_side)
+        ]
+        if blocking:
+            unblocked = [p for p in operand_side if p not in blocking]
+            trial, trial_cost = self._greedy(pricing, unblocked)
+            if (trial_cost, -self.ways(trial)) < (cost, -self.ways(assignment)):
+                assignment, cost = trial, trial_cost
+        result_side = [p for p in _proposals(rule, wanted, rule.results) if p not in operand_side]
+        if result_side:
+            trial, trial_cost = self._greedy(pricing, operand_side + result_side)
+            if (trial_cost, -self.ways(trial)) < (cost, -self.ways(assignment)):
+                return trial
+        return assignment
+
+    def _greedy(
+        self, pricing: _Pricing, proposals: Sequence[tuple[int, tuple[str, ...]]]
+    ) -> tuple[Assignment, float]:
+        """The greedy pass of :func:`choose` over ``proposals``, and its cost."""
+        shape = pricing.shape
+        sharing = shape.sharing
+        assignment: Assignment = {}
+        current = pricing.cost(assignment)
+        while True:
+            best: tuple[tuple[float, int], int, tuple[str, ...]] | None = None
+            taken = {a for axes in assignment.values() for a in axes}
+            for factor, axes in proposals:
+                if factor in assignment:
+                    continue
+                used = taken
+                if sharing:  # a context factor may reuse the axes of factors it never meets
+                    used = {
+                        a
+                        for other, split in assignment.items()
+                        if frozenset((factor, other)) not in sharing
+                        for a in split
+                    }
+                if used.intersection(axes):
+                    continue
+                if not shape.divides(factor, prod(self.size(a) for a in axes)):
+                    continue
+                trial = {**assignment, factor: axes}
+                key = (pricing.cost(trial), -shape.weight.get(factor, 0))
+                if best is None or key < best[0]:
+                    best = (key, factor, axes)
+            if best is None or best[0][0] > current:
+                return assignment, current
+            (current, _), factor, axes = best
+            assignment[factor] = axes
+
+
+class _Pricing:
+    """The costs of assignments for one op, its operands' layouts and its users' wishes
+    (each assignment priced once)."""
+
+    def __init__(
+        self,
+        decisions: Decisions,
+        op: graph.GraphOp,
+        shape: OpShape,
+        known: Sequence[Sharding | None],
+        wanted: Sequence[Sharding | None] = (),
+    ):
+        self.decisions = decisions
+        self.op = op
+        self.shape = shape
+        self.known = tuple(known)
+        self.wanted = tuple(wanted)
+        self._passed: tuple[Passed, frozenset[str]] | None = None
+        self._costs: dict[tuple[tuple[int, tuple[str, ...]], ...], float] = {}
+
+    @cached_property
+    def inherited(self) -> set[str]:
+        """The axes over which operands are partial."""
+        return {a for s in self.known if s is not None for a, _ in s.partial}
+
+    def reduced(self, index: int) -> bool:
+        """Whether a partial operand ``index`` is reduced before its uses (``points``)."""
+        return self.op.operands[index] in self.decisions.points
+
+    def passthrough(self, assignment: Assignment) -> Passed:
+        """The partial axes each operand keeps under ``assignment``: none when the op
+        splits one of them."""
+        if self._passed is None:
+            self._passed = self.shape.passthrough(self.known, self.reduced)
+        return _kept(self._passed, assignment)
+
+    def cost(self, assignment: Assignment) -> float:
+        """:func:`_cost` of ``assignment``."""
+        key = tuple(assignment.items())  # the order of the results' partial axes
+        found = self._costs.get(key)
+        if found is None:
+            found = self._costs[key] = self._price(assignment)
+        return found
+
+    def _price(self, assignment: Assignment) -> float:
+        shape, decisions, known = self.shape, self.decisions, self.known
+        total = 0.0
+        if shape.work is not None:
+            total += shape.work / decisions.ways(assignment) * BYTES_PER_MULTIPLY_ADD
+        passed = self.passthrough(assignment)
+        for index, (tensor, sharding) in enumerate(zip(shape.operand_tensors, known, strict=True)):
+            if sharding is None:
+                continue
+            needed = shape.required(assignment, index, passed)
+            total += decisions.reshard_cost(sharding, needed, tensor)
+        produced = shape.results(assignment, passed)
+        if shape.rule.windows:
+            total += self._block_move_bytes(assignment, produced)
+        if shape.context:
+            total += self._context_cost(assignment, produced, passed)
+        wants = [*self.wanted, *[None] * (len(produced) - len(self.wanted))]
+        for tensor, sharding, want in zip(shape.result_tensors, produced, wants, strict=True):
+            # new partial axes are resolved (reduce-scattered where the users' split allows)
+            kept = tuple(p for p in sharding.partial if p[0] in self.inherited)
+            gone = dict(kept)
+            dims = want.dims if want is not None else sharding.dims
+            target = Sharding(tuple(tuple(a for a in d if a not in gone) for d in dims), kept)
+            if target != sharding:
+                total += decisions.reshard_cost(sharding, target, tensor)
+        return total
+
+    def _context_cost(
+        self, assignment: Assignment, produced: Sequence[Sharding], passed: Passed
+    ) -> float:
+        """Bytes the expansion of split ``CONTEXT`` factors moves (``context_layouts``)."""
+        shape, decisions = self.shape, self.decisions
+        needed = [shape.required(assignment, i, passed) for i in range(len(self.known))]
+        computed_operands, computed_results = context_layouts(
+            shape.rule, assignment, needed, produced
+        )
+        total = 0.0
+        for tensor, needs, gathered in zip(
+            shape.operand_tensors, needed, computed_operands, strict=True
+        ):
+            total += decisions.reshard_cost(needs, gathered, tensor)
+        for tensor, computed, gives in zip(
+            shape.result_tensors, computed_results, produced, strict=True
+        ):
+            total += decisions.reshard_cost(computed, gives, tensor)
+        return total
+
+    def _block_move_bytes(self, assignment: Assignment, produced: Sequence[Sharding]) -> float:
+        """Bytes the busiest rank receives when the op's split BLOCKS factors move blocks
+        (:mod:`tessera.transforms.block_moves`), plus ``ALPHA_BYTES`` per permute that
+        sends."""
+        mesh, rule = self.decisions.mesh, self.shape.rule
+        total = 0.0
+        for windows in rule.windows:
+            axes = assignment.get(windows.factor)
+            if not axes:
+                continue
+            ranks = prod(mesh.axis_size(a) for a in axes)
+            plan = plan_block_moves(
+                [Window(*w) for w in windows.operands if w is not None],
+                [Window(*w) for w in windows.results if w is not None],
+                ranks,
+            )
+            targets = [j for j, w in enumerate(windows.results) if w is not None]
+            per_rank = [0.0] * ranks
+            for j, received in zip(targets, received_elements(plan, ranks), strict=True):
+                shape, itemsize = self.shape.result_tensors[j]
+                local = produced[j].local_shape(mesh, shape)
+                dim = rule.results[j].index(windows.factor)
+                row = prod(size for d, size in enumerate(local) if d != dim) * itemsize
+                per_rank = [
+                    have + count * row for have, count in zip(per_rank, received, strict=True)
+                ]
+            total += max(per_rank) + ALPHA_BYTES * communicating_moves(plan)
+        return total
+
+
+def _own(
+    op: graph.GraphOp,
+    rule: ShardingRule,
+    known: Sequence[Sharding | None],
+    mesh: MeshLike,
+    points: ReductionPoints,
+    wanted: Sequence[Sharding | None] = (),
+) -> _Pricing:
+    """A pricing for ``op`` under the rule given (shared with no other op)."""
+    return _Pricing(Decisions(mesh, points), op, OpShape(op, rule), known, wanted)
+
+
 def decide(
     op: graph.GraphOp,
     known: Sequence[Sharding],
@@ -73,14 +537,7 @@ def decide(
 ) -> OpLayout:
     """The full decision for ``op`` whose operands have the layouts ``known`` (and whose
     users want its results laid out as ``wanted``, where given)."""
-    rule = sharding_rule(op)
-    assignment = choose(op, rule, known, mesh, points, wanted)
-    passed = _passthrough(op, known, assignment, points)
-    operands = tuple(
-        required(op, rule, assignment, known, i, points, passed) for i in range(len(op.operands))
-    )
-    produced = results(op, rule, assignment, known, points, passed)
-    return OpLayout(assignment, operands, tuple(produced))
+    return Decisions(mesh, points).decide(op, known, wanted)
 
 
 def choose(
@@ -108,33 +565,8 @@ def choose(
     that only pay together), the choice is the cheaper of the greedy passes without and
     with them (at equal cost, the one that splits the work more, as a round does).
     """
-    operand_side = _proposals(rule, known, rule.operands)
-    assignment, cost = _greedy(op, rule, known, mesh, points, wanted, operand_side)
-    # a split over several axes that another factor's split shares (tokens over
-    # (dp, ep), experts over ep) can block the pair of its prefix and the other split,
-    # which only pays together: try without it too
-    blocking = [
-        (f, axes)
-        for f, axes in operand_side
-        if len(axes) > 1
-        and any(g != f and set(axes) & set(other) for g, other in operand_side)
-    ]
-    if blocking:
-        unblocked = [p for p in operand_side if p not in blocking]
-        trial, trial_cost = _greedy(op, rule, known, mesh, points, wanted, unblocked)
-        if (trial_cost, -_ways(trial, mesh)) < (cost, -_ways(assignment, mesh)):
-            assignment, cost = trial, trial_cost
-    result_side = [p for p in _proposals(rule, wanted, rule.results) if p not in operand_side]
-    if result_side:
-        trial, trial_cost = _greedy(op, rule, known, mesh, points, wanted, operand_side + result_side)
-        if (trial_cost, -_ways(trial, mesh)) < (cost, -_ways(assignment, mesh)):
-            return trial
-    return assignment
-
-
-def _ways(assignment: Assignment, mesh: MeshLike) -> int:
-    """Into how many pieces ``assignment`` splits the op's work."""
-    return prod(mesh.axis_size(a) for axes in assignment.values() for a in axes)
+    pricing = _own(op, rule, known, mesh, points, wanted)
+    return pricing.decisions._compute_choice(pricing)
 
 
 def _proposals(
@@ -158,51 +590,6 @@ def _proposals(
     return proposals + [p for p in dict.fromkeys(prefixes) if p not in proposals]
 
 
-def _greedy(
-    op: graph.GraphOp,
-    rule: ShardingRule,
-    known: Sequence[Sharding | None],
-    mesh: MeshLike,
-    points: ReductionPoints,
-    wanted: Sequence[Sharding | None],
-    proposals: Sequence[tuple[int, tuple[str, ...]]],
-) -> tuple[Assignment, float]:
-    """The greedy pass of :func:`choose` over ``proposals``, and its cost."""
-    weight = {f: 0 for f, _ in proposals}  # the largest operand (else result) with it
-    for tensors in (zip(rule.operands, op.operands, strict=True), zip(rule.results, op.results, strict=True)):
-        unweighed = {f for f, w in weight.items() if w == 0}
-        for dims, value in tensors:
-            for factor in dims:
-                if factor in unweighed:
-                    weight[factor] = max(weight[factor], aval(value).nbytes)
-    assignment: Assignment = {}
-    sharing = axis_sharing(rule)
-    current = _cost(op, rule, assignment, known, mesh, points, wanted)
-    while True:
-        best: tuple[tuple[float, int], int, tuple[str, ...]] | None = None
-        for factor, axes in proposals:
-            used = {a for axes in assignment.values() for a in axes}
-            if sharing:  # a context factor may reuse the axes of factors it never meets
-                used = {
-                    a
-                    for other, taken in assignment.items()
-                    if frozenset((factor, other)) not in sharing
-                    for a in taken
-                }
-            if factor in assignment or used & set(axes):
-                continue
-            if not rule.divides(factor, prod(mesh.axis_size(a) for a in axes)):
-                continue
-            trial = {**assignment, factor: axes}
-            key = (_cost(op, rule, trial, known, mesh, points, wanted), -weight[factor])
-            if best is None or key < best[0]:
-                best = (key, factor, axes)
-        if best is None or best[0][0] > current:
-            return assignment, current
-        (current, _), factor, axes = best
-        assignment[factor] = axes
-
-
 def _cost(
     op: graph.GraphOp,
     rule: ShardingRule,
@@ -219,53 +606,7 @@ def _cost(
     ``CONTEXT`` factors moves (the gathers of their operands, the reduce-scatters of
     their results), plus a matmul's multiply-adds per device
     (``BYTES_PER_MULTIPLY_ADD``)."""
-    total = 0.0
-    if isinstance(op, graph.MatmulOp):
-        total += factor_product(rule) / _ways(assignment, mesh) * BYTES_PER_MULTIPLY_ADD
-    passed = _passthrough(op, known, assignment, points)
-    for index, (value, sharding) in enumerate(zip(op.operands, known, strict=True)):
-        if sharding is None:
-            continue
-        needed = required(op, rule, assignment, known, index, points, passed)
-        typ = aval(value)
-        total += reshard_cost(sharding, needed, typ.shape, typ.dtype.itemsize, mesh)
-    produced = results(op, rule, assignment, known, points, passed)
-    total += block_move_bytes(op, rule, assignment, produced, mesh)
-    if rule.has_context:
-        total += _context_cost(op, rule, assignment, known, produced, mesh, points)
-    inherited = {a for s in known if s is not None for a, _ in s.partial}
-    wants = [*wanted, *[None] * (len(produced) - len(wanted))]
-    for result, sharding, want in zip(op.results, produced, wants, strict=True):
-        # new partial axes are resolved (reduce-scattered where the users' split allows)
-        kept = tuple(p for p in sharding.partial if p[0] in inherited)
-        dims = want.dims if want is not None else sharding.dims
-        target = Sharding(tuple(tuple(a for a in d if a not in dict(kept)) for d in dims), kept)
-        if target != sharding:
-            typ = aval(result)
-            total += reshard_cost(sharding, target, typ.shape, typ.dtype.itemsize, mesh)
-    return total
-
-
-def _context_cost(
-    op: graph.GraphOp,
-    rule: ShardingRule,
-    assignment: Assignment,
-    known: Sequence[Sharding | None],
-    produced: Sequence[Sharding],
-    mesh: MeshLike,
-    points: ReductionPoints,
-) -> float:
-    """Bytes the expansion of split ``CONTEXT`` factors moves (``context_layouts``)."""
-    needed = [required(op, rule, assignment, known, i, points) for i in range(len(known))]
-    computed_operands, computed_results = context_layouts(rule, assignment, needed, produced)
-    total = 0.0
-    for value, needs, gathered in zip(op.operands, needed, computed_operands, strict=True):
-        typ = aval(value)
-        total += reshard_cost(needs, gathered, typ.shape, typ.dtype.itemsize, mesh)
-    for value, computed, gives in zip(op.results, computed_results, produced, strict=True):
-        typ = aval(value)
-        total += reshard_cost(computed, gives, typ.shape, typ.dtype.itemsize, mesh)
-    return total
+    return _own(op, rule, known, mesh, points, wanted).cost(assignment)
 
 
 def assignment_of(rule: ShardingRule, operands: Sequence[Sharding]) -> Assignment:
@@ -279,38 +620,6 @@ def assignment_of(rule: ShardingRule, operands: Sequence[Sharding]) -> Assignmen
     return assignment
 
 
-def block_move_bytes(
-    op: graph.GraphOp,
-    rule: ShardingRule,
-    assignment: Assignment,
-    produced: Sequence[Sharding],
-    mesh: MeshLike,
-) -> float:
-    """Bytes the busiest rank receives when the op's split BLOCKS factors move blocks
-    (:mod:`tessera.transforms.block_moves`), plus ``ALPHA_BYTES`` per permute that sends."""
-    total = 0.0
-    for windows in rule.windows:
-        axes = assignment.get(windows.factor)
-        if not axes:
-            continue
-        ranks = prod(mesh.axis_size(a) for a in axes)
-        plan = plan_block_moves(
-            [Window(*w) for w in windows.operands if w is not None],
-            [Window(*w) for w in windows.results if w is not None],
-            ranks,
-        )
-        targets = [j for j, w in enumerate(windows.results) if w is not None]
-        per_rank = [0.0] * ranks
-        for j, received in zip(targets, received_elements(plan, ranks), strict=True):
-            typ = aval(op.results[j])
-            local = produced[j].local_shape(mesh, typ.shape)
-            dim = rule.results[j].index(windows.factor)
-            row = prod(size for d, size in enumerate(local) if d != dim) * typ.dtype.itemsize
-            per_rank = [have + count * row for have, count in zip(per_rank, received, strict=True)]
-        total += max(per_rank) + ALPHA_BYTES * communicating_moves(plan)
-    return total
-
-
 def required(
     op: graph.GraphOp,
     rule: ShardingRule,
@@ -318,55 +627,11 @@ def required(
     known: Sequence[Sharding | None],
     index: int,
     points: ReductionPoints,
-    passed: Passed | None = None,
 ) -> Sharding:
-    """The layout operand ``index`` must have under ``assignment`` (``passed``: the
-    op's ``_passthrough``, when already known)."""
-    dims = tuple(
-        assignment.get(f, ())
-        if f is not None and rule.factors[f].kind != FactorKind.REPLICATED
-        else ()
-        for f in rule.operands[index]
-    )
-    if passed is None:
-        passed = _passthrough(op, known, assignment, points)
-    return Sharding(dims, passed.get(index, ()))
-
-
-
-def _passthrough(
-    op: graph.GraphOp,
-    known: Sequence[Sharding | None],
-    assignment: Assignment,
-    points: ReductionPoints,
-) -> Passed:
-    """Partial axes of a linear kind (sum, mean) each operand may keep because the op is
-    linear in it."""
-    definition = op_def(op)
-    policy = definition.partial
-    partials = [
-        tuple((a, k) for a, k in s.partial if KINDS[k].linear)
-        if s and value not in points
-        else ()
-        for s, value in zip(known, op.operands, strict=True)
-    ]
-    split = {a for axes in assignment.values() for a in axes}
-    widened = REDUCE_WIDENED in op.attributes  # a widening cast carrying partial sums
-    if not (definition.linear or widened) or any(a in split for p in partials for a, _ in p):
-        return {}
-    if widened:
-        policy = "all"
-    if policy == "all":
-        # a sum over mesh axes does not depend on their order: (tp, dp) is (dp, tp)
-        if partials and partials[0] and all(set(p) == set(partials[0]) for p in partials):
-            return dict.fromkeys(range(len(partials)), partials[0])
-        return {}
-    carriers = [i for i in policy if i < len(partials) and partials[i]]  # type: ignore[union-attr]
-    if len(carriers) == 1 and all(
-        not partials[i] for i in range(len(partials)) if i != carriers[0]
-    ):
-        return {carriers[0]: partials[carriers[0]]}
-    return {}
+    """The layout operand ``index`` must have under ``assignment``."""
+    shape = OpShape(op, rule)
+    passed = _kept(shape.passthrough(known, lambda i: op.operands[i] in points), assignment)
+    return shape.required(assignment, index, passed)
 
 
 def results(
@@ -375,36 +640,14 @@ def results(
     assignment: Assignment,
     known: Sequence[Sharding | None],
     points: ReductionPoints,
-    passed: Passed | None = None,
 ) -> list[Sharding]:
     """The layouts of the op's results under ``assignment``: split as their factors are;
     partial over the split ``REDUCTION`` factors a result lacks (but over none of the
     axes of a split ``CONTEXT`` factor it has: the expansion reduce-scatters those), and
     over the partial axes a linear op passes through."""
-    if passed is None:
-        passed = _passthrough(op, known, assignment, points)
-    inherited = next(iter(passed.values()), ())
-    results = []
-    for dims in rule.results:
-        context_axes = {
-            a for f in dims if f is not None and rule.kind(f) is FactorKind.CONTEXT
-            for a in assignment.get(f, ())
-        }
-        partial = [
-            (axis, rule.reduction_kind)
-            for factor, axes in assignment.items()
-            if rule.kind(factor) is FactorKind.REDUCTION and factor not in dims
-            for axis in axes
-            if axis not in context_axes
-        ]
-        split = tuple(
-            assignment.get(f, ())
-            if f is not None and rule.kind(f) is not FactorKind.REPLICATED
-            else ()
-            for f in dims
-        )
-        results.append(Sharding(split, (*inherited, *partial)))
-    return results
+    shape = OpShape(op, rule)
+    passed = _kept(shape.passthrough(known, lambda i: op.operands[i] in points), assignment)
+    return shape.results(assignment, passed)
 
 
 def after_collective(op: Operation, source: Sharding) -> Sharding:

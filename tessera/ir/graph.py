@@ -15,6 +15,7 @@ A single type after ``:`` means every operand and the result have that type.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -56,6 +57,7 @@ from tessera.errors import ShapeError, TesseraError
 from tessera.ir import shape_rules
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.attr_values import parse_properties, print_properties, to_attr, to_python
+from tessera.ir.attribute_set import AttributeMap
 from tessera.ir.limits import MAX_MESH_DEVICES
 from tessera.ir.located_error import LocatedPassFailure
 from tessera.ir.sharding import ShardingAttr
@@ -96,9 +98,7 @@ class GraphOp(IRDLOperation):
     @classmethod
     def _property_names(cls) -> list[str]:
         """Property names, those declared by base classes first."""
-        names = list(cls.get_irdl_definition().properties)
-        mro = list(reversed(cls.__mro__))
-        return sorted(names, key=lambda n: next(i for i, k in enumerate(mro) if n in vars(k)))
+        return list(_property_names(cls))
 
     def verify_(self) -> None:
         try:
@@ -1336,20 +1336,20 @@ def _verify_once_per_signature(cls: type[GraphOp]) -> None:
     the properties, and the ops of identical layers share signatures, so a module of
     many layers costs as many checks as one layer."""
     verify = cls.verify_
-    verified: set[tuple[Any, ...]] = set()
+    verified: AttributeMap[bool] = AttributeMap(1 << 16)
 
     def verify_(self: GraphOp) -> None:
         key = (
-            tuple(v.type for v in self.operands),
-            tuple(r.type for r in self.results),
-            tuple(self.properties.items()),
+            *(v.type for v in self.operands),
+            None,  # operands end
+            *(r.type for r in self.results),
+            None,  # results end
+            *(part for item in self.properties.items() for part in item),
         )
-        if key in verified:
+        if verified.get(key):
             return
         verify(self)
-        if len(verified) > 1 << 16:
-            verified.clear()
-        verified.add(key)
+        verified[key] = True
 
     cls.verify_ = verify_  # type: ignore[method-assign]
 
@@ -1363,6 +1363,14 @@ Graph = Dialect(
     [*GRAPH_OPS, *COLLECTIVE_OPS, *PER_RANK_OPS, ShardOp, CallOp, ScanOp, MeshOp],
     [ShardingAttr],
 )
+
+
+@functools.lru_cache(maxsize=1024)
+def _property_names(op_type: type[GraphOp]) -> tuple[str, ...]:
+    """``GraphOp._property_names`` (cached: an op class's properties are fixed)."""
+    names = list(op_type.get_irdl_definition().properties)
+    mro = list(reversed(op_type.__mro__))
+    return tuple(sorted(names, key=lambda n: next(i for i, k in enumerate(mro) if n in vars(k))))
 
 
 def build(op_type: type[GraphOp], operands: Sequence[SSAValue], **attrs: Any) -> GraphOp:

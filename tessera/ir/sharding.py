@@ -55,6 +55,17 @@ class Sharding:
     dims: tuple[tuple[str, ...], ...]
     partial: tuple[tuple[str, str], ...] = ()  # (mesh axis, reduction kind)
 
+    def __hash__(self) -> int:
+        # the generated hash, cached: shardings key the sharding passes' memos
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = hash((self.dims, self.partial))
+            object.__setattr__(self, "_hash", found)
+        return found
+
+    def __reduce__(self) -> tuple[type[Sharding], tuple[object, ...]]:
+        return (Sharding, (self.dims, self.partial))  # without the cached hash
+
     @staticmethod
     def replicated(rank: int) -> Sharding:
         return Sharding(((),) * rank)

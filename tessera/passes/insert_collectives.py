@@ -37,7 +37,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
-from tessera.analysis.op_sharding import after_collective, decide
+from tessera.analysis.op_sharding import Decisions, after_collective
 from tessera.analysis.reduction_points import ReductionPoints
 from tessera.ir import graph
 from tessera.ir.abstract import aval
@@ -64,7 +64,7 @@ class _Inserter:
         self.function = function
         self.layout: dict[SSAValue, Sharding] = {}
         self.resharded: dict[tuple[SSAValue, Sharding], SSAValue] = {}
-        self.points = ReductionPoints()
+        self.decisions = Decisions(mesh, ReductionPoints())
         self.bypassed: list[Operation] = []
         for index, arg in enumerate(function.args):
             self.layout[arg] = arg_sharding(function, index) or Sharding.replicated(aval(arg).rank)
@@ -86,7 +86,7 @@ class _Inserter:
                 # the results' layouts shard-propagate chose (with its users' wishes)
                 wanted = [Sharding(s.dims) for s in op_shardings(op) or ()]
                 known = [self.of(v) for v in op.operands]
-                layout = decide(op, known, self.mesh, self.points, wanted)
+                layout = self.decisions.decide(op, known, wanted)
                 for index, (value, needed) in enumerate(
                     zip(op.operands, layout.operands, strict=True)
                 ):

@@ -48,7 +48,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import VerifyException
 
-from tessera.analysis.op_sharding import assignment_of
+from tessera.analysis.op_sharding import assignment_of, op_shape
 from tessera.dtypes import DType
 from tessera.errors import ShardingError
 from tessera.ir import graph
@@ -67,7 +67,7 @@ from tessera.ir.sharding import (
     value_sharding,
 )
 from tessera.ir.sharding_rules import FactorKind, FactorWindows, ShardingRule, context_layouts
-from tessera.opdefs import Partition, has_sharding_rule, lookup, sharding_rule
+from tessera.opdefs import Partition, has_sharding_rule, lookup
 from tessera.perf.context_parallel import RingPlan, ring_plan
 from tessera.transforms.block_moves import Window, plan_block_moves
 from tessera.transforms.reshard import ReshardStep, apply_step, plan_reshard, step_collective
@@ -128,7 +128,7 @@ class _Partitioner:
     def run(self) -> None:
         block = self.function.body.block
         # the ops' sharding rules, read while the types are global
-        self.rules = {op: sharding_rule(op) for op in block.ops if has_sharding_rule(op)}
+        self.rules = {op: op_shape(op).rule for op in block.ops if has_sharding_rule(op)}
         self.function.attributes[graph.PARTITIONED] = UnitAttr()  # collectives: local rules
         for index, arg in enumerate(block.args):
             sharding = arg_sharding(self.function, index) or Sharding.replicated(aval(arg).rank)

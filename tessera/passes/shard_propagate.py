@@ -44,7 +44,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
-from tessera.analysis.op_sharding import Assignment, after_collective, choose, required, results
+from tessera.analysis.op_sharding import Assignment, Decisions, after_collective
 from tessera.analysis.reduction_points import ReductionPoints
 from tessera.ir import graph
 from tessera.ir.abstract import aval
@@ -59,8 +59,7 @@ from tessera.ir.sharding import (
     set_op_shardings,
     value_sharding,
 )
-from tessera.ir.sharding_rules import FactorKind, ShardingRule
-from tessera.opdefs import has_sharding_rule, sharding_rule
+from tessera.opdefs import has_sharding_rule
 
 
 @dataclass(frozen=True)
@@ -188,6 +187,17 @@ def _made_here(value: SSAValue) -> Sharding | None:
     return None
 
 
+@dataclass
+class _Choice:
+    """An op's choice for the operand layouts and wishes ``key``, with what follows from
+    it (computed on first need)."""
+
+    key: tuple[Sharding | None, ...]
+    assignment: Assignment
+    results: list[Sharding] | None = None  # the results' layouts
+    wants: list[Sharding] | None = None  # the splits it requires of its operands
+
+
 class _Propagation:
     def __init__(
         self, mesh: Mesh, mesh_name: str, function: func.FuncOp, variants: _Variants | None = None
@@ -200,8 +210,8 @@ class _Propagation:
         self.shardings: dict[SSAValue, Sharding] = {}
         self.closed: set[SSAValue] = set()
         self.wanted: dict[SSAValue, Sharding] = {}  # the split a value's users want
-        self.choices: dict[Operation, tuple[tuple[object, ...], Assignment]] = {}
-        self.points = ReductionPoints()
+        self.choices: dict[Operation, _Choice] = {}  # each op's latest choice
+        self.decisions = Decisions(mesh, ReductionPoints())
         for index, arg in enumerate(function.args):
             sharding = arg_sharding(function, index)
             if sharding is not None:
@@ -243,10 +253,11 @@ class _Propagation:
         known = [self.shardings.get(v) for v in op.operands]
         if all(k is None for k in known):
             return False
-        rule = sharding_rule(op)
-        assignment = self._choose(op, rule, known)
+        choice = self._choose(op, known)
+        if choice.results is None:
+            choice.results = self.decisions.results(op, choice.assignment, known)
         changed = False
-        for result, sharding in zip(op.results, results(op, rule, assignment, known, self.points), strict=True):
+        for result, sharding in zip(op.results, choice.results, strict=True):
             changed |= self._set(result, sharding)
         return changed
 
@@ -280,7 +291,8 @@ class _Propagation:
         produced = [self.shardings.get(r) for r in op.results]
         if all(p is None for p in produced):
             return False
-        rule = sharding_rule(op)
+        shape = self.decisions.shape(op)
+        rule = shape.rule
         assignment: Assignment = {}
         for sharding, dims in zip(produced, rule.results, strict=True):
             if sharding is None:
@@ -288,13 +300,13 @@ class _Propagation:
             for factor, axes in zip(dims, sharding.dims, strict=True):
                 if factor is None or not axes or factor in assignment:
                     continue
-                if rule.divides(factor, prod(self.mesh.axis_size(a) for a in axes)):
+                if shape.divides(factor, prod(self.decisions.size(a) for a in axes)):
                     assignment[factor] = axes  # (a concat's operands may not divide)
         # factors no result shows (a contraction's k) split as the forward choice splits them
         known = [self.shardings.get(v) for v in op.operands]
         shown = {f for dims in rule.results for f in dims}
         used = {a for axes in assignment.values() for a in axes}
-        for factor, axes in self._choose(op, rule, known).items():
+        for factor, axes in self._choose(op, known).assignment.items():
             if factor not in shown and not used & set(axes):
                 assignment[factor] = axes
                 used |= set(axes)
@@ -302,13 +314,7 @@ class _Propagation:
         for index, value in enumerate(op.operands):
             if value in self.shardings:
                 continue
-            dims = tuple(
-                assignment.get(f, ())
-                if f is not None and rule.factors[f].kind != FactorKind.REPLICATED
-                else ()
-                for f in rule.operands[index]
-            )
-            changed |= self._set(value, Sharding(dims))
+            changed |= self._set(value, Sharding(shape.required(assignment, index, {}).dims))
         return changed
 
     def _want(self, op: graph.GraphOp) -> None:
@@ -323,26 +329,27 @@ class _Propagation:
         known = [self.shardings.get(v) for v in op.operands]
         if all(k is None for k in known):
             return
-        rule = sharding_rule(op)
         # the choice of this sweep's forward step (the next one weighs new wishes)
-        cached = self.choices.get(op)
-        assignment = cached[1] if cached is not None else self._choose(op, rule, known)
-        for index, value in enumerate(op.operands):
-            self.wanted[value] = Sharding(required(op, rule, assignment, known, index, self.points).dims)
+        choice = self.choices.get(op) or self._choose(op, known)
+        if choice.wants is None:
+            shape = self.decisions.shape(op)
+            choice.wants = [
+                Sharding(shape.required(choice.assignment, index, {}).dims)
+                for index in range(len(op.operands))
+            ]
+        for value, want in zip(op.operands, choice.wants, strict=True):
+            self.wanted[value] = want
 
-    def _choose(
-        self, op: graph.GraphOp, rule: ShardingRule, known: list[Sharding | None]
-    ) -> Assignment:
+    def _choose(self, op: graph.GraphOp, known: list[Sharding | None]) -> _Choice:
         """``op_sharding.choose`` for the current operand layouts and wishes, computed again
         only when they changed (each sweep asks for every op's choice more than once)."""
         wanted = [self.wanted.get(r) for r in op.results]
         key = (*known, None, *wanted)  # None: operands end, wishes start
         cached = self.choices.get(op)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        assignment = choose(op, rule, known, self.mesh, self.points, wanted)
-        self.choices[op] = (key, assignment)
-        return assignment
+        if cached is not None and cached.key == key:
+            return cached
+        choice = self.choices[op] = _Choice(key, self.decisions.choose(op, known, wanted))
+        return choice
 
     # --- state ------------------------------------------------------------------------------
 
