@@ -55,6 +55,14 @@ class Sharding:
     dims: tuple[tuple[str, ...], ...]
     partial: tuple[tuple[str, str], ...] = ()  # (mesh axis, reduction kind)
 
+    def __eq__(self, other: object) -> bool:
+        # the generated equality, without building tuples (the passes compare often)
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.dims == other.dims and self.partial == other.partial  # type: ignore[attr-defined]
+
     def __hash__(self) -> int:
         # the generated hash, cached: shardings key the sharding passes' memos
         found = self.__dict__.get("_hash")
