@@ -34,13 +34,12 @@ EP_NOTE = "expert parallelism is priced analytically (all-to-all cost model); Mo
 
 
 def default_jobs() -> int:
-    """The CPUs this process may run on (its affinity), at most 8; 1 on fewer than 4 (two
-    workers on a 2-CPU machine measured no faster: ``benchmarks/planner_time.py``)."""
+    """The CPUs this process may run on (its affinity), at most 8."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    return min(8, cpus) if cpus >= 4 else 1
+    return max(1, min(8, cpus))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -89,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--jobs", type=int, default=default_jobs(),
                 help="processes compiling layer programs in parallel (default: the CPUs "
-                "this process may use, at most 8, or 1 on fewer than 4)",
+                "this process may use, at most 8)",
             )  # fmt: skip
         if name == "launch":
             sub.add_argument("script")
