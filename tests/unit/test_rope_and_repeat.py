@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from user_errors import raised_at_marked_line
 
 import tessera as ts
 from tessera import dist, op
@@ -432,7 +432,6 @@ def test_rope_sharded_dp_tp_matches_unsharded(interleaved: bool) -> None:
 # --- errors -----------------------------------------------------------------------------------------
 
 
-SOURCE = Path(__file__).read_text().splitlines()
 ERRORS = {
     "repeat axis": (lambda x: op.repeat(x, 2, axis=2), ts.ShapeError, "axis 2 is out of range"),  # <- repeat axis
     "repeat counts": (lambda x: op.repeat(x, [1, 2], axis=1), ts.ShapeError, "one repeat count per entry of the axis (3), found 2"),  # <- repeat counts
@@ -453,9 +452,4 @@ ERRORS = {
 @pytest.mark.parametrize("name", sorted(ERRORS))
 def test_errors_name_the_problem_and_the_line(name: str) -> None:
     fn, error, words = ERRORS[name]
-    with pytest.raises(error) as info:
-        jit(fn)(np.zeros((2, 3), np.float32))
-    message = str(info.value)
-    assert words in message, message
-    (line,) = [i for i, text in enumerate(SOURCE, 1) if text.endswith(f"# <- {name}")]
-    assert f"{__file__}:{line}" in message, message
+    raised_at_marked_line(fn, error, words, __file__, name)
