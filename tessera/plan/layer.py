@@ -376,7 +376,8 @@ def prefetch_profiles(
     compiles run in parallel (as ``make -j`` or TorchInductor's compile workers). The
     profiles are plain numbers, returned over a pipe; a shape a worker fails on is left
     for :func:`profile_layer` to compile (and report) in this process. Without ``fork``
-    (not Linux or macOS) or with ``jobs <= 1`` this does nothing."""
+    (not Linux or macOS), with ``jobs <= 1`` or with fewer than three shapes to compile
+    this does nothing: :func:`profile_layer` compiles them when asked."""
     missing = list(
         dict.fromkeys(
             s for s in shapes if any(_profile_key(s, t) not in _PROFILES for t in topologies)
