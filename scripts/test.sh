@@ -12,7 +12,9 @@ ruff check .
 echo "== import layers"
 lint-imports
 echo "== pytest"
-python -m pytest tests/unit -p no:cacheprovider "$@"
+# one worker per CPU (pytest-xdist), each test file kept on one worker (its module
+# fixtures built once); TESSERA_TEST_WORKERS=0 runs in this process
+python -m pytest tests/unit -p no:cacheprovider -n "${TESSERA_TEST_WORKERS:-auto}" --dist loadfile "$@"
 echo "== lit"
 # -v, no -s: a flushed "PASS: <test> (i of n)" line as each test finishes (-s shows only a
 # progress bar, nothing line by line when the output goes to a file); failures in full

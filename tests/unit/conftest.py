@@ -27,6 +27,10 @@ os.environ.setdefault("TESSERA_KERNELS", "reference")
 # its patch); tests/unit/test_program_cache.py turns the cache on where it tests it
 os.environ.setdefault("TESSERA_PROGRAM_CACHE", "0")
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest-xdist: share the CPUs, no oversubscription
+    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
 settings.register_profile("tessera", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "tessera")
