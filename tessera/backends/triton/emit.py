@@ -122,6 +122,13 @@ def _binary(symbol: str) -> Callable[[Operation, Sequence[str]], str]:
     return lambda op, a: f"{a[0]} {symbol} {a[1]}"
 
 
+def _select(op: Operation, a: Sequence[str]) -> str:
+    """``tl.where``, its condition compared with zero unless it is already ``i1``."""
+    element = tile.element_type(op.operands[0].type)
+    cond = a[0] if isinstance(element, IntegerType) and element.width.data == 1 else f"{a[0]} != 0"
+    return f"tl.where({cond}, {a[1]}, {a[2]})"
+
+
 def _call(function: str) -> Callable[[Operation, Sequence[str]], str]:
     return lambda op, a: f"{function}({', '.join(a)})"
 
@@ -225,7 +232,7 @@ EXPRESSIONS: dict[type[Operation], Callable[..., str]] = {
     tile.DotOp: _dot,
     tile.ReduceOp: _reduce,
     tile.CmpOp: lambda op, a: f"{a[0]} {_CMP[op.predicate.data]} {a[1]}",
-    tile.SelectOp: _call("tl.where"),
+    tile.SelectOp: _select,
     tile.ConvertOp: lambda op, a: f"{a[0]}.to({triton_dtype(op.result.type)})",
     tile.PhiloxOp: _call(_PHILOX),
 }  # fmt: skip
