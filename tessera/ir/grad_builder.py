@@ -57,10 +57,11 @@ class GradBuilder:
         return self.broadcast_to(self.constant(0.0, like), tuple(shape))
 
     def iota(self, like: SSAValue, n: int, shape: Sequence[int]) -> SSAValue:
-        """``arange(n)`` reshaped to ``shape``, with ``like``'s (integer) dtype."""
+        """``arange(n)`` reshaped to ``shape`` (one dim of size ``n``, the others 1),
+        with ``like``'s (integer) dtype: a ``graph.iota``."""
         target = aval(like).with_shape(tuple(shape))
-        attr = dense_from_numpy(np.arange(n).reshape(tuple(shape)), target.to_xdsl())
-        op = graph.ConstantOp.create(result_types=[target.to_xdsl()], properties={"value": attr})
+        dimension = next(d for d, size in enumerate(shape) if size == n)
+        op = graph.build(graph.IotaOp, [], dimension=dimension, shape=target.shape, dtype=target.dtype)
         Rewriter.insert_op(op, self.point)
         return op.results[0]
 

@@ -318,6 +318,30 @@ class RandomBitsOp(GraphOp):
 
 
 @irdl_op_definition
+class IotaOp(GraphOp):
+    """Indices along ``dimension``, broadcast over the other dims (``jax.lax.iota``,
+    StableHLO's ``iota``)::
+
+        %i = graph.iota {dimension = 1} : tensor<4x8xi64>           # i[r, c] = c
+        %j = graph.iota %s {dimension = 0} : tensor<i32>, tensor<8xi32>  # j[c] = s + c
+
+    The optional i32 scalar ``start`` is the global index of the first element along
+    ``dimension`` (``shard-partition`` gives a rank's slice its own start). Nothing is
+    stored: a kernel computes the indices from its program's position, where a dense
+    ``arange`` constant would be copied into every kernel that reads it."""
+
+    name = "graph.iota"
+    start = var_operand_def(TensorType)
+    result = result_def(TensorType)
+    dimension = prop_def(IntegerAttr)
+    shape_rule = staticmethod(shape_rules.iota)
+
+    def rule_attrs(self) -> dict[str, Any]:
+        result = AbstractTensor.from_xdsl(self.result.type)
+        return {"dimension": self.attrs()["dimension"], "shape": result.shape, "dtype": result.dtype}
+
+
+@irdl_op_definition
 class ConstantOp(GraphOp):
     """A constant tensor (``full`` is a splat constant): ``graph.constant dense<1.0> : T``."""
 
@@ -1324,7 +1348,7 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, ErfOp,
     CosOp, SinOp, StopGradientOp, GeluOp,
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
-    CastOp, RandomBitsOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, ProdOp, SoftmaxOp, LogSoftmaxOp,
+    CastOp, RandomBitsOp, IotaOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, ProdOp, SoftmaxOp, LogSoftmaxOp,
     LayerNormOp, RmsNormOp, CrossEntropyOp, AttentionOp, AttentionBackwardOp, ReshapeOp, BroadcastToOp,
     TransposeOp, SliceOp, ConcatOp, SplitOp, GatherOp, TopKOp, MoeRouteOp, MoeDispatchOp,
     MoeCombineOp,

@@ -661,6 +661,19 @@ def broadcast(
     return x
 
 
+def iota(*start: AbstractTensor, dimension: int, shape: Sequence[int], dtype: DType) -> AbstractTensor:
+    """Indices along ``dimension`` of an integer or float tensor of ``shape``, after an
+    optional i32 scalar start."""
+    if len(start) > 1 or any(s != AbstractTensor((), DType.i32) for s in start):
+        found = ", ".join(str(s) for s in start)
+        raise ShapeError(f"expected at most one start, an i32 scalar, found {found}")
+    if not 0 <= dimension < len(shape):
+        raise ShapeError(f"dimension {dimension} is out of range for shape {list(shape)}")
+    if dtype == DType.i1:
+        raise ShapeError("expected an integer or float result, found i1")
+    return AbstractTensor(tuple(shape), dtype)
+
+
 def axis_index(axes: Sequence[str], group_size: int | None = None) -> AbstractTensor:
     """This rank's linear position along mesh ``axes`` (major first): an i32 scalar."""
     _check_mesh_axes(axes)

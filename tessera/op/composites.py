@@ -62,6 +62,7 @@ from tessera.op.primitives import (
     equal,
     exp,
     full,
+    iota,
     less,
     log,
     matmul,
@@ -280,8 +281,8 @@ def one_hot(indices: Operand, num_classes: int, dtype: Any = "f32") -> Tensor:
         raise ShapeError(
             f"one_hot: num_classes must be a positive int, found {num_classes!r} at {user_location()}"
         )
-    iota = constant(np.arange(int(num_classes)), ids.dtype)
-    return astype(equal(reshape(ids, (*ids.shape, 1)), iota), dtype)
+    classes = iota((int(num_classes),), 0, ids.dtype)
+    return astype(equal(reshape(ids, (*ids.shape, 1)), classes), dtype)
 
 
 # --- reductions ---------------------------------------------------------------------------------
@@ -417,8 +418,7 @@ def take_along_axis(x: Operand, indices: Operand, axis: int | None) -> Tensor:
     ids = where(less(ids, 0), add(ids, size), ids)
     iota_shape = [1] * (tensor.ndim + 1)
     iota_shape[ax + 1] = size
-    iota = constant(np.arange(size).reshape(iota_shape), ids.dtype)
-    picks = equal(expand_dims(ids, ax + 1), iota)  # [..., m, n, ...]
+    picks = equal(expand_dims(ids, ax + 1), iota(iota_shape, ax + 1, ids.dtype))  # [..., m, n, ...]
     try:
         chosen = where(picks, expand_dims(tensor, ax), 0)
     except ShapeError:

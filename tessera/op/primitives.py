@@ -73,6 +73,23 @@ def full(shape: Sequence[int], fill_value: float | int | bool, dtype: Any = None
     return constant(np.full(_shape_argument(shape, "shape"), fill_value), dtype)
 
 
+def iota(shape: Sequence[int], dimension: int = 0, dtype: Any = "i64") -> Tensor:
+    """Indices along ``dimension``, broadcast to ``shape`` (``jax.lax.broadcasted_iota``):
+    ``iota((2, 3), 1)`` is ``[[0, 1, 2], [0, 1, 2]]``. Computed where it is read, so
+    a large iota costs no memory and no constant in the program."""
+    dims = _shape_argument(shape, "shape")
+    if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)):
+        raise ShapeError(f"iota: dimension must be an int, found {dimension!r}, at {user_location()}")
+    (result,) = current_trace().bind(
+        graph.IotaOp,
+        [],
+        dimension=int(dimension) + len(dims) if -len(dims) <= dimension < 0 else int(dimension),
+        shape=dims,
+        dtype=_dtype_argument(dtype),
+    )
+    return result
+
+
 def zeros(shape: Sequence[int], dtype: Any = "f32") -> Tensor:
     return full(shape, 0, dtype)
 
@@ -922,6 +939,7 @@ __all__ = [
     "getitem",
     "greater",
     "greater_equal",
+    "iota",
     "layer_norm",
     "less",
     "less_equal",

@@ -15,6 +15,7 @@ from tessera.opdefs import (  # noqa: F401  (registers the ops)
     contraction,
     elementwise,
     indexing,
+    iota,
     layout,
     moe,
     normalization,

@@ -283,6 +283,11 @@ class _Partitioner:
         in to their own (see the module docstring)."""
         have = [self.sharding_of(v) for v in op.operands]
         assignment = assignment_of(rule, have)
+        in_operands = {f for dims in rule.operands for f in dims}
+        for sharding, dims in zip(shardings, rule.results, strict=True):
+            for factor, axes in zip(dims, sharding.dims, strict=True):
+                if axes and factor is not None and factor not in in_operands:
+                    assignment.setdefault(factor, axes)  # split in the result alone (an iota)
         if self.in_region and any(
             axes and rule.factors[f].kind == FactorKind.CONTEXT for f, axes in assignment.items()
         ):
@@ -382,7 +387,7 @@ class _Partitioner:
             if not axes:
                 values.append(current if current is not None else self._zero_position(op))
                 continue
-            start = self._rank_start(axes, self._local_size(op, rule, factor), op)
+            start = self._rank_start(axes, self._local_size(op, rule, factor, axes), op)
             if current is not None:
                 start = emit(graph.AddOp, [current, start])
                 set_op_shardings(start.owner, self.mesh_name, [Sharding(())])  # type: ignore[arg-type]
@@ -396,12 +401,15 @@ class _Partitioner:
             set_op_shardings(self.zero.owner, self.mesh_name, [Sharding(())])  # type: ignore[arg-type]
         return self.zero
 
-    def _local_size(self, op: Operation, rule: ShardingRule, factor: int) -> int:
-        """The local size of ``factor`` (from an operand that has it)."""
+    def _local_size(
+        self, op: Operation, rule: ShardingRule, factor: int, axes: tuple[str, ...]
+    ) -> int:
+        """The local size of ``factor``: an operand's dim that has it, else (a factor of
+        the results alone, as an iota's) its size split over ``axes``."""
         for value, dims in zip(op.operands, rule.operands, strict=False):
             if factor in dims:
                 return aval(value).shape[dims.index(factor)]
-        raise ShardingError(f"{op.name}: no operand has the position operand's factor")
+        return rule.factors[factor].size // math.prod(self.mesh.axis_size(a) for a in axes)
 
     def _rank_start(self, axes: tuple[str, ...], size: int, before: Operation) -> SSAValue:
         """This rank's first index of a dim of local ``size`` split over ``axes``:
@@ -445,18 +453,6 @@ def _cut(emit: GraphEmitter, value: SSAValue, dim: int, start: int, length: int)
     starts = [0] * len(shape)
     starts[dim] = start
     return emit(graph.SliceOp, [value], starts=starts, limits=limits, strides=[1] * len(shape))
-
-
-class _Emitter(GraphEmitter):
-    """A GraphEmitter with the constant helpers the partitioned ops need."""
-
-    def scalar(self, value: float, like: AbstractTensor) -> SSAValue:
-        dense = DenseIntOrFPElementsAttr.from_list(
-            AbstractTensor((), like.dtype).to_xdsl(), [value]
-        )
-        op = graph.build(graph.ConstantOp, [], value=dense)
-        Rewriter.insert_op(op, InsertPoint.before(self.anchor))
-        return op.results[0]
 
 
 def _stored_zigzag(op: Operation) -> bool:

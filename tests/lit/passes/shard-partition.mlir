@@ -463,3 +463,20 @@ func.func @slice_window(%x: tensor<8x16xf32> {graph.sharding = #graph.sharding<@
   %t = graph.tanh %s : tensor<8x8xf32>
   func.return %t : tensor<8x8xf32>
 }
+
+// -----
+
+// An iota split over tp: each rank's slice starts at its own global index, which
+// shard-partition passes as the iota's start (axis_index(tp) * the local size).
+// CHECK-LABEL: func.func @iota_split
+// CHECK:         %[[R:.*]] = graph.axis_index {axes = [tp]}
+// CHECK-NEXT:    %[[N:.*]] = graph.constant {{.*}}dense<16> : tensor<i32>
+// CHECK-NEXT:    %[[S:.*]] = graph.mul %[[R]], %[[N]]
+// CHECK-NEXT:    graph.iota %[[S]] {dimension = 1} {{.*}} : tensor<i32> -> tensor<1x16xi64>
+graph.mesh @mesh axes = [dp = 2, tp = 4]
+func.func @iota_split(%x: tensor<8x64xi64> {graph.sharding = #graph.sharding<@mesh, [[dp], [tp]]>}) -> (tensor<8x64xi1> {graph.sharding = #graph.sharding<@mesh, [[dp], [tp]]>}) {
+  %i = graph.iota {dimension = 1} : tensor<1x64xi64>
+  %b = graph.broadcast_to %i : tensor<1x64xi64> -> tensor<8x64xi64>
+  %e = graph.compare %x, %b {predicate = eq} : tensor<8x64xi64>, tensor<8x64xi64> -> tensor<8x64xi1>
+  func.return %e : tensor<8x64xi1>
+}
