@@ -126,19 +126,20 @@ def compiled_step(
     """The jitted :func:`step_function` of ``model`` (made once per mesh, axis and
     kernels; its programs are compiled once per prompt length, and once for decoding):
     with a ``mesh``, the parameters in ``model.param_shardings(mesh, tp)`` and the
-    caches split over heads along ``tp``."""
+    caches split over heads along ``tp``. The caches are donated (``donate_argnums``):
+    a step's inputs are dead once it has run."""
     steps = model._generation_steps
     key = (mesh, tp, kernels)
     if key not in steps:
         if mesh is None:
-            steps[key] = jit(step_function(model), kernels=kernels)
+            steps[key] = jit(step_function(model), kernels=kernels, donate_argnums=(3, 4))
         else:
             c = model.config
             heads = c.num_key_value_heads % mesh.axis_size(tp) == 0 if tp in mesh.axis_names else False
             split = dist.ShardSpec(partition=(1,), mesh_axes=(tp,)) if heads else None
             caches = [split] * c.num_hidden_layers
             steps[key] = jit(
-                step_function(model), mesh=mesh, kernels=kernels,
+                step_function(model), mesh=mesh, kernels=kernels, donate_argnums=(3, 4),
                 in_shardings=(model.param_shardings(mesh, tp), None, None, caches, caches),
                 out_shardings=(None, caches, caches),
             )  # fmt: skip
