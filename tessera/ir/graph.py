@@ -705,6 +705,20 @@ class GatherOp(GraphOp):
     shape_rule = staticmethod(shape_rules.gather)
 
 
+@irdl_op_definition
+class DynamicUpdateSliceOp(GraphOp):
+    """``input`` with ``update`` written at ``start`` (an i32 scalar, clamped so the
+    update fits) along ``axis``: a KV cache's write (``jax.lax.dynamic_update_slice``)."""
+
+    name = "graph.dynamic_update_slice"
+    input = operand_def(TensorType)
+    update = operand_def(TensorType)
+    start = operand_def(TensorType)
+    result = result_def(TensorType)
+    axis = prop_def(IntegerAttr)
+    shape_rule = staticmethod(shape_rules.dynamic_update_slice)
+
+
 # --- mixture of experts ------------------------------------------------------------------------
 
 
@@ -1350,7 +1364,7 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
     CastOp, RandomBitsOp, IotaOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, ProdOp, SoftmaxOp, LogSoftmaxOp,
     LayerNormOp, RmsNormOp, CrossEntropyOp, AttentionOp, AttentionBackwardOp, ReshapeOp, BroadcastToOp,
-    TransposeOp, SliceOp, ConcatOp, SplitOp, GatherOp, TopKOp, MoeRouteOp, MoeDispatchOp,
+    TransposeOp, SliceOp, ConcatOp, SplitOp, GatherOp, DynamicUpdateSliceOp, TopKOp, MoeRouteOp, MoeDispatchOp,
     MoeCombineOp,
 )  # fmt: skip
 

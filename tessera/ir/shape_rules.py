@@ -508,6 +508,25 @@ def gather(x: AbstractTensor, indices: AbstractTensor, axis: int) -> AbstractTen
     return x.with_shape(x.shape[:axis] + indices.shape + x.shape[axis + 1 :])
 
 
+def dynamic_update_slice(
+    x: AbstractTensor, update: AbstractTensor, start: AbstractTensor, axis: int
+) -> AbstractTensor:
+    """``x`` with ``update`` written along ``axis`` from ``start`` (an i32 scalar): the
+    update has ``x``'s dtype and rank, its dims ``x``'s but along ``axis`` (at most)."""
+    _check_axes(x, [axis], "axis")
+    if start.shape != () or start.dtype != DType.i32:
+        raise ShapeError(f"expected the start to be an i32 scalar, found {start}")
+    if update.dtype != x.dtype or update.rank != x.rank:
+        raise ShapeError(f"expected an update of the dtype and rank of {x}, found {update}")
+    others = [d for d in range(x.rank) if d != axis]
+    if any(update.shape[d] != x.shape[d] for d in others) or update.shape[axis] > x.shape[axis]:
+        raise ShapeError(
+            f"expected an update with the dims of {x} but along axis {axis} (at most "
+            f"{x.shape[axis]} there), found {update}"
+        )
+    return x
+
+
 # --- mixture of experts ----------------------------------------------------------------------
 
 

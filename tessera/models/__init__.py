@@ -6,12 +6,15 @@
     logits = ts.jit(model.logits)(params, tokens)
     specs = model.param_shardings(mesh)                  # Megatron tensor parallelism
     models.save("out", model, params)                    # transformers loads it
+    out = model.generate(params, prompt, max_new_tokens=16, temperature=0)  # KV-cached
 """
 
 from tessera.models.base import CausalLM, Params
 from tessera.models.config import ModelConfig
 from tessera.models.files import load, read_tensors, save
+from tessera.models.generate import Generation, sample
 from tessera.models.gpt2 import GPT2
+from tessera.models.kv_cache import KVCache
 from tessera.models.llama import Llama
 from tessera.models.mixtral import Mixtral
 from tessera.models.registry import MODELS, from_config
@@ -20,6 +23,8 @@ __all__ = [
     "GPT2",
     "MODELS",
     "CausalLM",
+    "Generation",
+    "KVCache",
     "Llama",
     "Mixtral",
     "ModelConfig",
@@ -27,5 +32,6 @@ __all__ = [
     "from_config",
     "load",
     "read_tensors",
+    "sample",
     "save",
 ]

@@ -3,12 +3,15 @@ shapes, and a Megatron tensor-parallel layout."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from tessera import dist, op
 from tessera.errors import ArgumentError
+from tessera.models import generate as generation
 from tessera.models.config import ModelConfig
+from tessera.models.kv_cache import KVCache
 
 Params = dict[str, Any]  # Hugging Face state-dict names -> tensors (torch outside, traced inside)
 
@@ -53,8 +56,9 @@ class CausalLM:
         """Each parameter's Hugging Face state-dict name and shape."""
         raise NotImplementedError
 
-    def logits(self, params: Params, tokens: Any) -> Any:
-        """The next-token logits ``[B, T, vocab]`` of ``tokens [B, T]`` (traceable)."""
+    def logits(self, params: Params, tokens: Any, cache: KVCache | None = None) -> Any:
+        """The next-token logits ``[B, T, vocab]`` of ``tokens [B, T]`` (traceable); with a
+        ``cache``, ``tokens`` continue the cached sequence from ``cache.position``."""
         raise NotImplementedError
 
     def tp_dims(self) -> dict[str, int]:
@@ -65,6 +69,41 @@ class CausalLM:
         """Mean cross-entropy of the logits of ``tokens [B, T]`` against ``targets
         [B, T]`` (no shift: ``targets`` are the next tokens)."""
         return op.cross_entropy(self.logits(params, tokens), targets)
+
+    def generate(
+        self,
+        params: Params,
+        prompt: Any,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        key: Any = None,
+        *,
+        max_len: int | None = None,
+        mesh: dist.Mesh | None = None,
+        tp: str = "tp",
+        kernels: str | None = None,
+        verbose: bool = False,
+    ) -> generation.Generation:
+        """``max_new_tokens`` tokens after ``prompt`` (token ids ``[B, P]`` or ``[P]``)
+        with a KV cache of ``max_len`` positions (default: just enough): the prefill and
+        the decode step are compiled once each. ``temperature=0`` is greedy; otherwise
+        tokens are drawn (``top_k``, ``top_p`` restrict them) with the uniforms of
+        ``ts.random`` ``key`` (default ``ts.random.key(0)``): the same key, the same
+        tokens. With a ``mesh``, tensor parallel over its axis ``tp`` (parameters as
+        :meth:`param_shardings`, caches split over heads). Returns a
+        :class:`~tessera.models.generate.Generation` (``.tokens``,
+        ``.tokens_per_second``); ``verbose`` prints the speed."""
+        return generation.generate(
+            self, params, prompt, max_new_tokens, temperature, top_k, top_p, key,
+            max_len=max_len, mesh=mesh, tp=tp, kernels=kernels, verbose=verbose,
+        )  # fmt: skip
+
+    @functools.cached_property
+    def _generation_steps(self) -> dict[Any, Any]:
+        """:meth:`generate`'s jitted steps, by mesh, tensor-parallel axis and kernels."""
+        return {}
 
     def param_shardings(self, mesh: dist.Mesh, tp: str = "tp") -> dict[str, dist.ShardSpec | None]:
         """Megatron tensor parallelism over mesh axis ``tp``: q, k, v, gate and up by

@@ -10,6 +10,7 @@ from typing import Any
 from tessera import op
 from tessera.errors import ArgumentError
 from tessera.models.base import CausalLM, Params, activation, heads, merge_heads
+from tessera.models.kv_cache import KVCache
 
 
 def conv1d(x: Any, params: Params, name: str) -> Any:
@@ -57,13 +58,16 @@ class GPT2(CausalLM):
                 dims[name] = 0  # vocabulary
         return dims
 
-    def logits(self, params: Params, tokens: Any) -> Any:
+    def logits(self, params: Params, tokens: Any, cache: KVCache | None = None) -> Any:
         c = self.config
         T = tokens.shape[1]
         x = op.take(params["transformer.wte.weight"], tokens, axis=0)
-        x = x + params["transformer.wpe.weight"][:T]
+        if cache is None:
+            x = x + params["transformer.wpe.weight"][:T]
+        else:
+            x = x + op.take(params["transformer.wpe.weight"], cache.positions(T), axis=0)
         for i in range(c.num_hidden_layers):
-            x = self.layer(params, f"transformer.h.{i}.", x)
+            x = self.layer(params, f"transformer.h.{i}.", x, cache)
         x = self.norm(params, "transformer.ln_f", x)
         head = "transformer.wte.weight" if c.tie_word_embeddings else "lm_head.weight"
         return x @ op.transpose(params[head])
@@ -72,13 +76,17 @@ class GPT2(CausalLM):
         weight, bias = params[f"{name}.weight"], params[f"{name}.bias"]
         return op.layer_norm(x, eps=self.config.norm_eps, weight=weight, bias=bias)
 
-    def layer(self, params: Params, prefix: str, x: Any) -> Any:
-        """One pre-LN block of ``x [B, T, C]``."""
+    def layer(self, params: Params, prefix: str, x: Any, cache: KVCache | None = None) -> Any:
+        """One pre-LN block of ``x [B, T, C]`` (``cache``: attend to the cached keys and
+        values)."""
         c = self.config
         H, D = c.num_attention_heads, c.hidden_size // c.num_attention_heads
         qkv = conv1d(self.norm(params, f"{prefix}ln_1", x), params, f"{prefix}attn.c_attn")
         q, k, v = (heads(t, H, D) for t in op.split(qkv, 3, axis=-1))
-        attended = merge_heads(op.attention(q, k, v, causal=True))
+        if cache is None:
+            attended = merge_heads(op.attention(q, k, v, causal=True))
+        else:
+            attended = merge_heads(cache.attend(q, k, v, None))
         x = x + conv1d(attended, params, f"{prefix}attn.c_proj")
         h = activation(c.hidden_act)(
             conv1d(self.norm(params, f"{prefix}ln_2", x), params, f"{prefix}mlp.c_fc")

@@ -9,6 +9,7 @@ from typing import Any
 
 from tessera import op
 from tessera.models.base import CausalLM, Params, activation, heads, linear, merge_heads
+from tessera.models.kv_cache import KVCache
 
 
 @dataclass(frozen=True)
@@ -59,36 +60,43 @@ class Llama(CausalLM):
                 dims[name] = 0  # vocabulary
         return dims
 
-    def logits(self, params: Params, tokens: Any) -> Any:
+    def logits(self, params: Params, tokens: Any, cache: KVCache | None = None) -> Any:
         c = self.config
         x = op.take(params["model.embed_tokens.weight"], tokens, axis=0)
         for i in range(c.num_hidden_layers):
-            x = self.layer(params, f"model.layers.{i}.", x, c.sliding_windows[i])
+            x = self.layer(params, f"model.layers.{i}.", x, c.sliding_windows[i], cache)
         x = op.rms_norm(x, eps=c.norm_eps, weight=params["model.norm.weight"])
         head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
         return x @ op.transpose(params[head])
 
-    def layer(self, params: Params, prefix: str, x: Any, window: int | None) -> Any:
+    def layer(
+        self, params: Params, prefix: str, x: Any, window: int | None, cache: KVCache | None = None
+    ) -> Any:
         """One decoder layer of ``x [B, T, C]``."""
         c = self.config
         h = op.rms_norm(x, eps=c.norm_eps, weight=params[f"{prefix}input_layernorm.weight"])
-        x = x + self.attention(params, f"{prefix}self_attn.", h, window)
+        x = x + self.attention(params, f"{prefix}self_attn.", h, window, cache)
         h = op.rms_norm(
             x, eps=c.norm_eps, weight=params[f"{prefix}post_attention_layernorm.weight"]
         )
         return x + self.mlp(params, f"{prefix}mlp.", h)
 
-    def attention(self, params: Params, prefix: str, h: Any, window: int | None) -> Any:
+    def attention(
+        self, params: Params, prefix: str, h: Any, window: int | None, cache: KVCache | None = None
+    ) -> Any:
         """Causal grouped-query self-attention with rotary embeddings (``window``: a
-        sliding window, Mistral's)."""
+        sliding window, Mistral's; ``cache``: attend to the cached keys and values)."""
         c = self.config
         bias = c.attention_bias
         q = heads(linear(h, params, f"{prefix}q_proj", bias), c.num_attention_heads, c.head_dim)
         k = heads(linear(h, params, f"{prefix}k_proj", bias), c.num_key_value_heads, c.head_dim)
         v = heads(linear(h, params, f"{prefix}v_proj", bias), c.num_key_value_heads, c.head_dim)
-        positions = range(h.shape[1])
+        positions = range(h.shape[1]) if cache is None else cache.positions(h.shape[1])
         q, k = (op.rope(t, positions, c.rope_theta, c.rope_scaling) for t in (q, k))
-        out = op.attention(q, k, v, causal=True, window=window)  # k, v shared by head groups
+        if cache is None:
+            out = op.attention(q, k, v, causal=True, window=window)  # k, v shared by head groups
+        else:
+            out = cache.attend(q, k, v, window)
         return linear(merge_heads(out), params, f"{prefix}o_proj", bias and c.model_type != "qwen2")
 
     def mlp(self, params: Params, prefix: str, h: Any) -> Any:

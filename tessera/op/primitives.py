@@ -444,7 +444,10 @@ def attention(
         )
     positions = []
     if q_offset is not None or k_offset is not None or window is not None:
-        positions = [_position(q_offset, "q_offset"), _position(k_offset, "k_offset")]
+        positions = [
+            _position(q_offset, "graph.attention: q_offset"),
+            _position(k_offset, "graph.attention: k_offset"),
+        ]
     order = {} if zigzag is None else {"zigzag": _zigzag_ranks(zigzag, *tensors[:2])}
     out, _ = current_trace().bind(
         graph.AttentionOp,
@@ -538,7 +541,7 @@ def _position(offset: Operand | None, what: str) -> Tensor:
     if isinstance(offset, Tensor) and offset.ndim == 0 and offset.dtype.is_int:
         return astype(offset, DType.i32)
     raise ShapeError(
-        f"graph.attention: {what} must be an int or an integer scalar tensor, found "
+        f"{what} must be an int or an integer scalar tensor, found "
         f"{getattr(offset, 'aval', offset)!r}, at {user_location()}"
     )
 
@@ -898,6 +901,17 @@ def take(x: Operand, indices: Operand, axis: int = 0) -> Tensor:
 gather = take
 
 
+def dynamic_update_slice(x: Operand, update: Operand, start: Operand, axis: int) -> Tensor:
+    """``x`` with ``update`` written along ``axis`` from ``start`` (an int or a traced
+    integer scalar, clamped so that the update fits), as ``jax.lax.dynamic_update_slice``
+    along one axis: a KV cache's write at a runtime position."""
+    tensor, written = _tensors(x, update)
+    position = _position(start, "dynamic_update_slice: start")
+    return _bind1(
+        graph.DynamicUpdateSliceOp, [tensor, written, position], axis=_axis(tensor, axis)
+    )
+
+
 def top_k(x: Operand, k: int) -> tuple[Tensor, Tensor]:
     """The ``k`` largest entries of the last dim, largest first, and their i32 indices
     (``torch.topk``, ``jax.lax.top_k``); the values are differentiable."""
@@ -929,6 +943,7 @@ __all__ = [
     "cross_entropy",
     "div",
     "divide",
+    "dynamic_update_slice",
     "embedding",
     "equal",
     "erf",

@@ -13,6 +13,7 @@ from tessera.opdefs import (  # noqa: F401  (registers the ops)
     collective,
     constant,
     contraction,
+    dynamic_update_slice,
     elementwise,
     indexing,
     iota,
