@@ -155,7 +155,7 @@ def test_example_with_two_pipeline_stages(train_llama: ModuleType, tmp_path: Pat
 
 def test_loss_falls_on_the_text(train_llama: ModuleType, tmp_path: Path) -> None:
     """30 steps of a 1-layer model on Shakespeare's bytes: from about ln 256 = 5.5 nats the
-    mean of the last 5 losses falls by more than 2 nats (measured: 5.55 -> about 2.6)."""
+    mean of the last 5 losses falls by more than 2 nats (measured on 2026-11-27: 5.55 -> 2.89, 2.66 nats)."""
     out = train_llama.main(
         [*SMALL, "--steps", "30", "--eval-every", "30", "--sample", "0", "--cache", str(tmp_path)]
     )
