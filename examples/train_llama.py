@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import _training_options as training_options
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -232,13 +231,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             records = [json.loads(line) for line in Path(args.log).read_text().splitlines() if line]
             records = [r for r in records if r["step"] <= state.step]
         print(f"resumed from {args.resume} at step {state.step}, sample {loader.position}")
-    return train_loop(args, model, step, state, loader, val, tokenizer, tokens, records)
+    return train_loop(args, model, step, state, loader, val, tokenizer, records)
 
 
 def train_loop(
     args: argparse.Namespace, model: models.CausalLM, step: Any, state: Any,
-    loader: data.Loader, val: data.Windows, tokenizer: data.Tokenizer, tokens: np.ndarray,
-    records: list[dict[str, Any]],
+    loader: data.Loader, val: data.Windows, tokenizer: data.Tokenizer, records: list[dict[str, Any]],
 ) -> dict[str, Any]:  # fmt: skip
     """Steps from ``state.step`` to ``--steps``, evaluating, logging and plotting."""
     loss_fn = ts.jit(model.loss)
