@@ -5,6 +5,7 @@
     python examples/train_llama.py --steps 300 --eval-every 50 --log run.jsonl --plot curve.png
     python examples/train_llama.py --steps 20 --save ckpt && python examples/train_llama.py --steps 40 --resume ckpt
     python examples/train_llama.py --pp 2 --microbatches 4        # two pipeline stages
+    tessera run -n 2 examples/train_llama.py --dp 2               # one process per rank (rank 0 reports)
     python examples/train_llama.py --dp 2 --tp 2 --zero 1 --precision bf16 --clip 1.0 \
         --lr-schedule warmup_cosine --warmup 10 --accumulate 2
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,6 +46,12 @@ from tessera.cache_location import cache_directory
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "shakespeare.txt"
+RANK0 = int(os.environ.get("RANK", "0")) == 0  # under `tessera run`, rank 0 reports
+
+
+def say(*text: Any) -> None:
+    if RANK0:
+        print(*text, flush=True)
 
 
 def make_model(args: argparse.Namespace, vocab: int) -> models.Llama:
@@ -230,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.log and Path(args.log).exists():
             records = [json.loads(line) for line in Path(args.log).read_text().splitlines() if line]
             records = [r for r in records if r["step"] <= state.step]
-        print(f"resumed from {args.resume} at step {state.step}, sample {loader.position}")
+        say(f"resumed from {args.resume} at step {state.step}, sample {loader.position}")
     return train_loop(args, model, step, state, loader, val, tokenizer, records)
 
 
@@ -240,12 +248,16 @@ def train_loop(
 ) -> dict[str, Any]:  # fmt: skip
     """Steps from ``state.step`` to ``--steps``, evaluating, logging and plotting."""
     loss_fn = ts.jit(model.loss)
-    log = open(args.log, "w") if args.log else None  # noqa: SIM115 (closed below)
+    log = open(args.log, "w") if args.log and RANK0 else None  # noqa: SIM115 (closed below)
     if log:
         log.writelines(json.dumps(r) + "\n" for r in records)
     first = state.step
     bar = tqdm(
-        total=args.steps, initial=first, disable=not args.progress, unit="step", file=sys.stderr
+        total=args.steps,
+        initial=first,
+        disable=not (args.progress and RANK0),
+        unit="step",
+        file=sys.stderr,
     )
     record: dict[str, Any] = {}
     seen, elapsed = 0, 0.0
@@ -275,19 +287,20 @@ def train_loop(
         log.close()
     if args.save:
         step.save(state, args.save)
-        (Path(args.save) / "data.json").write_text(json.dumps(loader.state_dict()))
-        print(f"saved step {state.step} (sample {loader.position}) to {args.save}")
+        if RANK0:  # the same position on every rank
+            (Path(args.save) / "data.json").write_text(json.dumps(loader.state_dict()))
+        say(f"saved step {state.step} (sample {loader.position}) to {args.save}")
     speed = seen / elapsed if elapsed else float("nan")
     if record:
         val_text = f", val loss {record['val_loss']:.4f}" if "val_loss" in record else ""
-        print(
+        say(
             f"step {record['step']}: train loss {record['loss']:.4f}{val_text}, {speed:.0f} tokens/s"
         )
-    if args.plot and records:
+    if args.plot and records and RANK0:
         title = (f"Llama {args.layers} layers x {args.dim}, {tokenizer.name} tokens, "
                  f"batch {args.batch} x {args.seq}, lr {args.lr}")  # fmt: skip
         plot(records, args.plot, title)
-        print(f"wrote {args.plot}")
+        say(f"wrote {args.plot}")
     text = ""
     if args.sample > 0:
         prompt = tokenizer.encode(args.prompt)
@@ -296,10 +309,10 @@ def train_loop(
             args.temperature, args.seed, ts.jit(model.logits),
         )  # fmt: skip
         text = tokenizer.decode(ids)
-        print(
+        say(
             f"--- sample ({'greedy' if args.temperature <= 0 else f'temperature {args.temperature}'}) ---"
         )
-        print(text)
+        say(text)
     return {"record": record, "tokens_per_s": speed, "sample": text, "records": records}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -82,7 +83,7 @@ def bpe_tokenizer(text_file: str | Path, vocab: int, cache: str | Path) -> BPETo
         )
         tokenizer.train([str(text_file)], trainer)
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")  # ranks race
         tokenizer.save(str(partial))
         json.loads(partial.read_text())  # written whole
         partial.replace(path)
