@@ -156,6 +156,14 @@ COMMANDS: dict[str, tuple[Run, ...] | str] = {
     ".venv/bin/python examples/train_moe.py --steps 20": (
         Run(".venv/bin/python examples/train_moe.py --steps 2 --layers 1", expect=("mesh dp 2 x ep 2 x tp 1",)),
     ),
+    # --steps 500 -> 3, --warmup 30 -> 1, --eval-every 50 -> 2, --sample 200 -> 20; the log
+    # and the plot in a temporary directory (the committed docs/train_llama.png is not rewritten)
+    "TESSERA_KERNELS=reference .venv/bin/python examples/train_llama.py --steps 500 --batch 16 --seq 128 --lr-schedule warmup_cosine --warmup 30 --eval-every 50 --log /tmp/shakespeare.jsonl --plot docs/train_llama.png": (
+        Run(
+            'd=$(mktemp -d) && TESSERA_KERNELS=reference .venv/bin/python examples/train_llama.py --steps 3 --batch 16 --seq 128 --lr-schedule warmup_cosine --warmup 1 --eval-every 2 --sample 20 --no-progress --log "$d/log.jsonl" --plot "$d/curve.png" && test "$(wc -l < "$d/log.jsonl")" -eq 3 && test -s "$d/curve.png" && rm -r "$d"',
+            last_line=None, expect=("step 3: train loss", ", val loss ", "--- sample (greedy) ---\nROMEO."),
+        ),
+    ),
     # the same job with --steps 2 --layers 1 (and `python -m tessera.tools.launch run`)
     ".venv/bin/tessera run -n 4 examples/train_moe.py --steps 3": (
         "tests/unit/test_distributed.py::test_train_moe_over_four_processes"
