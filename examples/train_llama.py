@@ -113,32 +113,17 @@ def evaluate(loss: Any, params: Any, windows: data.Windows, batch: int, batches:
 
 
 def sample(
-    model: models.CausalLM, params: Any, prompt: list[int], length: int, window: int,
-    temperature: float = 0.0, seed: int = 0, logits: Any = None,
-) -> list[int]:  # fmt: skip
-    """``prompt`` followed by ``length`` tokens the model picks one at a time (greedy, or
-    drawn at ``temperature``): ``model.generate`` where the model has one, else a full
-    forward pass per token over the last ``window`` tokens (padded at the end to
-    ``window``, so one compiled program serves every step; ``logits``: a
-    ``ts.jit(model.logits)`` to reuse)."""
-    if hasattr(model, "generate"):
-        prompt_tensor = torch.tensor([prompt], dtype=torch.int64)
-        out = model.generate(params, prompt_tensor, length, temperature=temperature, seed=seed)
-        return [int(t) for t in torch.as_tensor(out).reshape(-1)]
-    logits = logits or ts.jit(model.logits)
-    g = torch.Generator().manual_seed(seed)
-    ids = list(prompt)
-    for _ in range(length):
-        context = ids[-window:]
-        tokens = torch.zeros((1, window), dtype=torch.int64)
-        tokens[0, : len(context)] = torch.tensor(context)
-        last = torch.as_tensor(logits(params, tokens))[0, len(context) - 1].double()
-        if temperature <= 0:
-            ids.append(int(last.argmax()))
-        else:
-            probs = torch.softmax(last / temperature, dim=-1)
-            ids.append(int(torch.multinomial(probs, 1, generator=g)))
-    return ids
+    model: models.CausalLM, params: Any, prompt: list[int], length: int,
+    temperature: float = 0.0, seed: int = 0,
+) -> tuple[list[int], float]:  # fmt: skip
+    """``prompt`` followed by ``length`` tokens from ``model.generate`` (a KV cache, one
+    compiled prefill and one decode program): greedy at temperature 0, else drawn with
+    the key ``ts.random.key(seed)``; and the generation's tokens/s."""
+    prompt_tensor = torch.tensor([prompt], dtype=torch.int64)
+    out = model.generate(
+        params, prompt_tensor, length, temperature=temperature, key=ts.random.key(seed)
+    )
+    return [int(t) for t in torch.as_tensor(out.tokens).reshape(-1)], out.tokens_per_second
 
 
 def plot(records: list[dict[str, Any]], path: str, title: str) -> None:
@@ -304,14 +289,12 @@ def train_loop(
     text = ""
     if args.sample > 0:
         prompt = tokenizer.encode(args.prompt)
-        ids = sample(
-            model, step.gather(state).params, prompt, args.sample, args.seq,
-            args.temperature, args.seed, ts.jit(model.logits),
-        )  # fmt: skip
-        text = tokenizer.decode(ids)
-        say(
-            f"--- sample ({'greedy' if args.temperature <= 0 else f'temperature {args.temperature}'}) ---"
+        ids, rate = sample(
+            model, step.gather(state).params, prompt, args.sample, args.temperature, args.seed
         )
+        text = tokenizer.decode(ids)
+        how = "greedy" if args.temperature <= 0 else f"temperature {args.temperature}"
+        say(f"--- sample ({how}, {rate:.0f} tokens/s with the KV cache) ---")
         say(text)
     return {"record": record, "tokens_per_s": speed, "sample": text, "records": records}
 

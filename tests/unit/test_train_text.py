@@ -107,16 +107,6 @@ def train_llama() -> ModuleType:
     return load_example("train_llama")
 
 
-def test_sample_uses_the_models_generate_when_it_has_one(train_llama: ModuleType) -> None:
-    import torch
-
-    class WithGenerate:
-        def generate(self, params, prompt, length, temperature=0.0, seed=0):
-            return torch.cat([prompt, torch.full((1, length), 7)], dim=1)
-
-    assert train_llama.sample(WithGenerate(), {}, [1, 2], 3, window=8) == [1, 2, 7, 7, 7]
-
-
 SMALL = ["--layers", "1", "--no-progress"]
 
 
