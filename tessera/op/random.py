@@ -163,8 +163,9 @@ def _bits(key: Tensor, counter: Tensor, stream: int) -> Tensor:
 
 def _global_index(shape: tuple[int, ...]) -> Tensor:
     """Each element's row-major index in an array of ``shape``, as int32 (wrapping past
-    2^31): a sum of one small constant per dim, so that a rank's slice of it is its
-    elements' global indices whatever the sharding."""
+    2^31): a sum of one ``iota * stride`` per dim, so that a rank's slice of it is its
+    elements' global indices whatever the sharding (a split iota starts at its rank's
+    first index)."""
     from tessera import op
 
     strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
@@ -172,8 +173,9 @@ def _global_index(shape: tuple[int, ...]) -> Tensor:
     for d, (size, stride) in enumerate(zip(shape, strides, strict=True)):
         if size == 1:
             continue
-        values = (np.arange(size, dtype=np.int64) * stride).astype(np.uint32).view(np.int32)
-        piece = op.constant(values.reshape([size if e == d else 1 for e in range(len(shape))]))
+        piece = op.iota([size if e == d else 1 for e in range(len(shape))], d, "i32")
+        if stride != 1:  # int32 products wrap as the uint32 counter does
+            piece = op.multiply(piece, int(np.int64(stride).astype(np.uint32).view(np.int32)))
         index = piece if index is None else op.add(index, piece)
     if index is None:
         return op.zeros(shape, "i32")
