@@ -65,6 +65,20 @@ class CausalLM:
         """The dim each tensor-parallel parameter is split on (others replicated)."""
         raise NotImplementedError
 
+    def ep_dims(self) -> dict[str, int]:
+        """The experts' dim of each expert-parallel parameter (none but in MoE models)."""
+        return {}
+
+    def from_checkpoint(self, tensors: dict[str, Any]) -> dict[str, Any]:
+        """``tensors`` of a Hugging Face checkpoint in the layout :meth:`param_shapes`
+        gives (load); tensors it does not recognise are kept as they are."""
+        return dict(tensors)
+
+    def to_checkpoint(self, params: Params) -> dict[str, Any]:
+        """``params`` as the Hugging Face checkpoint stores them (save): the inverse of
+        :meth:`from_checkpoint`."""
+        return dict(params)
+
     def loss(self, params: Params, tokens: Any, targets: Any) -> Any:
         """Mean cross-entropy of the logits of ``tokens [B, T]`` against ``targets
         [B, T]`` (no shift: ``targets`` are the next tokens)."""
@@ -105,25 +119,47 @@ class CausalLM:
         """:meth:`generate`'s jitted steps, by mesh, tensor-parallel axis and kernels."""
         return {}
 
-    def param_shardings(self, mesh: dist.Mesh, tp: str = "tp") -> dict[str, dist.ShardSpec | None]:
+    def param_shardings(
+        self, mesh: dist.Mesh, tp: str | None = "tp", ep: str | None = None
+    ) -> dict[str, dist.ShardSpec | None]:
         """Megatron tensor parallelism over mesh axis ``tp``: q, k, v, gate and up by
         output features (heads split), o and down by input features, the embedding and
-        the head by vocabulary; norms (and biases of row-split layers) replicated. For
-        ``graph.training_step(param_shardings=...)`` or ``ts.jit(in_shardings=...)``."""
-        if tp not in mesh.axis_names:
-            raise ArgumentError(
-                f"param_shardings: mesh axis {tp!r} is not in the mesh's axes {list(mesh.axis_names)}"
-            )
-        dims = self.tp_dims()
-        shapes = self.param_shapes()
-        size = mesh.axis_size(tp)
-        for name, dim in dims.items():
-            if shapes[name][dim] % size:
+        the head by vocabulary; norms (and biases of row-split layers) replicated. With
+        ``ep`` (MoE models), expert parallelism: the stacked experts split over ``ep``
+        by expert (and over ``tp`` inside each expert); ``tp=None`` for no tensor
+        parallelism. For ``graph.training_step(param_shardings=...)`` or
+        ``ts.jit(in_shardings=...)``."""
+        for axis in (tp, ep):
+            if axis is not None and axis not in mesh.axis_names:
+                hint = " (tp=None: no tensor parallelism)" if axis == tp else ""
                 raise ArgumentError(
-                    f"param_shardings: {name} {list(shapes[name])} does not split {size} "
-                    f"ways on dim {dim} (mesh axis {tp!r})"
+                    f"param_shardings: mesh axis {axis!r} is not in the mesh's axes "
+                    f"{list(mesh.axis_names)}{hint}"
                 )
+        shapes = self.param_shapes()
+        layouts: dict[str, list[tuple[int, str]]] = {name: [] for name in shapes}
+        if ep is not None:
+            if not self.ep_dims():
+                raise ArgumentError(
+                    f"param_shardings: {type(self).__name__} has no experts (ep={ep!r})"
+                )
+            for name, dim in self.ep_dims().items():
+                layouts[name].append((dim, ep))
+        for name, dim in self.tp_dims().items() if tp is not None else ():
+            layouts[name].append((dim, tp))
+        for name, layout in layouts.items():
+            for dim, axis in layout:
+                if shapes[name][dim] % mesh.axis_size(axis):
+                    raise ArgumentError(
+                        f"param_shardings: {name} {list(shapes[name])} does not split "
+                        f"{mesh.axis_size(axis)} ways on dim {dim} (mesh axis {axis!r})"
+                    )
         return {
-            name: dist.ShardSpec(partition=(dims[name],), mesh_axes=(tp,)) if name in dims else None
-            for name in shapes
+            name: dist.ShardSpec(
+                partition=tuple(d for d, _ in sorted(layout)),
+                mesh_axes=tuple(a for _, a in sorted(layout)),
+            )
+            if layout
+            else None
+            for name, layout in layouts.items()
         }

@@ -42,13 +42,15 @@ def read_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
 
 def load(directory: str | Path) -> tuple[CausalLM, Params]:
     """The model of ``directory/config.json`` and its parameters (torch tensors keyed
-    by their Hugging Face state-dict names) from its safetensors."""
+    by their Hugging Face state-dict names, in the layout of ``model.param_shapes()``:
+    :meth:`~tessera.models.CausalLM.from_checkpoint`) from its safetensors."""
     directory = Path(directory)
     model = from_config(json.loads((directory / "config.json").read_text()))
     tensors = read_tensors(directory)
     shapes = model.param_shapes()
     if model.config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)  # a copy of the embedding
+    tensors = model.from_checkpoint(tensors)
     unexpected = sorted(k for k in tensors if k not in shapes and not k.endswith(_IGNORED))
     missing = sorted(k for k in shapes if k not in tensors)
     if missing or unexpected:
@@ -77,9 +79,8 @@ def save(
     missing = sorted(set(model.param_shapes()) - set(params))
     if missing:
         raise ArgumentError(f"save: params lack {missing}")
-    tensors = {
-        k: torch.as_tensor(params[k]).detach().cpu().contiguous() for k in model.param_shapes()
-    }
+    checkpoint = model.to_checkpoint({k: torch.as_tensor(params[k]) for k in model.param_shapes()})
+    tensors = {k: t.detach().cpu().contiguous() for k, t in checkpoint.items()}
     config = dict(model.config.raw)
     dtype = next(iter(tensors.values())).dtype
     config["dtype"] = config["torch_dtype"] = str(dtype).removeprefix("torch.")

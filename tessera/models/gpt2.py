@@ -1,6 +1,8 @@
 """GPT-2: learned positions, LayerNorm, GELU (tanh), fused q/k/v, a head tied to the
 embedding. Parameters are named and laid out as in transformers' ``GPT2LMHeadModel``
-(its ``Conv1D`` weights are ``[in, out]``)."""
+(its ``Conv1D`` weights are ``[in, out]``) but for the fused ``c_attn``: weight
+``[C, 3, C]`` and bias ``[3, C]`` (q, k, v; the checkpoint's ``[C, 3C]``, ``[3C]``
+reshaped by load and save), so that tensor parallelism splits each of q, k and v by heads."""
 
 from __future__ import annotations
 
@@ -37,20 +39,39 @@ class GPT2(CausalLM):
         }
         for i in range(c.num_hidden_layers):
             layer = f"transformer.h.{i}."
-            modules = {"ln_1": (C,), "attn.c_attn": (C, 3 * C), "attn.c_proj": (C, C), "ln_2": (C,),
+            modules = {"ln_1": (C,), "attn.c_attn": (C, 3, C), "attn.c_proj": (C, C), "ln_2": (C,),
                        "mlp.c_fc": (C, F), "mlp.c_proj": (F, C)}  # fmt: skip
             for name, shape in modules.items():
                 shapes[f"{layer}{name}.weight"] = shape
-                shapes[f"{layer}{name}.bias"] = shape[-1:]
+                shapes[f"{layer}{name}.bias"] = shape[1:] if name == "attn.c_attn" else shape[-1:]
         shapes |= {"transformer.ln_f.weight": (C,), "transformer.ln_f.bias": (C,)}
         if not c.tie_word_embeddings:
             shapes["lm_head.weight"] = (c.vocab_size, C)
         return shapes
 
+    def from_checkpoint(self, tensors: dict[str, Any]) -> dict[str, Any]:
+        C, out = self.config.hidden_size, dict(tensors)
+        for name, shape in self.param_shapes().items():
+            if name.endswith(".c_attn.weight") and name in out and out[name].dim() == 2:
+                out[name] = out[name].reshape(shape)  # [C, 3C] -> [C, 3, C]
+            elif name.endswith(".c_attn.bias") and name in out and out[name].shape == (3 * C,):
+                out[name] = out[name].reshape(shape)  # [3C] -> [3, C]
+        return out
+
+    def to_checkpoint(self, params: Params) -> dict[str, Any]:
+        C = self.config.hidden_size
+        flat = {"weight": (C, 3 * C), "bias": (3 * C,)}
+        return {
+            k: v.reshape(flat[k.rsplit(".", 1)[1]]) if ".c_attn." in k else v
+            for k, v in params.items()
+        }
+
     def tp_dims(self) -> dict[str, int]:
         dims = {}
         for name in self.param_shapes():
-            if name.endswith(("c_attn.weight", "c_fc.weight", "c_attn.bias", "c_fc.bias")):
+            if name.endswith(("c_attn.weight", "c_attn.bias")):
+                dims[name] = 2 if name.endswith("weight") else 1  # q, k and v by heads
+            elif name.endswith(("c_fc.weight", "c_fc.bias")):
                 dims[name] = 0 if name.endswith("bias") else 1  # output features
             elif name.endswith("c_proj.weight"):
                 dims[name] = 0  # input features ([in, out] weights)
@@ -80,9 +101,15 @@ class GPT2(CausalLM):
         """One pre-LN block of ``x [B, T, C]`` (``cache``: attend to the cached keys and
         values)."""
         c = self.config
-        H, D = c.num_attention_heads, c.hidden_size // c.num_attention_heads
-        qkv = conv1d(self.norm(params, f"{prefix}ln_1", x), params, f"{prefix}attn.c_attn")
-        q, k, v = (heads(t, H, D) for t in op.split(qkv, 3, axis=-1))
+        C, H = c.hidden_size, c.num_attention_heads
+        D = C // H
+        h = self.norm(params, f"{prefix}ln_1", x)
+        weights = op.split(params[f"{prefix}attn.c_attn.weight"], 3, axis=1)  # [C, 1, C] each
+        biases = op.split(params[f"{prefix}attn.c_attn.bias"], 3, axis=0)  # [1, C] each
+        q, k, v = (
+            heads(h @ op.reshape(w, (C, C)) + op.reshape(b, (C,)), H, D)
+            for w, b in zip(weights, biases, strict=True)
+        )
         if cache is None:
             attended = merge_heads(op.attention(q, k, v, causal=True))
         else:

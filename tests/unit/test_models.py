@@ -105,8 +105,9 @@ def hf_loss(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor)
 
 
 def hf_grads(model: torch.nn.Module, tokens, targets) -> dict[str, torch.Tensor]:
-    """The gradients of :func:`hf_loss`, by checkpoint names (transformers keeps Mixtral's
-    experts stacked in memory: ``experts.gate_up_proj [E, 2F, C]``, ``down_proj``)."""
+    """The gradients of :func:`hf_loss`, by tessera.models' names (transformers keeps
+    Mixtral's experts stacked in memory: ``experts.gate_up_proj [E, 2F, C]``,
+    ``down_proj``; tessera.models as ``experts.w1.weight``, ``w3``, ``w2``)."""
     model.zero_grad()
     hf_loss(model, tokens, targets).backward()
     grads = {}
@@ -116,19 +117,17 @@ def hf_grads(model: torch.nn.Module, tokens, targets) -> dict[str, torch.Tensor]
             grads[f"{moe}gate.weight"] = p.grad
         elif name.endswith("experts.gate_up_proj"):
             gate, up = p.grad.chunk(2, dim=1)
-            for e in range(p.shape[0]):
-                grads[f"{moe}experts.{e}.w1.weight"] = gate[e]
-                grads[f"{moe}experts.{e}.w3.weight"] = up[e]
+            grads |= {f"{moe}experts.w1.weight": gate, f"{moe}experts.w3.weight": up}
         elif name.endswith("experts.down_proj"):
-            grads |= {f"{moe}experts.{e}.w2.weight": g for e, g in enumerate(p.grad.unbind(0))}
+            grads[f"{moe}experts.w2.weight"] = p.grad
         else:
             grads[name] = p.grad
     return grads
 
 
-def batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(seed: int = 1, rows: int = B) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 100, (B, T + 1), generator=g)
+    tokens = torch.randint(0, 100, (rows, T + 1), generator=g)
     return tokens[:, :-1], tokens[:, 1:]
 
 
@@ -140,8 +139,9 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 def assert_grads_match(grads: dict, expected: dict, params: dict, rtol: float) -> None:
     assert set(grads) == set(params)
     for name in params:
-        # tied head: transformers' embedding parameter accumulates both uses
-        assert relative_error(grads[name], expected[name]) < rtol, name
+        # tied head: transformers' embedding parameter accumulates both uses; GPT-2's
+        # c_attn is [C, 3, C] here, [C, 3C] in transformers
+        assert relative_error(grads[name], expected[name].reshape(params[name].shape)) < rtol, name
 
 
 @pytest.mark.parametrize("kind", list(CONFIGS))
@@ -194,6 +194,57 @@ def test_tensor_parallel_on_a_dp_tp_mesh(kind, tmp_path, exact_float64) -> None:
     assert_grads_match(grads, hf_grads(hf, tokens, targets), params, 1e-9)
     jitted = ts.jit(model.logits, mesh=mesh, in_shardings=(specs, rows), kernels="reference")
     assert relative_error(jitted(params, tokens), hf(tokens).logits) < 1e-9
+    # Megatron: each rank computes its heads and MLP columns, so the forward's only
+    # collectives over tp are all_reduces (the embedding, attention and MLP outputs);
+    # a q/k/v split that is not head-aligned would move activations or weights
+    kinds = {c.kind for c in jitted.lower(params, tokens).collectives() if "tp" in c.mesh_axes}
+    assert kinds == {"all_reduce"}
+
+
+def local_shape(shape: tuple[int, ...], spec: dist.ShardSpec, mesh: dist.Mesh) -> tuple[int, ...]:
+    """A rank's block of a tensor of ``shape`` laid out as ``spec``."""
+    out = list(shape)
+    for dim, axes in zip(spec.partition, spec.mesh_axes, strict=True):
+        for axis in (axes,) if isinstance(axes, str) else axes:
+            out[dim] //= mesh.axis_size(axis)
+    return tuple(out)
+
+
+EP_MESHES = {"dp2_ep2": ({"dp": 2, "ep": 2}, None), "tp2_ep2": ({"tp": 2, "ep": 2}, "tp")}
+
+
+@pytest.mark.parametrize("layout", list(EP_MESHES))
+def test_mixtral_expert_parallel(layout, tmp_path, exact_float64) -> None:
+    """Experts split over ep (and tp inside them), rows over dp x ep: logits, loss and
+    gradients equal transformers' to 1e-9 (float64), and the experts' outputs return to
+    their tokens' ranks by all-to-all over ep."""
+    hf = hf_model("mixtral")
+    hf.save_pretrained(tmp_path)
+    model, params = models.load(tmp_path)
+    axes, tp = EP_MESHES[layout]
+    mesh = dist.mesh(axes)
+    specs = model.param_shardings(mesh, tp=tp, ep="ep")
+    w1, w2 = (specs[f"model.layers.0.block_sparse_moe.experts.{w}.weight"] for w in ("w1", "w2"))
+    assert (w1.partition, w1.mesh_axes) == (((0, 1), ("ep", "tp")) if tp else ((0,), ("ep",)))
+    assert (w2.partition, w2.mesh_axes) == (((0, 2), ("ep", "tp")) if tp else ((0,), ("ep",)))
+    rows = dist.ShardSpec(partition=(0,), mesh_axes=(tuple(a for a in axes if a != "tp"),))
+    tokens, targets = batch(rows=4)
+    loss, grads = ts.value_and_grad(
+        model.loss, mesh=mesh, in_shardings=(specs, rows, rows), kernels="reference"
+    )(params, tokens, targets)
+    assert abs(float(loss) - hf_loss(hf, tokens, targets).item()) < 1e-9
+    assert_grads_match(grads, hf_grads(hf, tokens, targets), params, 1e-9)
+    jitted = ts.jit(model.logits, mesh=mesh, in_shardings=(specs, rows), kernels="reference")
+    assert relative_error(jitted(params, tokens), hf(tokens).logits) < 1e-9
+    collectives = jitted.lower(params, tokens).collectives()
+    # one all-to-all over ep per MoE layer; the experts' weights are never moved
+    assert sum(c.kind == "all_to_all" and c.mesh_axes == ("ep",) for c in collectives) == 2
+    local = {
+        local_shape(shape, specs[name], mesh)
+        for name, shape in model.param_shapes().items()
+        if ".experts." in name
+    }
+    assert not [c for c in collectives if c.shape in local]
 
 
 def test_sharded_checkpoints_round_trip(tmp_path, exact_float64) -> None:
@@ -215,15 +266,16 @@ def test_sharded_checkpoints_round_trip(tmp_path, exact_float64) -> None:
     torch.testing.assert_close(loaded(tokens).logits, hf(tokens).logits, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("kind", ["llama31", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama31", "gpt2", "mixtral"])
 def test_transformers_loads_what_models_save_writes(kind, tmp_path, exact_float64) -> None:
     hf = hf_model(kind)
     hf.save_pretrained(tmp_path / "hf")
     model, params = models.load(tmp_path / "hf")
     params = {k: v + 0.01 for k, v in params.items()}  # other weights than transformers'
-    models.save(tmp_path / "ours", model, params)
+    models.save(tmp_path / "ours", model, params)  # Mixtral's experts unstacked
+    eager = {"experts_implementation": "eager"} if kind == "mixtral" else {}  # float64
     loaded = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path / "ours", attn_implementation="sdpa"
+        tmp_path / "ours", attn_implementation="sdpa", **eager
     )
     assert next(loaded.parameters()).dtype == torch.float64
     tokens, _ = batch()
@@ -257,6 +309,30 @@ def test_param_shardings_are_megatron() -> None:
     assert specs[f"{layer}input_layernorm.weight"] is None and specs["model.norm.weight"] is None
     with pytest.raises(ts.ArgumentError, match="mesh axis 'mp'"):
         model.param_shardings(dist.mesh({"tp": 2}), tp="mp")
+    with pytest.raises(ts.ArgumentError, match="has no experts"):
+        model.param_shardings(dist.mesh({"tp": 2, "ep": 2}), ep="ep")
+
+
+def test_param_shardings_of_experts_and_fused_qkv() -> None:
+    """Mixtral's stacked experts split by expert over ep; GPT-2's c_attn [C, 3, C] by
+    heads of each of q, k and v."""
+    mixtral = models.from_config(json.loads(json.dumps(hf_model("mixtral").config.to_dict())))
+    moe = "model.layers.1.block_sparse_moe."
+    assert mixtral.param_shapes()[f"{moe}experts.w2.weight"] == (4, 32, 64)
+    specs = mixtral.param_shardings(dist.mesh({"ep": 4}), tp=None, ep="ep")
+    assert specs[f"{moe}experts.w3.weight"] == dist.ShardSpec(partition=(0,), mesh_axes=("ep",))
+    assert specs[f"{moe}gate.weight"] is None and specs["lm_head.weight"] is None
+    with pytest.raises(
+        ts.ArgumentError, match=r"does not split 8 ways on dim 0 \(mesh axis 'ep'\)"
+    ):
+        mixtral.param_shardings(dist.mesh({"ep": 8}), tp=None, ep="ep")
+    with pytest.raises(ts.ArgumentError, match=r"mesh axis 'tp'.*tp=None"):
+        mixtral.param_shardings(dist.mesh({"ep": 2}), ep="ep")
+    gpt2 = models.from_config(json.loads(json.dumps(hf_model("gpt2").config.to_dict())))
+    specs = gpt2.param_shardings(dist.mesh({"tp": 2}))
+    attn = "transformer.h.0.attn.c_attn."
+    assert gpt2.param_shapes()[f"{attn}weight"] == (32, 3, 32)
+    assert specs[f"{attn}weight"].partition == (2,) and specs[f"{attn}bias"].partition == (1,)
 
 
 def test_an_unsupported_model_type_is_named_with_the_supported_ones(tmp_path) -> None:
