@@ -135,12 +135,11 @@ def ring_plan(
     if q.shape[-2] != k.shape[-2]:
         return None
     attrs = op.attrs()
-    if attrs.get("segments") or attrs.get("window"):
-        return None  # the ring does not carry segment ids or skip by window: gathered
-    stored = attrs.get("zigzag", 0)
-    if attrs["causal"] and stored and (stored != size or q.shape[-2] % 2):
+    positional = bool(attrs["causal"] or attrs.get("window"))
+    stored = attrs.get("zigzag", 0) if positional else 0
+    if stored and (stored != size or q.shape[-2] % 2):
         return None  # not the ring's zig-zag pairs: gathered (see ``unzigzag-attention``)
-    zigzag = bool(attrs["causal"]) and q.shape[-2] % 2 == 0
+    zigzag = bool(stored) or (bool(attrs["causal"]) and q.shape[-2] % 2 == 0)
     relayout = zigzag and not stored
     layouts = RingLayouts(wanted, tuple(implied(dims) for dims in rule.results))
     return RingPlan(op, tuple(axes), size, zigzag, relayout, layouts)
