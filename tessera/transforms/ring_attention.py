@@ -313,17 +313,39 @@ class _Masks:
 
     def pairs(self, ring: Ring, length: int, zigzag: bool) -> list[list[tuple[int, int]]]:
         """:func:`block_pairs` (every pair with traced user offsets: they move the mask)."""
-        offsets = [_static(u) for u in self.user]
-        if self.positional and None in offsets:
-            count = 2 if zigzag else 1
-            every = [(qi, ki) for ki in range(count) for qi in range(count)]
-            return [list(every) for _ in range(ring.size)]
-        shift = offsets[0] - offsets[1] if offsets else 0  # type: ignore[operator]
-        return block_pairs(ring.size, length, zigzag, self.causal, self.window, shift)
+        return _op_pairs(ring.size, length, zigzag, self.causal, self.window, self.user)
 
     def ids_dim(self) -> int:
         assert self.q_ids is not None
         return aval(self.q_ids).rank - 1
+
+
+def _op_pairs(
+    size: int,
+    length: int,
+    zigzag: bool,
+    causal: bool,
+    window: int | None,
+    user: Sequence[SSAValue],
+) -> list[list[tuple[int, int]]]:
+    offsets = [_static(u) for u in user]
+    if (causal or window) and None in offsets:
+        count = 2 if zigzag else 1
+        every = [(qi, ki) for ki in range(count) for qi in range(count)]
+        return [list(every) for _ in range(size)]
+    shift = offsets[0] - offsets[1] if offsets else 0  # type: ignore[operator]
+    return block_pairs(size, length, zigzag, causal, window, shift)
+
+
+def ring_calls(op: graph.GraphOp, size: int, zigzag: bool) -> list[int]:
+    """The attention calls of each step of ``op``'s ring over ``size`` ranks (local
+    operand types; 0: the step is skipped)."""
+    attrs = op.attrs()
+    first = 6 if isinstance(op, graph.AttentionBackwardOp) else 3
+    user = list(op.operands[first + (2 if attrs.get("segments") else 0) :])
+    length = aval(op.operands[0]).shape[-2]
+    causal, window = bool(attrs["causal"]), attrs.get("window")
+    return [len(p) for p in _op_pairs(size, length, zigzag, causal, window, user)]
 
 
 def _static(value: SSAValue) -> int | None:
@@ -602,4 +624,4 @@ def ring_backward(
     return results
 
 
-__all__ = ["Ring", "RingLayouts", "block_pairs", "ring_backward", "ring_forward"]
+__all__ = ["Ring", "RingLayouts", "block_pairs", "ring_backward", "ring_calls", "ring_forward"]
