@@ -123,8 +123,9 @@ def ring_plan(
 ) -> RingPlan | None:
     """The ring for ``op`` (with local operand types) when it can run as one: attention
     whose query rows and keys are split over the same axes, every operand in the layout
-    the split implies, as many local queries as keys, and (causal) no zig-zag order
-    but over the ring's ranks; None otherwise (it then all-gathers k and v)."""
+    the split implies, as many local queries as keys, and (causal or windowed) no
+    zig-zag order but over the ring's ranks; None otherwise (it then all-gathers k and
+    v). Segment ids and windows ring (:mod:`tessera.transforms.ring_attention`)."""
     if not isinstance(op, graph.AttentionOp | graph.AttentionBackwardOp):
         return None
     rows, keys = rule.operands[0][-2], rule.operands[1][-2]

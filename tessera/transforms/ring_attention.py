@@ -30,6 +30,13 @@ blocks, and the results moved back (the *relayout*). The pair (chunk ``r`` of qu
 chunk ``2n - 1 - j`` of keys) is always masked (without user offsets) and is not
 computed; each rank's causal positions (``q0``, ``k0``) are i32 scalars computed from
 ``graph.axis_index``.
+
+Masks: the query segment ids stay with q, the key ids travel with k and v (one more
+permute per step, relaid out to zig-zag like them); a sliding window takes the blocks'
+positions as causal does. A (query piece, key piece) pair masked on every rank at a
+step (:func:`block_pairs`: causal or outside the window, from the static positions) is
+not computed; a step left with none is skipped, the blocks hopping past it (a permute
+of several hops) and the backward's dk, dv accumulators with them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ and grouped-query heads; values and ``ts.grad`` of q, k, v against torch's
 ``F.scaled_dot_product_attention`` with the equivalent boolean ``attn_mask`` (the soft
 cap applied to scores by hand). The reference kernels in float64 (1e-10), the Triton
 kernels in float32 in Triton's interpreter (1e-4), one device, dp x tp (heads over tp)
-and the sequence over ``cp`` (all-gathered k/v and their masks).
+and the sequence over ``cp`` (all-gathered k/v and their masks, or a ring on cp = 2 and 4
+carrying the key ids, skipping blocks outside the window), and the masks stored in
+zig-zag order like the tokens.
 """
 
 from __future__ import annotations
