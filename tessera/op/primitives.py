@@ -404,7 +404,8 @@ def attention(
 
     ``zigzag=n``: the sequences arrive in zig-zag order over ``n`` ranks, as a data loader
     stores them with ``x[..., dist.zigzag_order(T, n), :]`` (Megatron-LM's load-balanced
-    context parallelism); the causal mask compares true positions. With the sequence
+    context parallelism), the masks and segment ids likewise (``ids[:, order]``); the
+    causal mask and the window compare true positions. With the sequence
     split over ``n`` ranks every rank then has the same causal work and ring attention
     moves no token but k and v.
     """
@@ -437,11 +438,6 @@ def attention(
     )
     if segments:
         masking["segments"] = True
-    if zigzag is not None and (segments or window is not None):
-        raise TesseraError(
-            "graph.attention: zigzag with segment ids, a key padding mask or a sliding "
-            f"window is not supported yet, at {user_location()}"
-        )
     positions = []
     if q_offset is not None or k_offset is not None or window is not None:
         positions = [

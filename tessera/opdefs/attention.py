@@ -19,8 +19,9 @@ runs it as a ring with no relayout, or ``unzigzag-attention`` rewrites it into
 natural-order calls.
 
 Segment ids (a key padding mask becomes ids) split with q's batch and rows and k's
-batch and keys; all-gathered with k and v under context parallelism (the ring does not
-carry them, nor a window: ``ring_plan`` gathers). A window takes the causal positions.
+batch and keys; under context parallelism all-gathered with k and v, or the key ids go
+round the ring with them. A window takes the causal positions (true ones under
+``zigzag``, whose segment ids are stored like the tokens).
 
 References compute in f32 (f64 for f64 inputs) and round once, as the kernels do.
 """

@@ -456,11 +456,12 @@ def _cut(emit: GraphEmitter, value: SSAValue, dim: int, start: int, length: int)
 
 
 def _stored_zigzag(op: Operation) -> bool:
-    """Whether ``op`` is causal attention over a sequence stored in zig-zag order."""
+    """Whether ``op`` is causal or windowed attention over a sequence stored in zig-zag
+    order."""
     if not isinstance(op, graph.AttentionOp | graph.AttentionBackwardOp):
         return False
     attrs = op.attrs()
-    return bool(attrs["causal"] and attrs.get("zigzag"))
+    return bool((attrs["causal"] or attrs.get("window")) and attrs.get("zigzag"))
 
 
 def _check_local(op: Operation) -> None:

@@ -1,4 +1,4 @@
-"""``unzigzag-attention``: causal attention over a sequence stored in zig-zag order
+"""``unzigzag-attention``: causal or windowed attention over a sequence stored in zig-zag order
 (``zigzag = n``, :mod:`tessera.ir.zigzag`), rewritten into attention in natural order.
 
 The attention kernels mask by positions that grow along the sequence, so an op whose
@@ -14,8 +14,10 @@ sequence is stored zig-zag is rewritten into calls whose chunks are in true orde
   ``(2n - 1 - r·m/2 - (j-1)/2) · c`` for an odd one (``c`` the chunk length, ``r`` from
   ``graph.axis_index``): the dk and dv of the calls are summed.
 
-Nothing moves between ranks. Non-causal attention does not depend on the order, and an
-order over one rank is the natural one: the attribute is dropped. Ring attention (``shard-partition``) consumes the order itself,
+Segment ids are stored like the tokens and move with them (the key ids to true order,
+the query ids cut per chunk). Nothing moves between ranks. Attention with neither a
+causal mask nor a window does not depend on the order, and an order over one rank is the
+natural one: the attribute is dropped. Ring attention (``shard-partition``) consumes the order itself,
 so this pass runs after it and before ``lower-graph-to-schedule``.
 """
 
@@ -165,17 +167,14 @@ class _Unzigzag:
 
     def run(self) -> None:
         op = self.op
-        if self.attrs.get("segments") or self.attrs.get("window"):
-            raise LocatedPassFailure(
-                op,
-                f"unzigzag-attention: {op.name} in zig-zag order with segment ids or a "
-                f"sliding window is not supported yet",
-            )
-        if not self.attrs["causal"] or self.ranks <= 1:  # natural order, or it does not matter
+        positional = self.attrs["causal"] or self.attrs.get("window")
+        if not positional or self.ranks <= 1:  # natural order, or it does not matter
             del op.properties["zigzag"]
             return
         first = _BACKWARD_OPERANDS if self.backward else _FORWARD_OPERANDS
         values, user = list(op.operands[:first]), list(op.operands[first:])
+        ids = user[:2] if self.attrs.get("segments") else []  # stored like the tokens
+        user = user[len(ids) :]
         rows = aval(values[0]).rank - 2  # also lse's and delta's last dim
         key_axes = self._split_axes(values[1], rows)
         if key_axes:
@@ -207,9 +206,9 @@ class _Unzigzag:
                     f"cut into the {count} chunks of a zig-zag order over {self.ranks} ranks",
                 )
         if pieces == 1:
-            results = self._whole(values, user, rows)
+            results = self._whole(values, ids, user, rows)
         else:
-            results = self._split(values, user, rows, axes, pieces)
+            results = self._split(values, ids, user, rows, axes, pieces)
         for old, new in zip(op.results, results, strict=True):
             old.replace_all_uses_with(new)
         Rewriter.erase_op(op)
@@ -229,20 +228,26 @@ class _Unzigzag:
         layouts = self.results or [None] * len(self.op.results)
         return self.emit(op_type, operands, layouts, **self.attrs)
 
-    def _whole(self, values: list[SSAValue], user: list[SSAValue], rows: int) -> list[SSAValue]:
-        """Every operand in true order, one call, the results back in stored order."""
+    def _whole(
+        self, values: list[SSAValue], ids: list[SSAValue], user: list[SSAValue], rows: int
+    ) -> list[SSAValue]:
+        """Every operand (and segment ids) in true order, one call, the results back in
+        stored order."""
         natural = [self.reorder(v, rows, to_true=True) for v in values]
+        natural += [self.reorder(i, aval(i).rank - 1, to_true=True) for i in ids]
         return [self.reorder(r, rows, to_true=False) for r in self._call([*natural, *user])]
 
     def _split(
         self,
         values: list[SSAValue],
+        ids: list[SSAValue],
         user: list[SSAValue],
         rows: int,
         axes: tuple[str, ...],
         pieces: int,
     ) -> list[SSAValue]:
-        """One call per local query chunk at its true offset, keys in true order."""
+        """One call per local query chunk at its true offset, keys (and their segment
+        ids) in true order."""
         per_rank = 2 * self.ranks // pieces  # m: even, as pieces divides ranks
         length = aval(values[0]).shape[rows] // per_rank  # c
         k, v = (self.reorder(x, rows, to_true=True) for x in values[1:3])
@@ -262,7 +267,14 @@ class _Unzigzag:
             if user_q is not None:
                 start = self.one(graph.AddOp, [start, user_q], self.scalar_layout)
             q, *rest = (self.cut(x, rows, j * length, length) for x in queries)
-            results = self._call([q, k, v, *rest, start, user_k])
+            chunk_ids = []
+            if ids:
+                q_ids, kv_ids = ids
+                chunk_ids = [
+                    self.cut(q_ids, aval(q_ids).rank - 1, j * length, length),
+                    self.reorder(kv_ids, aval(kv_ids).rank - 1, to_true=True),
+                ]
+            results = self._call([q, k, v, *rest, *chunk_ids, start, user_k])
             outputs.append(list(results if not self.backward else results[:1]))
             if self.backward:
                 for i, grad in enumerate(results[1:]):

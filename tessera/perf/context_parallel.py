@@ -30,7 +30,7 @@ from tessera.ir.sharding_rules import Assignment, ShardingRule
 from tessera.perf.collective_cost import collective_time
 from tessera.perf.compute_cost import attention_flops, compute_time
 from tessera.perf.topology import Topology, load_topology
-from tessera.transforms.ring_attention import RingLayouts
+from tessera.transforms.ring_attention import RingLayouts, ring_calls
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,14 @@ def context_cost(
     calls_per_step: int,
     merge_bytes: int,
     relayout_bytes: int = 0,
+    steps: int | None = None,
 ) -> ContextCost:
     """Both methods' time for ``ranks`` ranks: ``block_flops`` is the FLOPs of one rank's
     queries against one block of keys, ``kv_bytes`` one rank's k and v, ``io_bytes``
     the bytes one attention call reads and writes (q, the output, k and v),
-    ``merge_bytes`` what a step's merge reads and writes, and ``relayout_bytes`` what the ring moves besides k and v (the zig-zag relayout)."""
+    ``merge_bytes`` what a step's merge reads and writes, ``relayout_bytes`` what the
+    ring moves besides k and v (the zig-zag relayout) and ``steps`` the ring steps that
+    compute (all ``ranks`` by default; a mask may leave some out)."""
     group = list(range(min(ranks, topology.num_devices)))
     device = topology.device
     step = compute_time(device, block_flops, io_bytes, dtype)
@@ -70,7 +73,8 @@ def context_cost(
     gather = collective_time(topology, "all_gather", ranks * kv_bytes, group).time_s
     relayout = collective_time(topology, "collective_permute", relayout_bytes, group).time_s
     ring_step = step + (merge if ranks > 1 else 0.0)
-    ring = (ranks - 1) * max(ring_step, permute) + ring_step + (relayout if relayout_bytes else 0.0)
+    steps = ranks if steps is None else steps
+    ring = (steps - 1) * max(ring_step, permute) + ring_step + (relayout if relayout_bytes else 0.0)
     whole = compute_time(device, ranks * block_flops, ranks * io_bytes, dtype)
     return ContextCost(ring=ring, all_gather=gather + whole)
 
@@ -92,7 +96,10 @@ class RingPlan:
         q, k, v = (aval(x) for x in self.op.operands[:3])
         backward = isinstance(self.op, graph.AttentionBackwardOp)
         kv = k.nbytes + v.nbytes
+        if self.op.attrs().get("segments"):  # the key segment ids travel with k and v
+            kv += aval(self.op.operands[7 if backward else 4]).nbytes
         io = q.nbytes + kv + q.nbytes * (2 if backward else 1)
+        calls = ring_calls(self.op, self.size, self.zigzag)
         return context_cost(
             machine,
             self.size,
@@ -100,9 +107,10 @@ class RingPlan:
             kv_bytes=2 * kv if backward else kv,  # the backward's dk, dv travel too
             io_bytes=io,
             dtype=str(q.dtype),
-            calls_per_step=3 if self.zigzag else 1,
+            calls_per_step=max(calls),
             merge_bytes=(6 if backward else 3) * q.nbytes,  # accumulators: read 2, write 1
             relayout_bytes=io if self.relayout else 0,
+            steps=sum(1 for c in calls if c),
         )
 
 
@@ -115,8 +123,9 @@ def ring_plan(
 ) -> RingPlan | None:
     """The ring for ``op`` (with local operand types) when it can run as one: attention
     whose query rows and keys are split over the same axes, every operand in the layout
-    the split implies, as many local queries as keys, and (causal) no zig-zag order
-    but over the ring's ranks; None otherwise (it then all-gathers k and v)."""
+    the split implies, as many local queries as keys, and (causal or windowed) no
+    zig-zag order but over the ring's ranks; None otherwise (it then all-gathers k and
+    v). Segment ids and windows ring (:mod:`tessera.transforms.ring_attention`)."""
     if not isinstance(op, graph.AttentionOp | graph.AttentionBackwardOp):
         return None
     rows, keys = rule.operands[0][-2], rule.operands[1][-2]
@@ -135,12 +144,11 @@ def ring_plan(
     if q.shape[-2] != k.shape[-2]:
         return None
     attrs = op.attrs()
-    if attrs.get("segments") or attrs.get("window"):
-        return None  # the ring does not carry segment ids or skip by window: gathered
-    stored = attrs.get("zigzag", 0)
-    if attrs["causal"] and stored and (stored != size or q.shape[-2] % 2):
+    positional = bool(attrs["causal"] or attrs.get("window"))
+    stored = attrs.get("zigzag", 0) if positional else 0
+    if stored and (stored != size or q.shape[-2] % 2):
         return None  # not the ring's zig-zag pairs: gathered (see ``unzigzag-attention``)
-    zigzag = bool(attrs["causal"]) and q.shape[-2] % 2 == 0
+    zigzag = bool(stored) or (bool(attrs["causal"]) and q.shape[-2] % 2 == 0)
     relayout = zigzag and not stored
     layouts = RingLayouts(wanted, tuple(implied(dims) for dims in rule.results))
     return RingPlan(op, tuple(axes), size, zigzag, relayout, layouts)

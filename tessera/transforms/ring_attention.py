@@ -30,6 +30,13 @@ blocks, and the results moved back (the *relayout*). The pair (chunk ``r`` of qu
 chunk ``2n - 1 - j`` of keys) is always masked (without user offsets) and is not
 computed; each rank's causal positions (``q0``, ``k0``) are i32 scalars computed from
 ``graph.axis_index``.
+
+Masks: the query segment ids stay with q, the key ids travel with k and v (one more
+permute per step, relaid out to zig-zag like them); a sliding window takes the blocks'
+positions as causal does. A (query piece, key piece) pair masked on every rank at a
+step (:func:`block_pairs`: causal or outside the window, from the static positions) is
+not computed; a step left with none is skipped, the blocks hopping past it (a permute
+of several hops) and the backward's dk, dv accumulators with them.
 """
 
 from __future__ import annotations
@@ -89,6 +96,12 @@ class Ring:
         dense = DenseIntOrFPElementsAttr.from_list(AbstractTensor((), dtype).to_xdsl(), [value])
         return self.one(graph.ConstantOp, [], _SCALAR, value=dense)
 
+    def zeros(self, like: SSAValue, layout: Sharding) -> SSAValue:
+        """Zeros of ``like``'s type."""
+        x = aval(like)
+        zero = self.constant(0.0, x.dtype)
+        return self.one(graph.BroadcastToOp, [zero], layout, shape=list(x.shape))
+
     @property
     def rank(self) -> SSAValue:
         """This rank's position along the ring (an i32 scalar, once per op)."""
@@ -96,9 +109,9 @@ class Ring:
             self._rank = self.one(graph.AxisIndexOp, [], _SCALAR, axes=list(self.axes))
         return self._rank
 
-    def shift(self, value: SSAValue, layout: Sharding) -> SSAValue:
-        """``value`` of rank i, received by rank i + 1 (mod n)."""
-        pairs = [[i, (i + 1) % self.size] for i in range(self.size)]
+    def shift(self, value: SSAValue, layout: Sharding, hops: int = 1) -> SSAValue:
+        """``value`` of rank i, received by rank i + ``hops`` (mod n)."""
+        pairs = [[i, (i + hops) % self.size] for i in range(self.size)]
         return self.one(
             graph.CollectivePermuteOp, [value], layout, axes=list(self.axes), pairs=pairs
         )
@@ -234,10 +247,35 @@ def _pieces(ring: Ring, length: int, zigzag: bool) -> list[_Piece]:
     ]
 
 
-def _always_masked(zigzag: bool, user: Sequence[SSAValue], q_index: int, k_index: int) -> bool:
-    """Queries of chunk r never see keys of chunk 2n - 1 - j (r < n <= 2n - 1 - j),
-    unless the user's offsets shift them."""
-    return zigzag and not user and q_index == 0 and k_index == 1
+def block_pairs(
+    size: int, length: int, zigzag: bool, causal: bool, window: int | None, shift: int = 0
+) -> list[list[tuple[int, int]]]:
+    """Per ring step, the (query piece, key piece) pairs some rank computes (``length``
+    tokens per rank, ``shift`` = q0 - k0 of the user's offsets): a pair masked on every
+    rank by ``causal`` or the ``window`` (``|i - j| < window``) is left out, so a step
+    may compute nothing."""
+    half = length // 2 if zigzag else length
+    if zigzag:
+        starts = [lambda o: o * half, lambda o: (2 * size - 1 - o) * half]
+    else:
+        starts = [lambda o: o * length]
+    low = 0 if causal else (1 - window if window else None)  # allowed i - j
+    high = window - 1 if window else None
+
+    def seen(step: int, qi: int, ki: int) -> bool:
+        for rank in range(size):
+            q0, k0 = starts[qi](rank), starts[ki]((rank - step) % size)
+            lo, hi = q0 - (k0 + half - 1) + shift, q0 + half - 1 - k0 + shift  # i - j
+            if (low is None or hi >= low) and (high is None or lo <= high):
+                return True
+        return False
+
+    pieces = range(len(starts))
+    positional = causal or window is not None
+    return [
+        [(qi, ki) for ki in pieces for qi in pieces if not positional or seen(step, qi, ki)]
+        for step in range(size)
+    ]
 
 
 @dataclass(frozen=True)
@@ -249,10 +287,88 @@ class RingLayouts:
     results: tuple[Sharding, ...]
 
 
+@dataclass(frozen=True)
+class _Masks:
+    """An op's masks as the ring sees them: the segment ids (query ids stay, key ids
+    travel with k and v), the user's offsets and whether the mask needs positions."""
+
+    q_ids: SSAValue | None
+    kv_ids: SSAValue | None
+    id_layouts: tuple[Sharding, ...]
+    user: list[SSAValue]
+    positional: bool
+    causal: bool
+    window: int | None
+
+    @staticmethod
+    def of(op: graph.GraphOp, first: int, layouts: RingLayouts) -> _Masks:
+        attrs = op.attrs()
+        extra = list(op.operands[first:])
+        ids = extra[:2] if attrs.get("segments") else []
+        user = extra[len(ids) :]
+        if all(_static(u) == 0 for u in user):
+            user = []  # no offsets
+        return _Masks(
+            ids[0] if ids else None,
+            ids[1] if ids else None,
+            tuple(layouts.operands[first : first + len(ids)]),
+            user,
+            bool(attrs["causal"] or attrs.get("window")),
+            bool(attrs["causal"]),
+            attrs.get("window"),
+        )
+
+    def pairs(self, ring: Ring, length: int, zigzag: bool) -> list[list[tuple[int, int]]]:
+        """:func:`block_pairs` (every pair with traced user offsets: they move the mask)."""
+        return _op_pairs(ring.size, length, zigzag, self.causal, self.window, self.user)
+
+    def ids_dim(self) -> int:
+        assert self.q_ids is not None
+        return aval(self.q_ids).rank - 1
+
+
+def _op_pairs(
+    size: int,
+    length: int,
+    zigzag: bool,
+    causal: bool,
+    window: int | None,
+    user: Sequence[SSAValue],
+) -> list[list[tuple[int, int]]]:
+    offsets = [_static(u) for u in user]
+    if (causal or window) and None in offsets:
+        count = 2 if zigzag else 1
+        every = [(qi, ki) for ki in range(count) for qi in range(count)]
+        return [list(every) for _ in range(size)]
+    shift = offsets[0] - offsets[1] if offsets else 0  # type: ignore[operator]
+    return block_pairs(size, length, zigzag, causal, window, shift)
+
+
+def ring_calls(op: graph.GraphOp, size: int, zigzag: bool) -> list[int]:
+    """The attention calls of each step of ``op``'s ring over ``size`` ranks (local
+    operand types; 0: the step is skipped)."""
+    attrs = op.attrs()
+    first = 6 if isinstance(op, graph.AttentionBackwardOp) else 3
+    user = list(op.operands[first + (2 if attrs.get("segments") else 0) :])
+    length = aval(op.operands[0]).shape[-2]
+    causal, window = bool(attrs["causal"]), attrs.get("window")
+    return [len(p) for p in _op_pairs(size, length, zigzag, causal, window, user)]
+
+
+def _static(value: SSAValue) -> int | None:
+    """The value of an i32 scalar constant, else None."""
+    owner = value.owner
+    if isinstance(owner, graph.ConstantOp):
+        values = owner.value.get_values()
+        if len(values) == 1:
+            return int(values[0])
+    return None
+
+
 def _offsets(
     ring: Ring, user: Sequence[SSAValue], q_position: SSAValue, k_position: SSAValue
 ) -> list[SSAValue]:
-    """The causal positions of a call: the pieces' positions plus the user's offsets."""
+    """The positions of a call: the pieces' positions plus the user's offsets."""
     if not user:
         return [q_position, k_position]
     return [
@@ -267,15 +383,41 @@ def _block_attributes(op: graph.GraphOp) -> dict[str, object]:
     return {name: value for name, value in op.attrs().items() if name != "zigzag"}
 
 
+def _whole(length: int) -> list[_Piece]:
+    return [_Piece(0, length, lambda owner: owner)]
+
+
+def _shift_block(
+    ring: Ring, block: Sequence[SSAValue], layouts: Sequence[Sharding], hops: int
+) -> tuple[SSAValue, ...]:
+    return tuple(ring.shift(x, lay, hops) for x, lay in zip(block, layouts, strict=True))
+
+
+def _rows(
+    ring: Ring,
+    values: Sequence[SSAValue],
+    layouts: Sequence[Sharding],
+    dims: Sequence[int],
+    piece: _Piece,
+) -> list[SSAValue]:
+    """``piece``'s rows of ``values`` (their sequence dims ``dims``)."""
+    return [
+        ring.cut(x, dim, piece.start, piece.length, lay)
+        for x, lay, dim in zip(values, layouts, dims, strict=True)
+    ]
+
+
 def ring_forward(
     ring: Ring, op: graph.AttentionOp, layouts: RingLayouts, zigzag: bool, relayout: bool
 ) -> list[SSAValue]:
     """``(o, lse)`` of ``op`` (local operands), computed round the ring; ``zigzag``: the
-    blocks hold zig-zag chunk pairs, ``relayout``: moved there from a contiguous split."""
+    blocks hold zig-zag chunk pairs, ``relayout``: moved there from a contiguous split.
+    The key segment ids travel with k and v; steps whose pairs are all masked are not
+    computed, and their blocks skip the ranks by a longer permute."""
     attrs = _block_attributes(op)
-    causal = attrs["causal"]
+    masks = _Masks.of(op, 3, layouts)
     q, k, v = op.operands[:3]
-    user = list(op.operands[3:])
+    q_ids, kv_ids = masks.q_ids, masks.kv_ids
     q_layout, k_layout, v_layout = layouts.operands[:3]
     o_layout, lse_layout = layouts.results
     rows = aval(q).rank - 2
@@ -283,38 +425,54 @@ def ring_forward(
         q, k, v = (
             ring.zigzag(x, rows, lay) for x, lay in ((q, q_layout), (k, k_layout), (v, v_layout))
         )
-    q_pieces = (
-        _pieces(ring, aval(q).shape[rows], zigzag)
-        if causal
-        else [_Piece(0, aval(q).shape[rows], lambda o: o)]
-    )
+        if q_ids is not None and kv_ids is not None:
+            q_ids = ring.zigzag(q_ids, masks.ids_dim(), masks.id_layouts[0])
+            kv_ids = ring.zigzag(kv_ids, masks.ids_dim(), masks.id_layouts[1])
+    length = aval(q).shape[rows]
+    pieces = _pieces(ring, length, zigzag) if masks.positional else _whole(length)
     k_pieces = (
         _pieces(ring, aval(k).shape[rows], zigzag)
-        if causal
-        else [_Piece(0, aval(k).shape[rows], lambda o: o)]
+        if masks.positional
+        else _whole(aval(k).shape[rows])
     )
-    queries = [ring.cut(q, rows, p.start, p.length, q_layout) for p in q_pieces]
-    q_positions = [p.position(ring.rank) for p in q_pieces] if causal else []
-    merged: list[tuple[SSAValue, SSAValue] | None] = [None] * len(q_pieces)
-    block = (k, v)
-    for step in range(ring.size):
+    queries = [ring.cut(q, rows, p.start, p.length, q_layout) for p in pieces]
+    query_ids = [
+        None
+        if q_ids is None
+        else ring.cut(q_ids, masks.ids_dim(), p.start, p.length, masks.id_layouts[0])
+        for p in pieces
+    ]
+    q_positions = [p.position(ring.rank) for p in pieces] if masks.positional else []
+    merged: list[tuple[SSAValue, SSAValue] | None] = [None] * len(pieces)
+    pairs = masks.pairs(ring, length, zigzag)
+    steps = [s for s in range(ring.size) if pairs[s]]
+    block_layouts = [k_layout, v_layout, *masks.id_layouts[1:]]
+    block_dims = [rows, rows, *([masks.ids_dim()] if kv_ids is not None else [])]
+    block: tuple[SSAValue, ...] = (k, v) if kv_ids is None else (k, v, kv_ids)
+    for index, step in enumerate(steps):
+        if step and not index:
+            block = _shift_block(ring, block, block_layouts, step)
         following = (
-            (ring.shift(block[0], k_layout), ring.shift(block[1], v_layout))
-            if step < ring.size - 1
+            _shift_block(ring, block, block_layouts, steps[index + 1] - step)
+            if index + 1 < len(steps)
             else None
         )
-        owner = ring.source(step) if causal else ring.rank
+        owner = ring.source(step) if masks.positional else ring.rank
         for ki, kp in enumerate(k_pieces):
-            key = ring.cut(block[0], rows, kp.start, kp.length, k_layout)
-            value = ring.cut(block[1], rows, kp.start, kp.length, v_layout)
-            k_position = kp.position(owner) if causal else None
+            key, value, *key_ids = _rows(ring, block, block_layouts, block_dims, kp)
+            k_position = kp.position(owner) if masks.positional else None
             for qi, query in enumerate(queries):
-                if _always_masked(zigzag, user, qi, ki):
+                if (qi, ki) not in pairs[step]:
                     continue
-                positions = _offsets(ring, user, q_positions[qi], k_position) if causal else user
+                ids = [query_ids[qi], *key_ids] if key_ids else []
+                positions = (
+                    _offsets(ring, masks.user, q_positions[qi], k_position)  # type: ignore[arg-type]
+                    if masks.positional
+                    else masks.user
+                )
                 part = ring.op(
                     graph.AttentionOp,
-                    [query, key, value, *positions],
+                    [query, key, value, *ids, *positions],
                     [o_layout, lse_layout],
                     **attrs,
                 )
@@ -372,55 +530,60 @@ def ring_backward(
     ring: Ring, op: graph.AttentionBackwardOp, layouts: RingLayouts, zigzag: bool, relayout: bool
 ) -> list[SSAValue]:
     """``(dq, dk, dv)`` of ``op`` (local operands), computed round the ring; the dk and
-    dv accumulators of a block travel round the ring and arrive home after ``n - 1``
-    permutes. ``zigzag`` and ``relayout`` as :func:`ring_forward`'s."""
+    dv accumulators of a block travel round the ring (skipping the ranks whose steps
+    compute nothing) and arrive home. ``zigzag`` and ``relayout`` as :func:`ring_forward`'s."""
     attrs = _block_attributes(op)
-    causal = attrs["causal"]
+    masks = _Masks.of(op, 6, layouts)
     values = list(op.operands[:6])
-    user = list(op.operands[6:])
     in_layouts = layouts.operands[:6]
     dq_layout, dk_layout, dv_layout = layouts.results
     rows = aval(values[0]).rank - 2
+    q_ids, kv_ids = masks.q_ids, masks.kv_ids
     if relayout:  # the sequence is dim -2 of q, k, v, do and dim -1 (the same) of lse, delta
         values = [ring.zigzag(x, rows, lay) for x, lay in zip(values, in_layouts, strict=True)]
+        if q_ids is not None and kv_ids is not None:
+            q_ids = ring.zigzag(q_ids, masks.ids_dim(), masks.id_layouts[0])
+            kv_ids = ring.zigzag(kv_ids, masks.ids_dim(), masks.id_layouts[1])
     q, k, v, do, lse, delta = values
     length = aval(q).shape[rows]
-    q_pieces = _pieces(ring, length, zigzag) if causal else [_Piece(0, length, lambda o: o)]
+    q_pieces = _pieces(ring, length, zigzag) if masks.positional else _whole(length)
     k_length = aval(k).shape[rows]
-    k_pieces = _pieces(ring, k_length, zigzag) if causal else [_Piece(0, k_length, lambda o: o)]
+    k_pieces = _pieces(ring, k_length, zigzag) if masks.positional else _whole(k_length)
     q_layout, k_layout, v_layout, do_layout, lse_layout, delta_layout = in_layouts
-
-    def rows_of(x: SSAValue, p: _Piece, lay: Sharding) -> SSAValue:
-        return ring.cut(x, rows, p.start, p.length, lay)
-
-    query_parts = [
-        (
-            rows_of(q, p, q_layout),
-            rows_of(do, p, do_layout),
-            rows_of(lse, p, lse_layout),
-            rows_of(delta, p, delta_layout),
-        )
-        for p in q_pieces
-    ]
-    q_positions = [p.position(ring.rank) for p in q_pieces] if causal else []
+    query_values = [q, do, lse, delta]
+    query_layouts = [q_layout, do_layout, lse_layout, delta_layout]
+    query_dims = [rows] * 4
+    if q_ids is not None:
+        query_values.append(q_ids)
+        query_layouts.append(masks.id_layouts[0])
+        query_dims.append(masks.ids_dim())
+    query_parts = [_rows(ring, query_values, query_layouts, query_dims, p) for p in q_pieces]
+    q_positions = [p.position(ring.rank) for p in q_pieces] if masks.positional else []
     dq: list[SSAValue | None] = [None] * len(q_pieces)
+    pairs = masks.pairs(ring, length, zigzag)
+    block_layouts = [k_layout, v_layout, *masks.id_layouts[1:]]
+    block_dims = [rows, rows, *([masks.ids_dim()] if kv_ids is not None else [])]
 
-    def step_gradients(step: int, block: tuple[SSAValue, SSAValue]) -> tuple[SSAValue, SSAValue]:
+    def step_gradients(step: int, block: Sequence[SSAValue]) -> tuple[SSAValue, SSAValue]:
         """Adds this step's dq; returns the step's (dk, dv) of ``block``."""
-        owner = ring.source(step) if causal else ring.rank
+        owner = ring.source(step) if masks.positional else ring.rank
         dk_parts, dv_parts = [], []
         for ki, kp in enumerate(k_pieces):
-            key, value = rows_of(block[0], kp, k_layout), rows_of(block[1], kp, v_layout)
-            k_position = kp.position(owner) if causal else None
+            key, value, *key_ids = _rows(ring, block, block_layouts, block_dims, kp)
+            k_position = kp.position(owner) if masks.positional else None
             dk_part: SSAValue | None = None
             dv_part: SSAValue | None = None
-            for qi, (query, d_out, q_lse, q_delta) in enumerate(query_parts):
-                if _always_masked(zigzag, user, qi, ki):
+            for qi, (query, d_out, q_lse, q_delta, *query_ids) in enumerate(query_parts):
+                if (qi, ki) not in pairs[step]:
                     continue
-                positions = _offsets(ring, user, q_positions[qi], k_position) if causal else user
+                positions = (
+                    _offsets(ring, masks.user, q_positions[qi], k_position)  # type: ignore[arg-type]
+                    if masks.positional
+                    else masks.user
+                )
                 dq_i, dk_i, dv_i = ring.op(
                     graph.AttentionBackwardOp,
-                    [query, key, value, d_out, q_lse, q_delta, *positions],
+                    [query, key, value, d_out, q_lse, q_delta, *query_ids, *key_ids, *positions],
                     [dq_layout, dk_layout, dv_layout],
                     **attrs,
                 )
@@ -429,27 +592,34 @@ def ring_backward(
                     ring.add(dk_part, dk_i, dk_layout),
                     ring.add(dv_part, dv_i, dv_layout),
                 )
-            assert dk_part is not None and dv_part is not None
+            if dk_part is None or dv_part is None:  # no query sees this piece: zeros
+                dk_part, dv_part = ring.zeros(key, dk_layout), ring.zeros(value, dv_layout)
             dk_parts.append(dk_part)
             dv_parts.append(dv_part)
         return ring.join(dk_parts, rows, dk_layout), ring.join(dv_parts, rows, dv_layout)
 
-    # Steps 1 .. n-1 first, the rank's own block last: the accumulators of a block start
-    # on the next rank, pass n - 2 times and arrive home (one more permute) while the
-    # own block computes, where its share is added.
-    arriving = (ring.shift(k, k_layout), ring.shift(v, v_layout)) if ring.size > 1 else None
+    # The steps that compute, the rank's own block (step 0) last: the accumulators of a
+    # block start on the rank of its first step, hop from step to step and arrive home
+    # (one more permute) while the own block computes, where its share is added.
+    steps = [s for s in range(1, ring.size) if pairs[s]]
+    own = (k, v) if kv_ids is None else (k, v, kv_ids)
+    arriving = _shift_block(ring, own, block_layouts, steps[0]) if steps else None
     sent: tuple[SSAValue, SSAValue] | None = None
-    for step in range(1, ring.size):
+    for index, step in enumerate(steps):
         assert arriving is not None
         block = arriving
-        if step < ring.size - 1:
-            arriving = (ring.shift(block[0], k_layout), ring.shift(block[1], v_layout))
+        following = steps[index + 1] if index + 1 < len(steps) else ring.size
+        if following < ring.size:
+            arriving = _shift_block(ring, block, block_layouts, following - step)
         dk_block, dv_block = step_gradients(step, block)
         if sent is not None:
             dk_block = ring.add(sent[0], dk_block, dk_layout)
             dv_block = ring.add(sent[1], dv_block, dv_layout)
-        sent = (ring.shift(dk_block, dk_layout), ring.shift(dv_block, dv_layout))
-    dk, dv = step_gradients(0, (k, v))
+        sent = (
+            ring.shift(dk_block, dk_layout, following - step),
+            ring.shift(dv_block, dv_layout, following - step),
+        )
+    dk, dv = step_gradients(0, own)
     if sent is not None:
         dk, dv = ring.add(sent[0], dk, dk_layout), ring.add(sent[1], dv, dv_layout)
     results = [ring.join([d for d in dq if d is not None], rows, dq_layout), dk, dv]
@@ -461,4 +631,4 @@ def ring_backward(
     return results
 
 
-__all__ = ["Ring", "RingLayouts", "ring_backward", "ring_forward"]
+__all__ = ["Ring", "RingLayouts", "block_pairs", "ring_backward", "ring_calls", "ring_forward"]

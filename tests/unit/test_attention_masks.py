@@ -4,7 +4,9 @@ and grouped-query heads; values and ``ts.grad`` of q, k, v against torch's
 ``F.scaled_dot_product_attention`` with the equivalent boolean ``attn_mask`` (the soft
 cap applied to scores by hand). The reference kernels in float64 (1e-10), the Triton
 kernels in float32 in Triton's interpreter (1e-4), one device, dp x tp (heads over tp)
-and the sequence over ``cp`` (all-gathered k/v and their masks).
+and the sequence over ``cp`` (all-gathered k/v and their masks, or a ring on cp = 2 and 4
+carrying the key ids, skipping blocks outside the window), and the masks stored in
+zig-zag order like the tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 import tessera as ts
 from tessera import dist, op, schedule
 from tessera.errors import TesseraError
+from tessera.transforms.ring_attention import block_pairs
 
 B, H, T, D = 2, 4, 16, 8
 SEGMENTS = torch.tensor(
@@ -98,8 +101,8 @@ def _attend(causal: bool, options: dict):
     return attend, loss, [masks[n] for n in names]
 
 
-def _check(causal, options, *, kv_heads=H, dtype=torch.float64, tolerance=1e-10, **jit):
-    q, k, v, w = _inputs(kv_heads, dtype)
+def _check(causal, options, *, kv_heads=H, dtype=torch.float64, tolerance=1e-10, t=T, **jit):
+    q, k, v, w = _inputs(kv_heads, dtype, t=t)
     attend, loss, masks = _attend(causal, options)
     spec = jit.pop("spec", None)
     mask_spec = jit.pop("mask_spec", None)
@@ -207,6 +210,99 @@ def test_context_parallel_triton(interpret, causal: bool) -> None:
     )  # fmt: skip
 
 
+# --- ring attention ---------------------------------------------------------------------
+
+
+def _ring_check(causal: bool, options: dict, cp: int, t: int = T):
+    """``_check`` with the sequence over ``cp`` ranks run as a ring (reference kernels,
+    1e-10); the gradient program's lowering."""
+    mesh, spec, mask_spec = dist.mesh({"cp": cp}), _spec((2, "cp")), _spec((1, "cp"))
+    with schedule.options(context_parallel="ring"):
+        _check(
+            causal, options, t=t, kernels="reference", mesh=mesh, spec=spec, mask_spec=mask_spec
+        )
+        q, k, v, w = _inputs(t=t)
+        _, loss, masks = _attend(causal, options)
+        shardings = (spec,) * 4 + (mask_spec,) * len(masks)
+        grad = ts.grad(loss, argnums=(0, 1, 2))
+        g = ts.jit(grad, mesh=mesh, in_shardings=shardings, kernels="reference")
+        return g.lower(q, k, v, w, *masks)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", ["padding", "segments", "window", "all"])
+def test_ring_carries_the_masks(name: str, causal: bool, cp: int) -> None:
+    """The key ids travel round the ring with k and v, the window takes each block's
+    positions: forward and gradients equal torch's, and nothing is gathered."""
+    lowered = _ring_check(causal, OPTIONS[name], cp)
+    assert {c.kind for c in lowered.collectives()} == {"collective_permute"}
+
+
+def test_ring_skips_blocks_outside_the_window() -> None:
+    """cp = 4, 32 tokens (8 a rank, zig-zag halves of 4), causal with a window of 3: of
+    the 4 steps x 3 pairs only 5 calls are left (step 2 computes nothing), and the
+    forward and backward equal torch's."""
+    assert [len(p) for p in block_pairs(4, 8, True, True, 3)] == [3, 1, 0, 1]
+    assert [len(p) for p in block_pairs(4, 8, True, True, None)] == [3, 3, 3, 3]
+    assert [len(p) for p in block_pairs(4, 4, False, False, 2)] == [1, 1, 0, 1]
+    options = {"window": 3, "segment_ids": torch.cat([SEGMENTS, SEGMENTS + 3], 1)}
+    lowered = _ring_check(True, options, 4, t=2 * T)
+    text = lowered.as_text("partitioned")
+    assert text.count("graph.attention ") == 5
+    assert text.count("graph.attention_backward ") == 5
+
+
+# --- zig-zag order -------------------------------------------------------------------------
+
+
+def _zigzag_check(causal: bool, options: dict, ranks: int, **jit) -> None:
+    """``options`` over q, k, v and masks stored in zig-zag order (as a data loader stores
+    them) equal torch on the natural order, stored the same way."""
+    t = 2 * T
+    order = torch.from_numpy(dist.zigzag_order(t, ranks))
+    q, k, v, w = _inputs(t=t)
+    stored = {n: x[:, order] if isinstance(x, torch.Tensor) else x for n, x in options.items()}
+    attend, loss, masks = _attend(causal, {**stored, "zigzag": ranks})
+    want = _torch(q, k, v, causal, options)[..., order, :]
+    grads = [g[..., order, :] for g in _torch_grads(q, k, v, w, causal, options)]
+    q, k, v, w = (x[..., order, :] for x in (q, k, v, w))
+    spec, mask_spec = jit.pop("spec", None), jit.pop("mask_spec", None)
+    if spec is not None:
+        jit["in_shardings"] = (spec,) * 3 + (mask_spec,) * len(masks)
+    _close([ts.jit(attend, **jit)(q, k, v, *masks)], [want], 1e-10)
+    if spec is not None:
+        jit["in_shardings"] = (spec,) * 4 + (mask_spec,) * len(masks)
+    _close(ts.jit(ts.grad(loss, argnums=(0, 1, 2)), **jit)(q, k, v, w, *masks), grads, 1e-10)
+
+
+ZIGZAG_MASKS = {
+    "padding": {"key_padding_mask": torch.cat([KEEP, KEEP], 1)},
+    "all": {
+        "key_padding_mask": torch.cat([KEEP, KEEP], 1),
+        "segment_ids": torch.cat([SEGMENTS, SEGMENTS + 3], 1),
+        "window": 5,
+    },
+    "window": {"window": 3},
+}
+
+
+@pytest.mark.parametrize("context", ["one device", "ring", "all_gather"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", list(ZIGZAG_MASKS))
+def test_zigzag_order_with_masks(name: str, causal: bool, context: str) -> None:
+    """The masks stored in zig-zag order like the tokens: on one device, and over cp = 2
+    as a ring (no relayout) or all-gathered (chunks put in true order locally)."""
+    if context == "one device":
+        _zigzag_check(causal, ZIGZAG_MASKS[name], 2, kernels="reference")
+        return
+    with schedule.options(context_parallel=context):
+        _zigzag_check(
+            causal, ZIGZAG_MASKS[name], 2, kernels="reference", mesh=dist.mesh({"cp": 2}),
+            spec=_spec((2, "cp")), mask_spec=_spec((1, "cp")),
+        )  # fmt: skip
+
+
 # --- errors ------------------------------------------------------------------------------
 
 
@@ -236,5 +332,3 @@ def test_unsupported_combinations_are_errors() -> None:
     assert "only q_segment_ids" in _trace_error(TesseraError, q_segment_ids=SEGMENTS)
     assert "window must be a positive int" in _trace_error(TesseraError, window=0)
     assert "softcap must be a positive" in _trace_error(TesseraError, softcap=-1.0)
-    message = _trace_error(TesseraError, causal=True, window=4, zigzag=2)
-    assert "zigzag with segment ids" in message and "test_attention_masks.py" in message

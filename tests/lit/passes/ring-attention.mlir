@@ -82,3 +82,57 @@ func.func @ring_forward_stored_zigzag(%q: tensor<1x16x4xf32> {graph.sharding = #
   %o, %lse = graph.attention %q, %k, %v {causal = true, scale = 0.5, zigzag = 2} : tensor<1x16x4xf32>, tensor<1x16x4xf32>, tensor<1x16x4xf32> -> (tensor<1x16x4xf32>, tensor<1x16xf32>)
   func.return %o : tensor<1x16x4xf32>
 }
+
+// -----
+
+// Masks round the ring (issue 31): segment ids on cp = 4, a window of 2 smaller than a
+// rank's block of 4 (not causal). The key ids travel with k and v (one more permute per
+// step) and the query ids stay; each call gets its blocks' positions for the window.
+// Step 2 (the blocks two ranks away) is masked on every rank and not computed: 3 calls,
+// not 4, and the blocks of step 3 come from step 1's by a permute of two hops.
+
+// CHECK-LABEL: func.func @ring_window_segments
+// CHECK-SAME:    %[[IDS:[^:]*]]: tensor<4xi32>
+// CHECK-NOT:     graph.all_gather
+// CHECK:         %[[K1:.*]] = graph.collective_permute %{{.*}} {axes = [cp], pairs = {{\[\[}}0, 1], [1, 2], [2, 3], [3, 0]]} {{.*}} : tensor<1x4x4xf32>
+// CHECK-NEXT:    %[[V1:.*]] = graph.collective_permute %{{.*}} {axes = [cp], pairs = {{\[\[}}0, 1], [1, 2], [2, 3], [3, 0]]} {{.*}} : tensor<1x4x4xf32>
+// CHECK-NEXT:    %[[I1:.*]] = graph.collective_permute %[[IDS]] {axes = [cp], pairs = {{\[\[}}0, 1], [1, 2], [2, 3], [3, 0]]} {{.*}} : tensor<4xi32>
+// CHECK:         graph.attention %{{.*}}, %{{.*}}, %{{.*}}, %[[IDS]], %[[IDS]], %{{.*}}, %{{.*}} {causal = false, scale = 0.5, window = 2, segments = true}
+// CHECK:         %[[K3:.*]] = graph.collective_permute %[[K1]] {axes = [cp], pairs = {{\[\[}}0, 2], [1, 3], [2, 0], [3, 1]]}
+// CHECK-NEXT:    %[[V3:.*]] = graph.collective_permute %[[V1]] {axes = [cp], pairs = {{\[\[}}0, 2], [1, 3], [2, 0], [3, 1]]}
+// CHECK-NEXT:    %[[I3:.*]] = graph.collective_permute %[[I1]] {axes = [cp], pairs = {{\[\[}}0, 2], [1, 3], [2, 0], [3, 1]]}
+// CHECK:         graph.attention %{{.*}}, %[[K1]], %[[V1]], %[[IDS]], %[[I1]], %{{.*}}, %{{.*}} {causal = false, scale = 0.5, window = 2, segments = true}
+// CHECK:         graph.attention %{{.*}}, %[[K3]], %[[V3]], %[[IDS]], %[[I3]], %{{.*}}, %{{.*}} {causal = false, scale = 0.5, window = 2, segments = true}
+// CHECK-NOT:     graph.attention
+// CHECK-NOT:     graph.collective_permute
+// CHECK:         func.return
+graph.mesh @mesh axes = [cp = 4]
+func.func @ring_window_segments(%q: tensor<1x16x4xf32> {graph.sharding = #graph.sharding<@mesh, [[], [cp], []]>},
+                                %k: tensor<1x16x4xf32> {graph.sharding = #graph.sharding<@mesh, [[], [cp], []]>},
+                                %v: tensor<1x16x4xf32> {graph.sharding = #graph.sharding<@mesh, [[], [cp], []]>},
+                                %ids: tensor<16xi32> {graph.sharding = #graph.sharding<@mesh, [[cp]]>}) -> tensor<1x16x4xf32> {
+  %z = graph.constant dense<0> : tensor<i32>
+  %o, %lse = graph.attention %q, %k, %v, %ids, %ids, %z, %z {causal = false, scale = 0.5, window = 2, segments = true} : tensor<1x16x4xf32>, tensor<1x16x4xf32>, tensor<1x16x4xf32>, tensor<16xi32>, tensor<16xi32>, tensor<i32>, tensor<i32> -> (tensor<1x16x4xf32>, tensor<1x16xf32>)
+  func.return %o : tensor<1x16x4xf32>
+}
+
+// -----
+
+// Causal with a window of 3, stored in zig-zag order over cp = 4 (32 tokens: a rank
+// holds two chunks of 4): of the 4 steps x 3 chunk pairs (the zig-zag split already
+// drops one) only 5 calls are left: step 0's three, one at step 1 and one at step 3;
+// step 2 computes nothing, against 12 calls without the window.
+
+// CHECK-LABEL: func.func @ring_causal_window_skips
+// CHECK-NOT:     graph.all_gather
+// CHECK-COUNT-5: graph.attention %{{.*}} {causal = true, scale = 0.5, window = 3}
+// CHECK-NOT:     graph.attention
+// CHECK:         func.return
+graph.mesh @mesh axes = [cp = 4]
+func.func @ring_causal_window_skips(%q: tensor<1x32x4xf32> {graph.sharding = #graph.sharding<@mesh, [[], [cp], []]>},
+                                    %k: tensor<1x32x4xf32> {graph.sharding = #graph.sharding<@mesh, [[], [cp], []]>},
+                                    %v: tensor<1x32x4xf32> {graph.sharding = #graph.sharding<@mesh, [[], [cp], []]>}) -> tensor<1x32x4xf32> {
+  %z = graph.constant dense<0> : tensor<i32>
+  %o, %lse = graph.attention %q, %k, %v, %z, %z {causal = true, scale = 0.5, window = 3, zigzag = 4} : tensor<1x32x4xf32>, tensor<1x32x4xf32>, tensor<1x32x4xf32>, tensor<i32>, tensor<i32> -> (tensor<1x32x4xf32>, tensor<1x32xf32>)
+  func.return %o : tensor<1x32x4xf32>
+}
