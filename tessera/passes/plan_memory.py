@@ -14,7 +14,8 @@ results; values inside a kernel are registers or tiles and take no arena space.
    last, when both have the same type and the kernel reads it only elementwise (each
    element is read at the index the result is written at, by the program that writes it,
    before it stores anything): an in-place update, as an optimizer step's parameters and
-   moments are.
+   moments are, and a KV cache's ``graph.dynamic_update_slice`` (which reads the cache
+   at the index it writes).
 3. *Annotation*: ``schedule.offsets`` (one byte offset per result) on each kernel and wait,
    ``schedule.arg_offsets`` and ``schedule.peak_bytes`` (the arena's high-water mark,
    the per-rank peak) on the function.
@@ -36,7 +37,7 @@ from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp, i64
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 
-from tessera.ir import schedule
+from tessera.ir import graph, schedule
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.graph import DONATED
 from tessera.ir.limits import MAX_BYTES
@@ -105,7 +106,11 @@ def _reads_elementwise(kernel: schedule.KernelOp, index: int) -> bool:
     """Whether the kernel reads its input ``index`` only elementwise, at the shape it has."""
     arg = kernel.body.block.args[index]
     return all(
-        fusion_of(use.operation) is Fusion.ELEMENTWISE
+        (
+            fusion_of(use.operation) is Fusion.ELEMENTWISE
+            # a KV cache's write reads x at the index it writes (the update elsewhere)
+            or (isinstance(use.operation, graph.DynamicUpdateSliceOp) and use.index == 0)
+        )
         and all(r.type == arg.type for r in use.operation.results)
         for use in arg.uses
     )

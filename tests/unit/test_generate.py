@@ -149,3 +149,19 @@ def test_errors_name_the_problem_at_the_users_line(tmp_path) -> None:
         lambda: model.generate(params, tokens, 2, top_p=1.5),  # <- top_p
         ts.ArgumentError, "top_p must be in (0, 1] or None, found 1.5", __file__, "top_p",
     )  # fmt: skip
+
+
+def test_donated_cache_is_updated_in_place() -> None:
+    """With the cache donated, the write's result takes the cache's own buffer: the
+    program's peak is one cache (plus the update and the start), not two."""
+    cache = torch.zeros(2, 4, 64, 16)
+    update, start = torch.ones(2, 4, 1, 16), torch.tensor(3, dtype=torch.int32)
+
+    def write(c, u, s):
+        return op.dynamic_update_slice(c, u, s, 2)
+
+    copied = ts.jit(write).lower(cache, update, start).memory().peak_bytes
+    in_place = ts.jit(write, donate_argnums=0).lower(cache, update, start).memory().peak_bytes
+    cache_bytes = cache.numel() * 4
+    assert copied >= 2 * cache_bytes
+    assert cache_bytes <= in_place < cache_bytes + 4096  # the update (512 B) and the start
