@@ -232,10 +232,13 @@ def test_programs_with_the_same_collectives_are_compared_whole() -> None:
     result, _, summary = misbehave("different")
     assert result.returncode == 1, result.stderr[-3000:]
     assert "rank 0: finished" not in result.stdout and "rank 1: finished" not in result.stdout
-    assert summary.startswith(
-        "ranks 0-1 failed with exit code 1: DistributedError: @<lambda>: the ranks run different programs: line "
-    )
-    assert "matmul" in summary and "tanh" in summary and "on rank 0 but" in summary
+    # both ranks see the difference; on a busy machine one may be stopped before it says so
+    assert re.match(
+        r"ranks? 0(-1)? failed with exit code 1: DistributedError: @<lambda>: the ranks run "
+        r"different programs: line ", summary,
+    ), summary  # fmt: skip
+    output = result.stdout + result.stderr  # the whole message (the summary is shortened)
+    assert "matmul" in output and "tanh" in output and "on rank 0 but" in output, output[-3000:]
 
 
 # --- in-process helpers ---------------------------------------------------------------------
