@@ -202,12 +202,14 @@ def test_context_parallel(name: str, causal: bool, context: str) -> None:
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_context_parallel_triton(interpret, causal: bool) -> None:
-    """The generated kernels on dp x cp: each rank's window from its position along cp."""
-    _check(
-        causal, OPTIONS["all"], kv_heads=2, dtype=torch.float32, tolerance=1e-4,
-        kernels="triton", mesh=dist.mesh({"dp": 2, "cp": 2}),
-        spec=_spec((0, "dp"), (2, "cp")), mask_spec=_spec((0, "dp"), (1, "cp")),
-    )  # fmt: skip
+    """The generated kernels on dp x cp, as a ring: each rank's window from its position
+    along cp, the key ids travelling with k and v."""
+    with schedule.options(context_parallel="ring"):
+        _check(
+            causal, OPTIONS["all"], kv_heads=2, dtype=torch.float32, tolerance=1e-4,
+            kernels="triton", mesh=dist.mesh({"dp": 2, "cp": 2}),
+            spec=_spec((0, "dp"), (2, "cp")), mask_spec=_spec((0, "dp"), (1, "cp")),
+        )  # fmt: skip
 
 
 # --- ring attention ---------------------------------------------------------------------
