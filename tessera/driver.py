@@ -59,7 +59,7 @@ from tessera.schedule import ScheduleOptions
 from tessera.transforms.remat import RematPolicy
 
 if TYPE_CHECKING:
-    from tessera.perf.topology import Topology
+    from tessera.topology import Topology
 
 STAGES = ("traced", "autodiff", "graph", "sharded", "partitioned", "schedule", "tile")
 KERNEL_BACKENDS = ("triton", "reference")
@@ -117,6 +117,21 @@ class CompileConfig:
         if self.kernels not in KERNEL_BACKENDS:
             raise TesseraError(f"kernels must be one of {KERNEL_BACKENDS}, found {self.kernels!r}")
         numerics_policy.check(self.numerics)
+        self.machine()  # a bad or conflicting topology fails here
+
+    def machine(self) -> Topology:
+        """The machine the cost model prices: the schedule option ``topology`` or the mesh's
+        ``topology=`` (naming two different machines is an error), else enough DGX H100s
+        for the mesh (:meth:`Mesh.machine`)."""
+        named = self.schedule.topology
+        mesh = self.mesh or Mesh(["dp"], [1])
+        machine = mesh.machine(named)
+        if named and mesh.topology is not None and machine != mesh.topology:
+            raise TesseraError(
+                f"schedule option topology={named!r} names another machine than the mesh's "
+                f"topology {mesh.topology.name!r}; set one of them (the mesh's is the usual)"
+            )
+        return machine
 
     def replace(self, **changes: Any) -> CompileConfig:
         return replace(self, **changes)
@@ -211,10 +226,9 @@ def _schedule_passes(config: CompileConfig) -> list[PassSpec]:
     options = config.schedule
     passes: list[PassSpec] = []
     if options.overlap and options.collective_matmul:
-        chunking: dict[str, Any] = {
-            "chunks": options.collective_matmul_chunks,
-            "topology": options.topology,
-        }
+        chunking: dict[str, Any] = {"chunks": options.collective_matmul_chunks}
+        if options.topology:  # else the passes read the graph.mesh symbol's
+            chunking["topology"] = options.topology
         if config.numerics != "fast":  # the simulation prices deterministic reductions
             chunking["numerics"] = config.numerics
         passes.append(PassSpec.of("collective-matmul", chunking))
@@ -224,7 +238,8 @@ def _schedule_passes(config: CompileConfig) -> list[PassSpec]:
     if options.overlap:
         passes.append(PassSpec.of("overlap-comm"))
     if options.collective_algorithms:
-        passes.append(PassSpec.of("choose-collective-algorithms", {"topology": options.topology}))
+        topology = {"topology": options.topology} if options.topology else {}
+        passes.append(PassSpec.of("choose-collective-algorithms", topology))
     passes.append(PassSpec.of("plan-memory"))
     return passes
 

@@ -27,7 +27,7 @@ from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import module_mesh
 from tessera.passes import get_all_passes
 from tessera.passes.collective_matmul import CollectiveMatmulPass, choose_chunks, simulated_time
-from tessera.perf.topology import load_topology
+from tessera.topology import load_topology
 
 # the pass as the compile driver runs it: chunks=0 times candidates with schedule_trial
 DrivenPass = available_passes()["collective-matmul"]()

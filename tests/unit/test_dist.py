@@ -28,7 +28,7 @@ from tessera.ir.sharding import Sharding
 def test_mesh_shape_inferred_from_devices() -> None:
     mesh = Mesh(axes=["tp", "dp"], devices=range(16))
     assert mesh.shape == (4, 4)
-    assert mesh.topology == "tp × dp mesh, 4 × 4"
+    assert mesh.layout == "tp × dp mesh, 4 × 4"
     assert mesh.size == 16 and mesh.ndim == 2
     assert Mesh(axes=["a", "b", "c"], devices=range(8)).shape == (2, 2, 2)
     assert Mesh(axes="dp", devices=range(5)).shape == (5,)
