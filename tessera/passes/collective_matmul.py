@@ -45,7 +45,8 @@ partitioning it only describes values).
 
 How many chunks: ``chunks=k`` (k >= 2) uses ``k`` where the sizes divide (a seed that
 does not divide is left alone). ``chunks=0`` chooses, per function, by simulation on
-``topology`` (a :func:`~tessera.topology.load_topology` name) with ``numerics``'
+``topology`` (a :func:`~tessera.topology.load_topology` name; by default the mesh's,
+:meth:`~tessera.ir.mesh.Mesh.machine`) with ``numerics``'
 collectives: each k in 1, 2, 4, 8 that some seed allows is applied to a copy, which the
 compile driver schedules and simulates (:func:`tessera.driver.schedule_trial`, handed to
 the pass by the driver and ``tessera-opt``: :meth:`CollectiveMatmulPass.using`); the
