@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
@@ -51,15 +51,13 @@ from xdsl.passes import ModulePass
 
 from tessera import numerics as numerics_policy
 from tessera.errors import TesseraError
-from tessera.ir.mesh import Mesh
+from tessera.ir.mesh import Mesh, default_machine
 from tessera.ir.verifier import verify_module
 from tessera.passes import get_all_passes
 from tessera.precision import Precision
 from tessera.schedule import ScheduleOptions
+from tessera.topology import Topology, load_topology
 from tessera.transforms.remat import RematPolicy
-
-if TYPE_CHECKING:
-    from tessera.topology import Topology
 
 STAGES = ("traced", "autodiff", "graph", "sharded", "partitioned", "schedule", "tile")
 KERNEL_BACKENDS = ("triton", "reference")
@@ -117,19 +115,22 @@ class CompileConfig:
         if self.kernels not in KERNEL_BACKENDS:
             raise TesseraError(f"kernels must be one of {KERNEL_BACKENDS}, found {self.kernels!r}")
         numerics_policy.check(self.numerics)
-        self.machine()  # a bad or conflicting topology fails here
+        if self.schedule.topology:
+            self.machine()  # a bad or conflicting topology fails here
 
     def machine(self) -> Topology:
         """The machine the cost model prices: the schedule option ``topology`` or the mesh's
         ``topology=`` (naming two different machines is an error), else enough DGX H100s
-        for the mesh (:meth:`Mesh.machine`)."""
+        for the mesh (:func:`~tessera.ir.mesh.default_machine`)."""
         named = self.schedule.topology
-        mesh = self.mesh or Mesh(["dp"], [1])
-        machine = mesh.machine(named)
-        if named and mesh.topology is not None and machine != mesh.topology:
+        mesh_machine = self.mesh.topology if self.mesh is not None else None
+        if not named:
+            return mesh_machine or default_machine(self.mesh.size if self.mesh else 1)
+        machine = load_topology(named)
+        if mesh_machine is not None and machine != mesh_machine:
             raise TesseraError(
                 f"schedule option topology={named!r} names another machine than the mesh's "
-                f"topology {mesh.topology.name!r}; set one of them (the mesh's is the usual)"
+                f"topology {mesh_machine.name!r}; set one of them (the mesh's is the usual)"
             )
         return machine
 

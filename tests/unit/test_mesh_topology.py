@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import re
 import traceback
+from pathlib import Path
 
 import pytest
 import torch
+from test_driver import replay
 
 import tessera as ts
 from tessera import dist, op, schedule
@@ -23,9 +25,13 @@ ROWS = dist.ShardSpec(partition=(0,), mesh_axes=("tp",))
 X, W = torch.randn(256, 72 * 64), torch.randn(72 * 64, 256)
 
 
-def _all_reduce(topology: str | None) -> str:
+def _lowered(topology: str | None) -> ts.Lowered:
     mesh = dist.mesh({"tp": 72}, topology=topology)
-    lowered = ts.jit(op.matmul, mesh=mesh, in_shardings=(COLS, ROWS)).lower(X, W)
+    return ts.jit(op.matmul, mesh=mesh, in_shardings=(COLS, ROWS)).lower(X, W)
+
+
+def _all_reduce(topology: str | None) -> str:
+    lowered = _lowered(topology)
     (start,) = re.findall(r"all_reduce %\S+ \{[^}]*\}", lowered.as_text("schedule"))
     return start
 
@@ -55,6 +61,16 @@ def test_the_mesh_symbol_carries_the_topology() -> None:
     found = module_mesh(lowered.module_at("schedule"))
     assert found is not None and found[1] == mesh
     assert lowered.simulate().topology == "gb200_nvl72"  # the simulator's default too
+
+
+def test_tessera_opt_replays_price_the_mesh_symbols_machine(tmp_path: Path) -> None:
+    """The schedule stage's passes name no topology: replayed from the partitioned text,
+    they read the graph.mesh symbol's and choose as the compile did."""
+    lowered = _lowered("gb200_nvl72")
+    assert "topology" not in lowered.pipeline("schedule")
+    replayed = replay(lowered.as_text("partitioned"), lowered.pipeline("schedule"), tmp_path)
+    assert replayed.strip() == lowered.as_text("schedule").strip()
+    assert "algorithm = nvls" in replayed
 
 
 def test_a_custom_topology_round_trips_as_json() -> None:
