@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
 
     mesh = dist.Mesh(axes=["dp", "tp"], shape=(2, 4))
-    print(mesh.topology)
+    print(mesh.layout)
     batch_split = dist.ShardSpec(partition=(0,), mesh_axes=("dp",))
     column_split = dist.ShardSpec(partition=("col",), mesh_axes=("tp",))
     row_split = dist.ShardSpec(partition=("row",), mesh_axes=("tp",))

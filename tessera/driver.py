@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
@@ -51,15 +51,13 @@ from xdsl.passes import ModulePass
 
 from tessera import numerics as numerics_policy
 from tessera.errors import TesseraError
-from tessera.ir.mesh import Mesh
+from tessera.ir.mesh import Mesh, default_machine
 from tessera.ir.verifier import verify_module
 from tessera.passes import get_all_passes
 from tessera.precision import Precision
 from tessera.schedule import ScheduleOptions
+from tessera.topology import Topology, load_topology
 from tessera.transforms.remat import RematPolicy
-
-if TYPE_CHECKING:
-    from tessera.perf.topology import Topology
 
 STAGES = ("traced", "autodiff", "graph", "sharded", "partitioned", "schedule", "tile")
 KERNEL_BACKENDS = ("triton", "reference")
@@ -117,6 +115,24 @@ class CompileConfig:
         if self.kernels not in KERNEL_BACKENDS:
             raise TesseraError(f"kernels must be one of {KERNEL_BACKENDS}, found {self.kernels!r}")
         numerics_policy.check(self.numerics)
+        if self.schedule.topology:
+            self.machine()  # a bad or conflicting topology fails here
+
+    def machine(self) -> Topology:
+        """The machine the cost model prices: the schedule option ``topology`` or the mesh's
+        ``topology=`` (naming two different machines is an error), else enough DGX H100s
+        for the mesh (:func:`~tessera.ir.mesh.default_machine`)."""
+        named = self.schedule.topology
+        mesh_machine = self.mesh.topology if self.mesh is not None else None
+        if not named:
+            return mesh_machine or default_machine(self.mesh.size if self.mesh else 1)
+        machine = load_topology(named)
+        if mesh_machine is not None and machine != mesh_machine:
+            raise TesseraError(
+                f"schedule option topology={named!r} names another machine than the mesh's "
+                f"topology {mesh_machine.name!r}; set one of them (the mesh's is the usual)"
+            )
+        return machine
 
     def replace(self, **changes: Any) -> CompileConfig:
         return replace(self, **changes)
@@ -211,10 +227,9 @@ def _schedule_passes(config: CompileConfig) -> list[PassSpec]:
     options = config.schedule
     passes: list[PassSpec] = []
     if options.overlap and options.collective_matmul:
-        chunking: dict[str, Any] = {
-            "chunks": options.collective_matmul_chunks,
-            "topology": options.topology,
-        }
+        chunking: dict[str, Any] = {"chunks": options.collective_matmul_chunks}
+        if options.topology:  # else the passes read the graph.mesh symbol's
+            chunking["topology"] = options.topology
         if config.numerics != "fast":  # the simulation prices deterministic reductions
             chunking["numerics"] = config.numerics
         passes.append(PassSpec.of("collective-matmul", chunking))
@@ -224,7 +239,8 @@ def _schedule_passes(config: CompileConfig) -> list[PassSpec]:
     if options.overlap:
         passes.append(PassSpec.of("overlap-comm"))
     if options.collective_algorithms:
-        passes.append(PassSpec.of("choose-collective-algorithms", {"topology": options.topology}))
+        topology = {"topology": options.topology} if options.topology else {}
+        passes.append(PassSpec.of("choose-collective-algorithms", topology))
     passes.append(PassSpec.of("plan-memory"))
     return passes
 

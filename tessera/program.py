@@ -194,12 +194,14 @@ class Lowered:
 
     def simulate(self, topology: Any = None) -> Any:
         """The scheduled program simulated on ``topology`` (a ``tessera.perf.Topology``, a
-        preset name such as ``"gb200_nvl72"``, or a JSON file; by default the mesh's
-        ``topology=``, else DGX H100 nodes enough for the mesh): step time, exposed
-        communication and a timeline (``.save_trace("trace.json")``); see
-        :mod:`tessera.perf.simulate`."""
+        preset name such as ``"gb200_nvl72"``, or a JSON file; by default the machine it
+        was compiled for: the mesh's ``topology=``, else DGX H100 nodes enough for the
+        mesh): step time, exposed communication and a timeline
+        (``.save_trace("trace.json")``); see :mod:`tessera.perf.simulate`."""
         from tessera.perf.simulate import simulate
 
+        if topology is None and self.mesh is not None:
+            topology = self.config.machine()
         return simulate(self.module_at("schedule"), self.name, self.mesh, topology)
 
     def collectives(self) -> list[CollectiveInfo]:

@@ -45,7 +45,10 @@ class ScheduleOptions:
     # (benchmarks/RESULTS.md, "Kernel cost model vs measured kernels")
     collective_matmul: bool = False
     collective_matmul_chunks: int = 0  # 0: as the cost model chooses
-    topology: str = "dgx_h100"  # the machine the cost model prices (a tessera.perf preset)
+    # the machine the cost model prices (a tessera.topology.load_topology name): "" (the
+    # default) takes the mesh's topology= (else enough DGX H100s); one naming another
+    # machine than the mesh's is an error (tessera.driver.CompileConfig)
+    topology: str = ""
     # fuse all-reduces whose results wait (data-parallel gradients) into buckets of this
     # many bytes (bucket-gradients; 0: off)
     bucket_bytes: int = 25 * 2**20

@@ -129,7 +129,7 @@ class Trace:
         ops: list[Operation] = [function, *self.functions.functions.values()]
         if self.mesh is not None:
             mesh_axes = list(zip(self.mesh.axis_names, self.mesh.shape, strict=True))
-            ops.insert(0, graph.MeshOp.get("mesh", mesh_axes))
+            ops.insert(0, graph.MeshOp.get("mesh", mesh_axes, self.mesh.topology_spec))
         module = ModuleOp(ops)
         verify_module(module)
         return module

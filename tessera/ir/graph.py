@@ -61,6 +61,7 @@ from tessera.ir.attribute_set import AttributeMap
 from tessera.ir.limits import MAX_MESH_DEVICES
 from tessera.ir.located_error import LocatedPassFailure
 from tessera.ir.sharding import ShardingAttr
+from tessera.topology import load_topology
 
 ShapeRule = Callable[..., AbstractTensor | tuple[AbstractTensor, ...]]
 
@@ -1283,23 +1284,27 @@ def called_functions(module: ModuleOp) -> set[str]:
 
 @irdl_op_definition
 class MeshOp(IRDLOperation):
-    """A device mesh symbol: ``graph.mesh @mesh axes = [dp = 2, tp = 4]``."""
+    """A device mesh symbol: ``graph.mesh @mesh axes = [dp = 2, tp = 4]``, with the
+    machine it runs on when the mesh names one (``topology = "gb200_nvl72"``: the text
+    :func:`~tessera.topology.load_topology` reads, a preset name or JSON)."""
 
     name = "graph.mesh"
     sym_name = prop_def(StringAttr)
     axis_names = prop_def(ArrayAttr)
     axis_sizes = prop_def(DenseArrayBase)
+    topology = opt_prop_def(StringAttr)
     traits = traits_def(SymbolOpInterface())
 
     @staticmethod
-    def get(name: str, axes: Sequence[tuple[str, int]]) -> MeshOp:
-        return MeshOp.create(
-            properties={
-                "sym_name": StringAttr(name),
-                "axis_names": ArrayAttr([StringAttr(a) for a, _ in axes]),
-                "axis_sizes": to_attr([int(s) for _, s in axes]),
-            }
-        )
+    def get(name: str, axes: Sequence[tuple[str, int]], topology: str | None = None) -> MeshOp:
+        properties: dict[str, Attribute] = {
+            "sym_name": StringAttr(name),
+            "axis_names": ArrayAttr([StringAttr(a) for a, _ in axes]),
+            "axis_sizes": to_attr([int(s) for _, s in axes]),
+        }
+        if topology is not None:
+            properties["topology"] = StringAttr(topology)
+        return MeshOp.create(properties=properties)
 
     @property
     def axes(self) -> list[tuple[str, int]]:
@@ -1329,10 +1334,18 @@ class MeshOp(IRDLOperation):
                 f"graph.mesh: {devices} devices are more than the {MAX_MESH_DEVICES} (2**20) "
                 f"a mesh may have"
             )
+        if self.topology is not None:
+            try:
+                load_topology(self.topology.data)
+            except TesseraError as error:
+                raise VerifyException(f"graph.mesh: bad topology: {error}") from None
 
     def print(self, printer: Printer) -> None:
         axes = ", ".join(f"{a} = {s}" for a, s in self.axes)
         printer.print_string(f" @{self.sym_name.data} axes = [{axes}]")
+        if self.topology is not None:
+            printer.print_string(" topology = ")
+            printer.print_string_literal(self.topology.data)
 
     @classmethod
     def parse(cls, parser: Parser) -> MeshOp:
@@ -1346,7 +1359,11 @@ class MeshOp(IRDLOperation):
             return axis, parser.parse_integer(context_msg=" for a mesh axis size")
 
         axes = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parse_axis)
-        return cls.get(name, axes)
+        topology = None
+        if parser.parse_optional_keyword("topology") is not None:
+            parser.parse_punctuation("=")
+            topology = parser.parse_str_literal(" for the mesh's topology")
+        return cls.get(name, axes, topology)
 
 
 COLLECTIVE_OPS: tuple[type[GraphOp], ...] = (

@@ -6,6 +6,7 @@ grid; a rank's coordinates along each axis say which shard of a split tensor it 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from math import prod
 from typing import Any
@@ -13,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import ShardingError as MeshError
+from tessera.errors import TesseraError
+from tessera.topology import Topology, load_topology
 
 MAX_DEVICES = 1 << 20  # more devices than any machine: a mistyped size, not a mesh
 
@@ -44,6 +47,37 @@ def _axis_sizes(shape: object, names: Sequence[str]) -> tuple[int, ...]:
     return tuple(int(s) for s in sizes)
 
 
+def default_machine(size: int) -> Topology:
+    """The machine a mesh of ``size`` ranks naming no topology compiles for: enough DGX H100s."""
+    nodes = -(-size // 8)
+    return load_topology("dgx_h100" if nodes == 1 else f"dgx_h100x{nodes}")
+
+
+def _machine(topology: object, size: int) -> Topology | None:
+    """``topology=`` (None, a :class:`Topology`, or a :func:`load_topology` name, alias or
+    JSON path) as the machine a mesh of ``size`` ranks runs on; a MeshError if it is not one."""
+    if topology is None:
+        return None
+    if isinstance(topology, str):
+        try:
+            machine = load_topology(topology)
+        except TesseraError as error:
+            raise MeshError(f"mesh topology=: {error}") from None
+    elif isinstance(topology, Topology):
+        machine = topology
+    else:
+        raise MeshError(
+            f"mesh topology must be a preset name, a JSON path or a tessera.topology.Topology, "
+            f"found {topology!r} ({type(topology).__name__})"
+        )
+    if machine.num_devices < size:
+        raise MeshError(
+            f"mesh of {size} devices does not fit topology {machine.name!r} of "
+            f"{machine.num_devices} devices (a multi-node preset: e.g. dgx_h100x{-(-size // 8)})"
+        )
+    return machine
+
+
 def _infer_shape(num_devices: int, num_axes: int) -> tuple[int, ...]:
     side = round(num_devices ** (1 / num_axes))
     for candidate in (side - 1, side, side + 1):
@@ -63,7 +97,7 @@ class Mesh:
         axes: Sequence[str],
         shape: Sequence[int] | None = None,
         devices: Iterable[Any] | None = None,
-        topology: Any = None,
+        topology: str | Topology | None = None,
     ):
         if not isinstance(axes, (str, Iterable)):
             raise MeshError(f"mesh axes must be a sequence of names, found {axes!r}")
@@ -98,7 +132,10 @@ class Mesh:
         self.axis_names = names
         self.shape = sizes
         self.devices = np.array(device_list, dtype=object).reshape(sizes)
-        self.hardware = topology  # a topology preset or name (see the overlap issue)
+        # the machine the cost model prices (None: the compiler's default, a DGX H100)
+        self.topology: Topology | None = _machine(topology, prod(sizes))
+        # the text that rebuilds it (the graph.mesh symbol's topology), or None
+        self.topology_spec: str | None = None if self.topology is None else self.topology.spec()
 
     @property
     def size(self) -> int:
@@ -109,9 +146,19 @@ class Mesh:
         return len(self.shape)
 
     @property
-    def topology(self) -> str:
+    def layout(self) -> str:
         """Human-readable layout, e.g. ``tp × dp mesh, 4 × 4``."""
         return f"{' × '.join(self.axis_names)} mesh, {' × '.join(map(str, self.shape))}"
+
+    def machine(self, topology: str = "") -> Topology:
+        """The machine the cost model prices this mesh on: ``topology`` (a
+        :func:`load_topology` name, as a pass option gives it) when given, else the mesh's
+        ``topology=``, else as many DGX H100 nodes as the mesh needs (``dgx_h100`` up to 8 ranks)."""
+        if topology:
+            return load_topology(topology)
+        if self.topology is not None:
+            return self.topology
+        return default_machine(self.size)
 
     def axis_size(self, axis: str) -> int:
         return self.shape[self.axis_index(axis)]
@@ -152,24 +199,32 @@ class Mesh:
             isinstance(other, Mesh)
             and (self.axis_names, self.shape) == (other.axis_names, other.shape)
             and self.devices.tolist() == other.devices.tolist()
+            and self.topology_spec == other.topology_spec
         )
 
     def __hash__(self) -> int:
-        return hash((self.axis_names, self.shape, str(self.devices.tolist())))
+        return hash((self.axis_names, self.shape, str(self.devices.tolist()), self.topology_spec))
 
     def __repr__(self) -> str:
         axes = ", ".join(f"{a}={s}" for a, s in zip(self.axis_names, self.shape, strict=True))
-        return f"Mesh({axes})"
+        if self.topology is None or self.topology_spec is None:
+            return f"Mesh({axes})"
+        if self.topology_spec == self.topology.name:
+            return f"Mesh({axes}, topology={self.topology_spec!r})"
+        digest = hashlib.sha256(self.topology_spec.encode()).hexdigest()[:12]
+        return f"Mesh({axes}, topology=<{self.topology.name} {digest}>)"
 
 
 def mesh(
     devices: Iterable[Any] | None = None,
     axes: Sequence[str] = ("dp",),
     shape: Sequence[int] | None = None,
-    topology: Any = None,
+    topology: str | Topology | None = None,
 ) -> Mesh:
     """``dist.mesh(devices, axes, shape)``: the NVL72 guide's spelling of :class:`Mesh`;
-    ``dist.mesh({"dp": 2, "tp": 4})`` names the axes and their sizes in one mapping."""
+    ``dist.mesh({"dp": 2, "tp": 4})`` names the axes and their sizes in one mapping.
+    ``topology=`` names the machine (a preset such as ``"gb200_nvl72"``, a JSON path, or a
+    :class:`~tessera.topology.Topology`) whose cost model compiles for it."""
     if isinstance(devices, Mapping):
         if shape is not None or tuple(axes) != ("dp",):
             raise MeshError("give either a mapping of axis sizes or devices, axes and shape, not both")

@@ -20,7 +20,11 @@ def module_mesh(module: ModuleOp) -> tuple[str, Mesh] | None:
     if len(meshes) > 1:
         raise ShardingError("expected one graph.mesh per module, found several")
     axes = meshes[0].axes
-    return meshes[0].sym_name.data, Mesh([a for a, _ in axes], [s for _, s in axes])
+    topology = meshes[0].topology
+    mesh = Mesh(
+        [a for a, _ in axes], [s for _, s in axes], topology=topology and topology.data
+    )
+    return meshes[0].sym_name.data, mesh
 
 
 def sharded_functions(

@@ -2,8 +2,9 @@
 
 Runs on the Schedule IR (after ``overlap-comm``, before ``plan-memory``). For every
 ``schedule.start`` of an all_reduce, all_gather, reduce_scatter or all_to_all, it prices the
-collective on ``topology`` (a :func:`~tessera.perf.topology.load_topology` name or JSON
-file; mesh rank ``r`` runs on device ``r``) with
+collective on ``topology`` (a :func:`~tessera.topology.load_topology` name or JSON
+file; by default the ``graph.mesh`` symbol's ``topology``, else enough DGX H100 nodes:
+:meth:`~tessera.ir.mesh.Mesh.machine`; mesh rank ``r`` runs on device ``r``) with
 :func:`~tessera.perf.collective_cost.algorithms_for` and sets the start's ``algorithm``
 property to the fastest: ``ring``, ``tree``, ``hierarchical`` or ``nvls`` (an all_to_all
 runs ``direct``, left unannotated, or ``hierarchical``). For one group
@@ -46,7 +47,7 @@ from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import module_mesh
 from tessera.perf.collective_cost import ALGORITHMS, algorithms_for
-from tessera.perf.topology import Topology, load_topology
+from tessera.topology import Topology
 
 CHOSEN_COLLECTIVES = schedule.HIERARCHICAL_COLLECTIVES  # the reductions, gathers, all_to_all
 
@@ -57,7 +58,7 @@ class ChooseCollectiveAlgorithmsPass(ModulePass):
 
     name = "choose-collective-algorithms"
 
-    topology: str = "dgx_h100"  # the machine the cost model prices (load_topology's name)
+    topology: str = ""  # the machine the cost model prices ("": the mesh's, Mesh.machine)
     force: str = ""  # "": the cost model's choice; else this algorithm where legal
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
@@ -118,7 +119,7 @@ class _Chooser:
 
     @cached_property
     def topology(self) -> Topology:
-        return load_topology(self.topology_name)
+        return self.mesh.machine(self.topology_name)
 
     def choose(self, start: schedule.StartOp) -> tuple[str, int | None] | None:
         """(algorithm, domain or None), or None to leave the start unannotated."""

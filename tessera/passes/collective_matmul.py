@@ -45,7 +45,8 @@ partitioning it only describes values).
 
 How many chunks: ``chunks=k`` (k >= 2) uses ``k`` where the sizes divide (a seed that
 does not divide is left alone). ``chunks=0`` chooses, per function, by simulation on
-``topology`` (a :func:`~tessera.perf.topology.load_topology` name) with ``numerics``'
+``topology`` (a :func:`~tessera.topology.load_topology` name; by default the mesh's,
+:meth:`~tessera.ir.mesh.Mesh.machine`) with ``numerics``'
 collectives: each k in 1, 2, 4, 8 that some seed allows is applied to a copy, which the
 compile driver schedules and simulates (:func:`tessera.driver.schedule_trial`, handed to
 the pass by the driver and ``tessera-opt``: :meth:`CollectiveMatmulPass.using`); the
@@ -79,7 +80,7 @@ from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import module_mesh
 from tessera.numerics import check as check_numerics
 from tessera.opdefs import Fusion, fusion_of
-from tessera.perf.topology import Topology, load_topology
+from tessera.topology import Topology
 
 CANDIDATE_CHUNKS = (2, 4, 8)
 
@@ -96,7 +97,7 @@ class CollectiveMatmulPass(ModulePass):
     name = "collective-matmul"
 
     chunks: int = 0  # 0: chosen by simulation; k >= 2: k chunks where the sizes divide
-    topology: str = "dgx_h100"  # the machine the simulation prices (load_topology's name)
+    topology: str = ""  # the machine the simulation prices ("": the mesh's, Mesh.machine)
     numerics: str = "fast"  # the numerics mode the simulation prices reductions in
 
     # how a candidate chunking is timed (chunks=0): see `using`
@@ -249,7 +250,7 @@ def choose_chunks(
     (each candidate timed by ``trial``)."""
     sites = _sites(function.body.block, mesh)
     legal = [k for k in CANDIDATE_CHUNKS if any(s.split(k) is not None for s in sites)]
-    machine = load_topology(topology)
+    machine = mesh.machine(topology)
     if not legal or mesh.size > machine.num_devices:  # nothing to cut, or cannot price it
         return 1
     index = list(module.ops).index(function)

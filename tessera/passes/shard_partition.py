@@ -83,7 +83,7 @@ class ShardPartitionPass(ModulePass):
 
     name = "shard-partition"
     context: str = "auto"
-    topology: str = "dgx_h100"
+    topology: str = ""  # the cost model's machine ("": the mesh's, Mesh.machine)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.context not in ("auto", "ring", "all_gather"):
@@ -105,13 +105,13 @@ class _Partitioner:
         mesh_name: str,
         function: func.FuncOp,
         context: str = "auto",
-        topology: str = "dgx_h100",
+        topology: str = "",
     ):
         self.mesh = mesh
         self.mesh_name = mesh_name
         self.function = function
         self.context = context
-        self.topology = topology
+        self.topology = mesh.machine(topology) if context == "auto" else None
         self.zigzagged: dict[SSAValue, SSAValue] = {}  # ring attention's relayouts
         self.layouts: dict[SSAValue, Sharding] = {}  # global layouts, for Partition rules
         self.gathered: dict[tuple[SSAValue, Sharding], SSAValue] = {}  # context operands
@@ -330,6 +330,7 @@ class _Partitioner:
         """Whether ``op`` runs as ring attention: as asked, else as the cost model picks."""
         if self.context != "auto":
             return self.context == "ring"
+        assert self.topology is not None
         return plan.cost(self.topology).method == "ring"
 
     def _ring(self, op: graph.GraphOp, plan: RingPlan) -> list[SSAValue]:

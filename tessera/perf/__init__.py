@@ -1,6 +1,6 @@
 """Performance models: topologies, collective and compute costs, the schedule simulator.
 
-:mod:`tessera.perf.topology` describes machines (devices, interconnect levels, SHARP) with
+:mod:`tessera.topology` describes machines (devices, interconnect levels, SHARP) with
 documented preset numbers; :mod:`tessera.perf.collective_cost` prices collectives with the
 alpha-beta model; :mod:`tessera.perf.compute_cost` prices kernels (a roofline);
 :mod:`tessera.perf.simulate` runs a scheduled program on a topology (``lowered.simulate``);
@@ -17,7 +17,8 @@ from tessera.perf.collective_cost import (
 from tessera.perf.compute_cost import compute_time, kernel_time
 from tessera.perf.simulate import Simulation, simulate
 from tessera.perf.timeline import Timeline, record_timeline
-from tessera.perf.topology import (
+from tessera.perf.trace import Event
+from tessera.topology import (
     PRESETS,
     Device,
     Link,
@@ -30,7 +31,6 @@ from tessera.perf.topology import (
     load_topology,
     single_gpu,
 )
-from tessera.perf.trace import Event
 
 __all__ = [
     "ALGORITHMS",

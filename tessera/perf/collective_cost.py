@@ -1,4 +1,4 @@
-"""Alpha-beta cost model of collectives on a :class:`~tessera.perf.topology.Topology`.
+"""Alpha-beta cost model of collectives on a :class:`~tessera.topology.Topology`.
 
 A group of ``n`` ranks talks over the smallest level holding it all (``Topology.level_of``),
 with latency α and per-device, per-direction bandwidth B. ``S`` is: for all_reduce the
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from tessera.errors import TesseraError
 from tessera.ir.schedule import ALGORITHMS
-from tessera.perf.topology import Link, Topology
+from tessera.topology import Link, Topology
 
 COLLECTIVE_OPERATIONS = (
     "all_reduce",

@@ -1,4 +1,4 @@
-"""How long a kernel computes on a :class:`~tessera.perf.topology.Device` (a roofline).
+"""How long a kernel computes on a :class:`~tessera.topology.Device` (a roofline).
 
 A kernel is bound by its arithmetic or by its memory traffic, whichever is slower, plus
 the launch overhead:
@@ -28,7 +28,7 @@ from xdsl.ir import SSAValue
 
 from tessera.ir import graph, schedule
 from tessera.ir.abstract import aval
-from tessera.perf.topology import Device
+from tessera.topology import Device
 
 
 def matmul_flops(op: graph.GraphOp) -> float:

@@ -29,7 +29,7 @@ from tessera.ir.sharding import Sharding
 from tessera.ir.sharding_rules import Assignment, ShardingRule
 from tessera.perf.collective_cost import collective_time
 from tessera.perf.compute_cost import attention_flops, compute_time
-from tessera.perf.topology import Topology, load_topology
+from tessera.topology import Topology
 from tessera.transforms.ring_attention import RingLayouts, ring_calls
 
 
@@ -90,9 +90,8 @@ class RingPlan:
     relayout: bool  # the zig-zag pairs are moved there (the op's sequence is not stored so)
     layouts: RingLayouts
 
-    def cost(self, topology: str) -> ContextCost:
-        """Both methods priced on the ``topology`` preset (its name)."""
-        machine = load_topology(topology)
+    def cost(self, machine: Topology) -> ContextCost:
+        """Both methods priced on ``machine``."""
         q, k, v = (aval(x) for x in self.op.operands[:3])
         backward = isinstance(self.op, graph.AttentionBackwardOp)
         kv = k.nbytes + v.nbytes

@@ -43,10 +43,8 @@ from tessera.ir.mesh import Mesh
 from tessera.ir.reduction_kinds import rounds
 from tessera.perf.collective_cost import CollectiveCost, algorithms_for, collective_time
 from tessera.perf.compute_cost import kernel_bytes, kernel_flops, kernel_time
-from tessera.perf.topology import Topology, dgx_h100, load_topology, single_gpu
 from tessera.perf.trace import COMPUTE, Event, chrome_trace, save_json
-
-ALIASES = {"nvl72": "gb200_nvl72", "gb200": "gb200_nvl72", "dgx": "dgx_h100", "h100": "single_gpu"}
+from tessera.topology import Topology, dgx_h100, load_topology, single_gpu
 
 
 @dataclass(frozen=True)
@@ -99,12 +97,9 @@ class Simulation:
 
 
 def default_topology(mesh: Mesh | None) -> Topology:
-    """The mesh's ``topology=`` (``"nvl72"`` names the GB200 NVL72), else enough DGX H100s."""
-    hardware = mesh.hardware if mesh is not None else None
-    if isinstance(hardware, Topology):
-        return hardware
-    if isinstance(hardware, str):
-        return load_topology(ALIASES.get(hardware.lower(), hardware))
+    """The mesh's ``topology=``, else enough DGX H100s for it."""
+    if mesh is not None and mesh.topology is not None:
+        return mesh.topology
     size = mesh.size if mesh is not None else 1
     return single_gpu() if size == 1 else dgx_h100(nodes=-(-size // 8))
 

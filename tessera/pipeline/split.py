@@ -24,7 +24,7 @@ from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.function_table import table_of
 from tessera.perf.compute_cost import attention_flops, compute_time, matmul_flops
-from tessera.perf.topology import Topology
+from tessera.topology import Topology
 
 
 @dataclass

@@ -60,7 +60,6 @@ from tessera.ir.abstract import AbstractTensor
 from tessera.ir.sharding import Sharding
 from tessera.jit_function import JitFunction, broadcast_prefix, default_kernels
 from tessera.optim import decay_mask
-from tessera.perf.topology import load_topology
 from tessera.pipeline.memory import PipelineMemoryStats, pipeline_memory
 from tessera.pipeline.programs import StagePrograms, stage_programs
 from tessera.pipeline.runtime import PipelineExecutor, Placement, RankState
@@ -287,7 +286,7 @@ class PipelineStep:
                 f"{name}: {len(marks)} graph.stage() marks make {len(marks) + 1} stages, but the "
                 f"mesh's {self.pp_axis}={self.ranks} x virtual={virtual} needs {count}"
             )
-        topology = load_topology(options.topology)
+        topology = self.mesh.machine(options.topology)
         cuts = list(marks) if marks else balanced_cuts(forward, outputs, count, topology)
         cuts = [_cut_before_casts(forward, c, casts) for c in cuts]
         plan = plan_stages(forward, cuts, outputs)

@@ -49,11 +49,11 @@ from typing import Any
 from tessera.perf.collective_cost import collective_time
 from tessera.perf.compute_cost import compute_time
 from tessera.perf.pipeline_simulate import PipelineProgram, simulate_pipeline
-from tessera.perf.topology import Topology
 from tessera.pipeline.theory import bubble_fraction, peak_activations
 from tessera.plan.layer import LayerProfile, LayerShape, profile_layer
 from tessera.plan.models import ModelSpec
 from tessera.plan.strategy import Strategy, dp_group, rank_of
+from tessera.topology import Topology
 from tessera.transforms.pipeline_schedules import schedule_steps
 
 BF16 = 2

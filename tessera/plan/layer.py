@@ -46,8 +46,8 @@ from tessera import dist, op
 from tessera.autodiff.api import grad
 from tessera.ir.abstract import AbstractTensor
 from tessera.jit_function import jit
-from tessera.perf.topology import Topology
 from tessera.plan.models import ModelSpec
+from tessera.topology import Topology
 
 COLUMNS = ("wq", "wk", "wv", "w1", "w3")
 ROWS = ("wo", "w2")

@@ -26,7 +26,6 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from tessera.perf.topology import Topology
 from tessera.plan.estimate import (
     ADAM_FP32,
     BF16,
@@ -40,6 +39,7 @@ from tessera.plan.layer import LayerShape, compiled_count, prefetch_profiles
 from tessera.plan.models import ModelSpec
 from tessera.plan.strategy import Strategy
 from tessera.plan.validate import memory_violation, structural_violations
+from tessera.topology import Topology
 
 TP_CHOICES = (1, 2, 4, 8)
 CP_CHOICES = (1, 2, 4, 8, 16)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tessera.errors import TesseraError
-from tessera.perf.topology import Link, Topology, dgx_a100, dgx_h100, dgx_h800, gb200_nvl72
+from tessera.topology import Link, Topology, dgx_a100, dgx_h100, dgx_h800, gb200_nvl72
 
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "gpipe")
 REMAT = ("none", "full")

@@ -8,10 +8,10 @@ message saying what was expected and what was found.
 from __future__ import annotations
 
 from tessera.errors import TesseraError
-from tessera.perf.topology import Topology
 from tessera.plan.estimate import MEMORY_HEADROOM, Estimate, estimate
 from tessera.plan.models import ModelSpec
 from tessera.plan.strategy import PRECISIONS, REMAT, SCHEDULES, ZERO_STAGES, Strategy
+from tessera.topology import Topology
 from tessera.transforms.pipeline_schedules import validate as validate_schedule
 
 

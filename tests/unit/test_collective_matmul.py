@@ -27,7 +27,7 @@ from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import module_mesh
 from tessera.passes import get_all_passes
 from tessera.passes.collective_matmul import CollectiveMatmulPass, choose_chunks, simulated_time
-from tessera.perf.topology import load_topology
+from tessera.topology import load_topology
 
 # the pass as the compile driver runs it: chunks=0 times candidates with schedule_trial
 DrivenPass = available_passes()["collective-matmul"]()
@@ -308,7 +308,7 @@ def test_the_driver_times_the_candidates() -> None:
 def test_simulation_leaves_a_mesh_the_topology_cannot_hold() -> None:
     text = LARGE.replace("tp = 8", "tp = 16").replace("512x", "256x")
     small_machine, large_machine = parse(text), parse(text)
-    DrivenPass().apply(Context(), small_machine)  # dgx_h100: 8 devices
+    DrivenPass(topology="dgx_h100").apply(Context(), small_machine)  # 8 devices
     assert count(small_machine, graph.AllGatherOp) == 1
     DrivenPass(topology="dgx_h100x2").apply(Context(), large_machine)
     large_machine.verify()

@@ -28,7 +28,7 @@ from tessera.ir.sharding import Sharding
 def test_mesh_shape_inferred_from_devices() -> None:
     mesh = Mesh(axes=["tp", "dp"], devices=range(16))
     assert mesh.shape == (4, 4)
-    assert mesh.topology == "tp × dp mesh, 4 × 4"
+    assert mesh.layout == "tp × dp mesh, 4 × 4"
     assert mesh.size == 16 and mesh.ndim == 2
     assert Mesh(axes=["a", "b", "c"], devices=range(8)).shape == (2, 2, 2)
     assert Mesh(axes="dp", devices=range(5)).shape == (5,)
@@ -36,7 +36,7 @@ def test_mesh_shape_inferred_from_devices() -> None:
 
 def test_mesh_explicit_shape_and_devices() -> None:
     mesh = Mesh(axes=["dp", "tp"], shape=(2, 4))
-    assert mesh.topology == "dp × tp mesh, 2 × 4"
+    assert mesh.layout == "dp × tp mesh, 2 × 4"
     assert mesh.devices.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert mesh.axis_size("tp") == 4 and mesh.axis_index("tp") == 1
     named = Mesh(axes=["x", "y"], shape=(1, 3), devices=["cuda:0", "cuda:1", "cuda:2"])

@@ -175,7 +175,8 @@ def test_the_config_holds_what_the_context_managers_set() -> None:
         "deterministic",
         True,
     )
-    assert 'collective-matmul{chunks=0 numerics="deterministic" topology="dgx_h100"}' in (
+    # no topology option: the pass prices the graph.mesh symbol's (else DGX H100s)
+    assert 'collective-matmul{chunks=0 numerics="deterministic"}' in (
         lowered.pipeline("schedule")
     )
     assert f.lower(x).config == CompileConfig(kernels=lowered.config.kernels)

@@ -229,7 +229,9 @@ def test_schedule_options_run_the_pass() -> None:
         "choose-collective-algorithms",
         "plan-memory",
     ]
-    assert dict(passes(options)[3].options) == {"topology": "dgx_h100"}
+    assert dict(passes(options)[3].options) == {}  # the pass prices the mesh's machine
+    named = schedule.ScheduleOptions(topology="dgx_h100x2")
+    assert dict(passes(named)[3].options) == {"topology": "dgx_h100x2"}
     off = schedule.ScheduleOptions(collective_algorithms=False)
     assert "choose-collective-algorithms" not in [spec.flag for spec in passes(off)]
 

@@ -28,9 +28,9 @@ from tessera.frontend.tracer import Tensor, Trace, tracing
 from tessera.ir import pipeline_actions as A
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.mesh import Mesh
-from tessera.perf.topology import dgx_h100
 from tessera.pipeline.runtime import PipelineExecutor, Placement
 from tessera.pipeline.split import _op_time, balanced_cuts, plan_stages
+from tessera.topology import dgx_h100
 from tessera.transforms.pipeline_schedules import pipeline_schedule
 
 LOSS_RTOL, PARAM_ATOL = 1e-5, 3e-5

@@ -96,9 +96,9 @@ def test_memory_estimate_against_the_compiled_step() -> None:
     layer is profiled in float32 here, as the step runs."""
     import dataclasses
 
-    from tessera.perf.topology import dgx_h100
     from tessera.plan.estimate import memory
     from tessera.plan.layer import profile_layer
+    from tessera.topology import dgx_h100
 
     h, seq, batch = 256, 128, 4
     model = load_model(f"layers=2,hidden={h},heads=4,kv_heads=2,ffn={2 * h},vocab=1,"
@@ -158,8 +158,8 @@ def test_recommend_finds_a_plan() -> None:
 def test_dry_run_of_a_recommended_plan() -> None:
     """The search's best plan, compiled at reduced width, runs one training step on the
     virtual mesh with a finite loss."""
-    from tessera.perf.topology import dgx_h100
     from tessera.plan.search import search
+    from tessera.topology import dgx_h100
 
     model = load_model(SMALL)
     result = search(
@@ -173,9 +173,9 @@ def test_dry_run_of_a_recommended_plan() -> None:
 def test_parallel_layer_compiles_give_the_serial_ranking() -> None:
     """``jobs=2`` compiles the screening's layer programs in two forked workers: the
     ranking (strategies, step times, memory) equals the serial search's, exactly."""
-    from tessera.perf.topology import dgx_h100
     from tessera.plan import estimate, layer
     from tessera.plan.search import search
+    from tessera.topology import dgx_h100
 
     model = load_model(SMALL)
 
@@ -215,8 +215,8 @@ def test_a_tessera_layer_function_as_the_model(capsys: pytest.CaptureFixture[str
     """``layer=file.py:function``: the planner compiles the user's Tessera block (here the
     parallel attention + MLP block: one layer norm, no mid-block residual, so fewer saved
     activations than the sequential block), recommends a plan and dry-runs it."""
-    from tessera.perf.topology import dgx_h100
     from tessera.plan.layer import profile_layer
+    from tessera.topology import dgx_h100
 
     parallel = load_model(SMALL + ",layer=examples/plan_parallel_block.py:parallel_block")
     shapes = [LayerShape.of(m, 32, 1, 2, 1) for m in (load_model(SMALL), parallel)]

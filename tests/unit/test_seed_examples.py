@@ -19,7 +19,7 @@ def test_chapter7_weight_sharded_by_rows_and_columns_over_a_2d_mesh() -> None:
     ``Y = op.matmul(W, X)`` then ``dist.all_reduce(Y, axis="dp")``; compared to numpy in
     float64 (f32 arithmetic over K = 1024: rtol 1e-4, atol 1e-4)."""
     mesh = dist.Mesh(axes=["tp", "dp"], devices=range(16))
-    assert mesh.topology == "tp × dp mesh, 4 × 4"
+    assert mesh.layout == "tp × dp mesh, 4 × 4"
     rng = np.random.default_rng(0)
     w_data = rng.standard_normal((1024, 1024)).astype(np.float32) / 32
     x = rng.standard_normal((1024, 16)).astype(np.float32)

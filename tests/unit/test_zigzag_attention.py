@@ -202,7 +202,7 @@ def test_the_cost_model_prices_no_relayout_for_stored_order() -> None:
     """A long causal sequence stored zig-zag: the ring (no relayout) is chosen and priced
     below the same ring with the relayout."""
     from tessera.perf.context_parallel import context_cost
-    from tessera.perf.topology import load_topology
+    from tessera.topology import load_topology
 
     kwargs = dict(
         block_flops=1e12, kv_bytes=2**27, io_bytes=2**28, dtype="bf16", calls_per_step=3,

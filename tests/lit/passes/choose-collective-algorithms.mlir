@@ -1,7 +1,9 @@
 // RUN: tessera-opt %s --split-input-file -p 'choose-collective-algorithms{topology=dgx_h100x2}' | filecheck %s
 // RUN: tessera-opt %s --split-input-file -p 'choose-collective-algorithms{topology=dgx_h100x2}' | tessera-opt --split-input-file | filecheck %s
 // RUN: tessera-opt %s --split-input-file -p 'choose-collective-algorithms{topology=dgx_h100x2 force=ring}' | filecheck %s --check-prefix=RING
-// RUN: tessera-opt %s --split-input-file -p 'choose-collective-algorithms' | filecheck %s --check-prefix=ONE-NODE
+// RUN: tessera-opt %s --split-input-file -p 'choose-collective-algorithms{topology=dgx_h100}' | filecheck %s --check-prefix=ONE-NODE
+// By default the pass prices the graph.mesh's topology, else enough DGX H100 nodes (here 2).
+// RUN: tessera-opt %s --split-input-file -p 'choose-collective-algorithms' | filecheck %s
 
 // 16 MiB over both DGX nodes: reduce within each node, all-reduce across, gather back.
 // CHECK-LABEL: func.func @across_nodes
@@ -92,7 +94,7 @@ func.func @interleaved_nodes(%x: tensor<2048x2048xf32>) -> (tensor<2048x2048xf32
 
 // -----
 
-// An 8-rank mesh fits one DGX node (the default topology, dgx_h100): its all-reduces get
+// An 8-rank mesh fits one DGX node (its default topology, dgx_h100): its all-reduces get
 // the one-node algorithms there too, never hierarchical.
 // CHECK-LABEL: func.func @one_node_mesh
 // CHECK:         schedule.start all_reduce %x {axes = [tp], kind = sum, algorithm = nvls} :

@@ -163,3 +163,8 @@ func.func @permute_type_changes(%x: tensor<8xf32>) -> tensor<4xf32> attributes {
   func.return %a : tensor<4xf32>
 }
 // CHECK: graph.collective_permute: result 0 type mismatch: expected tensor<8xf32>, found tensor<4xf32>
+
+// -----
+
+graph.mesh @mesh axes = [dp = 2] topology = "nvl73"
+// CHECK: graph.mesh: bad topology: unknown topology 'nvl73': not a JSON file nor a preset; presets: single_gpu, dgx_h100, gb200_nvl72

@@ -194,6 +194,16 @@ class Topology:
             counts[rank // inner_size] = counts.get(rank // inner_size, 0) + 1
         return [counts[group] for group in sorted(counts)]
 
+    def spec(self) -> str:
+        """The text :func:`load_topology` rebuilds this topology from: its preset name
+        (``"gb200_nvl72"``, ``"dgx_h100x4"``) when that preset is it, else its JSON."""
+        try:
+            if load_topology(self.name) == self:
+                return self.name
+        except TesseraError:
+            pass
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
     def to_json(self) -> str:
         """The topology as JSON text (read back by :meth:`from_json`)."""
         return json.dumps(dataclasses.asdict(self), indent=2)
@@ -565,12 +575,20 @@ PRESETS: dict[str, Callable[..., Topology]] = {
 }
 
 
+# short names some guides use for the presets
+ALIASES = {"nvl72": "gb200_nvl72", "gb200": "gb200_nvl72", "dgx": "dgx_h100", "h100": "single_gpu"}
+
+
 def load_topology(name_or_path: str | os.PathLike[str]) -> Topology:
-    """A preset (``"dgx_h100"``, ``"dgx_h100x4"``, ``"dgx_h100(nodes=4)"``) or a JSON file."""
+    """A preset (``"dgx_h100"``, ``"dgx_h100x4"``, ``"dgx_h100(nodes=4)"``, an alias of
+    :data:`ALIASES`), a JSON file, or JSON text (``{...}``, as :meth:`Topology.to_json`)."""
     text = os.fspath(name_or_path)
+    if isinstance(name_or_path, str) and text.lstrip().startswith("{"):
+        return Topology.from_json(text)
     if isinstance(name_or_path, os.PathLike) or text.endswith(".json") or os.path.exists(text):
         return Topology.from_json(Path(text))
     name, kwargs = text.strip(), {}
+    name = ALIASES.get(name.lower(), name)
     if match := re.fullmatch(r"(\w+)\(((?:\s*\w+\s*=\s*\d+\s*,?)*)\)", name):
         name = match[1]
         kwargs = {key: int(value) for key, value in re.findall(r"(\w+)\s*=\s*(\d+)", match[2])}
@@ -579,7 +597,8 @@ def load_topology(name_or_path: str | os.PathLike[str]) -> Topology:
     if name not in PRESETS:
         raise TesseraError(
             f"unknown topology {text!r}: not a JSON file nor a preset; "
-            f"presets: {', '.join(PRESETS)}"
+            f"presets: {', '.join(PRESETS)} (NAMEx<nodes> for several nodes, e.g. "
+            f"dgx_h100x4; aliases: {', '.join(ALIASES)})"
         )
     try:
         return PRESETS[name](**kwargs)
