@@ -7,8 +7,13 @@ numerics mode, remat, precision, autodiff) and the traced module (:func:`tessera
 as ``programs/<key>/<stage>.bin`` under the cache root (and what a call reads besides:
 the per-rank layouts of the arguments and results, ``layouts.bin``, and the Triton
 source of every tile kernel, ``triton.bin``), in the serialized form, behind a
-header holding the SHA-256 of the data; a file whose data does not match its hash (or
-does not load) is ignored, removed and compiled again. So every rank of a job and every
+header holding an HMAC-SHA256 of the program key, the file's name and its data under the
+user's secret key (:func:`tessera.cache_location.secret_key`). A file whose HMAC does not
+verify (damaged, forged, copied from another user or another program's entry) is never
+deserialized: it is removed, a warning says so (once per process), and the stage is
+compiled again; the Triton sources that become code are part of the authenticated data.
+With the key unusable (not private), the cache is off, with a warning. The module form
+itself names no code (:mod:`tessera.ir.serialize`). So every rank of a job and every
 later process that traces the same program reads its stages instead of compiling them:
 a change to the program, the configuration or Tessera itself changes the key.
 
@@ -20,20 +25,30 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import hmac
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 from xdsl.dialects.builtin import ModuleOp
 
-from tessera import environment
+from tessera import cache_location, environment
 from tessera.cache_location import cache_directory
 from tessera.driver import STAGES, CompileConfig, pipeline_string
 from tessera.ir import serialize
 from tessera.ir.sharding import Sharding
 
-_MAGIC = b"tessera-program\n"
+_MAGIC = b"tessera-program-hmac\n"
+_TAG = 32
+_warned: set[str] = set()
+
+
+def _warn_once(kind: str, message: str) -> None:
+    if kind not in _warned:
+        _warned.add(kind)
+        warnings.warn(message, stacklevel=4)
 
 
 def enabled() -> bool:
@@ -128,25 +143,47 @@ class ProgramCache:
     def store_sources(self, sources: dict[str, str]) -> None:
         self._write("triton", json.dumps(sources).encode())
 
+    def _mac(self, name: str, payload: bytes) -> bytes | None:
+        """The HMAC of ``payload`` as this entry's ``name``, or None (no usable key)."""
+        try:
+            return cache_location.mac(_MAGIC, self.key.encode(), name.encode(), payload)
+        except cache_location.SecretKeyError as error:
+            _warn_once("key", f"Tessera's program cache is off: {error}")
+            return None
+
     def _read(self, name: str) -> bytes | None:
         path = self._path(name)
         try:
             data = path.read_bytes()
         except OSError:
             return None
-        header = len(_MAGIC) + 32
+        header = len(_MAGIC) + _TAG
         payload = data[header:]
-        if data[: len(_MAGIC)] != _MAGIC or data[len(_MAGIC) : header] != _sha(payload):
+        expected = self._mac(name, payload)
+        if expected is None:
+            return None
+        if data[: len(_MAGIC)] != _MAGIC or not hmac.compare_digest(
+            data[len(_MAGIC) : header], expected
+        ):
+            _warn_once(
+                "hmac",
+                f"Tessera's program cache ignores {path}: its HMAC does not verify under "
+                f"this user's key (damaged, or not written by this user's Tessera); "
+                f"compiling again",
+            )
             path.unlink(missing_ok=True)
             return None
         return payload
 
     def _write(self, name: str, payload: bytes) -> None:
+        tag = self._mac(name, payload)
+        if tag is None:
+            return
         path = self._path(name)
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             temporary = path.with_suffix(f".{os.getpid()}.tmp")
-            temporary.write_bytes(_MAGIC + _sha(payload) + payload)
+            temporary.write_bytes(_MAGIC + tag + payload)
             temporary.replace(path)
         except OSError:
             pass
@@ -158,10 +195,6 @@ def _sharding(plain: Any) -> Sharding:
         tuple(tuple(str(a) for a in d) for d in dims),
         tuple((str(a), str(k)) for a, k in partial),
     )
-
-
-def _sha(payload: bytes) -> bytes:
-    return hashlib.sha256(payload).digest()
 
 
 __all__ = ["ProgramCache", "code_version", "enabled"]

@@ -7,9 +7,12 @@ properties, attributes, name hints and regions, with every distinct attribute st
 once; :func:`loads` rebuilds the ops with ``Operation.create`` (no parsing; the module
 was verified before it was stored).
 
-Loading runs no code from the data: the unpickler resolves only xDSL and Tessera
-attribute classes (ops are named, and looked up in Tessera's dialects) and a few builtins, and anything else is refused
-(:class:`SerializeError`).
+Loading runs no code from the data: the unpickler imports nothing and resolves a name
+only from an explicit table of exact classes (the attributes of the dialects a Tessera
+module holds, the few enums and helpers they hold, a few builtins and ``immutabledict``);
+ops are named and looked up in Tessera's dialects. Any other name is refused
+(:class:`SerializeError`) before anything is called. The program cache also reads only
+files whose HMAC under the user's key verifies (:mod:`tessera.program_cache`).
 """
 
 from __future__ import annotations
@@ -25,8 +28,7 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from tessera.errors import TesseraError
 
 FORMAT = 1
-_ALLOWED_PREFIXES = ("xdsl.", "tessera.")
-_ALLOWED_BUILTINS = {"tuple", "list", "dict", "frozenset", "set", "int", "float", "str", "bytes"}
+_ALLOWED_BUILTINS = ("tuple", "list", "dict", "frozenset", "set", "int", "float", "str", "bytes")
 
 
 class SerializeError(TesseraError):
@@ -92,9 +94,7 @@ def dumps(module: ModuleOp) -> bytes:
         raise SerializeError(f"the module cannot be stored: {error}") from None
 
 
-@functools.cache
-def _op_classes() -> dict[str, type[Operation]]:
-    """Op name -> class, for every dialect a Tessera module holds."""
+def _dialects() -> tuple[Any, ...]:
     from xdsl.dialects.builtin import Builtin
     from xdsl.dialects.func import Func
 
@@ -102,27 +102,42 @@ def _op_classes() -> dict[str, type[Operation]]:
     from tessera.ir.schedule import Schedule
     from tessera.ir.tile import TILE_DIALECTS
 
-    return {
-        op.name: op for d in (Builtin, Func, Graph, Schedule, *TILE_DIALECTS) for op in d.operations
-    }
+    return (Builtin, Func, Graph, Schedule, *TILE_DIALECTS)
+
+
+@functools.cache
+def _op_classes() -> dict[str, type[Operation]]:
+    """Op name -> class, for every dialect a Tessera module holds."""
+    return {op.name: op for d in _dialects() for op in d.operations}
+
+
+@functools.cache
+def _allowed_classes() -> dict[tuple[str, str], Any]:
+    """(module, name) -> the object, for every global a stored module may name: exactly
+    these, looked up (nothing is imported by name)."""
+    import builtins
+
+    import immutabledict
+    from xdsl.dialects.builtin import BytesAttr, DenseArrayBase, Signedness
+
+    allowed: list[Any] = [immutabledict.immutabledict, BytesAttr, DenseArrayBase, Signedness]
+    for dialect in _dialects():
+        for attr in dialect.attributes:
+            allowed.append(attr)
+            enum = getattr(attr, "enum_type", None)  # an enum attribute's Python enum
+            if isinstance(enum, type):
+                allowed.append(enum)
+    table = {(c.__module__, c.__qualname__): c for c in allowed}
+    table.update({("builtins", n): getattr(builtins, n) for n in _ALLOWED_BUILTINS})
+    return table
 
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if (module == "builtins" and name in _ALLOWED_BUILTINS) or (
-            module,
-            name,
-        ) == ("immutabledict", "immutabledict"):
-            return super().find_class(module, name)
-        if module.startswith(_ALLOWED_PREFIXES):
-            found = super().find_class(module, name)
-            if isinstance(found, type) and issubclass(found, (Attribute, Operation)):
-                return found
-            if module.startswith(("xdsl.utils", "xdsl.ir", "xdsl.dialects")) and isinstance(
-                found, type
-            ):  # enums and helper data classes that attributes hold
-                return found
-        raise SerializeError(f"stored data names {module}.{name}, which a module never holds")
+        found = _allowed_classes().get((module, name))
+        if found is None:
+            raise SerializeError(f"stored data names {module}.{name}, which a module never holds")
+        return found
 
 
 class _Decoder:

@@ -14,12 +14,35 @@ Saves are atomic: the pieces go to ``.<name>.tmp`` beside ``path``, which replac
 ``path`` (a rename) only once complete, so an interrupted save leaves the previous
 checkpoint loadable. A missing checkpoint, a missing or truncated storage file, a tensor
 the checkpoint lacks or saved with another shape or dtype is an error naming it.
+
+Trust model. DCP's ``.metadata`` is a pickle, which can run code when read, so nothing in a
+checkpoint is read before it is checked. A save writes ``tessera-manifest.json``: the
+format, the step and every file's relative path, size and SHA-256, with an HMAC-SHA256
+under the saving user's secret key (:func:`tessera.cache_location.secret_key`). A restore
+reads the manifest first (JSON), refuses one whose HMAC does not verify, hashes every file
+and compares it, refuses files the manifest does not list (and symbolic links), and only
+then lets DCP read ``.metadata`` — through an unpickler that resolves only DCP's metadata
+classes, torch sizes, dtypes and layouts (anything else is refused before it is called).
+A checkpoint without a manifest is refused. So a checkpoint this user saved (same key:
+same cache root, e.g. the same machine or a shared home) restores; one that was changed
+since, or forged, is refused before anything of it runs. A checkpoint from elsewhere
+(another user or machine: its HMAC cannot verify) is refused unless
+``trust_unverified=True``: its files are then still checked against its manifest, which
+guards against corruption in transit only — not against whoever wrote the manifest — and
+its metadata is still read by the restricted unpickler (tensors by ``torch.load`` with
+``weights_only=True``). Files are checked, then read: someone who can write into the
+checkpoint directory during the restore is outside this model.
 """
 
 from __future__ import annotations
 
+import builtins
+import functools
+import hashlib
+import io
 import json
 import os
+import pickle
 import shutil
 import warnings
 from collections.abc import Sequence
@@ -29,12 +52,17 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from tessera import cache_location
 from tessera.backends.layout import block
 from tessera.dist.tensor import DistTensor
 from tessera.errors import TesseraError
 
 MANIFEST = "tessera.json"
+SIGNED = "tessera-manifest.json"
+FORMAT = 1
+_DOMAIN = b"tessera-checkpoint-manifest"
 Box = tuple[tuple[int, int], ...]
 
 
@@ -95,6 +123,7 @@ def save(leaves: Sequence[Any], paths: Sequence[str], step: int, where: str | Pa
         dcp.save(entries, checkpoint_id=temporary, no_dist=not processes)
     if not processes or rank == 0:
         (temporary / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        _sign(temporary, step)
         previous = target.parent / f".{target.name}.old"
         shutil.rmtree(previous, ignore_errors=True)
         if target.exists():
@@ -117,16 +146,26 @@ def _parse(key: str) -> Box:
     return tuple((int(a), int(b)) for a, b in (part.split(":") for part in text.split(",") if part))
 
 
-def restore(leaves: Sequence[Any], paths: Sequence[str], where: str | Path) -> int:
+def restore(
+    leaves: Sequence[Any],
+    paths: Sequence[str],
+    where: str | Path,
+    *,
+    trust_unverified: bool = False,
+) -> int:
     """Fills the state ``leaves`` in place from the checkpoint at ``where`` (any mesh's);
-    returns the saved step count."""
+    returns the saved step count. Its files are checked first (see the module docstring;
+    ``trust_unverified`` accepts a manifest this user's key did not sign)."""
     source = Path(where)
     manifest_path = source / MANIFEST
-    if not manifest_path.is_file():
+    if not source.is_dir():
         raise TesseraError(
             f"no checkpoint at {source}: {manifest_path} is missing (not a completed save)"
         )
+    step = verify(source, trust_unverified=trust_unverified)
     manifest = json.loads(manifest_path.read_text())
+    if manifest.get("step") != step:
+        raise TesseraError(f"checkpoint {source}: {MANIFEST} and {SIGNED} disagree on the step")
     processes = tdist.is_available() and tdist.is_initialized()
     rank = tdist.get_rank() if processes else None
     wanted: dict[str, torch.Tensor] = {}
@@ -161,7 +200,7 @@ def restore(leaves: Sequence[Any], paths: Sequence[str], where: str | Path) -> i
     _check_storage(source, wanted)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(wanted, checkpoint_id=source, no_dist=not processes)
+        dcp.load(wanted, storage_reader=_Reader(source), no_dist=not processes)
     torch.set_rng_state(wanted.pop("rng|torch"))
     with torch.no_grad():
         for local, box, piece, overlap, key in plans:
@@ -179,7 +218,7 @@ def _overlap(a: Box, b: Box) -> Box | None:
 def _check_storage(source: Path, wanted: dict[str, torch.Tensor]) -> None:
     """Each entry's storage file exists and holds its bytes (not truncated)."""
     try:
-        metadata = dcp.FileSystemReader(source).read_metadata()
+        metadata = _Reader(source).read_metadata()
     except Exception as error:
         raise TesseraError(
             f"checkpoint {source}: cannot read its metadata (.metadata): {error}"
@@ -196,3 +235,151 @@ def _check_storage(source: Path, wanted: dict[str, torch.Tensor]) -> None:
                 f"checkpoint {source}: {file.name} is truncated: tensor {index.fqn} needs bytes "
                 f"{info.offset}..{info.offset + info.length}, the file has {file.stat().st_size}"
             )
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _files(directory: Path) -> dict[str, Path]:
+    """Every entry under ``directory`` but the signed manifest, by relative path."""
+    return {
+        p.relative_to(directory).as_posix(): p
+        for p in sorted(directory.rglob("*"))
+        if p.name != SIGNED and not (p.is_dir() and not p.is_symlink())
+    }
+
+
+def _body_bytes(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _sign(directory: Path, step: int) -> None:
+    """Writes ``tessera-manifest.json``: every file's size and SHA-256, the format and the
+    step, with an HMAC under the user's key."""
+    body = {
+        "format": FORMAT,
+        "step": step,
+        "files": {
+            name: {"size": path.stat().st_size, "sha256": _digest(path)}
+            for name, path in _files(directory).items()
+        },
+    }
+    tag = cache_location.mac(_DOMAIN, _body_bytes(body)).hex()
+    (directory / SIGNED).write_text(json.dumps(body | {"hmac": tag}, indent=1))
+
+
+def verify(source: Path, *, trust_unverified: bool = False) -> int:
+    """Checks the checkpoint at ``source`` against its manifest (HMAC, then every file's
+    size and SHA-256, no unlisted file); returns the step. Reads nothing but JSON and
+    the bytes it hashes."""
+    signed = source / SIGNED
+    if not signed.is_file() or signed.is_symlink():
+        raise TesseraError(
+            f"checkpoint {source} has no {SIGNED}: refused (its files cannot be checked "
+            f"before DCP's pickled .metadata is read; save it again with this Tessera)"
+        )
+    try:
+        manifest = json.loads(signed.read_text())
+        tag = bytes.fromhex(manifest.pop("hmac", None) or "")
+        files = manifest["files"]
+        step = manifest["step"]
+        ok = manifest["format"] == FORMAT and isinstance(files, dict) and isinstance(step, int)
+    except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+        ok = False
+    if not ok:
+        raise TesseraError(f"checkpoint {source}: {SIGNED} is not a Tessera manifest")
+    if not cache_location.verify(tag, _DOMAIN, _body_bytes(manifest)) and not trust_unverified:
+        raise TesseraError(
+            f"checkpoint {source}: the HMAC of {SIGNED} does not verify under this user's "
+            f"key: it was changed, forged, or saved by another user or machine; refused. "
+            f"Pass trust_unverified=True only for a checkpoint you trust from elsewhere "
+            f"(its files are then checked against its manifest, which guards against "
+            f"corruption in transit, not against whoever wrote it)"
+        )
+    present = _files(source)
+    unexpected = sorted(set(present) - set(files))
+    if unexpected:
+        raise TesseraError(
+            f"checkpoint {source}: files its manifest does not list: {unexpected}; refused"
+        )
+    for name, expected in sorted(files.items()):
+        path = present.get(name)
+        if path is None:
+            raise TesseraError(f"checkpoint {source}: {name} (in its manifest) is missing")
+        if path.is_symlink() or not path.is_file():
+            raise TesseraError(f"checkpoint {source}: {name} is not a plain file; refused")
+        size = path.stat().st_size
+        if not isinstance(expected, dict) or size != expected.get("size"):
+            raise TesseraError(
+                f"checkpoint {source}: {name} is truncated or changed: {size} bytes, its "
+                f"manifest says {expected.get('size') if isinstance(expected, dict) else '?'}"
+            )
+        if _digest(path) != expected.get("sha256"):
+            raise TesseraError(
+                f"checkpoint {source}: {name} does not match its manifest's SHA-256 "
+                f"(changed or corrupted); refused"
+            )
+    return step
+
+
+@functools.cache
+def _metadata_classes() -> dict[tuple[str, str], Any]:
+    """The globals DCP's ``.metadata`` may name: exactly these (nothing is imported)."""
+    import pathlib
+
+    from torch.distributed.checkpoint import filesystem, metadata
+    from torch.serialization import _get_layout
+
+    allowed: list[Any] = [
+        metadata.Metadata,
+        metadata.MetadataIndex,
+        metadata.StorageMeta,
+        metadata.TensorProperties,
+        metadata.TensorStorageMetadata,
+        metadata.BytesStorageMetadata,
+        metadata.ChunkStorageMetadata,
+        metadata._MEM_FORMAT_ENCODING,
+        filesystem._StorageInfo,
+        torch.Size,
+        _get_layout,
+        pathlib.PosixPath,
+        pathlib.PurePosixPath,
+    ]
+    table = {(c.__module__, c.__qualname__): c for c in allowed}
+    table.update({("torch", n): v for n, v in vars(torch).items() if isinstance(v, torch.dtype)})
+    table.update({("builtins", n): getattr(builtins, n) for n in _BUILTINS})
+    return table
+
+
+_BUILTINS = ("tuple", "list", "dict", "set", "frozenset", "int", "float", "str", "bytes")
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        found = _metadata_classes().get((module, name))
+        if found is None:
+            raise TesseraError(
+                f"its .metadata names {module}.{name}, which DCP metadata never holds; refused"
+            )
+        return found
+
+
+class _Reader(dcp.FileSystemReader):
+    """DCP's file reader, reading ``.metadata`` with :class:`_MetadataUnpickler`."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        rank = kwargs.get("rank")
+        name = ".metadata" if rank is None else f"__{rank}.metadata"
+        data = (Path(self.path) / name).read_bytes()
+        loaded = _MetadataUnpickler(io.BytesIO(data)).load()
+        if not isinstance(loaded, Metadata):
+            raise TesseraError(f"its .metadata holds a {type(loaded).__name__}, not DCP metadata")
+        if getattr(loaded, "storage_meta", None) is None:
+            loaded.storage_meta = StorageMeta()
+        loaded.storage_meta.load_id = self.load_id
+        return loaded

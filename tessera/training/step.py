@@ -297,12 +297,16 @@ class TrainingStep:
         leaves, paths = self._named_leaves(state)
         checkpoint.save(leaves, paths, state.step, path)
 
-    def restore(self, state: TrainState, path: str | Path) -> TrainState:
+    def restore(
+        self, state: TrainState, path: str | Path, *, trust_unverified: bool = False
+    ) -> TrainState:
         """Fills ``state`` (from :meth:`init`, on this step's mesh) with the checkpoint at
-        ``path``, saved on any mesh (resharded on load); returns it."""
+        ``path``, saved on any mesh (resharded on load); returns it. Its files are checked
+        against its manifest first, which must carry this user's HMAC unless
+        ``trust_unverified`` (:mod:`tessera.training.checkpoint`)."""
         leaves, paths = self._named_leaves(state)
         try:
-            state.step = checkpoint.restore(leaves, paths, path)
+            state.step = checkpoint.restore(leaves, paths, path, trust_unverified=trust_unverified)
         except TesseraError as error:
             raise TesseraError(f"{self.__name__}.restore: {error}") from None
         return state

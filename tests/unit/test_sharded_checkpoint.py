@@ -124,10 +124,10 @@ def test_broken_checkpoints_are_errors_naming_the_tensor_or_file(tmp_path: Path)
         other.restore(extra, tmp_path / "ckpt")
     (data,) = [p for p in (tmp_path / "ckpt").iterdir() if p.suffix == ".distcp"]
     data.write_bytes(data.read_bytes()[:100])
-    with pytest.raises(TesseraError, match=rf"{data.name} is truncated: tensor params\['w\d'\]"):
+    with pytest.raises(TesseraError, match=rf"{data.name} is truncated or changed"):
         step.restore(state, tmp_path / "ckpt")
     data.unlink()
-    with pytest.raises(TesseraError, match=rf"{data.name} \(tensor .*\) is missing"):
+    with pytest.raises(TesseraError, match=rf"{data.name} \(in its manifest\) is missing"):
         step.restore(state, tmp_path / "ckpt")
 
 
