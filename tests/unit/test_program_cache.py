@@ -111,6 +111,7 @@ def test_the_key_covers_the_whole_configuration(cache):
     assert len({p.parent.name for p in (cache / "programs").rglob("*.bin")}) == 2
 
 
+@pytest.mark.filterwarnings("ignore:Tessera's program cache ignores")  # once per process
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
 def test_a_damaged_file_is_recompiled_not_loaded(cache, damage):
     first = _compile_all(_jit().lower(*_inputs()))
