@@ -65,7 +65,12 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="torch threads (1: small ops on a shared CPU are slowed badly by more)",
+    )  # fmt: skip
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     os.environ.setdefault("TESSERA_KERNELS", "reference")
     torch.manual_seed(0)
     model = models.from_config(config(args.layers, args.hidden))
