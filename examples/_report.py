@@ -16,7 +16,8 @@ QUIET_S = 10.0  # the longest a run stays silent: a step line, or a line saying 
 
 
 class LossCheck:
-    """Per-step losses of a run of ``steps`` steps against torch's: each relative
+    """Per-step losses of steps ``first`` .. ``steps - 1`` against torch's (``first`` > 0:
+    a resumed run): each relative
     difference within ``tolerance``, the last loss below the first. With ``show`` (rank 0)
     it prints every ``every``-th step's losses (and the last step's) and the verdict, and
     says what runs, so that a slow run (Triton's interpreter on a CPU) is never silent for
@@ -26,21 +27,22 @@ class LossCheck:
     when it ends). Create it just before the first step."""
 
     def __init__(
-        self, steps: int, tolerance: float, every: int, show: bool, quiet: float = QUIET_S
-    ) -> None:
+        self, steps: int, tolerance: float, every: int, show: bool, quiet: float = QUIET_S,
+        first: int = 0,
+    ) -> None:  # fmt: skip
         self.steps, self.tolerance, self.every, self.show = steps, tolerance, every, show
-        self.quiet = quiet
+        self.quiet, self.first_step = quiet, first
         self.worst = 0.0
         self.first: float | None = None
         self.last: float | None = None
         self.step_started = self.printed = time.perf_counter()
-        self.running = 0  # the step under way
+        self.running = first  # the step under way
         self.waited = False  # a line said that the step under way runs: say when it ends
         self.done = threading.Event()
-        if show and steps > 0:
+        if show and steps > first:
             self._say(
-                f"step   0: compiling the training step (trace, shardings, schedule, kernels), "
-                f"then running it; {steps} steps"
+                f"step {first:3d}: compiling the training step (trace, shardings, schedule, "
+                f"kernels), then running it; {steps - first} steps"
             )
             threading.Thread(target=self._heartbeat, name="progress", daemon=True).start()
 
@@ -56,7 +58,7 @@ class LossCheck:
         while not self.done.wait(min(1.0, self.quiet / 4)):
             now = time.perf_counter()
             if now - self.printed >= self.quiet and now - self.step_started >= self.quiet:
-                what = "compiling and running" if self.running == 0 else "running"
+                what = "compiling and running" if self.running == self.first_step else "running"
                 self._say(f"step {self.running:3d}: {what}, {now - self.step_started:.0f} s so far")
                 self.waited = True
 
@@ -70,7 +72,11 @@ class LossCheck:
         self.last = loss
         if i == self.steps - 1:
             self.done.set()
-        due = i % self.every == 0 or i == self.steps - 1 or now - self.printed >= self.quiet
+        due = (
+            (self.every > 0 and i % self.every == 0)
+            or i == self.steps - 1
+            or now - self.printed >= self.quiet
+        )
         due, self.waited = due or self.waited, False
         if self.show and due:
             self._say(
@@ -88,7 +94,9 @@ class LossCheck:
                 f"(tolerance {self.tolerance:.0e})"
             )
         assert self.first is not None and self.last is not None
-        if self.worst > self.tolerance or (self.steps > 1 and self.last >= self.first):
+        if self.worst > self.tolerance or (
+            self.steps - self.first_step > 1 and self.last >= self.first
+        ):
             if self.show:
                 print("MISMATCH" if self.worst > self.tolerance else "the loss did not decrease")
             raise SystemExit(1)

@@ -6,7 +6,8 @@ the pipeline's ``--pp``/``--microbatches``/``--schedule``/``--virtual``;
 ``step_options`` turns them into ``graph.training_step`` keywords; ``TorchUpdate`` does
 the same update in the torch loop (``clip_grad_norm_``, ``LambdaLR`` with the closed
 form of the schedule, GradScaler's skip of fp16 steps whose gradients overflow, decided
-by an fp16 copy of the model).
+by an fp16 copy of the model). ``add_checkpoint_arguments`` adds the checkpoint policy's
+``--save``/``--resume``/``--checkpoint-every``/``--keep-last`` and ``--log-every``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,20 @@ def add_arguments(parser: argparse.ArgumentParser, remat_default: str = "everyth
     parser.add_argument(
         "--virtual", type=int, default=1, help="model chunks per pipeline rank (interleaved)"
     )
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser, log_every: int) -> None:
+    """``--save DIR`` (checkpoints ``DIR/step_<k>``; a run resumes from the newest complete
+    one there), ``--resume``, ``--checkpoint-every``, ``--keep-last``, ``--log-every``."""
+    add = parser.add_argument
+    add("--save", default=None, help="checkpoint into DIR/step_<k> at the end (and every "
+        "--checkpoint-every steps); resume from the newest complete one there")  # fmt: skip
+    add("--resume", default=None, help="start from this checkpoint (or the newest under it)")
+    add(
+        "--checkpoint-every", type=int, default=0, help="with --save: every K steps (0: at the end)"
+    )
+    add("--keep-last", type=int, default=3, help="with --save: keep the newest N checkpoints")
+    add("--log-every", type=int, default=log_every, help="a loss line every N steps (0: none)")
 
 
 def check(args: argparse.Namespace, error: Callable[[str], None]) -> None:

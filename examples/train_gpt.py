@@ -12,6 +12,8 @@
     python examples/train_gpt.py --cp 2 --tp 1        # the sequence split over cp: ring attention
     python examples/train_gpt.py --cp 2 --tp 1 --no-zigzag   # ... with the batch in natural order
     python examples/train_gpt.py --steps 5 --save ckpt && python examples/train_gpt.py --resume ckpt
+    python examples/train_gpt.py --steps 50 --save ckpt --checkpoint-every 10 --keep-last 2
+                                                      # run again: resumes from ckpt/step_<k>
     tessera run -n 4 examples/train_gpt.py --steps 5  # one process per rank (gloo)
     tessera run -n 8 examples/train_gpt.py --pp 2 --microbatches 4 --schedule 1f1b
                                                       # pp x dp x tp = 2 x 2 x 2, pipelined
@@ -48,10 +50,13 @@ the default; ``matmuls``; ``nothing``: only the block's input, the rest recomput
 computes in bf16 with f32 master weights and AdamW state and f32 gradient reductions (the loss is then compared with torch to
 ``LOSS_RTOL_MIXED``). ``--deterministic`` selects the deterministic numerics (every sum
 over ranks added in mesh order: bit-identical runs). ``--save DIR`` writes the training
-state as a sharded checkpoint after the last step; ``--resume DIR`` starts from one
-(saved on any mesh: resharded on load), the torch loop from the same weights and AdamW
-moments. ``--clip`` clips by the global norm, ``--accumulate K`` runs K rounds of
-microbatches per update, ``--lr-schedule`` (``warmup_cosine``, ``warmup_linear_decay``,
+state as a sharded checkpoint ``DIR/step_<k>`` after the last step (and every
+``--checkpoint-every`` steps, keeping the newest ``--keep-last``), and a run whose ``DIR``
+holds a complete one resumes from it up to ``--steps``; ``--resume DIR`` starts from one
+(saved on any mesh: resharded on load) and runs ``--steps`` more, the torch loop from the
+same weights and AdamW moments. ``--log-every N`` prints every N-th step's loss.
+``--clip`` clips by the global norm, ``--accumulate K`` runs K rounds of microbatches per
+update, ``--lr-schedule`` (``warmup_cosine``, ``warmup_linear_decay``,
 ``linear_warmup``) with ``--warmup`` and ``--min-lr`` varies the lr inside the compiled
 step; ``--precision fp16`` scales the loss dynamically. Every option combines with
 ``--pp``. Each step's loss is compared with a torch single-device loop (float64,
@@ -66,6 +71,7 @@ import argparse
 import contextlib
 import os
 import time
+from typing import Any
 
 import _training_options as training_options
 import torch
@@ -73,6 +79,7 @@ import torch.nn.functional as F
 from _report import LossCheck
 
 from tessera import dist, graph, op, optim, schedule
+from tessera.training import CheckpointManager, checkpoint_policy
 
 LOSS_RTOL = 2e-4  # f32 program vs float64 torch, per step (rounding differences accumulate)
 LOSS_RTOL_MIXED = 5e-2  # bf16/fp16 program (8/11 mantissa bits) vs float64 torch
@@ -234,7 +241,7 @@ def resume_reference(
             }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--dp", type=int, default=2)
@@ -267,12 +274,6 @@ def main(argv: list[str] | None = None) -> None:
         "zig-zag layout and the results back)",
     )  # fmt: skip
     parser.add_argument(
-        "--save", default=None, help="write a sharded checkpoint to this directory at the end"
-    )
-    parser.add_argument(
-        "--resume", default=None, help="start from the sharded checkpoint in this directory"
-    )
-    parser.add_argument(
         "--micro-batch", type=int, default=None,
         help="sequences per microbatch and data-parallel rank (Megatron-LM's --micro-batch-size): "
         "the batch is cut into batch / (dp x micro-batch) microbatches, the pipeline's with --pp "
@@ -283,15 +284,17 @@ def main(argv: list[str] | None = None) -> None:
         help="the residual stream's sequence split over tp too (Megatron-LM's sequence parallelism)",
     )  # fmt: skip
     training_options.add_arguments(parser)
+    training_options.add_checkpoint_arguments(parser, log_every=10)
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as settings:  # schedule options for this run's programs
-        run(args, parser, settings)
+        return {"records": run(args, parser, settings)}
 
 
 def run(
     args: argparse.Namespace, parser: argparse.ArgumentParser, settings: contextlib.ExitStack
-) -> None:
-    """Trains ``args.steps`` steps, each checked against torch."""
+) -> list[dict[str, Any]]:
+    """Trains up to step ``args.steps`` (``args.steps`` more with ``--resume``), each step
+    checked against torch; returns each step's ``{"step", "loss"}``."""
 
     processes = int(os.environ.get("WORLD_SIZE", "0"))
     rank0 = int(os.environ.get("RANK", "0")) == 0
@@ -380,25 +383,41 @@ def run(
 
     torch_update = training_options.TorchUpdate(reference, args)
     torch_optimizer = torch_update.optimizer
-    if args.resume:
-        step.restore(state, args.resume)
+    manager = None
+    if args.save:
+        manager = CheckpointManager(
+            args.save, every=args.checkpoint_every, keep_last=args.keep_last
+        )
+    last = args.steps
+    if args.resume:  # as before: --steps more steps
+        step.restore(state, checkpoint_policy.resolve(args.resume))
         resume_reference(reference, torch_optimizer, step.state_dict(state))
+        last = state.step + args.steps
         if rank0:
             print(f"resumed from {args.resume} at step {state.step}")
+    elif manager is not None and manager.restore(step, state) is not None:
+        resume_reference(reference, torch_optimizer, step.state_dict(state))
+        if rank0:
+            print(f"resumed from step {state.step} ({args.save})")
+    first = state.step
     tolerance = LOSS_RTOL if args.precision == "f32" else LOSS_RTOL_MIXED
-    check = LossCheck(args.steps, tolerance, every=10, show=rank0)
+    check = LossCheck(last, tolerance, every=args.log_every, show=rank0, first=first)
     start = time.perf_counter()
-    for i in range(args.steps):
+    records: list[dict[str, Any]] = []
+    for i in range(first, last):
         loss = step(state, *batch)["loss"]
         torch_update.zero_grad()
         expected = torch_loss(reference, tokens, targets, args.heads, args.layers)
         expected.backward()
         torch_update.update(lambda half: torch_loss(half, tokens, targets, args.heads, args.layers))
         check.add(i, float(loss), expected.item())
-    if args.save:
-        step.save(state, args.save)  # every rank writes its own pieces
+        records.append({"step": i + 1, "loss": float(loss)})
+        if manager is not None and manager.due(state.step) and i + 1 < last:
+            manager.save(step, state)  # every rank writes its own pieces
+    if manager is not None and records:
+        where = manager.save(step, state)
         if rank0:
-            print(f"saved step {state.step} to {args.save}")
+            print(f"saved step {state.step} to {where}")
     if rank0 and args.pp > 1:
         pipeline = step.pipeline().compiled(state, batch)
         print(
@@ -433,7 +452,11 @@ def run(
         print(
             f"per-rank bytes: params {memory.params}, grads {memory.grads}, optimizer state {memory.optimizer_state}, peak {stats.peak_bytes}"
         )
-    check.finish()
+    if records:
+        check.finish()
+    elif rank0:
+        print(f"nothing to run: already at step {first} of {last}")
+    return records
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@
     python examples/train_llama.py --data FILE --tokenizer bpe --vocab 512
     python examples/train_llama.py --steps 300 --eval-every 50 --log run.jsonl --plot curve.png
     python examples/train_llama.py --steps 20 --save ckpt && python examples/train_llama.py --steps 40 --resume ckpt
+    python examples/train_llama.py --steps 300 --save ckpt --checkpoint-every 50 --log-every 10
+                                                                   # run again: resumes from ckpt
     python examples/train_llama.py --pp 2 --microbatches 4        # two pipeline stages
     tessera run -n 2 examples/train_llama.py --dp 2               # one process per rank (rank 0 reports)
     python examples/train_llama.py --dp 2 --tp 2 --zero 1 --precision bf16 --clip 1.0 \
@@ -20,8 +22,11 @@ rotary embeddings, grouped-query attention, SwiGLU) with Hugging Face parameter 
 trained by one ``graph.training_step`` (AdamW) on a ``pp x dp x tp`` mesh with the
 options the examples share (``_training_options.py``). Every ``--eval-every`` steps the
 mean loss over ``--eval-batches`` held-out batches is measured; ``--log`` writes one JSON
-object per step, ``--plot`` the loss curves; ``--save`` writes the training state and the
-loader's position (``data.json``), so ``--resume`` continues the same stream. At the end
+object per step, ``--log-every`` prints a loss line every N steps, ``--plot`` the loss
+curves. ``--save DIR`` checkpoints the training state with the loader's position into
+``DIR/step_<k>`` at the end and every ``--checkpoint-every`` steps (the newest
+``--keep-last`` kept); a run whose ``DIR`` holds a complete checkpoint resumes from it, as
+``--resume DIR`` does, continuing the same stream. At the end
 the model continues a prompt from the text (``--sample`` tokens, greedy or with
 ``--temperature``).
 """
@@ -43,6 +48,7 @@ from tqdm import tqdm
 import tessera as ts
 from tessera import data, dist, graph, models, optim, schedule
 from tessera.cache_location import cache_directory
+from tessera.training import CheckpointManager, checkpoint, checkpoint_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "shakespeare.txt"
@@ -173,13 +179,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--eval-batches", type=int, default=4)
     add("--log", default=None, help="a JSONL file: one object per step")
     add("--plot", default=None, help="a PNG of the train and validation loss")
-    add("--save", default=None, help="write a checkpoint (and the data position) here at the end")
-    add("--resume", default=None, help="continue from the checkpoint in this directory")
     add("--sample", type=int, default=200, help="tokens to generate after training")
     add("--prompt", default="ROMEO.\n", help="the prompt to continue")
     add("--temperature", type=float, default=0.0, help="0: greedy")
     add("--no-progress", dest="progress", action="store_false", help="no progress bar")
     training_options.add_arguments(parser)
+    training_options.add_checkpoint_arguments(parser, log_every=0)
     args = parser.parse_args(argv)
     training_options.check(args, parser.error)
     args.accumulate = args.accumulate or 1
@@ -217,21 +222,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     step = make_step(mesh, model, args)
     state = step.init(params)
     records: list[dict[str, Any]] = []
+    manager = None
+    if args.save:
+        manager = CheckpointManager(
+            args.save, every=args.checkpoint_every, keep_last=args.keep_last
+        )
+    extra, resumed = None, ""
     if args.resume:
-        step.restore(state, args.resume)
-        loader.load_state_dict(json.loads((Path(args.resume) / "data.json").read_text()))
+        source = checkpoint_policy.resolve(args.resume)
+        step.restore(state, source)
+        extra, resumed = checkpoint.read_extra(source), f"{args.resume} at step {state.step}"
+    elif manager is not None:
+        extra, resumed = manager.restore(step, state), f"step {state.step} ({args.save})"
+    if extra is not None:
+        if "data" in extra:  # the loader's position: the same stream continues
+            loader.load_state_dict(extra["data"])
         if args.log and Path(args.log).exists():
             records = [json.loads(line) for line in Path(args.log).read_text().splitlines() if line]
             records = [r for r in records if r["step"] <= state.step]
-        say(f"resumed from {args.resume} at step {state.step}, sample {loader.position}")
-    return train_loop(args, model, step, state, loader, val, tokenizer, records)
+        say(f"resumed from {resumed}, sample {loader.position}")
+    return train_loop(args, model, step, state, loader, val, tokenizer, records, manager)
 
 
 def train_loop(
     args: argparse.Namespace, model: models.CausalLM, step: Any, state: Any,
     loader: data.Loader, val: data.Windows, tokenizer: data.Tokenizer, records: list[dict[str, Any]],
+    manager: CheckpointManager | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Steps from ``state.step`` to ``--steps``, evaluating, logging and plotting."""
+    """Steps from ``state.step`` to ``--steps``, evaluating, logging, checkpointing (with
+    the loader's position) and plotting."""
     loss_fn = ts.jit(model.loss)
     log = open(args.log, "w") if args.log and RANK0 else None  # noqa: SIM115 (closed below)
     if log:
@@ -265,16 +284,20 @@ def train_loop(
             log.write(json.dumps(record) + "\n")
             log.flush()
         bar.update(1)
+        if args.log_every and ((i + 1) % args.log_every == 0 or i + 1 == args.steps):
+            val_text = f"  val {record['val_loss']:.4f}" if "val_loss" in record else ""
+            say(f"step {i + 1}  loss {loss:.4f}  lr {record['lr']:.2e}  "
+                f"{record['tokens_per_s']:.0f} tokens/s{val_text}")  # fmt: skip
+        if manager is not None and manager.due(state.step) and i + 1 < args.steps:
+            manager.save(step, state, extra={"data": loader.state_dict()})
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{x.size / took:.0f}", **(
             {"val": f"{record['val_loss']:.3f}"} if "val_loss" in record else {}))  # fmt: skip
     bar.close()
     if log:
         log.close()
-    if args.save:
-        step.save(state, args.save)
-        if RANK0:  # the same position on every rank
-            (Path(args.save) / "data.json").write_text(json.dumps(loader.state_dict()))
-        say(f"saved step {state.step} (sample {loader.position}) to {args.save}")
+    if manager is not None and state.step > first:
+        where = manager.save(step, state, extra={"data": loader.state_dict()})
+        say(f"saved step {state.step} (sample {loader.position}) to {where}")
     speed = seen / elapsed if elapsed else float("nan")
     if record:
         val_text = f", val loss {record['val_loss']:.4f}" if "val_loss" in record else ""

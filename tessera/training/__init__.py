@@ -4,6 +4,8 @@
   update compiled as one program; ZeRO stages), the step being traced;
 - :mod:`~tessera.training.state`: :class:`TrainState`, per-rank shards under processes;
 - :mod:`~tessera.training.checkpoint`: sharded, atomic checkpoints of a step's state;
+- :mod:`~tessera.training.checkpoint_policy`: :class:`CheckpointManager` (save every K
+  steps to ``root/step_<k>``, keep the newest N) and :func:`latest` (the newest complete);
 - :mod:`~tessera.training.grad_clip`: clipping by the global norm;
 - :mod:`~tessera.training.accumulation`: gradient accumulation over microbatches;
 - :mod:`~tessera.training.mixed_precision`: bf16 / fp16 compute, loss scaling (the policy,
@@ -12,6 +14,7 @@
 The optimizers are :mod:`tessera.optim`.
 """
 
+from tessera.training.checkpoint_policy import CheckpointManager, latest
 from tessera.training.state import TrainState
 from tessera.training.step import (
     ZERO_STAGES,
@@ -28,10 +31,12 @@ from tessera.training.step import (
 
 __all__ = [
     "ZERO_STAGES",
+    "CheckpointManager",
     "StepTrace",
     "TrainState",
     "TrainingStep",
     "global_metrics",
+    "latest",
     "leaf_paths",
     "metric_dtype",
     "traced_step",

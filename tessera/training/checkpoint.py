@@ -61,6 +61,7 @@ from tessera.errors import TesseraError
 
 MANIFEST = "tessera.json"
 SIGNED = "tessera-manifest.json"
+EXTRA = "extra.json"  # the caller's JSON state (a data loader's position), signed with the rest
 FORMAT = 1
 _DOMAIN = b"tessera-checkpoint-manifest"
 Box = tuple[tuple[int, int], ...]
@@ -94,8 +95,15 @@ def _key(path: str, box: Box) -> str:
     return f"{path}|{','.join(f'{a}:{b}' for a, b in box)}"
 
 
-def save(leaves: Sequence[Any], paths: Sequence[str], step: int, where: str | Path) -> None:
-    """Writes the state ``leaves`` (named ``paths``) and ``step`` to ``where``, atomically."""
+def save(
+    leaves: Sequence[Any],
+    paths: Sequence[str],
+    step: int,
+    where: str | Path,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Writes the state ``leaves`` (named ``paths``) and ``step`` to ``where``, atomically;
+    ``extra`` (JSON) goes into the same directory as ``extra.json``, under the manifest."""
     target = Path(where)
     processes = tdist.is_available() and tdist.is_initialized()
     rank = tdist.get_rank() if processes else None
@@ -123,6 +131,8 @@ def save(leaves: Sequence[Any], paths: Sequence[str], step: int, where: str | Pa
         dcp.save(entries, checkpoint_id=temporary, no_dist=not processes)
     if not processes or rank == 0:
         (temporary / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if extra is not None:
+            (temporary / EXTRA).write_text(json.dumps(extra))
         _sign(temporary, step)
         previous = target.parent / f".{target.name}.old"
         shutil.rmtree(previous, ignore_errors=True)
@@ -208,6 +218,13 @@ def restore(
             out = tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(overlap, piece, strict=True))
             local[into].copy_(wanted[key][out])
     return int(manifest["step"])
+
+
+def read_extra(where: str | Path) -> dict[str, Any]:
+    """The ``extra`` JSON saved with the checkpoint at ``where`` (``{}`` if none); call it
+    after :func:`restore` or :func:`verify` checked the directory."""
+    path = Path(where) / EXTRA
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _overlap(a: Box, b: Box) -> Box | None:

@@ -290,12 +290,15 @@ class TrainingStep:
         state = TrainState(params, state_dict["opt_state"], int(state_dict["step"]))
         return self._placed(state)
 
-    def save(self, state: TrainState, path: str | Path) -> None:
+    def save(
+        self, state: TrainState, path: str | Path, *, extra: dict[str, Any] | None = None
+    ) -> None:
         """Writes ``state`` (parameters, optimizer state, step, torch RNG) to the directory
         ``path`` as a sharded, atomic ``torch.distributed.checkpoint``
-        (:mod:`tessera.training.checkpoint`; a collective under ``tessera run``)."""
+        (:mod:`tessera.training.checkpoint`; a collective under ``tessera run``), with the
+        JSON ``extra`` (a data position; read back by ``checkpoint.read_extra``)."""
         leaves, paths = self._named_leaves(state)
-        checkpoint.save(leaves, paths, state.step, path)
+        checkpoint.save(leaves, paths, state.step, path, extra)
 
     def restore(
         self, state: TrainState, path: str | Path, *, trust_unverified: bool = False

@@ -124,7 +124,9 @@ def test_example_runs_logs_plots_and_samples(train_llama: ModuleType, tmp_path: 
     assert out["sample"].startswith("ROMEO.\n") and len(out["sample"].encode()) >= 8
 
 
-def test_example_resumes_the_same_stream(train_llama: ModuleType, tmp_path: Path) -> None:
+def test_example_resumes_the_same_stream(
+    train_llama: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     tiny = [*SMALL, "--dim", "32", "--seq", "16", "--batch", "4", "--eval-every", "0",
             "--sample", "0", "--cache", str(tmp_path)]  # fmt: skip
     straight = train_llama.main([*tiny, "--steps", "4"])["records"]
@@ -133,6 +135,14 @@ def test_example_resumes_the_same_stream(train_llama: ModuleType, tmp_path: Path
     resumed = train_llama.main([*tiny, "--steps", "4", "--resume", ckpt])["records"]
     assert [r["sample"] for r in resumed] == [12, 16]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight[2:]]
+    auto = tmp_path / "auto"  # --save DIR again: resumes from DIR's newest checkpoint
+    train_llama.main([*tiny, "--steps", "2", "--checkpoint-every", "1", "--save", str(auto)])
+    assert sorted(p.name for p in auto.iterdir()) == ["step_1", "step_2"]
+    capsys.readouterr()
+    again = train_llama.main([*tiny, "--steps", "4", "--save", str(auto), "--log-every", "1"])
+    out = capsys.readouterr().out
+    assert "resumed from step 2" in out and "step 3  loss" in out, out
+    assert [r["loss"] for r in again["records"]] == [r["loss"] for r in straight[2:]]
 
 
 def test_example_with_two_pipeline_stages_on_bpe_tokens(
