@@ -161,7 +161,7 @@ COMMANDS: dict[str, tuple[Run, ...] | str] = {
     "TESSERA_KERNELS=reference .venv/bin/python examples/train_llama.py --steps 500 --batch 16 --seq 128 --lr-schedule warmup_cosine --warmup 30 --eval-every 50 --log /tmp/shakespeare.jsonl --plot docs/train_llama.png": (
         Run(
             'd=$(mktemp -d) && TESSERA_KERNELS=reference .venv/bin/python examples/train_llama.py --steps 3 --batch 16 --seq 128 --lr-schedule warmup_cosine --warmup 1 --eval-every 2 --sample 20 --no-progress --log "$d/log.jsonl" --plot "$d/curve.png" && test "$(wc -l < "$d/log.jsonl")" -eq 3 && test -s "$d/curve.png" && rm -r "$d"',
-            last_line=None, expect=("step 3: train loss", ", val loss ", "--- sample (greedy) ---\nROMEO."),
+            last_line=None, expect=("step 3: train loss", ", val loss ", "--- sample (greedy, ", "tokens/s with the KV cache) ---\nROMEO."),
         ),
     ),
     # the same job with --steps 2 --layers 1 (and `python -m tessera.tools.launch run`)
