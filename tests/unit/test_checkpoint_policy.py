@@ -6,15 +6,13 @@ run's losses bit for bit."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+from example_modules import load_example
 
 from tessera.training import CheckpointManager, checkpoint, latest
 
@@ -102,17 +100,6 @@ def test_an_interrupted_save_is_not_picked(tmp_path: Path) -> None:
     assert names(tmp_path) == ["step_2", "step_3"] and latest(tmp_path) == tmp_path / "step_3"
     assert latest(tmp_path / "nothing") is None
 
-
-def load_example(name: str) -> ModuleType:
-    if str(ROOT / "examples") not in sys.path:
-        sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location(
-        f"example_{name}", ROOT / "examples" / f"{name}.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_train_gpt_stopped_and_continued_matches_an_uninterrupted_run(

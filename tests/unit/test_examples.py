@@ -5,14 +5,12 @@ which run the examples too, are tested in test_readme.py."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from example_modules import load_example
 
 import tessera as ts
 from tessera import dist, schedule
@@ -20,19 +18,6 @@ from tessera import dist, schedule
 ROOT = Path(__file__).resolve().parents[2]
 RTOL, ATOL = 1e-5, 1e-5  # f32
 
-
-def load_example(name: str) -> ModuleType:
-    """``examples/{name}.py`` as a module, its directory on ``sys.path`` as when it runs
-    as a script (the training examples import ``examples/_report.py``)."""
-    if str(ROOT / "examples") not in sys.path:
-        sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location(
-        f"example_{name}", ROOT / "examples" / f"{name}.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(autouse=True)

@@ -4,33 +4,20 @@ tokenizers) and ``examples/train_llama.py`` end to end."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+from example_modules import load_example
 
 from tessera import data
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = ROOT / "data" / "shakespeare.txt"
 
-
-def load_example(name: str) -> ModuleType:
-    """``examples/{name}.py`` as a module, its directory on ``sys.path`` (as when run)."""
-    if str(ROOT / "examples") not in sys.path:
-        sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location(
-        f"example_{name}", ROOT / "examples" / f"{name}.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def stream(n: int = 1000) -> np.ndarray:
