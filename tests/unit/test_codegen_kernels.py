@@ -74,6 +74,8 @@ EXERCISED: dict[type, str] = {
     graph.SelectOp: "test_compare_select_cast",
     graph.CastOp: "test_compare_select_cast",
     graph.RandomBitsOp: "test_random.py::test_triton_kernels_and_reference_give_identical_bits",
+    graph.Fp8QuantizeOp: "test_fp8.py::test_fp8_quantize_saturates_and_rounds_like_torch",
+    graph.Fp8GradOp: "test_fp8.py::test_fp8_gradients_match_torch_float8_emulation",
     graph.TransposeOp: "test_layout_ops",
     graph.BroadcastToOp: "test_layout_ops",
     graph.SliceOp: "test_layout_ops",
