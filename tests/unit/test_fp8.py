@@ -4,13 +4,13 @@ its current scale (amax / fp8 max), by torch's float8 casts; the rest in bf16; f
 master weights and torch.optim.AdamW.
 
 Tolerances: both sides quantise the same values the same way (the MLP is matmuls and relu,
-which bf16 computes exactly; gelu's bf16 backward rounds differently in torch), so one step's
-gradients differ only by f32 summation order: within 1e-5 of their largest entry, where
-a bf16 step's are 1e-3 or more away. Over several steps those last-bit differences
-reach the bf16 copies of the weights and flip fp8 roundings (a whole e4m3 step, 2^-3
-relative), as any two fp8 implementations do: after three AdamW steps (lr 1e-2) losses
-agree to 1e-3 relative and masters to 3e-3 in 99 % of the entries, all within 2·lr per
-step."""
+which bf16 computes exactly; gelu's bf16 backward rounds differently in torch), so one
+step's gradients differ only where the last bit of an f32 sum flips a bf16 and then an
+e5m2 rounding (2 mantissa bits: a step of 2^-2): 85 % of the entries agree to 1e-5 of
+the largest and the mean error is under a quarter of a bf16 step's. Over several steps
+such flips reach the weights' bf16 copies and their e4m3 roundings too, as between any
+two fp8 implementations: after three AdamW steps (lr 1e-2) losses agree to 1e-3
+relative and masters to 3e-3 in 99 % of the entries, all within 2·lr per step."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import tessera as ts
-from tessera import graph, op, optim
+from tessera import dist, graph, op, optim
 from tessera.errors import TesseraError
 from tessera.precision import Precision
 
@@ -51,10 +51,10 @@ class Fp8Matmul(torch.autograd.Function):
         return (g @ qb.T).to(ctx.dtypes[0]), (qa.T @ g).to(ctx.dtypes[1])
 
 
-def make_step(precision, kernels: str = "reference", optimizer=None):
+def make_step(precision, kernels: str = "reference", optimizer=None, **options):
     optimizer = optimizer or optim.AdamW(lr=1e-2, weight_decay=0.0)
 
-    @graph.training_step(optimizer=optimizer, kernels=kernels, precision=precision)
+    @graph.training_step(optimizer=optimizer, kernels=kernels, precision=precision, **options)
     def step(p, x, y):
         out = op.relu(x @ p["w1"]) @ p["w2"]
         loss = op.mean(op.astype((out - y) ** 2, "float32"))
@@ -111,11 +111,31 @@ def test_fp8_gradients_match_torch_float8_emulation(kernels: str) -> None:
     for name, value in params.items():
         got, largest = value - state.params[name], want[name].abs().max()
         close = ((got - want[name]).abs() <= 1e-5 * largest).float().mean()
-        # fused triton kernels round the loss's bf16 cotangent once, torch at every op: a
-        # few e5m2 roundings flip, each a whole column of the gradient
-        assert close >= (1.0 if kernels == "reference" else 0.85), close
+        # the last bits of f32 sums (a fused triton kernel's, another BLAS) reach the bf16
+        # cotangents and flip a few of their e5m2 roundings, each a whole column here
+        assert close >= 0.85, close
         error, bf16_error = (got - want[name]).abs().mean(), (bf16[name] - want[name]).abs().mean()
         assert error <= bf16_error / 4, (error, bf16_error)  # fp8, not bf16
+
+
+def test_fp8_scales_are_global_over_a_mesh() -> None:
+    """Over dp × tp (batch and weights split) each scale is the whole tensor's amax (a max
+    over the ranks): one step gives exactly the single-device step's update."""
+    cols = dist.ShardSpec(partition=(1,), mesh_axes=("tp",))
+    rows = dist.ShardSpec(partition=(0,), mesh_axes=("tp",))
+    params, x, y = init()
+    results = []
+    for options in (
+        {},
+        {"mesh": dist.mesh({"dp": 2, "tp": 2}), "param_shardings": {"w1": cols, "w2": rows}},
+    ):
+        step = make_step("fp8", optimizer=optim.SGD(lr=1.0), **options)
+        state = step.init({k: v.clone() for k, v in params.items()})
+        results.append((step(state, x, y)["loss"], state.params))
+    (loss, single), (sharded_loss, sharded) = results
+    torch.testing.assert_close(sharded_loss, loss, rtol=1e-6, atol=0)
+    for name in params:
+        torch.testing.assert_close(sharded[name], single[name], rtol=0, atol=1e-6)
 
 
 def test_fp8_steps_track_torch_float8_emulation() -> None:
