@@ -304,6 +304,7 @@ def test_training_progress_is_never_silent_for_long(capsys: pytest.CaptureFixtur
         ["--pp", "2", "--precision", "bf16"],  # the seeds' LLM configuration: pp x dp x tp
         ["--pp", "2", "--precision", "fp16", "--schedule", "gpipe"],
         ["--pp", "2", "--schedule", "zb-h1"],  # f32: the tight tolerance
+        ["--precision", "fp8"],  # dp x tp
         [],  # dp x tp
     ],
 )
