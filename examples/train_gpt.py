@@ -53,7 +53,9 @@ state as a sharded checkpoint after the last step; ``--resume DIR`` starts from 
 moments. ``--clip`` clips by the global norm, ``--accumulate K`` runs K rounds of
 microbatches per update, ``--lr-schedule`` (``warmup_cosine``, ``warmup_linear_decay``,
 ``linear_warmup``) with ``--warmup`` and ``--min-lr`` varies the lr inside the compiled
-step; ``--precision fp16`` scales the loss dynamically. Every option combines with
+step; ``--precision fp16`` scales the loss dynamically; ``--precision fp8`` runs the blocks'
+matmuls in emulated fp8 (per-tensor scaled e4m3 operands, e5m2 gradients; the output head
+in bf16). Every option combines with
 ``--pp``. Each step's loss is compared with a torch single-device loop (float64,
 torch.optim.AdamW with ``clip_grad_norm_`` and ``LambdaLR``; for fp16, an fp16 copy of
 the model decides which steps overflow, as ``GradScaler`` does) started from the same
