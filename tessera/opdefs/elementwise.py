@@ -641,10 +641,10 @@ def _fp8_quantize_reference(op: graph.GraphOp) -> Callable[..., torch.Tensor]:
 
 
 def fp8_round_tile(b: TileBuilder, x: Value, fmt: str) -> Value:
-    """``x`` (f32, within ±max) rounded to the nearest fp8 value, ties to even, in f32
-    arithmetic (no fp8 type needed): the spacing of the values at ``|x|`` is picked by
-    comparisons with the powers of two, and ``(y + 2^23) - 2^23`` rounds ``y`` to an
-    integer (ties to even) for ``0 <= y < 2^23``."""
+    """``x`` (f32 or f64, within ±max) rounded to the nearest fp8 value, ties to even, in
+    its own arithmetic (no fp8 type needed): the spacing of the values at ``|x|`` is picked
+    by comparisons with the powers of two, and ``(y + 2^p) - 2^p`` rounds ``y`` to an
+    integer (ties to even) for ``0 <= y < 2^p``, ``p`` the significand's bits less one."""
     mantissa, least = _FP8_BITS[fmt]
     largest = int(math.log2(FP8_FORMATS[fmt]))
     magnitude = b.math(mathd.AbsFOp, x)
@@ -652,7 +652,7 @@ def fp8_round_tile(b: TileBuilder, x: Value, fmt: str) -> Value:
     for e in range(least + 1, largest + 1):
         above = b.cmp("ge", magnitude, b.constant(2.0**e))
         spacing = b.select(above, b.constant(2.0 ** (e - mantissa)), spacing)
-    magic = b.constant(2.0**23)
+    magic = b.constant(2.0 ** (52 if element_type(x.type) == f64 else 23))
     steps = b.sub(b.add(b.div(magnitude, spacing), magic), magic)
     rounded = b.mul(steps, spacing)
     return b.select(b.cmp("lt", x, b.constant(0.0)), b.neg(rounded), rounded)

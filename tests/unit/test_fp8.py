@@ -159,16 +159,19 @@ def test_fp8_steps_track_torch_float8_emulation() -> None:
 
 def test_fp8_quantize_saturates_and_rounds_like_torch() -> None:
     """Beyond the range (with a fixed scale) values saturate to ±max·scale; within it
-    (subnormals, ties, NaN) both kernels round as torch's float8 casts do."""
+    (subnormals, ties, NaN) both kernels round as torch's float8 casts do, in f32 and f64."""
     x = torch.randn(4096, generator=torch.Generator().manual_seed(1)) * torch.logspace(-6, 4, 4096)
     x[:6] = torch.tensor([1e6, -1e6, float("inf"), 460.0 * 2, 2.0**-10, float("nan")])
     scale = torch.tensor(2.0)
-    for fmt, (dtype, largest) in {"e4m3": E4M3, "e5m2": E5M2}.items():
-        want = (x / scale).clamp(-largest, largest).to(dtype).float() * scale
+    cases = [(fmt, dt) for fmt in ("e4m3", "e5m2") for dt in (torch.float32, torch.float64)]
+    for fmt, dt in cases:
+        x, scale = x.to(dt), scale.to(dt)
+        dtype, largest = {"e4m3": E4M3, "e5m2": E5M2}[fmt]
+        want = (x / scale).clamp(-largest, largest).to(dtype).to(dt) * scale
         for kernels in ("reference", "triton"):
             got = ts.jit(lambda v, s, f=fmt: op.fp8_quantize(v, s, f), kernels=kernels)(x, scale)
             torch.testing.assert_close(
-                got, want, rtol=0, atol=0, equal_nan=True, msg=f"{fmt} {kernels}"
+                got, want, rtol=0, atol=0, equal_nan=True, msg=f"{fmt} {dt} {kernels}"
             )
         assert want[0] == largest * 2 and want[1] == -largest * 2 and want[2] == largest * 2
 
