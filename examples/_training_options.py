@@ -26,8 +26,9 @@ SCHEDULES = ("constant", "linear_warmup", "warmup_cosine", "warmup_linear_decay"
 
 def add_arguments(parser: argparse.ArgumentParser, remat_default: str = "everything") -> None:
     parser.add_argument(
-        "--precision", default="f32", choices=("f32", "bf16", "fp16"),
-        help="compute dtype (f32 master weights; fp16 with dynamic loss scaling)",
+        "--precision", default="f32", choices=("f32", "bf16", "fp16", "fp8"),
+        help="compute dtype (f32 master weights; fp16 with dynamic loss scaling; fp8: matmuls "
+        "with per-tensor scaled e4m3 operands and e5m2 gradients, emulated, the rest bf16)",
     )  # fmt: skip
     parser.add_argument(
         "--clip", type=float, default=None, help="clip gradients to this global norm"

@@ -58,7 +58,9 @@ same weights and AdamW moments. ``--log-every N`` prints every N-th step's loss.
 ``--clip`` clips by the global norm, ``--accumulate K`` runs K rounds of microbatches per
 update, ``--lr-schedule`` (``warmup_cosine``, ``warmup_linear_decay``,
 ``linear_warmup``) with ``--warmup`` and ``--min-lr`` varies the lr inside the compiled
-step; ``--precision fp16`` scales the loss dynamically. Every option combines with
+step; ``--precision fp16`` scales the loss dynamically; ``--precision fp8`` runs the blocks'
+matmuls in emulated fp8 (per-tensor scaled e4m3 operands, e5m2 gradients; the output head
+in bf16). Every option combines with
 ``--pp``. Each step's loss is compared with a torch single-device loop (float64,
 torch.optim.AdamW with ``clip_grad_norm_`` and ``LambdaLR``; for fp16, an fp16 copy of
 the model decides which steps overflow, as ``GradScaler`` does) started from the same
@@ -127,7 +129,8 @@ def gpt_loss(
         x = dist.shard(x, residual)
     for i in range(n_layer):
         x = gpt_block(p, x, i, n_head, zigzag, residual)
-    logits = op.layer_norm(x) @ op.transpose(p["wte"], (1, 0))
+    with op.fp8_matmuls(False):  # the output head stays bf16 under --precision fp8
+        logits = op.layer_norm(x) @ op.transpose(p["wte"], (1, 0))
     return op.cross_entropy(logits, targets)
 
 

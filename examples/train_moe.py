@@ -32,7 +32,8 @@ into microbatches, each stage's rows over ep); the torch loop implements each (c
 ``LambdaLR``, GradScaler's overflow skip) and, as the router losses are per microbatch,
 averages the losses of the step's microbatches. The program returns its expert choices
 (for the near-tie rule) only unpipelined and unaccumulated; bf16/fp16 programs count
-score differences up to ``TIE_TOL_MIXED`` as ties.
+score differences up to ``TIE_TOL_MIXED`` as ties, fp8 programs (the router kept in bf16)
+up to ``TIE_TOL_FP8``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ RMS_EPS = 1e-6  # op.rms_norm's default; the torch loop must use the same
 # TIE_TOL of the loop's top-k scores, rank by rank); any other difference is a mismatch.
 TIE_TOL = 1e-5
 TIE_TOL_MIXED = 2e-2  # bf16/fp16 programs: scores rounded to 8/11 mantissa bits
+TIE_TOL_FP8 = 1e-1  # fp8 programs: the router's input comes through e4m3 matmuls (3 bits)
 
 
 def swiglu(x, w1, w3, w2):
@@ -80,7 +82,8 @@ def moe_layer(p, x, i: int, args, capacity: int):
     attn = op.reshape(op.transpose(op.attention(q, k, v, causal=True), (0, 2, 1, 3)), (B, T, C))
     x = x + attn @ p[f"proj_w{i}"]
     h = op.rms_norm(x, eps=RMS_EPS)
-    logits = h @ p[f"router_w{i}"]
+    with op.fp8_matmuls(False):  # the router (gating) stays bf16 under --precision fp8
+        logits = h @ p[f"router_w{i}"]
     weights, experts, scores = op.router(logits, k=args.top_k)
     routing = op.route(experts, args.experts, capacity)
     routed = [p[f"w1_{i}"], p[f"w3_{i}"], p[f"w2_{i}"]]  # [E, C, H], [E, C, H], [E, H, C]
@@ -143,7 +146,8 @@ def torch_loss(p, tokens, targets, args, program_choices=None) -> torch.Tensor:
         top, chosen = (t[..., :K] for t in torch.sort(scores, dim=-1, descending=True, stable=True))
         if program_choices is not None:
             theirs = program_choices[i].long()
-            tolerance = TIE_TOL if getattr(args, "precision", "f32") == "f32" else TIE_TOL_MIXED
+            precision = getattr(args, "precision", "f32")
+            tolerance = {"f32": TIE_TOL, "fp8": TIE_TOL_FP8}.get(precision, TIE_TOL_MIXED)
             near = (scores.detach().gather(-1, theirs) - top.detach()).abs() <= tolerance
             differ = (theirs != chosen).any(-1)
             if (differ & ~near.all(-1)).any():

@@ -11,7 +11,10 @@ import torch
 
 from tessera.errors import TesseraError
 
-COMPUTE_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8: matmuls in (emulated) fp8 with per-tensor current scaling, the rest in bf16
+COMPUTE_DTYPES = {
+    "f32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16,
+}  # fmt: skip
 REDUCE_OPTIONS = ("f32", "compute")
 
 
@@ -65,6 +68,11 @@ class Precision:
     @property
     def mixed(self) -> bool:
         return self.compute != "f32"
+
+    @property
+    def fp8(self) -> bool:
+        """Whether matmuls compute in fp8 (:func:`tessera.op.fp8_matmul`)."""
+        return self.compute == "fp8"
 
     @property
     def scaled(self) -> bool:

@@ -28,7 +28,7 @@ from typing import Any
 
 from tessera.errors import TesseraError
 
-MATMUL_DTYPES = ("f32", "bf16", "f16")
+MATMUL_DTYPES = ("f32", "bf16", "f16", "fp8")  # fp8: only devices with FP8 tensor cores
 
 
 def _require_positive(owner: str, **values: float) -> None:
@@ -85,7 +85,7 @@ class Device:
     """One accelerator: peak matmul rates, memory system and kernel launch cost."""
 
     name: str
-    matmul_flops: dict[str, float]  # peak dense FLOP/s by tessera dtype name: f32, bf16, f16
+    matmul_flops: dict[str, float]  # peak dense FLOP/s by dtype name: f32, bf16, f16 (, fp8)
     matmul_efficiency: float  # fraction of peak that large matmuls reach
     memory_bandwidth: float  # HBM bytes/s
     memory_efficiency: float  # fraction of memory_bandwidth memory-bound kernels reach
@@ -333,7 +333,7 @@ ASSUMED = "typical assumption, not a datasheet figure; override with measured nu
 def _h100_sxm() -> tuple[Device, dict[str, str]]:
     device = Device(
         name="H100 SXM5 80GB",
-        matmul_flops={"bf16": 989e12, "f16": 989e12, "f32": 494e12},
+        matmul_flops={"bf16": 989e12, "f16": 989e12, "f32": 494e12, "fp8": 1978e12},
         matmul_efficiency=0.7,
         memory_bandwidth=3.35e12,
         memory_efficiency=0.8,
@@ -346,6 +346,9 @@ def _h100_sxm() -> tuple[Device, dict[str, str]]:
         ),
         "device.matmul_flops.f16": (
             f"{H100_URL}: FP16 Tensor Core 1,979 TFLOPS with sparsity = 989 dense"
+        ),
+        "device.matmul_flops.fp8": (
+            f"{H100_URL}: FP8 Tensor Core 3,958 TFLOPS with sparsity = 1,979 dense (1,978: twice the BF16 989 above)"
         ),
         "device.matmul_flops.f32": (
             f"{H100_URL}: TF32 Tensor Core 989 TFLOPS with sparsity = 494 dense; f32 matmuls are "
@@ -421,7 +424,7 @@ def gb200_nvl72() -> Topology:
     """A GB200 NVL72 rack: 72 B200 GPUs as 9 NVSwitch domains of 8, SHARP over the fabric."""
     device = Device(
         name="B200 (GB200 NVL72)",
-        matmul_flops={"bf16": 2.5e15, "f16": 2.5e15, "f32": 1.25e15},
+        matmul_flops={"bf16": 2.5e15, "f16": 2.5e15, "f32": 1.25e15, "fp8": 5e15},
         matmul_efficiency=0.7,
         memory_bandwidth=8e12,
         memory_efficiency=0.8,
@@ -439,6 +442,10 @@ def gb200_nvl72() -> Topology:
             "= 180 dense / 72 GPUs = 2.5e15"
         ),
         "device.matmul_flops.f16": f"{GB200_URL}: as BF16, 2.5e15 dense per GPU",
+        "device.matmul_flops.fp8": (
+            f"{GB200_URL}: FP8/FP6 Tensor Core 720 PFLOPS per rack with sparsity "
+            "= 360 dense / 72 GPUs = 5e15"
+        ),
         "device.matmul_flops.f32": (
             f"{GB200_URL}: TF32 Tensor Core 180 PFLOPS per rack with sparsity = 90 dense / 72 "
             "= 1.25e15; f32 matmuls are assumed to run on TF32 tensor cores"

@@ -264,6 +264,27 @@ class GeluOp(UnaryGraphOp):
 
 
 @irdl_op_definition
+class Fp8QuantizeOp(BinaryGraphOp):
+    """``lhs`` quantised to fp8 with the scalar scale ``rhs`` and dequantised:
+    ``fp8(clamp(lhs / rhs, ±max)) * rhs``, rounded to nearest even, ``format`` e4m3 (max
+    448) or e5m2 (max 57344). Its gradient passes straight through to ``lhs``."""
+
+    name = "graph.fp8_quantize"
+    format = prop_def(StringAttr)
+    shape_rule = staticmethod(shape_rules.fp8_quantize)
+
+
+@irdl_op_definition
+class Fp8GradOp(UnaryGraphOp):
+    """``x``, whose cotangent is quantised to fp8 ``format`` with the per-tensor scale
+    amax / max (current scaling): the backward of an fp8 matmul's result."""
+
+    name = "graph.fp8_grad"
+    format = prop_def(StringAttr)
+    shape_rule = staticmethod(shape_rules.fp8_grad)
+
+
+@irdl_op_definition
 class CompareOp(BinaryGraphOp):
     """Elementwise comparison giving i1: ``predicate`` is eq, ne, lt, le, gt or ge."""
 
@@ -1379,7 +1400,7 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, ErfOp,
     CosOp, SinOp, StopGradientOp, GeluOp,
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
-    CastOp, RandomBitsOp, IotaOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, ProdOp, SoftmaxOp, LogSoftmaxOp,
+    CastOp, Fp8QuantizeOp, Fp8GradOp, RandomBitsOp, IotaOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, ProdOp, SoftmaxOp, LogSoftmaxOp,
     LayerNormOp, RmsNormOp, CrossEntropyOp, AttentionOp, AttentionBackwardOp, ReshapeOp, BroadcastToOp,
     TransposeOp, SliceOp, ConcatOp, SplitOp, GatherOp, DynamicUpdateSliceOp, TopKOp, MoeRouteOp, MoeDispatchOp,
     MoeCombineOp,

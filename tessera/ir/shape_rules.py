@@ -99,6 +99,21 @@ def gelu(x: AbstractTensor, approximate: str) -> AbstractTensor:
     return float_unary(x)
 
 
+FP8_FORMATS = {"e4m3": 448.0, "e5m2": 57344.0}  # float8_e4m3fn / float8_e5m2: largest finite value
+
+
+def fp8_grad(x: AbstractTensor, format: str) -> AbstractTensor:
+    if format not in FP8_FORMATS:
+        raise ShapeError(f"format must be one of {tuple(FP8_FORMATS)}, found {format!r}")
+    return float_unary(x)
+
+
+def fp8_quantize(x: AbstractTensor, scale: AbstractTensor, format: str) -> AbstractTensor:
+    if scale.shape != () or scale.dtype != x.dtype:
+        raise ShapeError(f"fp8_quantize: the scale must be a scalar of {x.dtype}, found {scale}")
+    return fp8_grad(x, format)
+
+
 def binary(lhs: AbstractTensor, rhs: AbstractTensor) -> AbstractTensor:
     """Broadcast shape of the operands; both have one dtype (add, mul, maximum...).
 

@@ -91,7 +91,8 @@ class GPT2(CausalLM):
             x = self.layer(params, f"transformer.h.{i}.", x, cache)
         x = self.norm(params, "transformer.ln_f", x)
         head = "transformer.wte.weight" if c.tie_word_embeddings else "lm_head.weight"
-        return x @ op.transpose(params[head])
+        with op.fp8_matmuls(False):  # the output head stays bf16 in an fp8 step
+            return x @ op.transpose(params[head])
 
     def norm(self, params: Params, name: str, x: Any) -> Any:
         weight, bias = params[f"{name}.weight"], params[f"{name}.bias"]

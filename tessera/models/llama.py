@@ -67,7 +67,8 @@ class Llama(CausalLM):
             x = self.layer(params, f"model.layers.{i}.", x, c.sliding_windows[i], cache)
         x = op.rms_norm(x, eps=c.norm_eps, weight=params["model.norm.weight"])
         head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-        return x @ op.transpose(params[head])
+        with op.fp8_matmuls(False):  # the output head stays bf16 in an fp8 step
+            return x @ op.transpose(params[head])
 
     def layer(
         self, params: Params, prefix: str, x: Any, window: int | None, cache: KVCache | None = None

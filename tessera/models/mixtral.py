@@ -67,7 +67,9 @@ class Mixtral(Llama):
         c = self.config
         E, K, T = c.num_local_experts, c.num_experts_per_tok, h.shape[1]
         moe, act = prefix.removesuffix("mlp.") + "block_sparse_moe.", activation(c.hidden_act)
-        weights, experts, _ = op.router(linear(h, params, f"{moe}gate"), k=K)
+        with op.fp8_matmuls(False):  # the gate stays bf16 in an fp8 step
+            logits = linear(h, params, f"{moe}gate")
+        weights, experts, _ = op.router(logits, k=K)
         routing = op.route(experts, E, capacity=op.expert_capacity(T, E, K, None))
         w1, w2, w3 = (
             op.transpose(params[f"{moe}experts.{w}.weight"], (0, 2, 1)) for w in _EXPERT_WEIGHTS

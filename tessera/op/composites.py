@@ -61,6 +61,7 @@ from tessera.op.primitives import (
     divide,
     equal,
     exp,
+    fp8_matmuls,
     full,
     iota,
     less,
@@ -532,12 +533,13 @@ def cumsum(x: Operand, axis: int | None = None, dtype: Any = None) -> Tensor:
     if n <= 1:
         return tensor
     upper = np.triu(np.ones((n, n), dtype=np.int64))  # upper[i, j] = i <= j
-    if ax == tensor.ndim - 1:
-        return matmul(tensor, constant(upper, tensor.dtype))
-    if ax == tensor.ndim - 2:
-        return matmul(constant(upper.T, tensor.dtype), tensor)
-    moved = swapaxes(tensor, ax, -1)
-    return swapaxes(matmul(moved, constant(upper, tensor.dtype)), ax, -1)
+    with fp8_matmuls(False):  # exact sums, in an fp8 step too
+        if ax == tensor.ndim - 1:
+            return matmul(tensor, constant(upper, tensor.dtype))
+        if ax == tensor.ndim - 2:
+            return matmul(constant(upper.T, tensor.dtype), tensor)
+        moved = swapaxes(tensor, ax, -1)
+        return swapaxes(matmul(moved, constant(upper, tensor.dtype)), ax, -1)
 
 
 # --- rotary position embeddings ----------------------------------------------------------------

@@ -12,10 +12,12 @@ give float32 (torch's default float; numpy gives float64): README "Dtypes". An e
 from __future__ import annotations
 
 import builtins
+import contextlib
 import itertools
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -28,7 +30,7 @@ from tessera.frontend.tracer import Tensor, current_trace, register_operators, u
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.dense import dense_from_numpy, dense_to_numpy
-from tessera.ir.shape_rules import normalize_axis
+from tessera.ir.shape_rules import FP8_FORMATS, normalize_axis
 from tessera.ir.zigzag import check_zigzag
 
 Operand = Tensor | float | int | bool | np.ndarray | torch.Tensor
@@ -354,13 +356,66 @@ def matmul(a: Operand, b: Operand) -> Tensor:
         lhs = reshape(lhs, (1, lhs.shape[0]))
     if squeeze_rhs:
         rhs = reshape(rhs, (rhs.shape[0], 1))
-    result = _bind1(graph.MatmulOp, [lhs, rhs])
+    result = fp8_matmul(lhs, rhs) if _FP8_MATMULS.get() else _bind1(graph.MatmulOp, [lhs, rhs])
     if squeeze_lhs or squeeze_rhs:
         shape = result.shape[:-2]
         shape += () if squeeze_lhs else (result.shape[-2],)
         shape += () if squeeze_rhs else (result.shape[-1],)
         result = reshape(result, shape)
     return result
+
+
+# --- fp8 -------------------------------------------------------------------------------
+
+_FP8_MATMULS: ContextVar[bool] = ContextVar("fp8_matmuls", default=False)
+
+
+@contextlib.contextmanager
+def fp8_matmuls(enabled: bool = True) -> Iterator[None]:
+    """While tracing: ``matmul`` (and ``@``, ``einsum``) computes as :func:`fp8_matmul`."""
+    token = _FP8_MATMULS.set(enabled)
+    try:
+        yield
+    finally:
+        _FP8_MATMULS.reset(token)
+
+
+def fp8_scale(x: Tensor, format: str = "e4m3") -> Tensor:
+    """Per-tensor current scale: ``amax(|x|) / max`` of ``format`` (1 where ``x`` is zero);
+    no gradient flows through it."""
+    amax = stop_gradient(max(abs(x)))
+    return where(greater(amax, 0.0), amax / FP8_FORMATS[format], 1.0)
+
+
+def fp8_quantize(x: Tensor, scale: Tensor | None = None, format: str = "e4m3") -> Tensor:
+    """``x`` quantised to fp8 and dequantised: ``fp8(clamp(x / scale, ±max)) * scale``
+    (saturating, nearest even; ``scale`` defaults to :func:`fp8_scale`); gradient straight through."""
+    (tensor,) = _tensors(x)
+    if scale is None:
+        scale = fp8_scale(tensor, format)
+    (scale,) = _tensors(astype(scale, tensor.dtype))
+    return _bind1(graph.Fp8QuantizeOp, [tensor, scale], format=format)
+
+
+def fp8_grad(x: Tensor, format: str = "e5m2") -> Tensor:
+    """``x``; its cotangent is quantised to ``format`` with its current per-tensor scale."""
+    return _bind1(graph.Fp8GradOp, list(_tensors(x)), format=format)
+
+
+def fp8_matmul(a: Operand, b: Operand) -> Tensor:
+    """An fp8 matmul, emulated: both operands quantised per tensor to e4m3 (current
+    scaling), multiplied in f32, the result's incoming gradient quantised to e5m2;
+    the result has the operands' dtype."""
+    lhs, rhs = _tensors(a, b)
+    dtype = promote(lhs.dtype, rhs.dtype)
+    if dtype not in (DType.f32, DType.bf16, DType.f16):
+        raise TesseraError(
+            f"fp8 matmul: operands must be f32, bf16 or f16, found {lhs.aval} and {rhs.aval}\n"
+            f"  at {user_location()}"
+        )
+    lhs, rhs = (fp8_quantize(astype(t, DType.f32), format="e4m3") for t in (lhs, rhs))
+    product = fp8_grad(_bind1(graph.MatmulOp, [lhs, rhs]), "e5m2")
+    return astype(product, dtype)
 
 
 def attention(
@@ -944,6 +999,11 @@ __all__ = [
     "equal",
     "erf",
     "exp",
+    "fp8_grad",
+    "fp8_matmul",
+    "fp8_matmuls",
+    "fp8_quantize",
+    "fp8_scale",
     "full",
     "gather",
     "gelu",

@@ -1,4 +1,5 @@
-"""Elementwise ops: unary math, gelu, binary arithmetic, compare, select and cast.
+"""Elementwise ops: unary math, gelu, binary arithmetic, compare, select, cast and the fp8
+quantisers.
 
 Every op here is sharded elementwise (result dims are parallel factors; operands
 broadcast into them) and fuses as an elementwise op; its tile code gets its operands
@@ -25,6 +26,7 @@ from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor, aval
 from tessera.ir.dense import first_value, is_splat
 from tessera.ir.grad_builder import GradBuilder
+from tessera.ir.shape_rules import FP8_FORMATS
 from tessera.ir.sharding_rules import elementwise
 from tessera.ir.tile import compute_element, element_type, is_float
 from tessera.opdefs.registry import (
@@ -617,3 +619,85 @@ def _cast_tile(b: TileBuilder, op: graph.CastOp, a: Operands) -> Value:
 
 
 _register(graph.CastOp, vjp=_cast_vjp, reference=_cast_reference, tile=Pointwise(_cast_tile))
+
+
+# --- fp8 quantisation ------------------------------------------------------------------------
+
+FP8_TORCH = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+# (mantissa bits, least normal exponent) of each format
+_FP8_BITS = {"e4m3": (3, -6), "e5m2": (2, -14)}
+
+
+def _fp8_quantize_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    return [cts[0], None]  # straight through
+
+
+@bound
+def _fp8_quantize_reference(op: graph.GraphOp) -> Callable[..., torch.Tensor]:
+    """``fp8(clamp(x / s, ±max)) * s`` with torch's float8 casts (round to nearest even)."""
+    fmt = op.attrs()["format"]
+    fp8, largest = getattr(torch, FP8_TORCH[fmt]), FP8_FORMATS[fmt]
+    return lambda x, s: (x / s).clamp(-largest, largest).to(fp8).to(x.dtype) * s
+
+
+def fp8_round_tile(b: TileBuilder, x: Value, fmt: str) -> Value:
+    """``x`` (f32 or f64, within ±max) rounded to the nearest fp8 value, ties to even, in
+    its own arithmetic (no fp8 type needed): the spacing of the values at ``|x|`` is picked
+    by comparisons with the powers of two, and ``(y + 2^p) - 2^p`` rounds ``y`` to an
+    integer (ties to even) for ``0 <= y < 2^p``, ``p`` the significand's bits less one."""
+    mantissa, least = _FP8_BITS[fmt]
+    largest = int(math.log2(FP8_FORMATS[fmt]))
+    magnitude = b.math(mathd.AbsFOp, x)
+    spacing = b.constant(2.0 ** (least - mantissa))  # subnormals and the least binade
+    for e in range(least + 1, largest + 1):
+        above = b.cmp("ge", magnitude, b.constant(2.0**e))
+        spacing = b.select(above, b.constant(2.0 ** (e - mantissa)), spacing)
+    magic = b.constant(2.0 ** (52 if element_type(x.type) == f64 else 23))
+    steps = b.sub(b.add(b.div(magnitude, spacing), magic), magic)
+    rounded = b.mul(steps, spacing)
+    return b.select(b.cmp("lt", x, b.constant(0.0)), b.neg(rounded), rounded)
+
+
+def _fp8_quantize_tile(b: TileBuilder, op: graph.GraphOp, a: Operands) -> Value:
+    fmt = op.attrs()["format"]
+    largest = FP8_FORMATS[fmt]
+    y = b.div(a[0], a[1])
+    y = b.minimum(b.maximum(y, b.constant(-largest)), b.constant(largest))
+    return b.mul(fp8_round_tile(b, y, fmt), a[1])
+
+
+_register(
+    graph.Fp8QuantizeOp,
+    vjp=_fp8_quantize_vjp,
+    reference=_fp8_quantize_reference,
+    tile=Pointwise(_fp8_quantize_tile),
+)
+
+
+def fp8_scale(b: GradBuilder, x: SSAValue, fmt: str) -> SSAValue:
+    """The per-tensor current scale of ``x``: ``amax(|x|) / max``, 1 where ``x`` is all zero."""
+    magnitude = b.op(graph.AbsOp, x)
+    rank = len(_shape(x))
+    amax = (
+        b.op(graph.MaxOp, magnitude, axes=list(range(rank)), keepdims=False) if rank else magnitude
+    )
+    positive = b.op(graph.CompareOp, amax, b.constant(0.0, amax), predicate="gt")
+    scaled = b.div(amax, b.constant(FP8_FORMATS[fmt], amax))
+    return b.op(graph.SelectOp, positive, scaled, b.constant(1.0, amax))
+
+
+def _fp8_grad_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    ct = cts[0]
+    if ct is None:
+        return [None]
+    fmt = op.attrs()["format"]
+    return [b.op(graph.Fp8QuantizeOp, ct, fp8_scale(b, ct, fmt), format=fmt)]
+
+
+_register(
+    graph.Fp8GradOp,
+    partial=(0,),
+    vjp=_fp8_grad_vjp,
+    reference=on_operands(lambda x: x),
+    tile=Pointwise(lambda b, op, a: a[0]),
+)

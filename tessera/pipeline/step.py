@@ -256,7 +256,10 @@ class PipelineStep:
             # mixed precision: the stages compute in the compute dtype from f32 masters
             params, batch = to_compute(params, precision), to_compute(batch, precision)
             casts = list(trace.block.ops)
-            with tracing_step(StepTrace(params, step.remat, recorded=recorded)):
+            with (
+                tracing_step(StepTrace(params, step.remat, recorded=recorded)),
+                op.fp8_matmuls(precision.fp8),
+            ):
                 returned = step.fn(params, *pytree.unflatten(batch_tree, batch))
             if not (isinstance(returned, tuple) and len(returned) == 2) or not recorded:
                 raise TraceError(f"{name} must return (graph.backward(loss), metrics)")

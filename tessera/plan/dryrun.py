@@ -5,7 +5,7 @@ The model keeps its structure (attention heads to KV heads ratio, MLP kind, the 
 layout) at small sizes: ``pp · virtual`` layers (one per stage), hidden ``16 · heads``
 with heads reduced to ``2 · tp``, sequence ``8 · cp``; each mesh axis keeps the
 strategy's size up to ``max_axis`` (the virtual mesh runs every rank in one process).
-The step is ``graph.training_step`` (AdamW, the strategy's ZeRO stage, Megatron layout
+The step is ``graph.training_step`` (AdamW, the strategy's ZeRO stage and precision, Megatron layout
 over tp, batch over dp, sequence over cp, pipelined over pp with its schedule; Tessera's
 pipelined steps run ZeRO-0 and split the batch over dp themselves, so a pipelined plan's
 dry run does that) of the
@@ -92,6 +92,7 @@ def dry_run(
     training = graph.training_step(
         step, optimizer=optim.AdamW(lr=1e-3), mesh=mesh, zero=zero, kernels=kernels,
         param_shardings=shardings, batch_shardings=None if small.pp > 1 else (batch_spec,),
+        precision=small.precision,
     )  # fmt: skip
     state = training.init(params)
     loss = float(training(state, x)["loss"])

@@ -32,7 +32,8 @@ most 4·pp microbatches, extended at the busiest rank's pace: ``_simulated_pipel
 the data-parallel gradient reduction (all-reduce, or reduce-scatter and parameter
 all-gather with ZeRO ≥ 1), overlapped with the last microbatch's backward except its last
 layer's bucket, and the optimizer step (memory-bound: 32 B read and written per parameter
-the rank updates). FP8 runs the layer's linear matmuls at twice the bf16 rate (the H100/B200 FP8 peak)
+the rank updates). FP8 runs the layer's linear matmuls at the device's FP8 rate (twice BF16's on
+H100 and B200; a device without FP8 tensor cores, A100, is planned in BF16 only)
 and keeps the attention kernels and the output projection in BF16, as FP8 recipes do
 (DeepSeek-V3 report §3.3.1 keeps attention operators, the embedding and the output head
 in BF16/FP32); its quantization kernels are not priced; MFU is against the peak of the
@@ -46,6 +47,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from tessera.errors import TesseraError
 from tessera.perf.collective_cost import collective_time
 from tessera.perf.compute_cost import compute_time
 from tessera.perf.pipeline_simulate import PipelineProgram, simulate_pipeline
@@ -286,10 +288,17 @@ def _flops_per_token(model: ModelSpec, seq: int) -> float:
 _FP8_MACHINES: dict[int, tuple[Topology, Topology]] = {}  # id(topology) -> (it, with FP8)
 
 
+def has_fp8(topology: Topology) -> bool:
+    """Whether the devices have FP8 tensor cores (an ``fp8`` matmul rate: H100, B200; not A100)."""
+    return "fp8" in topology.device.matmul_flops
+
+
 def precision_machine(topology: Topology, precision: str) -> Topology:
-    """The machine the layers of a ``precision`` strategy run on (FP8: doubled matmul rate)."""
+    """The machine the layers of a ``precision`` strategy run on (FP8: the FP8 matmul rate)."""
     if precision != "fp8":
         return topology
+    if not has_fp8(topology):
+        raise TesseraError(f"{topology.device.name} has no FP8 tensor cores: plan bf16")
     cached = _FP8_MACHINES.get(id(topology))
     if cached is None or cached[0] is not topology:  # made once per topology: a search
         cached = _FP8_MACHINES[id(topology)] = (topology, _fp8_machine(topology))  # asks often
@@ -297,11 +306,11 @@ def precision_machine(topology: Topology, precision: str) -> Topology:
 
 
 def _fp8_machine(topology: Topology) -> Topology:
-    """``topology`` with FP8 matmuls: twice the dense BF16 rate."""
-    bf16 = topology.device.matmul_flops["bf16"]
+    """``topology`` with its linear matmuls at the FP8 rate (twice BF16's on H100 and B200)."""
+    fp8 = topology.device.matmul_flops["fp8"]
     return topology.with_overrides(
-        {"device": {"matmul_flops": {"bf16": 2 * bf16, "f16": 2 * bf16}}},
-        source="FP8 tensor cores: twice the dense BF16 rate (H100 and B200 datasheets)",
+        {"device": {"matmul_flops": {"bf16": fp8, "f16": fp8}}},
+        source="FP8 tensor cores: the device's fp8 matmul rate",
     )
 
 

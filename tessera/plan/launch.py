@@ -53,8 +53,6 @@ def unsupported(s: Strategy) -> list[str]:
             f"Tessera's pipelined steps do not support ZeRO-3 yet: with --pp {s.pp} the script "
             f"fails at --zero=3 (pass --zero 1 or 2 to plan for it)"
         )
-    if s.precision == "fp8":
-        notes.append("examples/train_gpt.py computes in f32 or bf16, not fp8")
     if s.ep > 1:
         notes.append(
             "--ep is for an MoE script (examples/train_moe.py takes --dp, --ep, --tp and --batch "

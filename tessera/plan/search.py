@@ -5,7 +5,8 @@ simulated step time.
    keeps at least 2048 tokens), ep dividing dp and the experts, ZeRO 0–3, microbatch sizes
    1, 2, 4, schedules 1F1B, interleaved (2 chunks) and ZB-H1 when pp > 1 (GPipe holds every
    microbatch: never better than 1F1B in time, worse in memory), sequence parallelism on
-   and off, recomputation none or full, precision bf16 or fp8.
+   and off, recomputation none or full, precision bf16 or fp8 (fp8 only on devices with FP8
+   tensor cores: ``graph.training_step(precision="fp8")`` runs it).
 2. *Drop* what breaks a size rule (:func:`structural_violations`) or cannot fit even its
    model states, with the reason, counted by rule.
 3. *Screen* the rest with :func:`estimate` and ``screen=True``: the compiled layer at one
@@ -32,6 +33,7 @@ from tessera.plan.estimate import (
     MEMORY_HEADROOM,
     Estimate,
     estimate,
+    has_fp8,
     precision_machine,
     screen_memory,
 )
@@ -132,10 +134,14 @@ def search(
     result = SearchResult(ranked=[])
     capacity = MEMORY_HEADROOM * topology.device.memory_bytes
     plausible: list[Strategy] = []
+    fp8 = has_fp8(topology)
     for s in candidates(model, gpus, global_batch, seq):
         if fix and any(getattr(s, k) != v for k, v in fix.items()):
             continue
         result.candidates += 1
+        if s.precision == "fp8" and not fp8:
+            result.dropped["the device has no FP8 tensor cores"] += 1
+            continue
         problems = structural_violations(model, s, gpus, global_batch, seq)
         if problems:
             result.dropped[_reason(problems[0])] += 1

@@ -8,7 +8,7 @@ message saying what was expected and what was found.
 from __future__ import annotations
 
 from tessera.errors import TesseraError
-from tessera.plan.estimate import MEMORY_HEADROOM, Estimate, estimate
+from tessera.plan.estimate import MEMORY_HEADROOM, Estimate, estimate, has_fp8
 from tessera.plan.models import ModelSpec
 from tessera.plan.strategy import PRECISIONS, REMAT, SCHEDULES, ZERO_STAGES, Strategy
 from tessera.topology import Topology
@@ -93,6 +93,8 @@ def validate(
 ) -> tuple[list[str], Estimate | None]:
     """All violations of ``s`` and, when it is well-formed, its estimate."""
     found = structural_violations(model, s, gpus, global_batch, seq)
+    if s.precision == "fp8" and not has_fp8(topology):
+        found.append(f"precision fp8 needs FP8 tensor cores, which the {topology.device.name} lacks")
     if found:
         return found, None
     result = estimate(model, s, topology, global_batch, seq)

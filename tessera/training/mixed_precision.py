@@ -1,4 +1,4 @@
-"""Mixed precision for ``graph.training_step``: compute in bf16 or fp16, keep the master
+"""Mixed precision for ``graph.training_step``: compute in bf16, fp16 or fp8, keep the master
 parameters and the optimizer state in f32, reduce gradients in f32 or in the compute
 dtype, and scale an fp16 loss dynamically.
 
@@ -6,6 +6,14 @@ The step's program casts the f32 parameters (and float batch arguments) to the c
 dtype before the user's function, so the forward and backward run in it; the gradients
 are cast to f32 before their reduction over dp (``reduce="f32"``) or after it
 (``reduce="compute"``), and the optimizer updates the f32 parameters.
+
+FP8 (``precision="fp8"``): bf16 as above, and every ``op.matmul`` (``@``, ``einsum``; not
+``cumsum``'s, nor attention's, which stay bf16) is :func:`tessera.op.fp8_matmul`: its
+operands quantised per tensor to e4m3 and its incoming gradient to e5m2, each with its
+current scale ``amax / max`` (the whole tensor's over a mesh; a pipelined step's per
+data-parallel rank and microbatch, as gradient accumulation's per microbatch), products in
+f32. The quantisation is emulated (``graph.fp8_quantize``: torch's float8 casts on the
+reference kernels, f32 arithmetic in Triton kernels); the matmuls run on f32 operands.
 
 Dynamic loss scaling (fp16's default, as ``torch.amp.GradScaler``): ``graph.backward``
 seeds the loss's cotangent with the scale, so the backward computes the gradients of

@@ -174,7 +174,7 @@ class TrainingStep:
         ``clip_grad_norm`` the global norm the gradients are clipped to (metric
         ``"grad_norm"``: their norm before), ``accumulate`` the microbatches each batch is
         cut into (gradients averaged), ``precision`` the mixed-precision policy
-        (``graph.Precision``, or ``"bf16"`` / ``"fp16"``: :mod:`tessera.training.mixed_precision`),
+        (``graph.Precision``, or ``"bf16"`` / ``"fp16"`` / ``"fp8"``: :mod:`tessera.training.mixed_precision`),
         ``numerics`` the step's numerics policy (``"fast"`` or ``"deterministic"``;
         default the global one: :mod:`tessera.numerics`), ``cuda_graphs`` whether the
         step replays from a CUDA graph (``ts.jit``'s option; not for pipelined steps)."""
@@ -500,7 +500,7 @@ class TrainingStep:
 
         def call(used: Any, batch: Sequence[Any], scale: Tensor | None) -> tuple[list[Tensor], Any]:
             used, batch = to_compute(used, precision), to_compute(tuple(batch), precision)
-            with tracing_step(StepTrace(used, self.remat, scale)):
+            with tracing_step(StepTrace(used, self.remat, scale)), op.fp8_matmuls(precision.fp8):
                 returned = user_fn(used, *batch)
             if not (isinstance(returned, tuple) and len(returned) == 2):
                 raise TraceError(

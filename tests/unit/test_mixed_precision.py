@@ -130,6 +130,6 @@ def test_a_skipped_step_leaves_parameters_and_state_as_they_were() -> None:
 
 def test_precision_errors_name_the_problem() -> None:
     with pytest.raises(TesseraError, match="compute must be one of"):
-        make_step("fp8")
+        make_step("fp4")
     with pytest.raises(TesseraError, match="reduce must be one of"):
         graph.Precision("bf16", reduce="f16")

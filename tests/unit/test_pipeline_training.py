@@ -354,6 +354,7 @@ def test_pipelined_memory_matches_what_the_runtime_keeps(
         (torch.float32, None, torch.float32),
         (torch.float32, "bf16", torch.float32),
         (torch.float32, "fp16", torch.float32),
+        (torch.float32, "fp8", torch.float32),
     ],
 )
 def test_metrics_are_0d_tensors_at_least_float32(

@@ -156,18 +156,35 @@ def test_recommend_finds_a_plan() -> None:
 
 
 def test_dry_run_of_a_recommended_plan() -> None:
-    """The search's best plan, compiled at reduced width, runs one training step on the
-    virtual mesh with a finite loss."""
+    """The search's best plan and its best FP8 plan, compiled at reduced width, each run one
+    training step in their precision on the virtual mesh with a finite loss."""
     from tessera.plan.search import search
     from tessera.topology import dgx_h100
 
     model = load_model(SMALL)
-    result = search(
-        model, dgx_h100(), 8, 16, 32, finalists=2, fix={"precision": "bf16", "remat": "none"}
-    )
+    result = search(model, dgx_h100(), 8, 16, 32, finalists=2, fix={"remat": "none"})
     assert result.best is not None
-    run = dry_run(model, result.best.strategy)
-    assert torch.isfinite(torch.tensor(run.loss))
+    fp8 = next(e.strategy for e in result.ranked if e.strategy.precision == "fp8")
+    for strategy in {result.best.strategy, fp8}:
+        run = dry_run(model, strategy)
+        assert torch.isfinite(torch.tensor(run.loss)), strategy
+
+
+def test_fp8_is_planned_only_where_training_runs_it() -> None:
+    """FP8 plans need FP8 tensor cores (none on A100: dropped by the search, a violation
+    for validate) and every planned precision is one ``graph.training_step`` takes."""
+    from tessera.plan.search import search
+    from tessera.plan.strategy import PRECISIONS, Strategy
+    from tessera.plan.validate import validate
+    from tessera.precision import Precision
+    from tessera.topology import dgx_a100
+
+    assert all(Precision.of(p).compute == p for p in PRECISIONS)
+    model = load_model(SMALL)
+    result = search(model, dgx_a100(), 8, 16, 32, fix={"precision": "fp8"})
+    assert result.best is None and result.dropped["the device has no FP8 tensor cores"] > 0
+    found, _ = validate(model, Strategy(dp=8, precision="fp8"), dgx_a100(), 8, 16, 32)
+    assert any("FP8 tensor cores" in f for f in found)
 
 
 def test_parallel_layer_compiles_give_the_serial_ranking() -> None:

@@ -540,6 +540,19 @@ func.func @attention(%q: tensor<2x4x16x8xf32>, %k: tensor<2x2x24x8xf32>, %v: ten
   func.return
 }
 
+// The fp8 quantisers: fp8_quantize (a value and its scalar scale) and fp8_grad (identity,
+// its cotangent quantised), each with its format.
+// CHECK-LABEL: func.func @fp8
+// CHECK-SAME: (%[[X:.*]]: tensor<4x8xf32>, %[[S:.*]]: tensor<f32>) {
+// CHECK-NEXT: %[[Q:.*]] = graph.fp8_quantize %[[X]], %[[S]] {format = e4m3} : tensor<4x8xf32>, tensor<f32> -> tensor<4x8xf32>{{$}}
+// CHECK-NEXT: %{{.*}} = graph.fp8_grad %[[Q]] {format = e5m2} : tensor<4x8xf32>{{$}}
+// CHECK-NEXT: func.return
+func.func @fp8(%x: tensor<4x8xf32>, %s: tensor<f32>) {
+  %q = graph.fp8_quantize %x, %s {format = e4m3} : tensor<4x8xf32>, tensor<f32> -> tensor<4x8xf32>
+  %g = graph.fp8_grad %q {format = e5m2} : tensor<4x8xf32>
+  func.return
+}
+
 // Discardable attributes print after the properties with the `attributes` keyword
 // (before the value for a constant) and survive both round trips.
 // CHECK-LABEL: func.func @discardable_attributes
