@@ -137,6 +137,9 @@ COMMANDS: dict[str, tuple[Run, ...] | str] = {
     ".venv/bin/python examples/train_gpt.py --precision bf16 --steps 10": (
         Run(".venv/bin/python examples/train_gpt.py --precision bf16 --steps 2", expect=("remat everything, bf16",)),
     ),
+    ".venv/bin/python examples/train_gpt.py --precision fp8 --steps 10": (
+        Run(".venv/bin/python examples/train_gpt.py --precision fp8 --steps 2", expect=("remat everything, fp8",)),
+    ),
     # the same job with --steps 2 (and `python -m tessera.tools.launch run` for .venv/bin/tessera run)
     ".venv/bin/tessera run -n 4 examples/train_gpt.py --steps 5": (
         "tests/unit/test_distributed.py::test_train_gpt_over_four_processes"
