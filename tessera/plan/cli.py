@@ -52,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
     ):
         sub = commands.add_parser(name, help=text, description=text)
         sub.add_argument("--model", required=True,
-                         help=f"a preset ({', '.join(PRESETS)}), 'key=value,...' or a JSON file")  # fmt: skip
+                         help=f"a preset ({', '.join(PRESETS)}), 'key=value,...', a JSON file of those fields or a Hugging Face config.json")  # fmt: skip
         sub.add_argument("--gpus", type=int, required=True)
         sub.add_argument("--cluster", default="dgx_h100", choices=CLUSTERS)
         sub.add_argument("--seq", type=int, help="sequence length (default: the model's)")

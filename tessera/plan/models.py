@@ -13,7 +13,8 @@ halved for a causal mask.
 Presets (sources in :data:`SOURCES`): ``gpt3-175b``, ``llama3-8b``, ``llama3-70b``,
 ``llama3-405b``, ``mixtral-8x7b``, ``deepseek-v3``. A custom description is
 ``"layers=32,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256"`` (any field of
-:class:`ModelSpec`) or a JSON file of the same fields; ``base=llama3-8b,layers=4``
+:class:`ModelSpec`), a JSON file of the same fields, or a Hugging Face ``config.json``
+(:mod:`tessera.plan.hf_config`); ``base=llama3-8b,layers=4``
 overrides a preset. ``layer=module:function`` (or ``layer=path/to/file.py:function``)
 replaces the layer Tessera compiles by a Tessera function of the signature of
 :func:`tessera.plan.layer.transformer_layer` (``x, params, heads, kv_heads, mlp,
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tessera.errors import TesseraError
+from tessera.plan.hf_config import fields_from_hf, is_hf_config
 
 MLP_KINDS = ("swiglu", "gelu")
 
@@ -239,7 +241,8 @@ def layer_function(path: str) -> Callable[..., object]:
 
 
 def load_model(text: str) -> ModelSpec:
-    """A preset name, a JSON file, or ``key=value,...`` (``base=<preset>`` to start from one)."""
+    """A preset name, a JSON file (our fields or a Hugging Face ``config.json``), or
+    ``key=value,...`` (``base=<preset>`` to start from one)."""
     text = text.strip()
     if text in PRESETS:
         return PRESETS[text]
@@ -251,6 +254,8 @@ def load_model(text: str) -> ModelSpec:
             raise TesseraError(f"cannot read model file {text!r}: {error}") from None
         if not isinstance(data, dict):
             raise TesseraError(f"model file {text!r} must hold a JSON object")
+        if is_hf_config(data):
+            return model_from_fields(fields_from_hf(data, text), default_name=text)
         return model_from_fields({str(k): v for k, v in data.items()}, default_name=text)
     if "=" not in text:
         raise TesseraError(
