@@ -99,6 +99,14 @@ class Estimate:
     exposed_comm_s: float
     simulated: bool  # pipeline simulator (True) or closed-form bubble (False)
     parts: dict[str, float] = field(default_factory=dict)
+    # the step time split into what it is spent on (seconds, summing to step_s): see
+    # BREAKDOWN
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Usable memory left on the most loaded rank (negative: does not fit)."""
+        return int(MEMORY_HEADROOM * self.memory.capacity) - self.memory.total
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,7 +121,20 @@ class Estimate:
             "step_s": self.step_s, "mfu": self.mfu, "tokens_per_s": self.tokens_per_s,
             "bubble": self.bubble, "exposed_comm_s": self.exposed_comm_s,
             "simulated": self.simulated, "parts_s": self.parts,
+            "breakdown_s": self.breakdown, "headroom_gb": self.headroom_bytes / 1e9,
         }  # fmt: skip
+
+
+BREAKDOWN = {
+    "compute": "the busiest pipeline rank's layers, head and embedding (not recomputed)",
+    "recompute": "the forward run again in the backward (remat=full)",
+    "exposed_comm": "tensor/context/expert-parallel and ZeRO-3 collectives not hidden "
+    "behind compute, inside the stages",
+    "bubble": "pipeline idle time and stage-to-stage sends",
+    "dp_exposed": "the data-parallel gradient reduction (and ZeRO all-gather) left after "
+    "the last backward",
+    "optimizer": "the optimizer update of the rank's parameters",
+}
 
 
 def stage_layers(layers: int, stages: int) -> list[int]:
@@ -439,6 +460,9 @@ def estimate(
     p2p = 0.0
     if s.pp > 1:
         p2p = _collective_s(same, "send", profile.input_bytes, (0, rank_of(s, pp=1)))
+    busiest_work = m * max(
+        sum(forward[c] + backward[c] for c in chunks) for chunks in layout.rank_kinds
+    )
     if s.pp == 1:
         makespan = m * (forward[0] + backward[0])
         bubble = 0.0
@@ -478,8 +502,18 @@ def estimate(
     step = makespan + dp_exposed + optimizer
 
     layer_exposed = profile.forward_exposed_comm_s + profile.backward_exposed_comm_s
-    exposed = m * layout.busiest_layers * (layer_exposed + 4 * a2a * moe_share)
-    exposed += dp_exposed + m * zero3_exposed + (2 * m * p2p if s.pp > 1 else 0.0)
+    in_stages = m * layout.busiest_layers * (layer_exposed + 4 * a2a * moe_share)
+    in_stages += m * zero3_exposed
+    exposed = in_stages + dp_exposed + (2 * m * p2p if s.pp > 1 else 0.0)
+    recompute = m * layout.busiest_layers * profile.forward_s if s.remat == "full" else 0.0
+    breakdown = {
+        "compute": busiest_work - recompute - in_stages,
+        "recompute": recompute,
+        "exposed_comm": in_stages,
+        "bubble": makespan - busiest_work,
+        "dp_exposed": dp_exposed,
+        "optimizer": optimizer,
+    }
     flops = _flops_per_token(model, seq) * global_batch * seq
     peak = machine.device.matmul_flops["bf16"] * s.gpus  # the precision's peak
     return Estimate(
@@ -500,4 +534,5 @@ def estimate(
             "all_to_all": a2a,
             "p2p": p2p,
         },
+        breakdown=breakdown,
     )

@@ -391,7 +391,9 @@ def prefetch_profiles(
         profile_layer(missing[0], topology)
     missing = missing[1:]
     context = multiprocessing.get_context("fork")
-    with context.Pool(min(jobs, len(missing)), initializer=torch.set_num_threads, initargs=(1,)) as pool:
+    with context.Pool(
+        min(jobs, len(missing)), initializer=torch.set_num_threads, initargs=(1,)
+    ) as pool:
         for shape, profiles in zip(
             missing, pool.map(_profiles_of, [(s, list(topologies)) for s in missing]), strict=True
         ):

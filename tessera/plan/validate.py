@@ -94,7 +94,9 @@ def validate(
     """All violations of ``s`` and, when it is well-formed, its estimate."""
     found = structural_violations(model, s, gpus, global_batch, seq)
     if s.precision == "fp8" and not has_fp8(topology):
-        found.append(f"precision fp8 needs FP8 tensor cores, which the {topology.device.name} lacks")
+        found.append(
+            f"precision fp8 needs FP8 tensor cores, which the {topology.device.name} lacks"
+        )
     if found:
         return found, None
     result = estimate(model, s, topology, global_batch, seq)

@@ -272,3 +272,36 @@ def test_pipeline_extension_matches_the_full_simulation(
     else:
         full = simulate_pipeline(actions, forward, backward, 0.0, 0.05)
     assert makespan == pytest.approx(full.makespan_s, rel=0.005)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        Strategy(dp=16, tp=4, zero=1),
+        Strategy(dp=4, tp=8, pp=2, schedule="interleaved", virtual=2, remat="full"),
+        Strategy(dp=8, tp=2, pp=4, schedule="1f1b", sp=True),
+    ],
+    ids=["dp-tp", "pp-interleaved-remat", "pp-1f1b-sp"],
+)
+def test_step_breakdown_sums_to_the_step(strategy: Strategy) -> None:
+    """The planner's explanation of a step (compute, recomputation, exposed
+    communication, bubble, data-parallel reduction, optimizer) adds up to the predicted
+    step time, every part non-negative; recomputation is one forward per layer and
+    microbatch exactly when remat=full, and there is a bubble exactly with a pipeline."""
+    from tessera.plan.estimate import BREAKDOWN, estimate
+    from tessera.plan.strategy import cluster_topology
+
+    model = PRESETS["llama3-8b"]
+    result = estimate(model, strategy, cluster_topology("dgx_h100", 64), 256, 4096)
+    parts = result.breakdown
+    assert set(parts) == set(BREAKDOWN)
+    assert sum(parts.values()) == pytest.approx(result.step_s, rel=1e-9)
+    assert all(v >= -1e-12 for v in parts.values()), parts
+    assert (parts["recompute"] > 0) == (strategy.remat == "full")
+    assert (parts["bubble"] > 0) == (strategy.pp > 1)
+    if strategy.remat == "full":
+        m = strategy.microbatches(256)
+        layers = -(-model.layers // (strategy.pp * strategy.virtual)) * strategy.virtual
+        forward = result.parts["layer_forward"]
+        assert parts["recompute"] == pytest.approx(m * layers * forward, rel=1e-9)
+    assert result.headroom_bytes == int(0.9 * result.memory.capacity) - result.memory.total
