@@ -290,6 +290,7 @@ def test_training_progress_is_never_silent_for_long(capsys: pytest.CaptureFixtur
         ["--pp", "2", "--precision", "fp16", "--schedule", "gpipe"],
         ["--pp", "2", "--schedule", "zb-h1"],  # f32: the tight tolerance
         ["--precision", "fp8"],  # dp x tp
+        ["--pp", "2", "--precision", "fp8"],  # fp8 through the pipeline's stage programs
         [],  # dp x tp
     ],
 )
@@ -298,7 +299,7 @@ def test_train_gpt_takes_every_option_together(
 ) -> None:
     """``examples/train_gpt.py`` with clipping, ZeRO-1, full recomputation, 2 accumulation
     rounds, deterministic numerics and a warmup-cosine schedule, pipelined or not, in f32,
-    bf16, fp16 or fp8: every step's loss matches the torch loop implementing the same options
+    bf16, fp16 or fp8 (pipelined too): every step's loss matches the torch loop implementing the same options
     (``clip_grad_norm_``, ``LambdaLR``, GradScaler's overflow skip) within the example's
     tolerance (2e-4 f32, 5e-2 mixed)."""
     monkeypatch.setenv("TESSERA_KERNELS", "reference")
