@@ -183,17 +183,48 @@ def layer_shardings(shape: LayerShape) -> tuple[Any, dict[str, Any]]:
     return x_spec, specs
 
 
-def layer_mesh(shape: LayerShape) -> dist.Mesh:
-    return dist.mesh({"cp": shape.cp, "tp": shape.tp})
+def layer_mesh(shape: LayerShape, topology: Topology | None = None) -> dist.Mesh:
+    """The layer's cp × tp mesh, on the first ranks of ``topology`` when given."""
+    machine = None if topology is None else layer_machine(topology, shape.cp * shape.tp)
+    return dist.mesh({"cp": shape.cp, "tp": shape.tp}, topology=machine)
+
+
+def layer_machine(topology: Topology, size: int) -> Topology:
+    """The first ``size`` ranks of ``topology``, where one layer's tp × cp group runs: its
+    levels up to the first that holds them all, that one cut to ``size`` (the whole
+    topology when the cut would not nest, e.g. 12 ranks in groups of 8). Clusters that
+    differ only outside the group (``dgx_h100x4``, ``dgx_h100x16`` for 8 ranks) give
+    equal machines, so the layer compiles once for both."""
+    inner = [link for link in topology.levels if link.group_size < size]
+    outer = next((link for link in topology.levels if link.group_size >= size), None)
+    if outer is None or any(size % link.group_size for link in inner):
+        return topology
+    levels = (*inner, dataclasses.replace(outer, group_size=size))
+    sharp = topology.sharp if topology.sharp and topology.sharp.level < len(levels) else None
+    return dataclasses.replace(
+        topology, name=f"{topology.name}[:{size}]", num_devices=size, levels=levels, sharp=sharp
+    )
+
+
+def _machine_key(topology: Topology | None, size: int) -> str:
+    """What a layer's compile depends on of ``topology`` (None: the mesh's default)."""
+    if topology is None:
+        return ""
+    machine = layer_machine(topology, size)
+    return repr((machine.device, machine.levels, machine.sharp))
 
 
 def compile_layer(
-    shape: LayerShape, dtype: torch.dtype = torch.bfloat16, device: str = "meta"
+    shape: LayerShape,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "meta",
+    topology: Topology | None = None,
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """The jitted gradient of the layer (its loss's, with the layer's output as ``has_aux``)
-    and its example arguments."""
+    and its example arguments, compiled for the first tp × cp ranks of ``topology`` (the
+    collective algorithms, overlap and collective-matmul choices of that machine)."""
     x_spec, specs = layer_shardings(shape)
-    mesh = layer_mesh(shape)
+    mesh = layer_mesh(shape, topology)
     params = {
         n: torch.empty(s, dtype=dtype, device=device) for n, s in layer_param_shapes(shape).items()
     }
@@ -288,17 +319,19 @@ def _attention_flops(ops: Iterable[Operation]) -> float:
     )
 
 
-_LOWERED: dict[LayerShape, Any] = {}
+_LOWERED: dict[tuple[LayerShape, str], Any] = {}
 _PROFILES: dict[tuple[LayerShape, str], LayerProfile] = {}
 
 
-def lowered_layer(shape: LayerShape) -> Any:
-    """The lowered gradient program of ``shape`` (compiled once per shape; the forward is
-    the part of it that the layer's output depends on, :func:`forward_ops`)."""
-    if shape not in _LOWERED:
-        gradient, args = compile_layer(shape, getattr(torch, shape.dtype))
-        _LOWERED[shape] = gradient.lower(*args)
-    return _LOWERED[shape]
+def lowered_layer(shape: LayerShape, topology: Topology | None = None) -> Any:
+    """The lowered gradient program of ``shape`` on ``topology``'s first tp × cp ranks
+    (compiled once per shape and :func:`layer_machine`; the forward is the part of it
+    that the layer's output depends on, :func:`forward_ops`)."""
+    key = (shape, _machine_key(topology, shape.cp * shape.tp))
+    if key not in _LOWERED:
+        gradient, args = compile_layer(shape, getattr(torch, shape.dtype), topology=topology)
+        _LOWERED[key] = gradient.lower(*args)
+    return _LOWERED[key]
 
 
 def profile_layer(shape: LayerShape, topology: Topology, exact: bool = True) -> LayerProfile:
@@ -326,7 +359,7 @@ def profile_layer(shape: LayerShape, topology: Topology, exact: bool = True) -> 
         return _PROFILES[key]
     from tessera.perf.simulate import simulate
 
-    lowered = lowered_layer(shape)
+    lowered = lowered_layer(shape, topology)
     module = lowered.module_at("schedule")
     function = _function(module, lowered.name)
     forward = forward_ops(function)
@@ -359,12 +392,13 @@ def _profile_key(shape: LayerShape, topology: Topology) -> tuple[LayerShape, str
     return shape, topology.name + repr(topology.device)
 
 
-_PREFETCHED: set[LayerShape] = set()  # shapes compiled by prefetch_profiles' workers
+# (shape, machine key) compiled by prefetch_profiles' workers
+_PREFETCHED: set[tuple[LayerShape, str]] = set()
 
 
 def compiled_count() -> int:
-    """Distinct layer programs (one gradient program per shape) compiled so far by this
-    process and its :func:`prefetch_profiles` workers."""
+    """Distinct layer programs (one gradient program per shape and layer machine)
+    compiled so far by this process and its :func:`prefetch_profiles` workers."""
     return len(_PREFETCHED | set(_LOWERED))
 
 
@@ -399,8 +433,8 @@ def prefetch_profiles(
         ):
             if profiles is None:
                 continue
-            _PREFETCHED.add(shape)
             for topology, profile in zip(topologies, profiles, strict=True):
+                _PREFETCHED.add((shape, _machine_key(topology, shape.cp * shape.tp)))
                 _PROFILES[_profile_key(shape, topology)] = profile
 
 

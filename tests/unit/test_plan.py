@@ -305,3 +305,32 @@ def test_step_breakdown_sums_to_the_step(strategy: Strategy) -> None:
         forward = result.parts["layer_forward"]
         assert parts["recompute"] == pytest.approx(m * layers * forward, rel=1e-9)
     assert result.headroom_bytes == int(0.9 * result.memory.capacity) - result.memory.total
+
+
+def test_the_layer_compiles_for_the_clusters_machine() -> None:
+    """The planner compiles a layer's tp group on the cluster's first ranks: 16-way tensor
+    parallelism stays inside one NVLink domain on a GB200 NVL72 (one-level algorithms)
+    but crosses InfiniBand on two DGX H100s (two-level: hierarchical); clusters that
+    differ only outside the group share one compiled program."""
+    from tessera.plan import layer
+    from tessera.plan.strategy import cluster_topology
+
+    model = load_model("layers=2,hidden=512,heads=16,kv_heads=16,ffn=2048,vocab=8")
+    shape = LayerShape.of(model, 256, 1, 16, 1)
+
+    def algorithms(cluster: str, gpus: int) -> set[str]:
+        lowered = layer.lowered_layer(shape, cluster_topology(cluster, gpus))
+        starts = [o for o in lowered.module_at("schedule").walk() if o.name == "schedule.start"]
+        assert starts, "the tp layer has collectives"
+        return {o.properties["algorithm"].data for o in starts if "algorithm" in o.properties}
+
+    nvl72, dgx = algorithms("gb200_nvl72", 72), algorithms("dgx_h100", 16)
+    assert "hierarchical" in dgx and "hierarchical" not in nvl72, (nvl72, dgx)
+    machine = layer.layer_machine(cluster_topology("dgx_h100", 64), 16)
+    assert machine.num_devices == 16 and [lk.group_size for lk in machine.levels] == [8, 16]
+
+    small = LayerShape.of(model, 256, 1, 8, 1)
+    before = layer.compiled_count()
+    layer.lowered_layer(small, cluster_topology("dgx_h100", 32))
+    layer.lowered_layer(small, cluster_topology("dgx_h100", 128))
+    assert layer.compiled_count() == before + 1
