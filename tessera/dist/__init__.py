@@ -8,6 +8,8 @@ from tessera.dist.collectives import (
     reduce_scatter,
     shard,
 )
+from tessera.dist.per_rank import axis_index, axis_size, ppermute
+from tessera.dist.shard_map import shard_map
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dist.tensor import DistTensor, tensor
 from tessera.ir.mesh import Mesh, mesh
@@ -20,10 +22,14 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "all_to_all",
+    "axis_index",
+    "axis_size",
     "broadcast",
     "mesh",
+    "ppermute",
     "reduce_scatter",
     "shard",
+    "shard_map",
     "tensor",
     "zigzag_order",
 ]

@@ -1,0 +1,154 @@
+"""Per-rank collectives: what ``dist.all_reduce`` and the others mean inside a
+``dist.shard_map`` body, and the ops that only have a per-rank meaning (``ppermute``,
+``axis_index``, ``axis_size``).
+
+In a body each rank holds its block, so a collective communicates: ``all_reduce(x,
+"tp")`` is the sum of the blocks of the ranks along ``tp``, ``all_gather(x, "tp",
+dim=1)`` concatenates them on dim 1 (in rank order), ``reduce_scatter`` sums and keeps
+this rank's slice, ``all_to_all`` re-cuts (``split_dim`` shrinks, ``concat_dim`` grows),
+``ppermute(x, "tp", perm=[(0, 1), (1, 0)])`` sends each source's block to its target
+(a rank that is no target receives zeros). Each binds the partitioned Graph IR
+collective that ``shard-partition`` would emit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from tessera.errors import ShardingError, TraceError
+from tessera.frontend.tracer import Tensor, current_trace, is_tracing, user_location
+from tessera.ir import graph
+from tessera.ir.mesh import Mesh
+from tessera.ir.shape_rules import normalize_axis
+
+
+def in_manual_region() -> bool:
+    """Whether the code being traced is a ``dist.shard_map`` body."""
+    return is_tracing() and current_trace().manual
+
+
+def _manual_mesh(what: str) -> Mesh:
+    if not in_manual_region():
+        raise TraceError(
+            f"{what} has a per-rank meaning: call it inside a dist.shard_map body, at "
+            f"{user_location()}"
+        )
+    mesh = current_trace().mesh
+    assert mesh is not None  # a shard_map body is traced over its mesh
+    return mesh
+
+
+def axes_of(what: str, axis: str | Sequence[str]) -> tuple[tuple[str, ...], int]:
+    """The mesh axes named by ``axis`` and the number of ranks along them."""
+    mesh = _manual_mesh(what)
+    axes = (axis,) if isinstance(axis, str) else tuple(axis)
+    for name in axes:
+        if name not in mesh.axis_names:
+            raise ShardingError(
+                f"{what}: unknown mesh axis {name!r}; the mesh has axes {list(mesh.axis_names)}, "
+                f"at {user_location()}"
+            )
+    if len(set(axes)) != len(axes):
+        raise ShardingError(f"{what}: mesh axes {list(axes)} repeat an axis, at {user_location()}")
+    return axes, math.prod(mesh.axis_size(a) for a in axes)
+
+
+def _bind(op_type: type[graph.GraphOp], what: str, x: Tensor, **attrs: Any) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TraceError(f"{what} expects a traced tensor, found {type(x).__name__} at {user_location()}")
+    (result,) = current_trace().bind(op_type, [x], **attrs)
+    return result
+
+
+def all_reduce(x: Tensor, axis: str | Sequence[str], op: str = "sum") -> Tensor:
+    axes, size = axes_of("dist.all_reduce", axis)
+    return _bind(graph.AllReduceOp, "dist.all_reduce", x, axes=axes, kind=op, group_size=size)
+
+
+def all_gather(x: Tensor, axis: str | Sequence[str], dim: int = 0) -> Tensor:
+    axes, size = axes_of("dist.all_gather", axis)
+    return _bind(
+        graph.AllGatherOp, "dist.all_gather", x, axes=axes, dim=normalize_axis(dim, x.ndim), group_size=size
+    )
+
+
+def reduce_scatter(x: Tensor, axis: str | Sequence[str], dim: int = 0, op: str = "sum") -> Tensor:
+    axes, size = axes_of("dist.reduce_scatter", axis)
+    _divides("dist.reduce_scatter", x, dim, size, axes)
+    return _bind(
+        graph.ReduceScatterOp, "dist.reduce_scatter", x, axes=axes, dim=normalize_axis(dim, x.ndim),
+        kind=op, group_size=size,
+    )  # fmt: skip
+
+
+def all_to_all(x: Tensor, axis: str | Sequence[str], split_dim: int, concat_dim: int) -> Tensor:
+    axes, size = axes_of("dist.all_to_all", axis)
+    _divides("dist.all_to_all", x, split_dim, size, axes)
+    return _bind(
+        graph.AllToAllOp, "dist.all_to_all", x, axes=axes, split_dim=normalize_axis(split_dim, x.ndim),
+        concat_dim=normalize_axis(concat_dim, x.ndim), group_size=size,
+    )  # fmt: skip
+
+
+def broadcast(x: Tensor, axis: str | Sequence[str], src: int = 0) -> Tensor:
+    axes, size = axes_of("dist.broadcast", axis)
+    if not 0 <= src < size:
+        raise ShardingError(f"dist.broadcast: src {src} is out of range for {size} ranks, at {user_location()}")
+    return _bind(graph.BroadcastOp, "dist.broadcast", x, axes=axes, src=src, group_size=size)
+
+
+def ppermute(x: Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]]) -> Tensor:
+    """Sends the block of the rank at each ``(source, target)`` pair's source position
+    along ``axis`` to its target (``jax.lax.ppermute``); a rank that is no target
+    receives zeros. No position may be a source twice or a target twice."""
+    axes, size = axes_of("dist.ppermute", axis)
+    pairs: list[tuple[int, int]] = []
+    for pair in perm:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not all(isinstance(p, int) for p in pair):
+            raise ShardingError(
+                f"dist.ppermute: perm is a list of (source, target) positions, found {pair!r}, "
+                f"at {user_location()}"
+            )
+        pairs.append((int(pair[0]), int(pair[1])))
+    for role, positions in (("source", [s for s, _ in pairs]), ("target", [t for _, t in pairs])):
+        out = [p for p in positions if not 0 <= p < size]
+        if out:
+            raise ShardingError(
+                f"dist.ppermute: {role} position {out[0]} is out of range for the {size} ranks "
+                f"along {list(axes)}, at {user_location()}"
+            )
+        repeated = sorted({p for p in positions if positions.count(p) > 1})
+        if repeated:
+            raise ShardingError(
+                f"dist.ppermute: perm {pairs} is not a permutation: position {repeated[0]} is the "
+                f"{role} of more than one pair, at {user_location()}"
+            )
+    return _bind(
+        graph.CollectivePermuteOp, "dist.ppermute", x, axes=axes, pairs=[list(p) for p in pairs],
+        group_size=size,
+    )  # fmt: skip
+
+
+def axis_index(axis: str | Sequence[str]) -> Tensor:
+    """This rank's position along ``axis`` (major first over several): an i32 scalar."""
+    axes, size = axes_of("dist.axis_index", axis)
+    (result,) = current_trace().bind(graph.AxisIndexOp, [], axes=axes, group_size=size)
+    return result
+
+
+def axis_size(axis: str | Sequence[str]) -> int:
+    """The number of ranks along ``axis`` (a Python int)."""
+    return axes_of("dist.axis_size", axis)[1]
+
+
+def _divides(what: str, x: Tensor, dim: int, size: int, axes: tuple[str, ...]) -> None:
+    if not isinstance(x, Tensor):
+        return
+    d = normalize_axis(dim, x.ndim)
+    if x.shape[d] % size:
+        raise ShardingError(
+            f"{what}: dim {d} of the block {x.aval} ({x.shape[d]}) does not split into the "
+            f"{size} ranks along {list(axes)}, at {user_location()}"
+        )
