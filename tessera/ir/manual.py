@@ -84,18 +84,24 @@ def varying(function: FuncOp) -> dict[SSAValue, frozenset[str]]:
     for arg, spec in zip(function.args, in_specs(function), strict=True):
         axes[arg] = frozenset(spec.split_axes) if spec is not None else frozenset()
     for op in function.walk():
-        if op is function or not isinstance(op, graph.GraphOp):
-            continue
-        union = frozenset().union(*(axes.get(v, frozenset()) for v in op.operands))
-        if isinstance(op, graph.AxisIndexOp):
-            union = frozenset(op.attrs()["axes"])
-        elif isinstance(op, _INVARIANT_OVER):
-            union = union - frozenset(op.attrs()["axes"])
-        elif isinstance(op, _VARYING_OVER):
-            union = union | frozenset(op.attrs()["axes"])
-        for result in op.results:
-            axes[result] = union
+        if op is not function and isinstance(op, graph.GraphOp):
+            op_varying(op, axes)
     return axes
+
+
+def op_varying(op: graph.GraphOp, axes: dict[SSAValue, frozenset[str]]) -> frozenset[str]:
+    """Records in ``axes`` the axes ``op``'s results vary along (its operands' already
+    there) and returns them."""
+    union = frozenset().union(*(axes.get(v, frozenset()) for v in op.operands))
+    if isinstance(op, graph.AxisIndexOp):
+        union = frozenset(op.attrs()["axes"])
+    elif isinstance(op, _INVARIANT_OVER):
+        union = union - frozenset(op.attrs()["axes"])
+    elif isinstance(op, _VARYING_OVER):
+        union = union | frozenset(op.attrs()["axes"])
+    for result in op.results:
+        axes[result] = union
+    return union
 
 
 def replication_error(
