@@ -87,8 +87,6 @@ def shard_map(
         raise TraceError(f"dist.shard_map expects a function, found {type(f).__name__} at {where}")
     if not isinstance(mesh, Mesh):
         raise ShardingError(f"dist.shard_map needs a dist.Mesh, found {type(mesh).__name__} at {where}")
-    traced: dict[Any, _Traced] = {}
-
     @functools.wraps(f)
     def call(*args: Any) -> Any:
         if not is_tracing():
@@ -118,10 +116,11 @@ def shard_map(
             _sharding(spec, mesh, t.shape, f"dist.shard_map {_name(f)}: in_specs of argument leaf #{i}")
             for i, (spec, t) in enumerate(zip(specs, tensors, strict=True))
         ]
-        key = (treedef, *(t.aval for t in tensors), *shardings, repr(out_specs))
-        found = traced.get(key)
+        # traced once per program and signature (the trace's regions are its program's)
+        key = ("shard_map", f, treedef, *(t.aval for t in tensors), *shardings, repr(out_specs))
+        found = trace.regions.get(key)
         if found is None:
-            found = traced[key] = _trace(f, trace, mesh, tensors, shardings, treedef, out_specs)
+            found = trace.regions[key] = _trace(f, trace, mesh, tensors, shardings, treedef, out_specs)
         op = graph.CallOp.get(found.name, [t.value for t in tensors], found.result_types)
         if (frame := _user_frame()) is not None:
             op.location = FileLineColLoc(
