@@ -57,7 +57,9 @@ def axes_of(what: str, axis: str | Sequence[str]) -> tuple[tuple[str, ...], int]
 
 def _bind(op_type: type[graph.GraphOp], what: str, x: Tensor, **attrs: Any) -> Tensor:
     if not isinstance(x, Tensor):
-        raise TraceError(f"{what} expects a traced tensor, found {type(x).__name__} at {user_location()}")
+        raise TraceError(
+            f"{what} expects a traced tensor, found {type(x).__name__} at {user_location()}"
+        )
     (result,) = current_trace().bind(op_type, [x], **attrs)
     return result
 
@@ -70,7 +72,12 @@ def all_reduce(x: Tensor, axis: str | Sequence[str], op: str = "sum") -> Tensor:
 def all_gather(x: Tensor, axis: str | Sequence[str], dim: int = 0) -> Tensor:
     axes, size = axes_of("dist.all_gather", axis)
     return _bind(
-        graph.AllGatherOp, "dist.all_gather", x, axes=axes, dim=normalize_axis(dim, x.ndim), group_size=size
+        graph.AllGatherOp,
+        "dist.all_gather",
+        x,
+        axes=axes,
+        dim=normalize_axis(dim, x.ndim),
+        group_size=size,
     )
 
 
@@ -95,7 +102,9 @@ def all_to_all(x: Tensor, axis: str | Sequence[str], split_dim: int, concat_dim:
 def broadcast(x: Tensor, axis: str | Sequence[str], src: int = 0) -> Tensor:
     axes, size = axes_of("dist.broadcast", axis)
     if not 0 <= src < size:
-        raise ShardingError(f"dist.broadcast: src {src} is out of range for {size} ranks, at {user_location()}")
+        raise ShardingError(
+            f"dist.broadcast: src {src} is out of range for {size} ranks, at {user_location()}"
+        )
     return _bind(graph.BroadcastOp, "dist.broadcast", x, axes=axes, src=src, group_size=size)
 
 
@@ -106,7 +115,11 @@ def ppermute(x: Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int
     axes, size = axes_of("dist.ppermute", axis)
     pairs: list[tuple[int, int]] = []
     for pair in perm:
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not all(isinstance(p, int) for p in pair):
+        if (
+            not isinstance(pair, (tuple, list))
+            or len(pair) != 2
+            or not all(isinstance(p, int) for p in pair)
+        ):
             raise ShardingError(
                 f"dist.ppermute: perm is a list of (source, target) positions, found {pair!r}, "
                 f"at {user_location()}"

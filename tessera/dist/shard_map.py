@@ -86,7 +86,10 @@ def shard_map(
     if not callable(f):
         raise TraceError(f"dist.shard_map expects a function, found {type(f).__name__} at {where}")
     if not isinstance(mesh, Mesh):
-        raise ShardingError(f"dist.shard_map needs a dist.Mesh, found {type(mesh).__name__} at {where}")
+        raise ShardingError(
+            f"dist.shard_map needs a dist.Mesh, found {type(mesh).__name__} at {where}"
+        )
+
     @functools.wraps(f)
     def call(*args: Any) -> Any:
         if not is_tracing():
@@ -102,7 +105,9 @@ def shard_map(
                 f"mesh (ts.jit(fn, mesh=...)), at {user_location()}"
             )
         if trace.manual:
-            raise TraceError(f"dist.shard_map inside a dist.shard_map body is not supported, at {user_location()}")
+            raise TraceError(
+                f"dist.shard_map inside a dist.shard_map body is not supported, at {user_location()}"
+            )
         leaves, treedef = pytree.flatten(args)
         specs = _leaf_specs(in_specs, args, "in_specs")
         tensors = [leaf for leaf in leaves if isinstance(leaf, Tensor)]
@@ -113,14 +118,18 @@ def shard_map(
                     f"{type(leaf).__name__} at {user_location()}"
                 )
         shardings = [
-            _sharding(spec, mesh, t.shape, f"dist.shard_map {_name(f)}: in_specs of argument leaf #{i}")
+            _sharding(
+                spec, mesh, t.shape, f"dist.shard_map {_name(f)}: in_specs of argument leaf #{i}"
+            )
             for i, (spec, t) in enumerate(zip(specs, tensors, strict=True))
         ]
         # traced once per program and signature (the trace's regions are its program's)
         key = ("shard_map", f, treedef, *(t.aval for t in tensors), *shardings, repr(out_specs))
         found = trace.regions.get(key)
         if found is None:
-            found = trace.regions[key] = _trace(f, trace, mesh, tensors, shardings, treedef, out_specs)
+            found = trace.regions[key] = _trace(
+                f, trace, mesh, tensors, shardings, treedef, out_specs
+            )
         op = graph.CallOp.get(found.name, [t.value for t in tensors], found.result_types)
         if (frame := _user_frame()) is not None:
             op.location = FileLineColLoc(
@@ -179,7 +188,8 @@ def _trace(
     """Traces ``f`` on per-rank blocks into a manual function of ``outer``'s table."""
     name = outer.functions.unique_name(_name(f))
     locals_ = [
-        t.aval.with_shape(s.local_shape(mesh, t.shape)) for t, s in zip(tensors, shardings, strict=True)
+        t.aval.with_shape(s.local_shape(mesh, t.shape))
+        for t, s in zip(tensors, shardings, strict=True)
     ]
     body = Trace(name, locals_, mesh=mesh, functions=outer.functions, region=name)
     body.manual = True
@@ -194,19 +204,30 @@ def _trace(
     out_leaves, out_tree = pytree.flatten(result)
     for leaf in out_leaves:
         if not isinstance(leaf, Tensor) or leaf.trace is not body:
-            what = type(leaf).__name__ if not isinstance(leaf, Tensor) else "a tensor of another function"
+            what = (
+                type(leaf).__name__
+                if not isinstance(leaf, Tensor)
+                else "a tensor of another function"
+            )
             raise TraceError(
                 f"dist.shard_map {name} must return tensors it computed, found {what} "
                 f"(called at {user_location()})"
             )
-    specs = _leaf_specs([out_specs] if single and not isinstance(out_specs, (tuple, list)) else out_specs, results, "out_specs")
+    specs = _leaf_specs(
+        [out_specs] if single and not isinstance(out_specs, (tuple, list)) else out_specs,
+        results,
+        "out_specs",
+    )
     outs = [
-        _out_sharding(spec, mesh, leaf.aval, f"dist.shard_map {name}: out_specs of result leaf #{i}")
+        _out_sharding(
+            spec, mesh, leaf.aval, f"dist.shard_map {name}: out_specs of result leaf #{i}"
+        )
         for i, (leaf, spec) in enumerate(zip(out_leaves, specs, strict=True))
     ]
     sizes = AxisSizes(tuple(zip(mesh.axis_names, mesh.shape, strict=True)))
     global_types = tuple(
-        manual.global_type(leaf.value.type, s, sizes) for leaf, s in zip(out_leaves, outs, strict=True)
+        manual.global_type(leaf.value.type, s, sizes)
+        for leaf, s in zip(out_leaves, outs, strict=True)
     )
     function = body.finish_function(
         out_leaves,

@@ -125,9 +125,7 @@ def check_manual(module: ModuleOp) -> None:
     lacks a spec or whose results vary along an axis its ``out_specs`` claims them
     replicated over, and for a global function's call of one whose operands' blocks do
     not have its argument types (one walk of the functions that call manual ones)."""
-    manual = {
-        f.sym_name.data: f for f in module.ops if isinstance(f, FuncOp) and is_manual(f)
-    }
+    manual = {f.sym_name.data: f for f in module.ops if isinstance(f, FuncOp) and is_manual(f)}
     if not manual:
         return
     meshes = [o for o in module.ops if isinstance(o, graph.MeshOp)]
@@ -145,7 +143,9 @@ def check_manual(module: ModuleOp) -> None:
 def _check_function(function: FuncOp, meshes: Sequence[graph.MeshOp]) -> None:
     name = function.sym_name.data
     if len(meshes) != 1:
-        raise LocatedVerifyException(function, f"@{name}: a manual function needs exactly one graph.mesh")
+        raise LocatedVerifyException(
+            function, f"@{name}: a manual function needs exactly one graph.mesh"
+        )
     if graph.PARTITIONED not in function.attributes:
         raise LocatedVerifyException(
             function, f"@{name}: a manual function has per-rank types: it needs {graph.PARTITIONED}"
@@ -155,7 +155,8 @@ def _check_function(function: FuncOp, meshes: Sequence[graph.MeshOp]) -> None:
         missing = [i for i, s in enumerate(specs) if s is None]
         if missing:
             raise LocatedVerifyException(
-                function, f"@{name}: manual function {what} #{missing[0]} has no graph.sharding spec"
+                function,
+                f"@{name}: manual function {what} #{missing[0]} has no graph.sharding spec",
             )
     returned = function.body.block.last_op if function.body.blocks else None
     if returned is None:
@@ -187,7 +188,9 @@ def _check_call(call: graph.CallOp, callee: FuncOp, mesh: AxisSizes) -> None:
             try:
                 found = local_type(value.type, spec, mesh)
             except TesseraError as error:
-                raise LocatedVerifyException(call, f"graph.call @{name}: {what} #{index}: {error}") from None
+                raise LocatedVerifyException(
+                    call, f"graph.call @{name}: {what} #{index}: {error}"
+                ) from None
             if found != local:
                 raise LocatedVerifyException(
                     call,

@@ -58,7 +58,11 @@ def test_operands_are_resharded_to_the_in_specs():
     (in_shardings) and is resharded to the region's batch split; the result leaves
     split over dp and is consumed by ordinary ops."""
     x, w1, w2 = randn(8, 16), randn(16, 32), randn(32, 16)
-    f = ts.jit(lambda x, w1, w2: op.tanh(MLP(x, w1, w2)).sum(axis=1), mesh=MESH, in_shardings=(COLS, None, None))
+    f = ts.jit(
+        lambda x, w1, w2: op.tanh(MLP(x, w1, w2)).sum(axis=1),
+        mesh=MESH,
+        in_shardings=(COLS, None, None),
+    )
     expected = torch.tanh(torch.nn.functional.gelu(x @ w1) @ w2).sum(1)
     torch.testing.assert_close(f(x, w1, w2), expected, **TOL)
     kinds = {c.kind for c in f.lower(x, w1, w2).collectives()}
@@ -72,7 +76,11 @@ def test_ring_shift_and_axis_index():
     def ring(a):
         n = dist.axis_size("tp")
         shifted = dist.ppermute(a, "tp", perm=[(i, (i + 1) % n) for i in range(n)])
-        return shifted * 10.0 + dist.axis_index("tp").astype(a.dtype) + dist.axis_index(("dp", "tp")).astype(a.dtype) * 100.0
+        return (
+            shifted * 10.0
+            + dist.axis_index("tp").astype(a.dtype)
+            + dist.axis_index(("dp", "tp")).astype(a.dtype) * 100.0
+        )
 
     x = randn(8, 12)
     f = ts.jit(dist.shard_map(ring, MESH, in_specs=BOTH, out_specs=BOTH), mesh=MESH)
@@ -92,7 +100,10 @@ def test_gather_scatter_and_all_to_all():
 
     x = randn(8, 12)
     rows_over_both = S(partition=(0,), mesh_axes=(("dp", "tp"),))
-    f = ts.jit(dist.shard_map(body, MESH, in_specs=BOTH, out_specs=(BATCH, BOTH, rows_over_both)), mesh=MESH)
+    f = ts.jit(
+        dist.shard_map(body, MESH, in_specs=BOTH, out_specs=(BATCH, BOTH, rows_over_both)),
+        mesh=MESH,
+    )
     whole, summed, moved = f(x)
     torch.testing.assert_close(whole, x, **TOL)
     torch.testing.assert_close(summed, 2 * x, **TOL)
@@ -114,19 +125,45 @@ def test_outside_a_region_collectives_keep_their_global_meaning():
 
 
 def _run(body, in_specs, out_specs, *args):
-    return ts.jit(dist.shard_map(body, MESH, in_specs=in_specs, out_specs=out_specs), mesh=MESH)(*args)
+    return ts.jit(dist.shard_map(body, MESH, in_specs=in_specs, out_specs=out_specs), mesh=MESH)(
+        *args
+    )
 
 
 @pytest.mark.parametrize(
     ("body", "in_specs", "out_specs", "shape", "message"),
     [
         (lambda a: dist.all_reduce(a, "pp"), BOTH, BOTH, (8, 12), "unknown mesh axis 'pp'"),
-        (lambda a: dist.ppermute(a, "tp", perm=[(0, 1), (1, 1)]), BOTH, BOTH, (8, 12), "not a permutation"),
-        (lambda a: dist.ppermute(a, "tp", perm=[(0, 2)]), BOTH, BOTH, (8, 12), "out of range for the 2 ranks"),
+        (
+            lambda a: dist.ppermute(a, "tp", perm=[(0, 1), (1, 1)]),
+            BOTH,
+            BOTH,
+            (8, 12),
+            "not a permutation",
+        ),
+        (
+            lambda a: dist.ppermute(a, "tp", perm=[(0, 2)]),
+            BOTH,
+            BOTH,
+            (8, 12),
+            "out of range for the 2 ranks",
+        ),
         (lambda a: a, BATCH, BATCH, (7, 3), "not divisible"),
         (lambda a: a * 2.0, BOTH, BATCH, (8, 12), "claims the result is replicated over 'tp'"),
-        (lambda a: a + dist.axis_index("dp").astype(a.dtype), COLS, COLS, (8, 12), "replicated over 'dp'"),
-        (lambda a: dist.reduce_scatter(dist.all_gather(a, "tp", 1), "tp", 1), COLS, None, (8, 12), "over 'tp'"),
+        (
+            lambda a: a + dist.axis_index("dp").astype(a.dtype),
+            COLS,
+            COLS,
+            (8, 12),
+            "replicated over 'dp'",
+        ),
+        (
+            lambda a: dist.reduce_scatter(dist.all_gather(a, "tp", 1), "tp", 1),
+            COLS,
+            None,
+            (8, 12),
+            "over 'tp'",
+        ),
     ],
     ids=["axis", "perm", "perm-range", "divide", "out-replicated", "axis-index", "reduce-scatter"],
 )
@@ -170,7 +207,10 @@ def _verify(text: str) -> None:
 
 def test_the_ir_verifier_checks_the_out_specs_and_the_calls():
     _verify(_MODULE)  # gathered: the same on both tp ranks
-    varying = _MODULE.replace("%h = graph.exp %g : tensor<8xf32>", "%i = graph.axis_index {axes = [tp]} : tensor<i32>\n  %c = graph.cast %i : tensor<i32> -> tensor<f32>\n  %h = graph.add %g, %c : tensor<8xf32>, tensor<f32> -> tensor<8xf32>")
+    varying = _MODULE.replace(
+        "%h = graph.exp %g : tensor<8xf32>",
+        "%i = graph.axis_index {axes = [tp]} : tensor<i32>\n  %c = graph.cast %i : tensor<i32> -> tensor<f32>\n  %h = graph.add %g, %c : tensor<8xf32>, tensor<f32> -> tensor<8xf32>",
+    )
     with pytest.raises(VerifyException, match="claims the result is replicated over 'tp'"):
         _verify(varying)
     with pytest.raises(VerifyException, match="gives per-rank blocks tensor<8xf32>"):
@@ -190,7 +230,9 @@ def test_grad_of_the_megatron_mlp():
     x, w1, w2, c = randn(8, 16), randn(16, 32), randn(32, 16), randn(8, 16)
     loss = lambda x, w1, w2: (MLP(x, w1, w2) * c).sum()  # noqa: E731
     grads = ts.jit(ts.grad(loss, argnums=(0, 1, 2)), mesh=MESH)(x, w1, w2)
-    expected = _torch_grads(lambda x, w1, w2: ((torch.nn.functional.gelu(x @ w1) @ w2) * c).sum(), x, w1, w2)
+    expected = _torch_grads(
+        lambda x, w1, w2: ((torch.nn.functional.gelu(x @ w1) @ w2) * c).sum(), x, w1, w2
+    )
     for got, want in zip(grads, expected, strict=True):
         torch.testing.assert_close(got, want, **TOL)
 
@@ -207,7 +249,9 @@ def _mixed(a, w):
 
 def test_mixed_collectives_forward_and_grad():
     x, w, c = randn(8, 12), randn(12, 6), randn(8, 6)
-    region = dist.shard_map(_mixed, MESH, in_specs=(BOTH, None), out_specs=S(partition=(0,), mesh_axes=(("dp", "tp"),)))
+    region = dist.shard_map(
+        _mixed, MESH, in_specs=(BOTH, None), out_specs=S(partition=(0,), mesh_axes=(("dp", "tp"),))
+    )
     torch.testing.assert_close(ts.jit(region, mesh=MESH)(x, w), 4 * (x @ w) ** 2, **TOL)
     grads = ts.jit(ts.grad(lambda x, w: (region(x, w) * c).sum(), argnums=(0, 1)), mesh=MESH)(x, w)
     expected = _torch_grads(lambda x, w: (4 * (x @ w) ** 2 * c).sum(), x, w)
@@ -219,6 +263,8 @@ def test_grad_of_an_all_reduce_of_a_replicated_value_counts_every_rank():
     """all_reduce over tp of a value the same on both tp ranks doubles it: so does its
     gradient."""
     x, c = randn(6), randn(6)
-    region = dist.shard_map(lambda a: dist.all_reduce(a * 3.0, "tp"), MESH, in_specs=None, out_specs=None)
+    region = dist.shard_map(
+        lambda a: dist.all_reduce(a * 3.0, "tp"), MESH, in_specs=None, out_specs=None
+    )
     (grad,) = ts.jit(ts.grad(lambda x: (region(x) * c).sum(), argnums=(0,)), mesh=MESH)(x)
     torch.testing.assert_close(grad, 6.0 * c, **TOL)
