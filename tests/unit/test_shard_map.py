@@ -268,3 +268,39 @@ def test_grad_of_an_all_reduce_of_a_replicated_value_counts_every_rank():
     )
     (grad,) = ts.jit(ts.grad(lambda x: (region(x) * c).sum(), argnums=(0,)), mesh=MESH)(x)
     torch.testing.assert_close(grad, 6.0 * c, **TOL)
+
+
+def test_training_step_with_a_manual_mlp_equals_the_automatic_one():
+    """One SGD step of a Megatron MLP written with shard_map updates the parameters as
+    the automatically sharded MLP does, and as torch does."""
+    from tessera import graph, optim
+
+    def make(manual: bool):
+        @graph.training_step(
+            optimizer=optim.SGD(lr=0.1), mesh=MESH, param_shardings={"w1": COLS, "w2": ROWS}
+        )
+        def step(params, x, y):
+            w1, w2 = params["w1"], params["w2"]
+            out = MLP(x, w1, w2) if manual else op.gelu(x @ w1) @ w2
+            loss = op.mean((out - y) * (out - y))
+            return graph.backward(loss), {"loss": loss}
+
+        return step
+
+    w1, w2 = randn(16, 32) / 4, randn(32, 16) / 4
+    x, y = randn(8, 16), randn(8, 16)
+    results = []
+    for manual in (True, False):
+        params = {"w1": w1.clone(), "w2": w2.clone()}
+        step = make(manual)
+        state = step.init(params)
+        loss = step(state, x, y)["loss"]
+        results.append((loss, params["w1"], params["w2"]))
+    leaves = [w1.clone().requires_grad_(), w2.clone().requires_grad_()]
+    out = torch.nn.functional.gelu(x @ leaves[0]) @ leaves[1]
+    expected_loss = ((out - y) ** 2).mean()
+    expected_loss.backward()
+    expected = (expected_loss.detach(), w1 - 0.1 * leaves[0].grad, w2 - 0.1 * leaves[1].grad)
+    for result in results:
+        for got, want in zip(result, expected, strict=True):
+            torch.testing.assert_close(got, want, **TOL)
