@@ -304,3 +304,15 @@ def test_training_step_with_a_manual_mlp_equals_the_automatic_one():
     for result in results:
         for got, want in zip(result, expected, strict=True):
             torch.testing.assert_close(got, want, **TOL)
+
+
+def test_grad_through_a_checkpointed_shard_map():
+    x, w1, w2, c = randn(8, 16), randn(16, 32), randn(32, 16), randn(8, 16)
+    from tessera import graph
+
+    block = graph.checkpoint(lambda x, w1, w2: op.tanh(MLP(x, w1, w2)))
+    loss = lambda x, w1, w2: (block(x, w1, w2) * c).sum()  # noqa: E731
+    grads = ts.jit(ts.grad(loss, argnums=(0, 1, 2)), mesh=MESH)(x, w1, w2)
+    reference = lambda x, w1, w2: (torch.tanh(torch.nn.functional.gelu(x @ w1) @ w2) * c).sum()  # noqa: E731
+    for got, want in zip(grads, _torch_grads(reference, x, w1, w2), strict=True):
+        torch.testing.assert_close(got, want, **TOL)
