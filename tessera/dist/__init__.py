@@ -8,7 +8,17 @@ from tessera.dist.collectives import (
     reduce_scatter,
     shard,
 )
-from tessera.dist.per_rank import axis_index, axis_size, ppermute
+from tessera.dist.per_rank import (
+    Handle,
+    all_gather_async,
+    all_reduce_async,
+    all_to_all_async,
+    axis_index,
+    axis_size,
+    ppermute,
+    ppermute_async,
+    reduce_scatter_async,
+)
 from tessera.dist.shard_map import shard_map
 from tessera.dist.shard_spec import ShardSpec
 from tessera.dist.tensor import DistTensor, tensor
@@ -17,17 +27,23 @@ from tessera.ir.zigzag import zigzag_order
 
 __all__ = [
     "DistTensor",
+    "Handle",
     "Mesh",
     "ShardSpec",
     "all_gather",
+    "all_gather_async",
     "all_reduce",
+    "all_reduce_async",
     "all_to_all",
+    "all_to_all_async",
     "axis_index",
     "axis_size",
     "broadcast",
     "mesh",
     "ppermute",
+    "ppermute_async",
     "reduce_scatter",
+    "reduce_scatter_async",
     "shard",
     "shard_map",
     "tensor",

@@ -165,3 +165,42 @@ def _divides(what: str, x: Tensor, dim: int, size: int, axes: tuple[str, ...]) -
             f"{what}: dim {d} of the block {x.aval} ({x.shape[d]}) does not split into the "
             f"{size} ranks along {list(axes)}, at {user_location()}"
         )
+
+
+class Handle:
+    """An asynchronous collective in flight (``h = dist.all_reduce_async(x, "tp")``):
+    ``h.wait()`` is its result. The collective is a ``schedule.start`` where it was
+    called and a ``schedule.wait`` that ``overlap-comm`` places no later than the
+    result's first use, so the computation between them overlaps the transfer."""
+
+    def __init__(self, result: Tensor):
+        self._result = result
+
+    def wait(self) -> Tensor:
+        return self._result
+
+
+def all_reduce_async(x: Tensor, axis: str | Sequence[str], op: str = "sum") -> Handle:
+    return Handle(all_reduce(x, axis, op))
+
+
+def all_gather_async(x: Tensor, axis: str | Sequence[str], dim: int = 0) -> Handle:
+    return Handle(all_gather(x, axis, dim))
+
+
+def reduce_scatter_async(
+    x: Tensor, axis: str | Sequence[str], dim: int = 0, op: str = "sum"
+) -> Handle:
+    return Handle(reduce_scatter(x, axis, dim, op))
+
+
+def all_to_all_async(
+    x: Tensor, axis: str | Sequence[str], split_dim: int, concat_dim: int
+) -> Handle:
+    return Handle(all_to_all(x, axis, split_dim, concat_dim))
+
+
+def ppermute_async(
+    x: Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]]
+) -> Handle:
+    return Handle(ppermute(x, axis, perm))

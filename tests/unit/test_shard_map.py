@@ -316,3 +316,22 @@ def test_grad_through_a_checkpointed_shard_map():
     reference = lambda x, w1, w2: (torch.tanh(torch.nn.functional.gelu(x @ w1) @ w2) * c).sum()  # noqa: E731
     for got, want in zip(grads, _torch_grads(reference, x, w1, w2), strict=True):
         torch.testing.assert_close(got, want, **TOL)
+
+
+def test_an_async_collective_overlaps_the_work_before_its_wait():
+    def body(a, b):
+        gathered = dist.all_gather_async(a, "tp", dim=1)
+        other = op.tanh(b @ op.transpose(b, (1, 0)))  # independent of the gather
+        return gathered.wait() * 2.0, other
+
+    rows_over_both = S(partition=(0,), mesh_axes=(("dp", "tp"),))
+    region = dist.shard_map(body, MESH, in_specs=(BOTH, BOTH), out_specs=(BATCH, rows_over_both))
+    f = ts.jit(region, mesh=MESH)
+    a, b = randn(8, 12), randn(8, 12)
+    gathered, other = f(a, b)
+    torch.testing.assert_close(gathered, 2 * a, **TOL)
+    blocks = [blk for rows in b.chunk(2, 0) for blk in rows.chunk(2, 1)]  # ranks (d, t), major d
+    torch.testing.assert_close(other, torch.cat([torch.tanh(k @ k.T) for k in blocks]), **TOL)
+    text = f.lower(a, b).as_text("schedule")
+    start, kernel, wait = (text.index(s) for s in ("schedule.start all_gather", "_matmul(", "schedule.wait"))
+    assert start < kernel < wait
