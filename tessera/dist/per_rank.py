@@ -200,7 +200,5 @@ def all_to_all_async(
     return Handle(all_to_all(x, axis, split_dim, concat_dim))
 
 
-def ppermute_async(
-    x: Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]]
-) -> Handle:
+def ppermute_async(x: Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]]) -> Handle:
     return Handle(ppermute(x, axis, perm))

@@ -333,5 +333,7 @@ def test_an_async_collective_overlaps_the_work_before_its_wait():
     blocks = [blk for rows in b.chunk(2, 0) for blk in rows.chunk(2, 1)]  # ranks (d, t), major d
     torch.testing.assert_close(other, torch.cat([torch.tanh(k @ k.T) for k in blocks]), **TOL)
     text = f.lower(a, b).as_text("schedule")
-    start, kernel, wait = (text.index(s) for s in ("schedule.start all_gather", "_matmul(", "schedule.wait"))
+    start, kernel, wait = (
+        text.index(s) for s in ("schedule.start all_gather", "_matmul(", "schedule.wait")
+    )
     assert start < kernel < wait
