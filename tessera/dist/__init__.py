@@ -17,7 +17,9 @@ from tessera.dist.per_rank import (
     axis_size,
     ppermute,
     ppermute_async,
+    recv,
     reduce_scatter_async,
+    send,
 )
 from tessera.dist.shard_map import shard_map
 from tessera.dist.shard_spec import ShardSpec
@@ -43,7 +45,9 @@ __all__ = [
     "ppermute",
     "ppermute_async",
     "reduce_scatter",
+    "recv",
     "reduce_scatter_async",
+    "send",
     "shard",
     "shard_map",
     "tensor",

@@ -14,6 +14,7 @@ collective that ``shard-partition`` would emit.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Any
 
@@ -113,35 +114,91 @@ def ppermute(x: Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int
     along ``axis`` to its target (``jax.lax.ppermute``); a rank that is no target
     receives zeros. No position may be a source twice or a target twice."""
     axes, size = axes_of("dist.ppermute", axis)
-    pairs: list[tuple[int, int]] = []
-    for pair in perm:
+    pairs = _pairs("dist.ppermute: perm", perm, size, axes)
+    return _bind(
+        graph.CollectivePermuteOp, "dist.ppermute", x, axes=axes, pairs=[list(p) for p in pairs],
+        group_size=size,
+    )  # fmt: skip
+
+
+def _pairs(
+    what: str, pairs: Sequence[tuple[int, int]], size: int, axes: tuple[str, ...]
+) -> list[tuple[int, int]]:
+    """``pairs`` checked: (source, target) positions below ``size``, each once per role."""
+    checked: list[tuple[int, int]] = []
+    for pair in pairs:
         if (
             not isinstance(pair, (tuple, list))
             or len(pair) != 2
             or not all(isinstance(p, int) for p in pair)
         ):
             raise ShardingError(
-                f"dist.ppermute: perm is a list of (source, target) positions, found {pair!r}, "
+                f"{what}: expected a list of (source, target) positions, found {pair!r}, "
                 f"at {user_location()}"
             )
-        pairs.append((int(pair[0]), int(pair[1])))
-    for role, positions in (("source", [s for s, _ in pairs]), ("target", [t for _, t in pairs])):
+        checked.append((int(pair[0]), int(pair[1])))
+    for role, positions in (
+        ("source", [s for s, _ in checked]),
+        ("target", [t for _, t in checked]),
+    ):
         out = [p for p in positions if not 0 <= p < size]
         if out:
             raise ShardingError(
-                f"dist.ppermute: {role} position {out[0]} is out of range for the {size} ranks "
+                f"{what}: {role} position {out[0]} is out of range for the {size} ranks "
                 f"along {list(axes)}, at {user_location()}"
             )
         repeated = sorted({p for p in positions if positions.count(p) > 1})
         if repeated:
             raise ShardingError(
-                f"dist.ppermute: perm {pairs} is not a permutation: position {repeated[0]} is the "
+                f"{what}: {checked} is not a permutation: position {repeated[0]} is the "
                 f"{role} of more than one pair, at {user_location()}"
             )
-    return _bind(
-        graph.CollectivePermuteOp, "dist.ppermute", x, axes=axes, pairs=[list(p) for p in pairs],
-        group_size=size,
-    )  # fmt: skip
+    return checked
+
+
+@dataclass
+class _Send:
+    value: Tensor
+    axes: tuple[str, ...]
+    pairs: list[tuple[int, int]]
+    where: str
+
+
+def send(x: Tensor, axis: str | Sequence[str], to: Sequence[tuple[int, int]]) -> None:
+    """Sends ``x`` from each ``(source, target)`` pair's source position along ``axis``
+    to its target; the matching ``dist.recv(axis, frm=<the same pairs>, like=x)`` of the
+    same body receives it (together they are one ``ppermute``)."""
+    axes, size = axes_of("dist.send", axis)
+    if not isinstance(x, Tensor):
+        raise TraceError(
+            f"dist.send expects a traced tensor, found {type(x).__name__} at {user_location()}"
+        )
+    pairs = _pairs("dist.send: to", to, size, axes)
+    current_trace().sends.append(_Send(x, axes, pairs, user_location()))
+
+
+def recv(axis: str | Sequence[str], frm: Sequence[tuple[int, int]], like: Tensor) -> Tensor:
+    """What the ``dist.send`` over ``axis`` with the pairs ``frm`` sent: on each pair's
+    target, the source's block; zeros on the ranks that are no target. ``like`` gives
+    the block's shape and dtype."""
+    axes, size = axes_of("dist.recv", axis)
+    pairs = _pairs("dist.recv: frm", frm, size, axes)
+    sends = current_trace().sends
+    for index, sent in enumerate(sends):
+        if sent.axes == axes and sent.pairs == pairs:
+            if not isinstance(like, Tensor) or sent.value.aval != like.aval:
+                found = like.aval if isinstance(like, Tensor) else type(like).__name__
+                raise ShardingError(
+                    f"dist.recv: the matching dist.send (at {sent.where}) sends {sent.value.aval}, "
+                    f"but like is {found}, at {user_location()}"
+                )
+            del sends[index]
+            return ppermute(sent.value, axes, pairs)
+    pending = "; ".join(f"over {list(s.axes)} to {s.pairs} at {s.where}" for s in sends) or "none"
+    raise ShardingError(
+        f"dist.recv over {list(axes)} from {pairs} has no matching dist.send (the same axis "
+        f"and pairs) before it; sends not yet received: {pending}, at {user_location()}"
+    )
 
 
 def axis_index(axis: str | Sequence[str]) -> Tensor:

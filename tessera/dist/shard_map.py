@@ -197,6 +197,12 @@ def _trace(
     args = pytree.unflatten(treedef, [Tensor(body, a) for a in body.block.args])
     with tracing(body):
         result = f(*args)
+    if body.sends:
+        unmatched = "; ".join(f"over {list(s.axes)} to {s.pairs} at {s.where}" for s in body.sends)
+        raise ShardingError(
+            f"dist.shard_map {name}: a dist.send has no matching dist.recv (the same axis "
+            f"and pairs): {unmatched}"
+        )
     if body.stage_marks:
         raise TraceError(f"dist.shard_map {name}: graph.stage() marks go outside a shard_map body")
     single = not isinstance(result, (tuple, list))

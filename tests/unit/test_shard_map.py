@@ -337,3 +337,36 @@ def test_an_async_collective_overlaps_the_work_before_its_wait():
         text.index(s) for s in ("schedule.start all_gather", "_matmul(", "schedule.wait")
     )
     assert start < kernel < wait
+
+
+def test_send_and_recv_pairs():
+    """A send over dp from position 0 to 1, received as like; position 0 receives zeros."""
+
+    def body(a):
+        dist.send(a * 2.0, "dp", to=[(0, 1)])
+        return dist.recv("dp", frm=[(0, 1)], like=a) + a
+
+    x = randn(8, 12)
+    y = _run(body, BOTH, BOTH, x)
+    torch.testing.assert_close(y, torch.cat([x[:4], x[4:] + 2 * x[:4]]), **TOL)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (lambda a: dist.send(a, "dp", to=[(0, 1)]) or a, "a dist.send has no matching dist.recv"),
+        (
+            lambda a: dist.send(a, "dp", to=[(0, 1)]) or dist.recv("dp", frm=[(1, 0)], like=a),
+            "has no matching dist.send",
+        ),
+        (
+            lambda a: dist.send(a, "dp", to=[(0, 1)]) or dist.recv("dp", frm=[(0, 1)], like=a[0]),
+            "the matching dist.send",
+        ),
+    ],
+    ids=["unreceived", "other-pairs", "other-shape"],
+)
+def test_mismatched_send_and_recv_are_errors(body, message):
+    with pytest.raises(ShardingError, match=message) as error:
+        _run(body, BOTH, BOTH, randn(8, 12))
+    assert "test_shard_map.py" in str(error.value)
