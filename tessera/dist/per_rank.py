@@ -14,8 +14,8 @@ collective that ``shard-partition`` would emit.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tessera.errors import ShardingError, TraceError
