@@ -90,13 +90,17 @@ def shard_map(
             f"dist.shard_map needs a dist.Mesh, found {type(mesh).__name__} at {where}"
         )
 
+    jitted: list[Any] = []  # ts.jit of the region, made on the first call outside tracing
+
     @functools.wraps(f)
     def call(*args: Any) -> Any:
         if not is_tracing():
             if _jit is None:  # registered on import (this package sits below ts.jit)
                 importlib.import_module("tessera.jit_function")
             assert _jit is not None
-            return _jit(call, mesh=mesh)(*args)
+            if not jitted:
+                jitted.append(_jit(call, mesh=mesh))
+            return jitted[0](*args)
         trace = current_trace()
         if trace.mesh != mesh:
             raise ShardingError(
