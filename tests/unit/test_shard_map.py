@@ -135,6 +135,13 @@ def _run(body, in_specs, out_specs, *args):
     [
         (lambda a: dist.all_reduce(a, "pp"), BOTH, BOTH, (8, 12), "unknown mesh axis 'pp'"),
         (
+            lambda a: a,
+            S(partition=(0,), mesh_axes=("pp",)),
+            None,
+            (8, 12),
+            "unknown mesh axis 'pp'",
+        ),
+        (
             lambda a: dist.ppermute(a, "tp", perm=[(0, 1), (1, 1)]),
             BOTH,
             BOTH,
@@ -165,7 +172,16 @@ def _run(body, in_specs, out_specs, *args):
             "over 'tp'",
         ),
     ],
-    ids=["axis", "perm", "perm-range", "divide", "out-replicated", "axis-index", "reduce-scatter"],
+    ids=[
+        "axis",
+        "spec-axis",
+        "perm",
+        "perm-range",
+        "divide",
+        "out-replicated",
+        "axis-index",
+        "reduce-scatter",
+    ],
 )
 def test_errors_name_the_users_line(body, in_specs, out_specs, shape, message):
     with pytest.raises(ShardingError, match=message) as error:
