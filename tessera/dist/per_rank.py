@@ -1,6 +1,6 @@
 """Per-rank collectives: what ``dist.all_reduce`` and the others mean inside a
 ``dist.shard_map`` body, and the ops that only have a per-rank meaning (``ppermute``,
-``axis_index``, ``axis_size``).
+``send`` / ``recv`` pairs, ``axis_index``, ``axis_size``, the ``*_async`` forms).
 
 In a body each rank holds its block, so a collective communicates: ``all_reduce(x,
 "tp")`` is the sum of the blocks of the ranks along ``tp``, ``all_gather(x, "tp",

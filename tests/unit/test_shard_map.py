@@ -362,9 +362,14 @@ def test_send_and_recv_pairs():
         dist.send(a * 2.0, "dp", to=[(0, 1)])
         return dist.recv("dp", frm=[(0, 1)], like=a) + a
 
-    x = randn(8, 12)
+    x, c = randn(8, 12), randn(8, 12)
     y = _run(body, BOTH, BOTH, x)
-    torch.testing.assert_close(y, torch.cat([x[:4], x[4:] + 2 * x[:4]]), **TOL)
+    reference = lambda x: torch.cat([x[:4], x[4:] + 2 * x[:4]])  # noqa: E731
+    torch.testing.assert_close(y, reference(x), **TOL)
+    region = dist.shard_map(body, MESH, in_specs=BOTH, out_specs=BOTH)
+    (grad,) = ts.jit(ts.grad(lambda x: (region(x) * c).sum(), argnums=(0,)), mesh=MESH)(x)
+    (expected,) = _torch_grads(lambda x: (reference(x) * c).sum(), x)
+    torch.testing.assert_close(grad, expected, **TOL)  # the recv transposes to a send back
 
 
 @pytest.mark.parametrize(
