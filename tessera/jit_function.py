@@ -24,6 +24,7 @@ from tessera import environment, numerics, schedule
 from tessera import op as _op_library  # noqa: F401 (gives traced tensors their operators)
 from tessera.backends.cuda_graphs import CudaGraphs
 from tessera.dist.collectives import MESH_SYMBOL, shard
+from tessera.dist.shard_map import register_jit as _register_shard_map_jit
 from tessera.dist.shard_spec import ShardSpec, check_shard_specs
 from tessera.dist.tensor import DistTensor
 from tessera.driver import KERNEL_BACKENDS, CompileConfig
@@ -519,6 +520,8 @@ def broadcast_prefix(prefix: Any, tree: pytree.TreeDef, what: str) -> list[Any]:
         ]
     raise ShardingError(f"{what} does not match the structure of the values it describes")
 
+
+_register_shard_map_jit(jit)  # dist.shard_map called outside tracing runs as ts.jit
 
 __all__ = [
     "JitFunction",

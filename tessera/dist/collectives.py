@@ -4,6 +4,8 @@ Traced code sees global tensors, so an explicit collective states a layout: afte
 ``dist.all_reduce(x, axis="tp")`` the value is no longer partial over ``tp``; after
 ``dist.all_gather(x, axis="tp", dim=1)`` dim 1 is whole. The global value never
 changes; the sharding passes turn these into communication where the layout needs it.
+Inside a ``dist.shard_map`` body they are per-rank collectives instead (see
+:mod:`tessera.dist.per_rank`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tessera.dist import per_rank
 from tessera.dist.shard_spec import ShardSpec
 from tessera.errors import ShardingError, TraceError
 from tessera.frontend.tracer import Tensor, current_trace, user_location
@@ -50,6 +53,11 @@ def _bind(op_type: type[graph.GraphOp], x: Tensor, **attrs: Any) -> Tensor:
 
 def shard(x: Tensor, spec: ShardSpec | Sharding) -> Tensor:
     """Constrains ``x`` to the layout ``spec`` at this point (JAX's sharding constraint)."""
+    if per_rank.in_manual_region():
+        raise TraceError(
+            f"dist.shard states a global layout; inside a dist.shard_map body values are "
+            f"per-rank blocks (state layouts in in_specs / out_specs), at {user_location()}"
+        )
     mesh = _mesh("dist.shard")
     if not isinstance(spec, (ShardSpec, Sharding)):
         raise ShardingError(
@@ -65,22 +73,30 @@ def shard(x: Tensor, spec: ShardSpec | Sharding) -> Tensor:
 def all_reduce(x: Tensor, axis: str | Sequence[str], op: str = "sum") -> Tensor:
     """Resolves ``x``'s partial values over ``axis``; ``op`` is their reduction kind
     (a key of ``tessera.ir.reduction_kinds.KINDS``: sum, mean, max, min, prod)."""
+    if per_rank.in_manual_region():
+        return per_rank.all_reduce(x, axis, op)
     return _bind(graph.AllReduceOp, x, axes=_axes("dist.all_reduce", axis), kind=op)
 
 
 def all_gather(x: Tensor, axis: str | Sequence[str], dim: int = 0) -> Tensor:
     """Makes dim ``dim`` whole on every rank of ``axis``."""
+    if per_rank.in_manual_region():
+        return per_rank.all_gather(x, axis, dim)
     return _bind(graph.AllGatherOp, x, axes=_axes("dist.all_gather", axis), dim=normalize_axis(dim, x.ndim))
 
 
 def reduce_scatter(x: Tensor, axis: str | Sequence[str], dim: int = 0, op: str = "sum") -> Tensor:
     """Resolves partial sums over ``axis`` into a split of dim ``dim`` over it."""
+    if per_rank.in_manual_region():
+        return per_rank.reduce_scatter(x, axis, dim, op)
     axes = _axes("dist.reduce_scatter", axis)
     return _bind(graph.ReduceScatterOp, x, axes=axes, dim=normalize_axis(dim, x.ndim), kind=op)
 
 
 def all_to_all(x: Tensor, axis: str | Sequence[str], split_dim: int, concat_dim: int) -> Tensor:
     """Moves the split over ``axis`` from ``concat_dim`` to ``split_dim``."""
+    if per_rank.in_manual_region():
+        return per_rank.all_to_all(x, axis, split_dim, concat_dim)
     axes = _axes("dist.all_to_all", axis)
     return _bind(
         graph.AllToAllOp, x, axes=axes,
@@ -90,6 +106,8 @@ def all_to_all(x: Tensor, axis: str | Sequence[str], split_dim: int, concat_dim:
 
 def broadcast(x: Tensor, axis: str | Sequence[str], src: int = 0) -> Tensor:
     """Every rank along ``axis`` takes the value of the rank at index ``src``."""
+    if per_rank.in_manual_region():
+        return per_rank.broadcast(x, axis, src)
     axes = _axes("dist.broadcast", axis)
     size = 1
     for name in axes:

@@ -70,6 +70,11 @@ def region(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not is_tracing():
             return fn(*args, **kwargs)
         trace = current_trace()
+        if trace.manual:
+            raise TraceError(
+                f"graph.region {_name(fn)} inside a dist.shard_map body is not supported yet, "
+                f"at {user_location()}"
+            )
         leaves, treedef = pytree.flatten((args, kwargs))
         tensors = [leaf for leaf in leaves if isinstance(leaf, Tensor)]
         key = (fn, treedef, *(_key(leaf) for leaf in leaves))

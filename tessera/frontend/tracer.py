@@ -85,6 +85,8 @@ class Trace:
         self.functions = functions if functions is not None else FunctionTable(reserved=frozenset({name}))
         self.regions: dict[Any, Any] = {}  # graph.region's traced calls, by signature
         self.region = region  # the region this trace is the body of, if any
+        self.manual = False  # a dist.shard_map body: per-rank types and collectives
+        self.sends: list[Any] = []  # its dist.send calls no dist.recv has matched yet
         register(self.block, self.functions)
 
     def bind(

@@ -823,6 +823,7 @@ class MoeCombineOp(GraphOp):
 
 
 PARTITIONED = "graph.partitioned"  # unit attribute of a func.func with per-rank types
+MANUAL = "graph.manual"  # unit attribute of a dist.shard_map body (see tessera.ir.manual)
 DONATED = "graph.donated"  # unit argument attribute: the program may reuse its buffer
 
 
@@ -1060,6 +1061,8 @@ class CallOp(GraphOp):
             if self.parent_op() is not None and _in_module(self):
                 raise VerifyException(f"graph.call: no function @{self.callee_name} in the module")
             return
+        if MANUAL in function.attributes and not _in_partitioned(self):
+            return  # global values in, global values out: tessera.ir.manual checks them
         inputs, outputs = function.function_type.inputs.data, function.function_type.outputs.data
         operands = tuple(v.type for v in self.operands)
         results = tuple(r.type for r in self.results)
@@ -1279,6 +1282,13 @@ class ScanOp(ScanLike, GraphOp):
 
     def verify_(self) -> None:
         self.verify_scan()
+
+
+def _in_partitioned(op: Operation) -> bool:
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, FuncOp):
+        parent = parent.parent_op()
+    return parent is not None and PARTITIONED in parent.attributes
 
 
 def _in_module(op: Operation) -> bool:

@@ -202,6 +202,57 @@ def _collective_permute_vjp(
     return [b.op(graph.CollectivePermuteOp, ct, axes=op.attrs()["axes"], pairs=inverse)]
 
 
+def per_rank_vjp(
+    b: GradBuilder, op: graph.GraphOp, ct: SSAValue, varies: frozenset[str]
+) -> SSAValue | None:
+    """The transpose of a collective in a manual (``dist.shard_map``) body, where each
+    rank holds its block and a cotangent is the same along every axis its value is
+    (``tessera.ir.manual.varying``: ``varies`` are the axes the operand varies along):
+
+    - all_reduce (sum) over an axis is the identity on its invariant cotangent, times the
+      axis size where the operand was itself the same on every rank (it counted once per
+      rank): an all_reduce of the cotangent over those axes;
+    - all_gather's is this rank's slice of the cotangent (all_slice); reduce_scatter's
+      is the all_gather of the cotangent; all_to_all's moves the split back;
+    - collective_permute's is the inverse permutation.
+
+    The autodiff pass sums over an axis every cotangent that varies along an axis its
+    value does not (the transpose of the implicit broadcast of an invariant value)."""
+    if not aval(op.operands[0]).dtype.is_float:
+        return None
+    attrs = op.attrs()
+    axes = tuple(attrs.get("axes", ()))
+    x, y = aval(op.operands[0]), aval(op.results[0])
+    if isinstance(op, graph.AllReduceOp):
+        if attrs["kind"] != "sum":
+            raise TesseraError(
+                f"{op.name} {{kind = {attrs['kind']}}} in a dist.shard_map body is not "
+                f"differentiable yet (only sum is)"
+            )
+        same = tuple(a for a in axes if a not in varies)
+        if not same:
+            return ct
+        return b.op(graph.AllReduceOp, ct, axes=same, kind="sum")
+    if isinstance(op, graph.AllGatherOp):
+        dim = attrs["dim"]
+        return b.op(graph.AllSliceOp, ct, axes=axes, dim=dim, group_size=y.shape[dim] // max(x.shape[dim], 1))
+    if isinstance(op, graph.ReduceScatterOp):
+        if attrs["kind"] != "sum":
+            raise TesseraError(f"{op.name} {{kind = {attrs['kind']}}} in a dist.shard_map body is not differentiable yet")
+        dim = attrs["dim"]
+        return b.op(graph.AllGatherOp, ct, axes=axes, dim=dim, group_size=x.shape[dim] // max(y.shape[dim], 1))
+    if isinstance(op, graph.AllToAllOp):
+        split, concat = attrs["split_dim"], attrs["concat_dim"]
+        return b.op(
+            graph.AllToAllOp, ct, axes=axes, split_dim=concat, concat_dim=split,
+            group_size=x.shape[split] // max(y.shape[split], 1),
+        )  # fmt: skip
+    if isinstance(op, graph.CollectivePermuteOp):
+        (result,) = _collective_permute_vjp(b, op, [ct])
+        return result
+    raise TesseraError(f"{op.name} in a dist.shard_map body is not differentiable yet")
+
+
 def _transition(edit: Callable[[graph.CollectiveOp, Dims], None]) -> LayoutTransition:
     """The layout a collective leaves: partial axes among its ``axes`` are resolved, then
     ``edit`` moves the splits of the dims."""

@@ -27,7 +27,15 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import FunctionType, IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DictionaryAttr,
+    FunctionType,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    i64,
+)
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -39,7 +47,10 @@ from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.function_table import FunctionTable, register, table_of
 from tessera.ir.grad_builder import GradBuilder
+from tessera.ir.manual import in_specs, is_manual, op_varying, out_specs, varying
+from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr
 from tessera.opdefs import Fusion, fusion_of, lookup
+from tessera.opdefs.collective import per_rank_vjp
 from tessera.transforms.remat import CHECKPOINT, REGENERATE, REMAT, RematPolicy
 
 
@@ -106,14 +117,21 @@ def backprop(
     where: str = "",
     seeds: Mapping[SSAValue, SSAValue] | None = None,
     remat: RematPolicy | None = None,
+    varying: dict[SSAValue, frozenset[str]] | None = None,
 ) -> list[SSAValue]:
     """Emits with ``b`` the gradients of the scalar ``loss`` with respect to ``wrt``, by
     reverse accumulation over the ``forward`` ops (in program order). ``seeds`` gives
     further values' cotangents (a vector-Jacobian product: a pipeline stage's outputs
     seeded with the gradients the next stage sends back). Checkpointed blocks are
     recomputed as ``remat`` says (default: nothing saved), ``graph.regenerate`` blocks
-    always; the forward ops lose their ``graph.checkpoint`` and ``graph.regenerate`` tags."""
+    always; the forward ops lose their ``graph.checkpoint`` and ``graph.regenerate`` tags.
+
+    ``varying`` (in a manual ``dist.shard_map`` body: the mesh axes each value varies
+    along, ``tessera.ir.manual.varying``) makes the collectives' VJPs their per-rank
+    transposes, and sums over an axis each cotangent that varies along an axis its
+    value does not."""
     cotangents: dict[SSAValue, SSAValue] = dict(seeds or {})
+    tracker = _Varying(varying, b) if varying is not None else None
     blocks = _checkpointed_blocks(forward, remat or RematPolicy())
     recomputed: dict[int, dict[Operation, Operation]] = {}
     if loss is not None:
@@ -122,7 +140,13 @@ def backprop(
         result_cts = [cotangents.get(r) for r in op.results]
         if all(c is None for c in result_cts):
             continue
-        if isinstance(op, graph.CallOp):
+        if tracker is not None and isinstance(op, graph.CollectiveOp):
+            vjp = tracker.collective_vjp
+        elif isinstance(op, graph.CallOp) and is_manual(table_of(op).functions.get(op.callee_name)):
+            vjp = _manual_call_vjp
+        elif isinstance(op, graph.CallOp):
+            if tracker is not None:
+                raise TesseraError(f"{where}: a graph.call inside a dist.shard_map body is not differentiable yet")
             vjp = functools.partial(_call_vjp, policy=remat or RematPolicy())
         elif isinstance(op, graph.ScanOp):
             vjp = functools.partial(_scan_vjp, policy=remat or RematPolicy())
@@ -145,6 +169,8 @@ def backprop(
         for operand, ct in zip(op.operands, operand_cts, strict=True):
             if ct is None:
                 continue
+            if tracker is not None:
+                ct = tracker.summed(operand, ct)
             previous = cotangents.get(operand)
             cotangents[operand] = ct if previous is None else b.add(previous, ct)
     for block in {id(k): k for k in blocks.values()}.values():
@@ -153,6 +179,116 @@ def backprop(
         op.attributes.pop(CHECKPOINT, None)
         op.attributes.pop(REGENERATE, None)
     return [cotangents.get(v) or b.zeros_like(v) for v in wrt]
+
+
+# --- manual regions (dist.shard_map): per-rank transposes -----------------------------
+
+
+class _Varying:
+    """The axes each value of a manual body varies along, kept up to date as the
+    backward's ops are emitted (``tessera.ir.manual.op_varying``)."""
+
+    def __init__(self, axes: dict[SSAValue, frozenset[str]], b: GradBuilder):
+        self.axes = axes
+        self.b = b
+        self.last = _last_before(b.point)  # the last op whose results are recorded
+
+    def _sync(self) -> None:
+        op = self.last.next_op if self.last is not None else self.b.point.block.first_op
+        while op is not None and op is not self.b.point.insert_before:
+            if isinstance(op, graph.GraphOp):
+                op_varying(op, self.axes)
+            self.last, op = op, op.next_op
+
+    def collective_vjp(
+        self, b: GradBuilder, op: graph.GraphOp, cts: Sequence[SSAValue | None]
+    ) -> list[SSAValue | None]:
+        self._sync()
+        ct = cts[0]
+        if ct is None:
+            return [None]
+        return [per_rank_vjp(b, op, ct, self.axes.get(op.operands[0], frozenset()))]
+
+    def summed(self, value: SSAValue, ct: SSAValue) -> SSAValue:
+        """``ct`` summed over the axes it varies along and ``value`` does not."""
+        self._sync()
+        extra = self.axes.get(ct, frozenset()) - self.axes.get(value, frozenset())
+        if not extra:
+            return ct
+        return self.b.op(graph.AllReduceOp, ct, axes=tuple(sorted(extra)), kind="sum")
+
+
+def _manual_call_vjp(
+    b: GradBuilder, op: graph.CallOp, cts: Sequence[SSAValue | None]
+) -> list[SSAValue | None]:
+    """A shard_map's backward is a call of a manual function (in_specs: the primal
+    arguments', then the float results' out_specs; out_specs: the float arguments'
+    in_specs) that recomputes the body and transposes it per rank."""
+    table = table_of(op)
+    derivative = _manual_backward(table, op.callee_name)
+    seeds = [
+        cts[i] if cts[i] is not None else b.zeros_like(op.results[i])
+        for i in derivative.float_results
+    ]
+    backward = graph.CallOp.get(
+        derivative.backward,
+        [*op.operands, *seeds],
+        [op.operands[i].type for i in derivative.float_arguments],
+    )
+    backward.location = op.location
+    Rewriter.insert_op(backward, b.point)
+    operand_cts: list[SSAValue | None] = [None] * len(op.operands)
+    for index, grad in zip(derivative.float_arguments, backward.results, strict=True):
+        operand_cts[index] = grad
+    return operand_cts
+
+
+def _manual_backward(table: FunctionTable, name: str) -> _Derivative:
+    """The backward of manual function ``@name`` (derived once)."""
+    key = (name, "manual-vjp")
+    if key in table.derived:
+        return table.derived[key]  # type: ignore[return-value]
+    source = table.get(name)
+    backward = source.clone()
+    block = backward.body.block
+    register(block, table)
+    ret = block.last_op
+    assert isinstance(ret, func.ReturnOp)
+    primal, outputs = list(block.args), list(ret.operands)
+    axes = varying(backward)
+    float_results = tuple(i for i, v in enumerate(outputs) if aval(v).dtype.is_float)
+    float_arguments = tuple(i for i, a in enumerate(primal) if aval(a).dtype.is_float)
+    seeds: dict[SSAValue, SSAValue] = {}
+    b = GradBuilder(InsertPoint.before(ret))
+    for index in float_results:
+        ct = block.insert_arg(outputs[index].type, len(block.args))
+        axes[ct] = axes[outputs[index]]
+        value = outputs[index]
+        seeds[value] = ct if value not in seeds else b.add(seeds[value], ct)
+    forward = [o for o in block.ops if o is not ret]
+    grads = backprop(
+        forward, None, [primal[i] for i in float_arguments], b, f"@{name}", seeds=seeds, varying=axes
+    )
+    ret.operands = grads
+    ins, outs = in_specs(source), out_specs(source)
+    arg_specs = [*ins, *(outs[i] for i in float_results)]
+    result_specs = [ins[i] for i in float_arguments]
+
+    def attrs(specs: Sequence[Sharding | None]) -> ArrayAttr:
+        return ArrayAttr([
+            DictionaryAttr({SHARDING_KEY: ShardingAttr.get("mesh", s)} if s is not None else {})
+            for s in specs
+        ])  # fmt: skip
+
+    backward.arg_attrs = attrs(arg_specs)
+    backward.res_attrs = attrs(result_specs)
+    backward.function_type = FunctionType.from_lists(
+        [a.type for a in block.args], [v.type for v in ret.operands]
+    )
+    backward.sym_name = StringAttr(f"{name}_bwd")
+    derivative = _Derivative(name, table.add(backward), float_results, float_arguments)
+    table.derived[key] = derivative  # type: ignore[assignment]
+    return derivative
 
 
 # --- regions: the VJP of a call is a call of the callee's derivative -----------------

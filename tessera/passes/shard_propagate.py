@@ -29,6 +29,10 @@ constrained to the layouts it got them in. After the callers' fixed point each c
 the variant for its operands' layouts: the first variant of ``@f`` keeps the name, the
 others are ``@f_1``, ``@f_2``... Calls neither take their users' wishes nor pass theirs
 on: layouts cross a region boundary forward only.
+
+A call of a manual function (``dist.shard_map``'s body, see ``tessera.ir.manual``) is
+not propagated into: its results are closed to its ``out_specs``, and its open operands
+take its ``in_specs`` (``insert-collectives`` reshards the others to them).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from tessera.analysis.reduction_points import ReductionPoints
 from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.located_error import LocatedPassFailure
+from tessera.ir.manual import in_specs, is_manual, out_specs
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.sharding import (
@@ -150,7 +155,9 @@ class _Variants:
         while work:
             function = work.pop()
             for call in function.body.block.ops:
-                if not isinstance(call, graph.CallOp | graph.ScanOp):
+                if not isinstance(call, graph.CallOp | graph.ScanOp) or is_manual(
+                    call.callee_function()
+                ):
                     continue
                 key = self.keys.get(call)
                 if key is None:  # a call no operand layout reached: replicated operands
@@ -264,6 +271,15 @@ class _Propagation:
     def _call(self, op: Caller) -> bool:
         """A call's results take the layouts its callee returns for its operands' layouts
         (once every operand has one)."""
+        callee = op.callee_function() if isinstance(op, graph.CallOp) else None
+        if is_manual(callee):  # a shard_map: its out_specs, whatever its operands
+            assert callee is not None
+            changed = False
+            for result, spec in zip(op.results, out_specs(callee), strict=True):
+                assert spec is not None
+                self.closed.add(result)
+                changed |= self._set(result, spec)
+            return changed
         known = [self.shardings.get(v) or _made_here(v) for v in op.operands]
         if any(k is None for k in known) or self.variants is None:
             return False
@@ -286,6 +302,13 @@ class _Propagation:
         if isinstance(op, graph.ShardOp):
             wanted = op.sharding.sharding
             return self._set(op.input, Sharding(wanted.dims))
+        if isinstance(op, graph.CallOp) and is_manual(callee := op.callee_function()):
+            assert callee is not None
+            changed = False
+            for value, spec in zip(op.operands, in_specs(callee), strict=True):
+                if value not in self.shardings and spec is not None:
+                    changed |= self._set(value, spec)
+            return changed
         if not has_sharding_rule(op):
             return False
         produced = [self.shardings.get(r) for r in op.results]
@@ -370,7 +393,11 @@ class _Propagation:
                 self.shardings.get(r, Sharding.replicated(aval(r).rank)) for r in op.results
             ]
             set_op_shardings(op, self.mesh_name, shardings)
-            if isinstance(op, graph.CallOp | graph.ScanOp) and self.variants is not None:
+            if (
+                isinstance(op, graph.CallOp | graph.ScanOp)
+                and self.variants is not None
+                and not is_manual(op.callee_function())
+            ):
                 operands = [
                     self.shardings.get(v) or Sharding.replicated(aval(v).rank) for v in op.operands
                 ]

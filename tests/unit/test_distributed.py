@@ -602,3 +602,12 @@ def test_remat_clipping_and_accumulation_over_processes_equal_the_virtual_mesh(
     assert saved["metrics"] == metrics
     assert metrics[0][1] > 0.5  # the clipping is active
     _assert_same_state(saved["state"], step.state_dict(state))
+
+
+def test_shard_map_regions_over_four_processes() -> None:
+    """A dist.shard_map Megatron MLP (explicit all_reduce, ppermute) and its gradient,
+    one rank per process, equal torch eager."""
+    result = tessera_run(4, SCRIPTS / "shard_map.py", limit=180.0)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in range(4):
+        assert f"rank {rank}: shard_map forward and gradient match torch eager" in result.stdout
