@@ -162,3 +162,31 @@ def balanced_cuts(
         b = choice[j][b]
         cuts.append(candidates[b])
     return sorted(cuts)
+
+
+def sink_casts(ops: list[Operation], casts: Sequence[Operation]) -> list[Operation]:
+    """``ops`` with each of ``casts`` (of parameters and batch leaves to the compute dtype,
+    traced before the user's function) moved to just before its first user, so that it
+    falls in the stage that uses it: a stage casts the parameters it owns instead of
+    receiving them cast from the first stage."""
+    moved = {c for c in casts if c.results[0].uses}
+    rest = [o for o in ops if o not in moved]
+    first_user: dict[Operation, Operation] = {}
+    position = {o: i for i, o in enumerate(rest)}
+    for cast in moved:
+        users = [u.operation for u in cast.results[0].uses if u.operation in position]
+        first_user[cast] = min(users, key=position.__getitem__)
+    before: dict[Operation, list[Operation]] = {}
+    for cast in casts:  # in trace order
+        if cast in moved:
+            before.setdefault(first_user[cast], []).append(cast)
+    return [x for o in rest for x in (*before.get(o, ()), o)]
+
+
+def cut_before_casts(ops: Sequence[Operation], cut: int, casts: Sequence[Operation]) -> int:
+    """A cut position moved before the casts just ahead of it (they feed the op after
+    the cut: they belong to its stage)."""
+    cast_set = {c for c in casts if c.results[0].uses}
+    while 0 < cut <= len(ops) and ops[cut - 1] in cast_set:
+        cut -= 1
+    return cut

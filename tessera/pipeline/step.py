@@ -8,7 +8,10 @@ marks, or a cost-balanced split); each stage gets its forward and backward progr
 ``pp``) owns stages ``r, r + pp, …``. The schedule set with
 ``schedule.pipeline_microbatches(m, kind=..., virtual=...)`` gives every pipeline rank
 its list of actions, built as the Schedule IR's ``schedule.pipeline`` op and run from it
-(:mod:`tessera.pipeline.runtime`).
+(:mod:`tessera.pipeline.runtime`). Compiling all that is
+:mod:`tessera.pipeline.compile`'s (:class:`~tessera.pipeline.compile.PipelineCompiler`,
+with each rank's update from :mod:`tessera.pipeline.update`); this module runs a step:
+the schedule, the shared gradients' sums, the updates and the metrics.
 
 The batch is split over the data-parallel axis (dim 0), then into ``m`` microbatches;
 gradients are summed over microbatches on each rank, then (in the update program, one per
@@ -20,88 +23,48 @@ over microbatches and data-parallel ranks, as 0-d tensors in at least float32.
 
 Every option of the step applies: ``precision`` casts the parameters and float batch
 leaves to the compute dtype at the start of the traced forward, each cast moved into the
-stage that first uses it (:func:`_sink`), and with loss scaling the last stage seeds its
-backward with the scale; ``accumulate=k`` runs the schedule k times (rounds of m
+stage that first uses it (:func:`~tessera.pipeline.split.sink_casts`), and with loss
+scaling the last stage seeds its backward with the scale; ``accumulate=k`` runs the schedule k times (rounds of m
 microbatches) before the update; ``zero=1``/``2`` shard the optimizer state (and the
 reduced gradients) over dp in the update programs; ``clip_grad_norm`` and the loss
 scale's overflow check need every stage's gradients, so each pipeline rank first runs a
 reduction program and the shares of ``[Σ g·0, Σ g²]`` are summed over pipeline ranks
-before any update (:class:`_UpdateBuilder`); ``batch_shardings`` give each batch leaf's
-layout inside a stage (dp, first on dim 0, is split by the pipeline itself).
+before any update (:class:`~tessera.pipeline.update.UpdateBuilder`); ``batch_shardings``
+give each batch leaf's layout inside a stage (dp, first on dim 0, is split by the
+pipeline itself).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.distributed as tdist
-from xdsl.ir import Operation
 
-from tessera import numerics, op, schedule
+from tessera import numerics
 from tessera.backends import distributed
 from tessera.backends.execution import Execution, execution_for
 from tessera.backends.layout import block, piece
-from tessera.dist.collectives import shard
-from tessera.dist.shard_spec import ShardSpec
-from tessera.dist.tensor import DistTensor
-from tessera.driver import CompileConfig
-from tessera.dtypes import as_dtype
-from tessera.errors import ShardingError, TesseraError, TraceError
+from tessera.errors import TesseraError
 from tessera.frontend import pytree
-from tessera.frontend.tracer import Tensor, Trace, tracing
 from tessera.ir import pipeline_actions as A
 from tessera.ir.abstract import AbstractTensor
 from tessera.ir.sharding import Sharding
-from tessera.jit_function import JitFunction, broadcast_prefix, default_kernels
-from tessera.optim import decay_mask
+from tessera.jit_function import default_kernels
+from tessera.pipeline.compile import CompiledPipeline, PipelineCompiler
 from tessera.pipeline.memory import PipelineMemoryStats, pipeline_memory
-from tessera.pipeline.programs import StagePrograms, stage_programs
 from tessera.pipeline.runtime import PipelineExecutor, Placement, RankState
-from tessera.pipeline.split import balanced_cuts, plan_stages
+from tessera.pipeline.update import leaf_dtype, state_subset
 from tessera.training import (
-    StepTrace,
     TrainingStep,
     TrainState,
-    leaf_paths,
-    metric_dtype,
-    tracing_step,
-    zero_sharding,
 )
-from tessera.training.grad_clip import clip_to_norm, squared_norm
-from tessera.training.mixed_precision import LossScaled, nonfinite_probe, to_compute
 from tessera.training.state import gathered, local_piece, write_piece
 
 if TYPE_CHECKING:
     from tessera.program import Lowered
-
-
-@dataclass
-class CompiledPipeline:
-    """A pipelined step for one parameter structure and batch signature."""
-
-    stages: list[StagePrograms]
-    lists: list[list[A.Action]]  # per pipeline rank
-    pipeline_ir: Any  # the schedule.pipeline op the lists were read from
-    updates: list[Lowered]  # per pipeline rank: the optimizer update of its parameters
-    update_params: list[list[int]]  # per pipeline rank: the parameters it updates
-    param_layouts: list[Sharding]
-    microbatches: int
-    cuts: list[int]
-    metric_tree: pytree.TreeDef
-    metric_dtypes: list[torch.dtype]  # each metric's reported dtype (at least float32)
-    # per pipeline rank, when the update needs every stage's gradients (clipping by the
-    # global norm, the loss scale's overflow check): the program reducing the gradients
-    # and computing this rank's share of the global statistics (see _reduce_program)
-    reductions: list[Lowered | None]
-    batch_tree: pytree.TreeDef | None = None  # the batch arguments' structure
-    stats_dtype: torch.dtype = torch.float32  # the global statistics' dtype (the masters')
-    batch_layouts: list[Sharding] = dataclasses.field(default_factory=list)  # in a stage
 
 
 class PipelineStep:
@@ -114,226 +77,14 @@ class PipelineStep:
         self.ranks = self.mesh.axis_size(pp_axis)
         self.dp = self.mesh.axis_size(step.dp_axis) if step.dp_axis else 1
         self.placement = Placement(self.mesh, pp_axis, self.ranks)
-        self._cache: dict[Any, CompiledPipeline] = {}
+        self.compiler = PipelineCompiler(step, pp_axis)
         self._latest: CompiledPipeline | None = None  # the last step's (for gather)
         self._execution: Execution | None = None  # where the last step ran
 
-    # --- compilation ----------------------------------------------------------------------
-
     def compiled(self, state: TrainState, batch: Sequence[Any]) -> CompiledPipeline:
-        options = schedule.current()
-        mode = self.step.numerics or numerics.mode()
-        m, kind, virtual = (
-            options.pipeline_microbatches,
-            options.pipeline_schedule,
-            options.pipeline_virtual,
-        )
-        leaves, tree = pytree.flatten(state.params)
-        batch_leaves, batch_tree, paths = self._batch_leaves(batch)
-        chunks = m * self.step.accumulate
-        batch_avals = [
-            self._microbatch_aval(b, path, m) for b, path in zip(batch_leaves, paths, strict=True)
-        ]
-        key = (
-            tree,
-            tuple(AbstractTensor(tuple(x.shape), _dtype(x)) for x in leaves),
-            batch_tree,
-            tuple(batch_avals),
-            options,
-            mode,
-            chunks,
-        )
-        if key not in self._cache:
-            with numerics.mode_of(mode):  # read into every program's config
-                self._cache[key] = self._compile(
-                    state, tree, leaves, batch_avals, m, kind, virtual, options, batch_tree
-                )
-        return self._cache[key]
-
-    def _batch_leaves(self, batch: Sequence[Any]) -> tuple[list[Any], pytree.TreeDef, list[str]]:
-        """The batch arguments' tensors (pytrees of them: tuples, lists, dicts), their
-        structure and a name for each."""
-        leaves, tree = pytree.flatten(tuple(batch))
-        paths = [f"batch argument {p}" for p in leaf_paths(tree)]
-        for leaf, path in zip(leaves, paths, strict=True):
-            if not isinstance(leaf, (torch.Tensor, np.ndarray)):
-                raise TesseraError(
-                    f"{self.step.__name__}: {path} is a {type(leaf).__name__}; a pipelined "
-                    f"step's batch holds tensors (split into microbatches along dim 0)"
-                )
-        return leaves, tree, paths
-
-    def _batch_layouts(
-        self, batch_tree: pytree.TreeDef, avals: list[AbstractTensor]
-    ) -> list[Sharding]:
-        """Each batch leaf's layout inside a stage: ``batch_shardings`` without the
-        data-parallel axis, which the pipeline splits dim 0 over itself (it must come
-        first on dim 0); replicated without ``batch_shardings``."""
-        step = self.step
-        if step.batch_shardings is None:
-            return [Sharding.replicated(len(a.shape)) for a in avals]
-        count = len(batch_tree.children)
-        specs = [
-            spec
-            for argument, prefix in zip(batch_tree.children, step._batch_specs(count), strict=True)
-            for spec in broadcast_prefix(prefix, argument, "batch_shardings")
-        ]
-        paths = [f"batch argument {p}" for p in leaf_paths(batch_tree)]
-        layouts = []
-        for spec, aval, path in zip(specs, avals, paths, strict=True):
-            if spec is None:
-                layouts.append(Sharding.replicated(len(aval.shape)))
-                continue
-            rows = aval.shape[0] * self.dp  # one microbatch over every dp rank
-            try:
-                whole = spec.to_sharding(self.mesh, (rows, *aval.shape[1:]), "")
-            except ShardingError as error:
-                raise ShardingError(
-                    f"{step.__name__}: batch_shardings of {path}: one microbatch holds "
-                    f"{aval.shape[0]} rows per {self.dp} data-parallel rank(s) "
-                    f"({rows} in all, the batch over microbatches and accumulation rounds), "
-                    f"{str(error).removeprefix(': ')}; use a larger batch or fewer microbatches"
-                ) from None
-            if self.pp_axis in whole.split_axes:
-                raise ShardingError(
-                    f"{step.__name__}: batch_shardings split {path} over the pipeline axis "
-                    f"{self.pp_axis!r}; a pipelined step's stages each read the whole microbatch"
-                )
-            dp = step.dp_axis
-            if dp in whole.split_axes and (dp not in whole.dims[0] or whole.dims[0][0] != dp):
-                raise ShardingError(
-                    f"{step.__name__}: batch_shardings split {path} over {dp!r} other than "
-                    f"first on dim 0; a pipelined step splits dim 0 over {dp!r} into "
-                    f"microbatches itself (e.g. partition=(0,), mesh_axes=(({dp!r}, 'ep'),))"
-                )
-            dims = [tuple(a for a in d if a != dp) for d in whole.dims]
-            layout = Sharding(tuple(dims))
-            layout.validate(self.mesh, aval.shape, f"{step.__name__}: {path} (one microbatch)")
-            layouts.append(layout)
-        return layouts
-
-    def _microbatch_aval(self, value: Any, path: str, m: int) -> AbstractTensor:
-        tensor = torch.as_tensor(value)
-        rows = tensor.shape[0] if tensor.dim() else 0
-        k = self.step.accumulate
-        if tensor.dim() == 0 or rows % (self.dp * m * k):
-            rounds = f" x accumulate={k}" if k > 1 else ""
-            raise ShardingError(
-                f"{self.step.__name__}: {path} has {rows} rows (dim 0), which must split "
-                f"evenly over {self.dp} data-parallel ranks x {m} microbatches{rounds}"
-            )
-        return AbstractTensor((rows // (self.dp * m * k), *tensor.shape[1:]), _dtype(tensor))
-
-    def _compile(
-        self, state: TrainState, tree: pytree.TreeDef, leaves: list[torch.Tensor],
-        batch_avals: list[AbstractTensor], m: int, kind: str, virtual: int, options: Any,
-        batch_tree: pytree.TreeDef,
-    ) -> CompiledPipeline:  # fmt: skip
-        from tessera.transforms.pipeline_schedules import actions_of, pipeline_op, pipeline_schedule
-
-        step = self.step
-        name = step.__name__
-        layouts = step._layouts(leaves, tree).compute
-        for path, layout in enumerate(layouts):
-            if self.pp_axis in layout.split_axes:
-                raise ShardingError(
-                    f"{name}: param_shardings split parameter {path} over the pipeline axis "
-                    f"{self.pp_axis!r}; stages own whole parameters"
-                )
-        count = self.ranks * virtual
-        precision = step.precision
-        # trace the forward of one microbatch (graph.backward records the loss only); with
-        # loss scaling one more argument, the scale, multiplies the loss the backward seeds
-        param_avals = [AbstractTensor(tuple(x.shape), _dtype(x)) for x in leaves]
-        scale_avals = [AbstractTensor((), as_dtype(torch.float32))] if precision.scaled else []
-        trace = Trace(name, [*param_avals, *batch_avals, *scale_avals], mesh=self.mesh)
-        args = list(trace.block.args)
-        n, b = len(leaves), len(batch_avals)
-        params = pytree.unflatten(tree, [Tensor(trace, a) for a in args[:n]])
-        batch = [Tensor(trace, a) for a in args[n : n + b]]
-        recorded: list[Tensor] = []  # graph.backward records the loss, not differentiating
-        with tracing(trace):
-            # mixed precision: the stages compute in the compute dtype from f32 masters
-            params, batch = to_compute(params, precision), to_compute(batch, precision)
-            casts = list(trace.block.ops)
-            with (
-                tracing_step(StepTrace(params, step.remat, recorded=recorded)),
-                op.fp8_matmuls(precision.fp8),
-            ):
-                returned = step.fn(params, *pytree.unflatten(batch_tree, batch))
-            if not (isinstance(returned, tuple) and len(returned) == 2) or not recorded:
-                raise TraceError(f"{name} must return (graph.backward(loss), metrics)")
-            loss = recorded[-1]
-            metric_leaves, metric_tree = pytree.flatten(returned[1])
-            for leaf in metric_leaves:
-                if not isinstance(leaf, Tensor) or leaf.aval.shape != ():
-                    raise TraceError(
-                        f"{name}: a pipelined step reports scalar metrics only (each the mean "
-                        f"over microbatches and data-parallel ranks), found {leaf!r}; reduce "
-                        f"it to a scalar (op.mean) or compute it outside the step"
-                    )
-            if precision.scaled:  # the gradients of scale · loss, seeded as graph.backward does
-                loss = loss * op.astype(Tensor(trace, args[-1]), loss.aval.dtype)
-        outputs = [loss.value, *(t.value for t in metric_leaves)]
-        metric_dtypes = [metric_dtype(t.aval.dtype.to_torch()) for t in metric_leaves]
-        traced = list(trace.block.ops)
-        marked = [traced[p] if p < len(traced) else None for p in trace.stage_marks]
-        batch_layouts = self._batch_layouts(batch_tree, batch_avals)
-        forward = _sink(traced, casts)
-        marks = [
-            _cut_before_casts(forward, forward.index(o) if o else len(forward), casts)
-            for o in marked
-        ]
-        if marks and len(marks) != count - 1:
-            raise TraceError(
-                f"{name}: {len(marks)} graph.stage() marks make {len(marks) + 1} stages, but the "
-                f"mesh's {self.pp_axis}={self.ranks} x virtual={virtual} needs {count}"
-            )
-        topology = self.mesh.machine(options.topology)
-        cuts = list(marks) if marks else balanced_cuts(forward, outputs, count, topology)
-        cuts = [_cut_before_casts(forward, c, casts) for c in cuts]
-        plan = plan_stages(forward, cuts, outputs)
-        kernels = step.kernels or default_kernels()
-        split = kind == "zb-h1"
-        config = CompileConfig(
-            self.mesh, kernels, options, numerics.mode(), **step.compile_options()
-        )
-        stages = stage_programs(
-            name,
-            plan,
-            args[:n],
-            layouts,
-            args[n:],
-            outputs,
-            split,
-            config,
-            [*batch_layouts, *(Sharding(()) for _ in scale_avals)],
-        )
-        actions = pipeline_schedule(kind, self.ranks, m, virtual)
-        ir = pipeline_op(kind, self.ranks, m, virtual, actions)
-        ir.verify()
-        lists = actions_of(ir)
-        grad_layouts: dict[int, Sharding] = {}
-        for s in stages:
-            for position, p in enumerate(s.params):
-                grad_layouts.setdefault(p, s.param_grad_layouts[position])
-        updates: list[Lowered] = []
-        reductions: list[Lowered | None] = []
-        update_params: list[list[int]] = []
-        counted: set[int] = set()  # a tied parameter's gradient counts once in the norm
-        for rank in range(self.ranks):
-            owned = sorted(
-                {p for s in stages if A.rank_of(s.index, self.ranks) == rank for p in s.params}
-            )
-            update = _UpdateBuilder(self, state, leaves, owned, layouts, grad_layouts, m, kernels)
-            reductions.append(update.reduction([p for p in owned if p not in counted]))
-            counted.update(owned)
-            updates.append(update.update())
-            update_params.append(owned)
-        return CompiledPipeline(
-            stages, lists, ir, updates, update_params, layouts, m, cuts, metric_tree,
-            metric_dtypes, reductions, batch_tree, _stats_dtype(leaves), batch_layouts,
-        )  # fmt: skip
+        """The step's stage and update programs for ``state``'s parameters and ``batch``'s
+        signature under the schedule options in force (compiled once per signature)."""
+        return self.compiler.compiled(state, batch)
 
     # --- one step -------------------------------------------------------------------------
 
@@ -412,7 +163,7 @@ class PipelineStep:
         for rank, owned in enumerate(compiled.update_params):
             if not owned:
                 continue
-            subset = _state_subset(optimizer, state.opt_state, len(param_leaves), owned)
+            subset = state_subset(optimizer, state.opt_state, len(param_leaves), owned)
             targets = [param_leaves[i] for i in owned] + pytree.flatten(subset)[0]
             arg_layouts = compiled.updates[rank].layouts()[0]
             for target, layout in zip(targets, arg_layouts, strict=False):
@@ -577,7 +328,7 @@ class PipelineStep:
         lowered = compiled.updates[st.pipeline_rank]
         param_leaves = pytree.flatten(state.params)[0]
         state_leaves = pytree.flatten(
-            _state_subset(self.step.optimizer, state.opt_state, len(param_leaves), owned)
+            state_subset(self.step.optimizer, state.opt_state, len(param_leaves), owned)
         )[0]
         arg_layouts, out_layouts = lowered.layouts()
         targets = [param_leaves[i] for i in owned] + state_leaves
@@ -638,203 +389,6 @@ def _summed_over_processes(totals: torch.Tensor, what: str) -> torch.Tensor:
         raise distributed.failure(rt, what, error) from None
 
 
-def _sink(ops: list[Operation], casts: Sequence[Operation]) -> list[Operation]:
-    """``ops`` with each of ``casts`` (of parameters and batch leaves to the compute dtype,
-    traced before the user's function) moved to just before its first user, so that it
-    falls in the stage that uses it: a stage casts the parameters it owns instead of
-    receiving them cast from the first stage."""
-    moved = {c for c in casts if c.results[0].uses}
-    rest = [o for o in ops if o not in moved]
-    first_user: dict[Operation, Operation] = {}
-    position = {o: i for i, o in enumerate(rest)}
-    for cast in moved:
-        users = [u.operation for u in cast.results[0].uses if u.operation in position]
-        first_user[cast] = min(users, key=position.__getitem__)
-    before: dict[Operation, list[Operation]] = {}
-    for cast in casts:  # in trace order
-        if cast in moved:
-            before.setdefault(first_user[cast], []).append(cast)
-    return [x for o in rest for x in (*before.get(o, ()), o)]
-
-
-def _cut_before_casts(ops: Sequence[Operation], cut: int, casts: Sequence[Operation]) -> int:
-    """A cut position moved before the casts just ahead of it (they feed the op after
-    the cut: they belong to its stage)."""
-    cast_set = {c for c in casts if c.results[0].uses}
-    while 0 < cut <= len(ops) and ops[cut - 1] in cast_set:
-        cut -= 1
-    return cut
-
-
-def _dtype(value: Any) -> Any:
-    return as_dtype(value.dtype if isinstance(value, DistTensor) else torch.as_tensor(value).dtype)
-
-
-@dataclass(frozen=True)
-class _Slot:
-    """Stands for one parameter (``index``) or a scalar (``None``) in a state layout."""
-
-    index: int | None
-
-
-def _state_subset(optimizer: Any, opt_state: Any, count: int, owned: list[int]) -> Any:
-    """The optimizer state of the parameters ``owned`` (of ``count``), as a pytree of the
-    original state tensors (shared, not copied)."""
-    slots = pytree.flatten(optimizer.state_layout([_Slot(i) for i in range(count)], _Slot(None)))[0]
-    state_leaves = pytree.flatten(opt_state)[0]
-    if len(state_leaves) != len(slots):
-        raise TesseraError("the optimizer state does not match the optimizer's state layout")
-    queues: dict[_Slot, list[Any]] = {}
-    for slot, leaf in zip(slots, state_leaves, strict=True):
-        queues.setdefault(slot, []).append(leaf)
-    subset = optimizer.state_layout([_Slot(i) for i in owned], _Slot(None))
-    subset_slots, subset_tree = pytree.flatten(subset)
-    taken: dict[_Slot, int] = {}
-    picked = []
-    for slot in subset_slots:
-        picked.append(queues[slot][taken.get(slot, 0)])
-        taken[slot] = taken.get(slot, 0) + 1
-    return pytree.unflatten(subset_tree, picked)
-
-
-def _owned_optimizer(optimizer: Any, params: Any, owned: list[int]) -> Any:
-    """``optimizer`` for the list of parameters ``owned`` (leaf indices of ``params``):
-    a ``weight_decay_mask`` becomes those parameters' flags."""
-    inner = optimizer.inner if isinstance(optimizer, LossScaled) else optimizer
-    mask = getattr(inner, "weight_decay_mask", None)
-    if mask is None:
-        return optimizer
-    flags = decay_mask(mask, params, f"optim.{type(inner).__name__}")
-    inner = dataclasses.replace(inner, weight_decay_mask=[flags[i] for i in owned])
-    return LossScaled(inner, optimizer.precision) if isinstance(optimizer, LossScaled) else inner
-
-
-def _stats_dtype(leaves: Sequence[torch.Tensor]) -> torch.dtype:
-    """The widest parameter dtype: that of the gradients' global statistics."""
-    dtype = torch.float32
-    for leaf in leaves:
-        dtype = torch.promote_types(dtype, _dtype(leaf).to_torch())
-    return dtype
-
-
-class _UpdateBuilder:
-    """One pipeline rank's update: the optimizer step of the parameters its stages own.
-
-    The gradients arrive summed over microbatches on each (dp, tp) member, stacked along a
-    leading dim split over dp; their sum over it is the data-parallel reduction, which
-    the sharding passes make an all-reduce, or a reduce-scatter into the shard each rank
-    updates under ``zero=2`` (the optimizer state is sharded over dp from ``zero=1`` on,
-    as in the unpipelined step). When the update depends on every stage's gradients
-    (``clip_grad_norm``, fp16 loss scaling), it is split in two: a reduction program
-    (gradients reduced and unscaled, this rank's share of ``[Σ g·0, Σ g²]``) and the
-    update proper, which reads the shares summed over pipeline ranks."""
-
-    def __init__(
-        self, pipeline: PipelineStep, state: TrainState, leaves: list[torch.Tensor],
-        owned: list[int], layouts: list[Sharding], grad_layouts: dict[int, Sharding],
-        m: int, kernels: str,
-    ):  # fmt: skip
-        step = self.step = pipeline.step
-        self.mesh, self.kernels, self.owned = pipeline.mesh, kernels, owned
-        self.mean = 1.0 / (m * step.accumulate * pipeline.dp)
-        self.params = [leaves[i] for i in owned]
-        self.masters = [_dtype(x) for x in self.params]
-        self.opt_state = _state_subset(step.optimizer, state.opt_state, len(leaves), owned)
-        self.optimizer = _owned_optimizer(step.optimizer, state.params, owned)
-        dp = step.dp_axis
-        self.compute = [layouts[i] for i in owned]
-        sharded = [
-            zero_sharding(layout, tuple(x.shape), self.mesh, dp) if dp else layout
-            for layout, x in zip(self.compute, self.params, strict=True)
-        ]
-        self.state_layouts = sharded if step.zero >= 1 else self.compute
-        self.grad_layouts = sharded if step.zero >= 2 else self.compute
-        self.stacked = [Sharding(((dp,) if dp else (), *grad_layouts[i].dims)) for i in owned]
-        self.dp = pipeline.dp
-        self.global_stats = step.clip_grad_norm is not None or step.precision.scaled
-        self.stats_dtype = _stats_dtype(leaves)
-
-    def _specs(self, layouts: Sequence[Sharding]) -> list[ShardSpec]:
-        return [ShardSpec.from_sharding(s) for s in layouts]
-
-    def _reduced(self, stacked: list[Tensor], scale: Tensor | None) -> list[Tensor]:
-        """The mean gradients over microbatches and dp ranks (unscaled), as the optimizer
-        consumes them."""
-        precision = self.step.precision
-        totals = []
-        for g, want, master in zip(stacked, self.grad_layouts, self.masters, strict=True):
-            if precision.mixed and precision.reduce == "compute":
-                g = op.astype(g, precision.dtype)
-            total = op.astype(shard(op.sum(g, axis=0), want), master) * self.mean
-            totals.append(total if scale is None else total / op.astype(scale, master))
-        return totals
-
-    def _grads_like(self) -> list[torch.Tensor]:
-        return [torch.empty((self.dp, *x.shape), dtype=x.dtype) for x in self.params]
-
-    def reduction(self, counted: list[int]) -> Lowered | None:
-        """The reduction program (when the update needs global statistics): stacked
-        gradients (and the loss scale) → reduced gradients, ``Σ g·0`` and ``Σ g²`` over
-        the gradients ``counted`` here (a parameter shared by several pipeline ranks is
-        counted on the first)."""
-        if not self.global_stats or not self.owned:
-            return None
-        positions = [self.owned.index(p) for p in counted]
-        scaled, dtype = self.step.precision.scaled, self.stats_dtype
-
-        def reduce(grads: list[Any], *scale: Any) -> Any:
-            totals = self._reduced(grads, scale[0] if scaled else None)
-            mine = [op.astype(totals[i], dtype) for i in positions]
-            if not mine:
-                zero = op.zeros((), dtype)
-                return totals, zero, zero
-            return totals, nonfinite_probe(mine), squared_norm(mine)
-
-        reduce.__name__ = f"{self.step.__name__}_reduce"
-        scale_args = [torch.tensor(1.0)] if scaled else []
-        jitted = JitFunction(
-            reduce, mesh=self.mesh, kernels=self.kernels,
-            in_shardings=(self._specs(self.stacked), *([None] * len(scale_args))),
-            out_shardings=(self._specs(self.grad_layouts), None, None),
-            compile_options=self.step.compile_options(),
-        )  # fmt: skip
-        return jitted.lower(self._grads_like(), *scale_args)
-
-    def update(self) -> Lowered:
-        """The update program: parameters, their optimizer state, the gradients (stacked,
-        or reduced by :meth:`reduction`, then followed by the global statistics) → the new
-        parameters and state."""
-        step, optimizer = self.step, self.optimizer
-        clip, scaled = step.clip_grad_norm, step.precision.scaled
-
-        def update(params: list[Any], opt_state: Any, grads: list[Any], *stats: Any) -> Any:
-            if not self.global_stats:
-                return optimizer.update(params, self._reduced(grads, None), opt_state)
-            probe, squares = stats
-            if clip is not None:
-                grads = clip_to_norm(grads, op.sqrt(squares), clip)
-            if scaled:
-                return optimizer.update(params, grads, opt_state, finite=op.equal(probe, probe))
-            return optimizer.update(params, grads, opt_state)
-
-        update.__name__ = f"{step.__name__}_update"
-        param_specs = self._specs(self.compute)
-        state_specs = optimizer.state_layout(self._specs(self.state_layouts), None)
-        if self.global_stats:
-            grads = [torch.empty(tuple(x.shape), dtype=x.dtype) for x in self.params]
-            grad_specs = self._specs(self.grad_layouts)
-            stats = [torch.zeros((), dtype=self.stats_dtype)] * 2
-        else:
-            grads, grad_specs, stats = self._grads_like(), self._specs(self.stacked), []
-        jitted = JitFunction(
-            update, mesh=self.mesh, kernels=self.kernels, donate_argnums=(0, 1),
-            in_shardings=(param_specs, state_specs, grad_specs, *([None] * len(stats))),
-            out_shardings=(param_specs, state_specs),
-            compile_options=self.step.compile_options(),
-        )  # fmt: skip
-        return jitted.lower(self.params, self.opt_state, grads, *stats)
-
-
 class PipelinedTrainingStep(TrainingStep):
     """A training step on a mesh with a pipeline axis: each call runs the pipelined
     schedule of its stage programs (:class:`PipelineStep`) instead of one program."""
@@ -869,7 +423,7 @@ class PipelinedTrainingStep(TrainingStep):
             compiled.updates,
             compiled.update_params,
             compiled.param_layouts,
-            [AbstractTensor(tuple(x.shape), _dtype(x)) for x in leaves],
+            [AbstractTensor(tuple(x.shape), leaf_dtype(x)) for x in leaves],
             self.mesh,  # type: ignore[arg-type]
             compiled.reductions,
         )

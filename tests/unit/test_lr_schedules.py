@@ -300,7 +300,7 @@ def test_lr_and_mask_errors() -> None:
 @pytest.mark.parametrize("kind", ["sgd", "adamw", "adamw-masked"])
 def test_a_pipelined_step_follows_the_schedule(kind: str) -> None:
     """On a pp=2 mesh each pipeline rank's update program reads the shared step count
-    (``_state_subset``) and evaluates the schedule, and applies the weight decay mask to
+    (``tessera.pipeline.update.state_subset``) and evaluates the schedule, and applies the weight decay mask to
     the parameters it owns: the parameters equal the unpipelined step's."""
     lr = S.warmup_cosine(0.05, 2, 5, 0.01)
     mask = (lambda path: path != "w1") if kind == "adamw-masked" else None
