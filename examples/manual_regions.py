@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -37,13 +37,13 @@ from tessera.frontend.tracer import Tensor
 TOLERANCE = 1e-10
 
 
-@dataclass(frozen=True)
-class Port:
+class Port(NamedTuple):
     """One port's outcome: its largest difference from the reference and notes to print."""
 
     name: str
     max_difference: float
     notes: tuple[str, ...] = ()
+    measured: tuple[tuple[str, float], ...] = ()  # named numbers (bytes, times) for tests
 
     @property
     def ok(self) -> bool:
@@ -86,11 +86,16 @@ def megatron(generator: torch.Generator) -> Port:
     automatic = ts.jit(automatic_mlp, mesh=TP_MESH, in_shardings=(BATCH, COLS, ROWS))
     expected = torch.nn.functional.gelu(x @ w1) @ w2
     got_manual, got_automatic = manual(x, w1, w2), automatic(x, w1, w2)
+    lowered = {"manual": manual.lower(x, w1, w2), "automatic": automatic.lower(x, w1, w2)}
     notes = tuple(
-        f"{name}: " + ", ".join(f"{c.kind}{list(c.mesh_axes)} {c.nbytes} B" for c in f.lower(x, w1, w2).collectives())
-        for name, f in (("manual", manual), ("automatic", automatic))
+        f"{name}: " + ", ".join(f"{c.kind}{list(c.mesh_axes)} {c.nbytes} B" for c in low.collectives())
+        for name, low in lowered.items()
     )  # fmt: skip
-    return Port("megatron", _difference((got_manual, expected), (got_automatic, expected)), notes)
+    measured = tuple(
+        (f"{name} bytes", sum(c.nbytes for c in low.collectives())) for name, low in lowered.items()
+    )
+    difference = _difference((got_manual, expected), (got_automatic, expected))
+    return Port("megatron", difference, notes, measured)
 
 
 # --- b. ring attention ---------------------------------------------------------------------
@@ -136,8 +141,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Ten
     return acc / total
 
 
-@dataclass(frozen=True)
-class RingCost:
+class RingCost(NamedTuple):
     """What a context-parallel attention program moves and its simulated step."""
 
     bytes_moved: int  # per rank, every collective of the program
@@ -181,7 +185,7 @@ def ring_cost(f: ts.JitFunction, *args: torch.Tensor) -> RingCost:
 
 def ring(generator: torch.Generator) -> Port:
     q, k, v = (_randn(generator, 1, 2, 32, 8) for _ in range(3))
-    differences, notes = [], []
+    differences, notes, measured = [], [], []
     for causal in (False, True):
         manual, automatic = ring_programs(causal)
         expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -201,11 +205,13 @@ def ring(generator: torch.Generator) -> Port:
             ("automatic", automatic, automatic_args),
         ):
             cost = ring_cost(f, *args)
+            key = f"{'causal' if causal else 'full'} {name}"
+            measured += [(f"{key} bytes", cost.bytes_moved), (f"{key} step_s", cost.step_s)]
             notes.append(
                 f"causal={causal} {name}: {cost.collectives} collectives, {cost.bytes_moved} B, "
                 f"simulated step {cost.step_s * 1e6:.1f} us (exposed {cost.exposed_fraction:.2f})"
             )  # fmt: skip
-    return Port("ring", max(differences), tuple(notes))
+    return Port("ring", max(differences), tuple(notes), tuple(measured))
 
 
 # --- c. pipeline ---------------------------------------------------------------------------
@@ -287,7 +293,7 @@ def overlap(generator: torch.Generator) -> Port:
         "schedule: " + " -> ".join(order),
         f"between start and wait: {', '.join(between) or 'nothing'}",
     )
-    return Port("overlap", difference, notes)
+    return Port("overlap", difference, notes, (("kernels between", len(between)),))
 
 
 def schedule_order(text: str) -> list[str]:
