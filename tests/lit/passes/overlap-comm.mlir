@@ -348,3 +348,38 @@ func.func @relay_one_step_ahead(%x: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf
   }
   func.return %o0, %o1, %o2, %o3 : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
 }
+
+// -----
+
+// A wait marked schedule.user_wait (per-rank code called h.wait() there) stays: the
+// start still hoists to its operand, but the wait does not sink past the independent
+// kernel k2 to its first use.
+// CHECK-LABEL: func.func @user_wait_stays
+// CHECK-NEXT:    %[[Y:.*]] = schedule.kernel @k0
+// CHECK:         %[[H:.*]] = schedule.start all_reduce %[[Y]]
+// CHECK-NEXT:    %[[E:.*]] = schedule.kernel @k1
+// CHECK:         %[[R:.*]] = schedule.wait %[[H]] attributes {schedule.user_wait}
+// CHECK-NEXT:    %[[T:.*]] = schedule.kernel @k2
+// CHECK:         schedule.kernel @k3(%{{.*}} = %[[R]], %{{.*}} = %[[T]])
+graph.mesh @mesh axes = [tp = 4]
+func.func @user_wait_stays(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>, %u: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  %y = schedule.kernel @k0(%a = %x, %b = %w) : (tensor<8x16xf32>, tensor<16x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.matmul %a, %b : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %e = schedule.kernel @k1(%a = %u) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %h = schedule.start all_reduce %y {axes = [tp], kind = sum} : tensor<8x32xf32> -> !schedule.handle<tensor<8x32xf32>>
+  %r = schedule.wait %h attributes {schedule.user_wait} : !schedule.handle<tensor<8x32xf32>> -> tensor<8x32xf32>
+  %t = schedule.kernel @k2(%a = %e) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.tanh %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %o = schedule.kernel @k3(%a = %r, %b = %t) : (tensor<8x32xf32>, tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.add %a, %b : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  func.return %o : tensor<8x32xf32>
+}
