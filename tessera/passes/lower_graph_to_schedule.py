@@ -731,8 +731,10 @@ class _Emitter:
         """Moves here (the end of the schedule so far) the wait of each collective whose
         user's ``h.wait()`` came before op ``before``, the first op of the next kernel,
         and marks it :data:`schedule.USER_WAIT` (``overlap-comm`` keeps it there). A
-        wait already used stays, before its use; a collective not yet started (its
-        operand is made later) is waited for right after its start."""
+        wait already used (a ring's block sent on by the next permute) stays unmarked,
+        before that use: ``overlap-comm`` sinks it no further than its first use, which
+        is before the point. A collective not yet started (its operand is made later) is
+        waited for right after its start."""
         pending = self.lowering.user_waits
         for collective in [c for c, at in pending.items() if at <= before]:
             del pending[collective]
@@ -741,10 +743,10 @@ class _Emitter:
                 continue
             wait = self.env[collective.results[0]].owner
             assert isinstance(wait, schedule.WaitOp)
-            if not wait.results[0].uses:
-                wait.detach()
+            if not wait.results[0].uses:  # else already used here: overlap-comm keeps
+                wait.detach()  # it before that use, before the user's point
                 self.insert(wait)
-            wait.attributes[schedule.USER_WAIT] = UnitAttr()
+                wait.attributes[schedule.USER_WAIT] = UnitAttr()
 
     def start_ready(self, made: Sequence[SSAValue]) -> None:
         """Starts, in program order, every collective whose operand is one of ``made``

@@ -108,10 +108,11 @@ def _place_relay(block: Block, start: schedule.StartOp, position: dict[Operation
     waits = [block.find_ancestor_op_in_block(use.operation) for use in start.results[0].uses]
     start.detach()
     block.insert_op_before(start, target)
-    for wait in waits:  # moved past its start: right after it (sink_waits sinks it)
-        if wait is not None and position[wait] < position[target]:
-            wait.detach()
+    for wait in waits:  # moved past its start: right after it (sink_waits sinks it,
+        if wait is not None and position[wait] < position[target]:  # a user's wait too:
+            wait.detach()  # its point is before the start now)
             block.insert_op_after(wait, start)
+            wait.attributes.pop(schedule.USER_WAIT, None)
 
 
 def sink_waits(block: Block) -> None:
