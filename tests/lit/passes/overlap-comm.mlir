@@ -383,3 +383,43 @@ func.func @user_wait_stays(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>, %u: tens
   }
   func.return %o : tensor<8x32xf32>
 }
+
+// -----
+
+// A relay's start moved past its own user wait (the block arrives before its wait, as
+// lower-graph-to-schedule leaves a ring's waits) cannot keep the user's point: the wait
+// follows the start, unmarked, and sinks to its first use like any other.
+// CHECK-LABEL: func.func @relay_moves_past_a_user_wait
+// CHECK-NEXT:    %[[H0:.*]] = schedule.start collective_permute %x
+// CHECK-NEXT:    %[[K0:.*]] = schedule.kernel @k0(%{{.*}} = %x)
+// CHECK:         %[[B1:.*]] = schedule.wait %[[H0]]
+// CHECK-NEXT:    %[[H1:.*]] = schedule.start collective_permute %[[B1]]
+// CHECK-NEXT:    %[[K1:.*]] = schedule.kernel @k1(%{{.*}} = %[[B1]])
+// CHECK:         %[[B2:.*]] = schedule.wait %[[H1]] :
+// CHECK-NEXT:    %[[H2:.*]] = schedule.start collective_permute %[[B2]]
+graph.mesh @mesh axes = [cp = 4]
+func.func @relay_moves_past_a_user_wait(%x: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  %h0 = schedule.start collective_permute %x {axes = [cp], pairs = [[0, 1], [1, 2], [2, 3], [3, 0]]} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %b1 = schedule.wait %h0 : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  %h1 = schedule.start collective_permute %b1 {axes = [cp], pairs = [[0, 1], [1, 2], [2, 3], [3, 0]]} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %b2 = schedule.wait %h1 attributes {schedule.user_wait} : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  %h2 = schedule.start collective_permute %b2 {axes = [cp], pairs = [[0, 1], [1, 2], [2, 3], [3, 0]]} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %b3 = schedule.wait %h2 : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  %o0 = schedule.kernel @k0(%a = %x) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.exp %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  %o1 = schedule.kernel @k1(%a = %b1) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.exp %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  %o2 = schedule.kernel @k2(%a = %b2) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.exp %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  %o3 = schedule.kernel @k3(%a = %b3) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.exp %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  func.return %o0, %o1, %o2, %o3 : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
+}
