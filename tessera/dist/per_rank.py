@@ -227,14 +227,19 @@ def _divides(what: str, x: Tensor, dim: int, size: int, axes: tuple[str, ...]) -
 class Handle:
     """An asynchronous collective in flight (``h = dist.all_reduce_async(x, "tp")``):
     ``h.wait()`` is its result. The collective is a ``schedule.start`` where it was
-    called and a ``schedule.wait`` that ``overlap-comm`` places no later than the
-    result's first use, so the computation between them overlaps the transfer."""
+    called (``overlap-comm`` may start it earlier, once its operand is made), and its
+    ``schedule.wait`` is where ``h.wait()`` was called (a ``graph.wait`` records the
+    point): the kernels traced between the two overlap the transfer, and those traced
+    after the wait run after it. Waiting again returns the same tensor."""
 
     def __init__(self, result: Tensor):
         self._result = result
+        self._waited: Tensor | None = None
 
     def wait(self) -> Tensor:
-        return self._result
+        if self._waited is None:
+            (self._waited,) = current_trace().bind(graph.WaitOp, [self._result])
+        return self._waited
 
 
 def all_reduce_async(x: Tensor, axis: str | Sequence[str], op: str = "sum") -> Handle:

@@ -938,6 +938,16 @@ class BroadcastOp(CollectiveOp):
     shape_rule = staticmethod(shape_rules.broadcast)
 
 
+WaitOp = _unary(
+    "wait",
+    shape_rules.unary,
+    "x, at the point where a dist.*_async handle's .wait() was called: the identity. When x "
+    "is the result of a communicating collective, lower-graph-to-schedule places that "
+    "collective's schedule.wait here (marked schedule.user_wait, which overlap-comm keeps), "
+    "so the wait is where the user put it, not at the result's first use",
+)
+
+
 @irdl_op_definition
 class AxisIndexOp(GraphOp):
     """This rank's linear position along the mesh ``axes`` (major first), as an i32
@@ -1403,7 +1413,7 @@ COLLECTIVE_OPS: tuple[type[GraphOp], ...] = (
 )  # fmt: skip
 
 
-PER_RANK_OPS: tuple[type[GraphOp], ...] = (AxisIndexOp,)  # values of a partitioned function
+PER_RANK_OPS: tuple[type[GraphOp], ...] = (AxisIndexOp, WaitOp)  # ops of per-rank code
 
 
 GRAPH_OPS: tuple[type[GraphOp], ...] = (

@@ -592,9 +592,13 @@ class StartOp(IRDLOperation):
         )
 
 
+USER_WAIT = "schedule.user_wait"  # a wait placed where the user called .wait()
+
+
 @irdl_op_definition
 class WaitOp(IRDLOperation):
-    """Waits for a started collective and gives its result (nothing for a send)."""
+    """Waits for a started collective and gives its result (nothing for a send). One
+    marked ``schedule.user_wait`` stays where the user's ``h.wait()`` put it."""
 
     name = "schedule.wait"
     handle = operand_def(HandleType)

@@ -24,6 +24,7 @@ from tessera.opdefs import (  # noqa: F401  (registers the ops)
     rank,
     reduction,
     top_k,
+    wait,
 )
 from tessera.opdefs.registry import (
     LOCAL,

@@ -74,7 +74,11 @@ operands re-viewed as ``[M, batch·K]`` and ``[batch·K, N]`` by layout ops). Th
 3. *Order*. Kernels are emitted in dependence order, earliest first op first; a
    collective's start, and its wait right after it, as soon as its operand is made. The
    schedule is serial (no communication overlaps computation); ``overlap-comm`` then
-   moves the waits down to their first use. In a kernel's body, the cloned constants
+   moves the waits down to their first use. A ``graph.wait`` of a collective's result
+   (per-rank code's ``h.wait()``) is no kernel op: its uses read the collective's result,
+   and the collective's wait goes where it was, before the first kernel that begins
+   after it, marked ``schedule.user_wait`` (which ``overlap-comm`` leaves in place); a
+   ``graph.wait`` of any other value is an elementwise identity. In a kernel's body, the cloned constants
    come first, then the layout ops it reads through, then its ops in program order.
 
 Kernels are named ``@<function>_k<N>_<op>``: N counts kernels in emission order, and op
@@ -92,8 +96,8 @@ from math import prod
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, TensorType
-from xdsl.ir import Operation, SSAValue
+from xdsl.dialects.builtin import ModuleOp, TensorType, UnitAttr
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import PassFailedException
@@ -292,14 +296,38 @@ def _reduction_space(op: Operation) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return _dims(op.operands[0]), reduced_axes(op)  # type: ignore[arg-type]
 
 
+def _remove_user_waits(block: Block) -> dict[Operation, Operation]:
+    """Erases each ``graph.wait`` of a communicating collective's result (its uses take the
+    result) and returns, per collective, the op that followed its earliest one: the
+    collective's ``schedule.wait`` goes before the first kernel that begins there."""
+    followers: dict[Operation, Operation] = {}
+    for wait in [o for o in block.ops if isinstance(o, graph.WaitOp)]:
+        collective = wait.operands[0].owner
+        if not _communicates(collective):  # on another value: an identity kernel op
+            continue
+        follower = wait.next_op
+        while isinstance(follower, graph.WaitOp):
+            follower = follower.next_op
+        assert isinstance(collective, Operation) and follower is not None
+        followers.setdefault(collective, follower)
+        wait.results[0].replace_all_uses_with(wait.operands[0])
+        Rewriter.erase_op(wait)
+    return followers
+
+
 class _Lowering:
     def __init__(self, function: func.FuncOp):
         self.function = function
         self.block = function.body.block
         for op in [o for o in self.block.ops if isinstance(o, graph.GraphOp) and not o.results]:
             Rewriter.erase_op(op)  # a split into no pieces: pure, it computes nothing
+        followers = _remove_user_waits(self.block)
         self.ops = [o for o in self.block.ops if not isinstance(o, func.ReturnOp)]
         self.index = {o: i for i, o in enumerate(self.ops)}
+        # collective -> the index of the first op after its user's wait (no entry: none)
+        self.user_waits = {
+            c: self.index[f] for c, f in followers.items() if not isinstance(f, func.ReturnOp)
+        }
         self.group_of: dict[Operation, _Group] = {}
         self.groups: list[_Group] = []
         self.deferred: dict[Operation, None] = {}  # absorbable layout ops, in program order
@@ -626,6 +654,7 @@ class _Emitter:
         for collective in self.collectives:
             self.waiting.setdefault(collective.operands[0], []).append(collective)
         self.handles: dict[Operation, SSAValue] = {}  # collective -> its start's handle
+        self.late_waits: set[Operation] = set()  # user waits before their collective's start
         self.kernel_count = 0
 
     def insert(self, op: Operation) -> Operation:
@@ -635,6 +664,7 @@ class _Emitter:
     def run(self) -> None:
         self.start_ready(list(self.lowering.block.args))
         for group in self._order():
+            self.place_user_waits(group.first)
             self.emit_kernel(group)
         for collective in self.collectives:  # every handle is waited for
             self.value(collective.results[0])
@@ -692,8 +722,31 @@ class _Emitter:
         handle = self.insert(op).results[0]
         self.handles[collective] = handle
         wait = self.insert(schedule.WaitOp.create(operands=[handle], result_types=[result]))
+        if collective in self.late_waits:
+            wait.attributes[schedule.USER_WAIT] = UnitAttr()
         self.env[collective.results[0]] = wait.results[0]
         self.start_ready([collective.results[0]])
+
+    def place_user_waits(self, before: int) -> None:
+        """Moves here (the end of the schedule so far) the wait of each collective whose
+        user's ``h.wait()`` came before op ``before``, the first op of the next kernel,
+        and marks it :data:`schedule.USER_WAIT` (``overlap-comm`` keeps it there). A
+        wait already used (a ring's block sent on by the next permute) stays unmarked,
+        before that use: ``overlap-comm`` sinks it no further than its first use, which
+        is before the point. A collective not yet started (its operand is made later) is
+        waited for right after its start."""
+        pending = self.lowering.user_waits
+        for collective in [c for c, at in pending.items() if at <= before]:
+            del pending[collective]
+            if collective not in self.handles:
+                self.late_waits.add(collective)
+                continue
+            wait = self.env[collective.results[0]].owner
+            assert isinstance(wait, schedule.WaitOp)
+            if not wait.results[0].uses:  # else already used here: overlap-comm keeps
+                wait.detach()  # it before that use, before the user's point
+                self.insert(wait)
+                wait.attributes[schedule.USER_WAIT] = UnitAttr()
 
     def start_ready(self, made: Sequence[SSAValue]) -> None:
         """Starts, in program order, every collective whose operand is one of ``made``

@@ -15,7 +15,9 @@ wait are what the transfer can hide behind. The pass:
   a ring holds two blocks at a time, not all of them (its wait goes along when the
   start moves past it);
 - moves every wait down to just before the first op that uses its result (the return,
-  when only the return does; the end of the function for a send's wait).
+  when only the return does; the end of the function for a send's wait), except a wait
+  marked ``schedule.user_wait``: per-rank code called ``h.wait()`` there (a
+  ``dist.*_async`` handle), and it stays.
 
 It changes no value, only the order, so results are bit-identical. Gradient all-reduces
 of a backward pass, which the optimizer needs only at the end, then run while the
@@ -106,15 +108,19 @@ def _place_relay(block: Block, start: schedule.StartOp, position: dict[Operation
     waits = [block.find_ancestor_op_in_block(use.operation) for use in start.results[0].uses]
     start.detach()
     block.insert_op_before(start, target)
-    for wait in waits:  # moved past its start: right after it (sink_waits sinks it)
-        if wait is not None and position[wait] < position[target]:
-            wait.detach()
+    for wait in waits:  # moved past its start: right after it (sink_waits sinks it,
+        if wait is not None and position[wait] < position[target]:  # a user's wait too:
+            wait.detach()  # its point is before the start now)
             block.insert_op_after(wait, start)
+            wait.attributes.pop(schedule.USER_WAIT, None)
 
 
 def sink_waits(block: Block) -> None:
-    """Every wait just before the first op that uses its result."""
+    """Every wait just before the first op that uses its result; a wait where the user
+    called ``h.wait()`` (marked ``schedule.user_wait``) stays."""
     for wait in [o for o in block.ops if isinstance(o, schedule.WaitOp)]:
+        if schedule.USER_WAIT in wait.attributes:
+            continue
         users = {
             block.find_ancestor_op_in_block(use.operation)
             for result in wait.results

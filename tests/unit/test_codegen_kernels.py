@@ -53,6 +53,7 @@ from tessera.codegen.kernels import (
     lower_kernel,
 )
 from tessera.errors import IRError
+from tessera.frontend.tracer import current_trace
 from tessera.ir import graph, schedule, tile
 from tessera.ir.graph import Graph
 from tessera.ir.schedule import Schedule
@@ -228,6 +229,8 @@ UNARY = {
     "silu": (graph.SiluOp, op.silu, F.silu, None),
     "erf": (graph.ErfOp, op.erf, torch.erf, None),
     "stop_gradient": (graph.StopGradientOp, op.stop_gradient, lambda x: x, None),
+    # h.wait() of a value no collective makes (a wait of one is no kernel op)
+    "wait": (graph.WaitOp, lambda x: current_trace().bind(graph.WaitOp, [x])[0], lambda x: x, None),
     "gelu": (graph.GeluOp, op.gelu, F.gelu, None),
     "gelu_tanh": (
         graph.GeluOp,

@@ -206,6 +206,10 @@ COMMANDS: dict[str, tuple[Run, ...] | str] = {
     ".venv/bin/python benchmarks/feature_matrix.py --pairwise": (
         "tests/unit/test_feature_matrix.py::test_cell_matches_torch_or_is_refused_by_name"
     ),
+    # the same ports, their numbers checked, the printed lines and "OK" asserted
+    ".venv/bin/python examples/manual_regions.py": (
+        "tests/unit/test_manual_regions.py::test_main_prints_ok_for_every_port"
+    ),
     ".venv/bin/python benchmarks/planner.py --no-search": (
         Run(AS_WRITTEN, last_line=None, expect=("Llama 3 405B", "DeepSeek-V3", "mean |error|")),
     ),

@@ -5,6 +5,8 @@ the specs and collectives are checked for, at the user's line."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from xdsl.context import Context
@@ -391,3 +393,65 @@ def test_mismatched_send_and_recv_are_errors(body, message):
     with pytest.raises(ShardingError, match=message) as error:
         _run(body, BOTH, BOTH, randn(8, 12))
     assert "test_shard_map.py" in str(error.value)
+
+
+def _schedule_order(text: str) -> list[str]:
+    """The manual function's kernels (by kind: ``@<function>_k<N>_<kind>``), starts and
+    waits, in order; a wait where the user called ``h.wait()`` is ``user wait``."""
+    region = text.split("graph.manual", 1)[1].split("func.return", 1)[0]
+    order = []
+    for line in region.splitlines():
+        if "schedule.start" in line:
+            order.append("start")
+        elif "schedule.wait" in line:
+            order.append("user wait" if "schedule.user_wait" in line else "wait")
+        elif kernel := re.search(r"schedule\.kernel @\w+?_k\d+_(\w+)\(", line):
+            order.append(kernel.group(1))
+    return order
+
+
+def _waited(early: bool):
+    """An all-reduce of a partial matmul started, a tanh kernel, h.wait(), an exp kernel
+    (independent of the reduction); ``early``: h.wait() right after the start."""
+
+    def body(x, w, b, c):
+        handle = dist.all_reduce_async(x @ w, "tp")
+        reduced = handle.wait() if early else None
+        first = op.tanh(b @ c)
+        reduced = handle.wait() if reduced is None else reduced
+        second = op.exp(b @ op.transpose(c, (1, 0)))
+        return reduced * 2.0, first, second
+
+    return dist.shard_map(body, MESH, in_specs=(BOTH, ROWS, BATCH, None), out_specs=BATCH)
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["after-tanh", "at-start"])
+def test_the_wait_stays_where_the_user_called_it(early: bool):
+    """overlap-comm alone would wait just before the reduction's first use (the mul),
+    after both independent kernels; the wait stays at h.wait(): after the tanh kernel,
+    before the exp kernel (or right after the start). The values are torch's."""
+    x, w, b, c = randn(8, 12), randn(12, 8), randn(8, 8), randn(8, 8)
+    f = ts.jit(_waited(early), mesh=MESH)
+    for got, want in zip(
+        f(x, w, b, c), (2 * x @ w, torch.tanh(b @ c), torch.exp(b @ c.T)), strict=True
+    ):
+        torch.testing.assert_close(got, want, **TOL)
+    order = _schedule_order(f.lower(x, w, b, c).as_text("schedule"))
+    middle = ["user wait", "matmul", "matmul"] if early else ["matmul", "user wait", "matmul"]
+    assert order == ["matmul", "start", *middle, "mul"], order
+
+
+def test_a_user_wait_is_the_identity_to_gradients():
+    x, w, b, c = randn(8, 12), randn(12, 8), randn(8, 8), randn(8, 8)
+    cts = [randn(8, 8) for _ in range(3)]
+    region = _waited(False)
+    loss = lambda *a: sum((r * ct).sum() for r, ct in zip(region(*a), cts, strict=True))  # noqa: E731
+    grads = ts.jit(ts.grad(loss, argnums=(0, 1, 2, 3)), mesh=MESH)(x, w, b, c)
+    expected = _torch_grads(
+        lambda x, w, b, c: (2 * x @ w * cts[0]).sum()
+        + (torch.tanh(b @ c) * cts[1]).sum()
+        + (torch.exp(b @ c.T) * cts[2]).sum(),
+        x, w, b, c,
+    )  # fmt: skip
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want, **TOL)

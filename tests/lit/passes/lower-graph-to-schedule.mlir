@@ -149,6 +149,32 @@ func.func @wait_after_start(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>, %u: ten
 
 // -----
 
+// A graph.wait (per-rank code's h.wait()) is where the all-reduce is waited for: after
+// the kernel traced before it (k1), before the one traced after it (k2), marked
+// schedule.user_wait so that overlap-comm keeps it there. The wait op itself is gone:
+// the add reads the collective's result.
+// CHECK-LABEL: func.func @user_wait
+// CHECK-NEXT:    %[[Y:.*]] = schedule.kernel @user_wait_k0_matmul
+// CHECK:         %[[H:.*]] = schedule.start all_reduce %[[Y]] {axes = [tp], kind = sum}
+// CHECK-NEXT:    %[[E:.*]] = schedule.kernel @user_wait_k1_exp
+// CHECK:         %[[R:.*]] = schedule.wait %[[H]] attributes {schedule.user_wait}
+// CHECK-NEXT:    %[[T:.*]] = schedule.kernel @user_wait_k2_tanh
+// CHECK:         %[[O:.*]] = schedule.kernel @user_wait_k3_add(%{{.*}} = %[[R]])
+// CHECK-NOT:     graph.wait
+// CHECK:         func.return %[[O]], %[[E]], %[[T]]
+graph.mesh @mesh axes = [tp = 4]
+func.func @user_wait(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>, %u: tensor<8x32xf32>) -> (tensor<8x32xf32>, tensor<8x32xf32>, tensor<8x32xf32>) attributes {graph.partitioned} {
+  %y = graph.matmul %x, %w : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
+  %r = graph.all_reduce %y {axes = [tp], kind = sum} : tensor<8x32xf32>
+  %e = graph.exp %u : tensor<8x32xf32>
+  %s = graph.wait %r : tensor<8x32xf32>
+  %t = graph.tanh %u : tensor<8x32xf32>
+  %o = graph.add %s, %s : tensor<8x32xf32>
+  func.return %o, %e, %t : tensor<8x32xf32>, tensor<8x32xf32>, tensor<8x32xf32>
+}
+
+// -----
+
 // Layout ops with one operand are read through by their consumers (cloned into the
 // consumer's kernel, which evaluates them as index arithmetic): no layout kernel.
 // CHECK-LABEL: func.func @reshape_transpose

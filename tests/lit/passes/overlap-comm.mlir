@@ -348,3 +348,78 @@ func.func @relay_one_step_ahead(%x: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf
   }
   func.return %o0, %o1, %o2, %o3 : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
 }
+
+// -----
+
+// A wait marked schedule.user_wait (per-rank code called h.wait() there) stays: the
+// start still hoists to its operand, but the wait does not sink past the independent
+// kernel k2 to its first use.
+// CHECK-LABEL: func.func @user_wait_stays
+// CHECK-NEXT:    %[[Y:.*]] = schedule.kernel @k0
+// CHECK:         %[[H:.*]] = schedule.start all_reduce %[[Y]]
+// CHECK-NEXT:    %[[E:.*]] = schedule.kernel @k1
+// CHECK:         %[[R:.*]] = schedule.wait %[[H]] attributes {schedule.user_wait}
+// CHECK-NEXT:    %[[T:.*]] = schedule.kernel @k2
+// CHECK:         schedule.kernel @k3(%{{.*}} = %[[R]], %{{.*}} = %[[T]])
+graph.mesh @mesh axes = [tp = 4]
+func.func @user_wait_stays(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>, %u: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  %y = schedule.kernel @k0(%a = %x, %b = %w) : (tensor<8x16xf32>, tensor<16x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.matmul %a, %b : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %e = schedule.kernel @k1(%a = %u) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.exp %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %h = schedule.start all_reduce %y {axes = [tp], kind = sum} : tensor<8x32xf32> -> !schedule.handle<tensor<8x32xf32>>
+  %r = schedule.wait %h attributes {schedule.user_wait} : !schedule.handle<tensor<8x32xf32>> -> tensor<8x32xf32>
+  %t = schedule.kernel @k2(%a = %e) : (tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.tanh %a : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  %o = schedule.kernel @k3(%a = %r, %b = %t) : (tensor<8x32xf32>, tensor<8x32xf32>) -> tensor<8x32xf32> {
+    %0 = graph.add %a, %b : tensor<8x32xf32>
+    schedule.yield %0 : tensor<8x32xf32>
+  }
+  func.return %o : tensor<8x32xf32>
+}
+
+// -----
+
+// A relay's start moved past its own user wait (the block arrives before its wait, as
+// lower-graph-to-schedule leaves a ring's waits) cannot keep the user's point: the wait
+// follows the start, unmarked, and sinks to its first use like any other.
+// CHECK-LABEL: func.func @relay_moves_past_a_user_wait
+// CHECK-NEXT:    %[[H0:.*]] = schedule.start collective_permute %x
+// CHECK-NEXT:    %[[K0:.*]] = schedule.kernel @k0(%{{.*}} = %x)
+// CHECK:         %[[B1:.*]] = schedule.wait %[[H0]]
+// CHECK-NEXT:    %[[H1:.*]] = schedule.start collective_permute %[[B1]]
+// CHECK-NEXT:    %[[K1:.*]] = schedule.kernel @k1(%{{.*}} = %[[B1]])
+// CHECK:         %[[B2:.*]] = schedule.wait %[[H1]] :
+// CHECK-NEXT:    %[[H2:.*]] = schedule.start collective_permute %[[B2]]
+graph.mesh @mesh axes = [cp = 4]
+func.func @relay_moves_past_a_user_wait(%x: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  %h0 = schedule.start collective_permute %x {axes = [cp], pairs = [[0, 1], [1, 2], [2, 3], [3, 0]]} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %b1 = schedule.wait %h0 : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  %h1 = schedule.start collective_permute %b1 {axes = [cp], pairs = [[0, 1], [1, 2], [2, 3], [3, 0]]} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %b2 = schedule.wait %h1 attributes {schedule.user_wait} : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  %h2 = schedule.start collective_permute %b2 {axes = [cp], pairs = [[0, 1], [1, 2], [2, 3], [3, 0]]} : tensor<8xf32> -> !schedule.handle<tensor<8xf32>>
+  %b3 = schedule.wait %h2 : !schedule.handle<tensor<8xf32>> -> tensor<8xf32>
+  %o0 = schedule.kernel @k0(%a = %x) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.exp %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  %o1 = schedule.kernel @k1(%a = %b1) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.exp %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  %o2 = schedule.kernel @k2(%a = %b2) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.exp %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  %o3 = schedule.kernel @k3(%a = %b3) : (tensor<8xf32>) -> tensor<8xf32> {
+    %0 = graph.exp %a : tensor<8xf32>
+    schedule.yield %0 : tensor<8xf32>
+  }
+  func.return %o0, %o1, %o2, %o3 : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
+}
