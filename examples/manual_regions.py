@@ -11,7 +11,9 @@ the same sums in another order) on a virtual mesh:
   (``schedule.options(context_parallel="ring")``): the bytes each moves and its
   simulated step time;
 - ``pipeline``: two stages over pp, GPipe microbatches passed by ``dist.send`` /
-  ``dist.recv``; the loss and both stages' weight gradients against torch autograd;
+  ``dist.recv``; the loss and both stages' weight gradients against torch autograd, and
+  one SGD step with them against ``graph.training_step`` on the same pp mesh (GPipe,
+  the same microbatches);
 - ``overlap``: an all-reduce started by ``dist.all_reduce_async``, an independent
   matmul, then ``h.wait()``: the scheduled program runs the kernel between the start
   and the wait.
@@ -31,7 +33,7 @@ from typing import NamedTuple
 import torch
 
 import tessera as ts
-from tessera import dist, op, schedule
+from tessera import dist, graph, op, optim, schedule
 from tessera.frontend.tracer import Tensor
 
 TOLERANCE = 1e-10
@@ -260,8 +262,45 @@ def pipeline(generator: torch.Generator) -> Port:
     expected = ((torch.tanh(torch.tanh(x @ leaf[0]) @ leaf[1]) - target) ** 2).mean()
     expected.backward()
     assert leaf.grad is not None
-    notes = (f"loss {loss.item():.6f} (torch {expected.item():.6f}); dW of both stages",)
-    return Port("pipeline", _difference((loss, expected.detach()), (grad, leaf.grad)), notes)
+    # the automatic pipeline: graph.training_step on the same pp mesh, GPipe over the same
+    # 4 microbatches, one SGD step; its new weights are w - lr * (the manual gradient)
+    stepped, automatic_loss = automatic_pipeline_step(x, w, target, LR)
+    manual_step = w - LR * grad
+    notes = (
+        f"loss {loss.item():.6f} (torch {expected.item():.6f}, graph.training_step "
+        f"{automatic_loss.item():.6f}); dW of both stages; one SGD step equals "
+        f"graph.training_step's on pp=2 (GPipe, 4 microbatches)",
+    )
+    difference = _difference(
+        (loss, expected.detach()), (grad, leaf.grad), (automatic_loss, loss), (stepped, manual_step)
+    )
+    return Port("pipeline", difference, notes)
+
+
+LR = 0.1
+
+
+def automatic_pipeline_step(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, lr: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same two-stage model as ``graph.training_step`` on ``PP_MESH`` (stages cut by
+    ``graph.stage()``, GPipe over ``x``'s microbatches, SGD): the new weights stacked as
+    ``w`` is, and the step's loss."""
+
+    @graph.training_step(optimizer=optim.SGD(lr=lr), mesh=PP_MESH)
+    def step(p, inputs, targets):
+        h = op.tanh(inputs @ p["w0"])
+        graph.stage()
+        out = op.tanh(h @ p["w1"])
+        loss = op.mean((out - targets) * (out - targets))
+        return graph.backward(loss), {"loss": loss}
+
+    microbatches, rows, d = x.shape
+    state = step.init({"w0": w[0].clone(), "w1": w[1].clone()})
+    with schedule.options(pipeline_microbatches=microbatches, pipeline_schedule="gpipe"):
+        metrics = step(state, x.reshape(microbatches * rows, d), target.reshape(-1, d))  # in place
+    params = step.gather(state).params
+    return torch.stack([params["w0"], params["w1"]]), metrics["loss"]
 
 
 # --- d. overlap through an async handle --------------------------------------------------------
