@@ -223,6 +223,7 @@ def _write(
         shutil.rmtree(previous, ignore_errors=True)
     if processes:
         tdist.barrier(group=group)
+    fault_injection.after_save(step, str(target))
 
 
 def _all_boxes(leaf: Any) -> list[Box]:

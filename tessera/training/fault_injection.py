@@ -13,13 +13,15 @@ restarted by ``tessera run --max-restarts`` runs clean afterwards). The kinds:
   rank then gets SIGTERM from the launcher);
 - ``save-kill``: SIGKILL itself while saving step ``K``, after its data files are
   written and before the manifest is signed (a save cut short);
+- ``save-corrupt``: once the save of step ``K`` is complete, flip a byte of its largest
+  data file and SIGKILL itself (the newest checkpoint damaged on disk);
 - ``save-enospc``: the save of step ``K`` fails with ``OSError(ENOSPC)`` after its data
   files are written, as a full disk refuses the last write (a simulation: no quota or
   tmpfs is available in the test container, and the writer's failure is what the job
   sees of a full disk either way).
 
-The hooks are :func:`before_step` (``graph.training_step``'s call) and :func:`in_save`
-(:func:`tessera.training.checkpoint.save`).
+The hooks are :func:`before_step` (``graph.training_step``'s call), :func:`in_save` and
+:func:`after_save` (:func:`tessera.training.checkpoint.save`).
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from tessera import environment
 from tessera.errors import TesseraError
 
 STEP_KINDS = ("kill", "exit", "hang", "term")
 SAVE_KINDS = ("save-kill", "save-enospc")
+SAVED_KINDS = ("save-corrupt",)
 
 
 @dataclass(frozen=True)
@@ -52,10 +56,10 @@ def parse(text: str) -> list[Fault]:
     faults = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         kind, *fields = item.split(":")
-        if kind not in STEP_KINDS + SAVE_KINDS:
+        if kind not in STEP_KINDS + SAVE_KINDS + SAVED_KINDS:
             raise TesseraError(
                 f"TESSERA_FAULT_INJECT: unknown fault {kind!r} in {item!r}: expected one of "
-                f"{', '.join(STEP_KINDS + SAVE_KINDS)}"
+                f"{', '.join(STEP_KINDS + SAVE_KINDS + SAVED_KINDS)}"
             )
         values: dict[str, int] = {}
         for field in fields:
@@ -112,3 +116,18 @@ def in_save(step: int, where: str) -> None:
     if fault.kind == "save-kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), where)
+
+
+def after_save(step: int, where: str) -> None:
+    """Called once the checkpoint of step ``step`` is complete at ``where``."""
+    fault = _due(SAVED_KINDS, step)
+    if fault is None:
+        return
+    largest = max(Path(where).glob("*.distcp"), key=lambda p: p.stat().st_size)
+    with open(largest, "r+b") as file:
+        file.seek(largest.stat().st_size // 2)
+        byte = file.read(1)
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    print(f"fault injection: rank {fault.rank} corrupted {largest}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
