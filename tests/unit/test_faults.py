@@ -31,12 +31,12 @@ TINY = ["--dp", "2", "--tp", "1", "--layers", "2", "--deterministic", "--log-eve
 
 
 def tessera_run(*args: str, faults: str, limit: float = 300.0) -> subprocess.CompletedProcess[str]:
-    """``tessera run -n 2 ARGS`` with ``TESSERA_FAULT_INJECT=faults``, bounded in time."""
+    """``tessera run ARGS`` with ``TESSERA_FAULT_INJECT=faults``, bounded in time."""
     env = {
         k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TESSERA_BACKEND")
     }
     env |= {"TESSERA_FAULT_INJECT": faults, "TESSERA_KERNELS": "reference", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "tessera.tools.launch", "run", "-n", "2", *args]
+    command = [sys.executable, "-m", "tessera.tools.launch", "run", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=limit, env=env, cwd=ROOT)
 
 
@@ -83,7 +83,9 @@ def test_faults_in_steps_and_saves_are_restarted_and_lose_nothing(
     )
     save = tmp_path / "ckpt"
     args = [*TINY, "--steps", "6", "--save", str(save), "--checkpoint-every", "1"]
-    result = tessera_run("--max-restarts", "4", "examples/train_gpt.py", *args, faults=faults)
+    result = tessera_run(
+        "-n", "2", "--max-restarts", "4", "examples/train_gpt.py", *args, faults=faults
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     restarts = re.findall(r"tessera run: examples/train_gpt.py failed: (.*); restarting every "
                           r"rank \(restart (\d) of 4\)", result.stderr)  # fmt: skip
@@ -110,7 +112,7 @@ def test_a_preempted_job_saves_and_resumes_on_another_world_size(
     match the reference's to 1e-5 (other summation order)."""
     save = tmp_path / "ckpt"
     args = ["examples/train_gpt.py", *TINY, "--steps", "6", "--save", str(save)]
-    result = tessera_run(*args, faults="term:rank=0:step=2")
+    result = tessera_run("-n", "2", *args, faults="term:rank=0:step=2")
     assert result.returncode == 128 + signal.SIGTERM, result.stderr[-4000:]
     found = re.search(r"preempted by SIGTERM after step (\d): saved (\S+)", result.stdout)
     assert found, result.stdout + result.stderr[-3000:]
