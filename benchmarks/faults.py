@@ -41,7 +41,7 @@ TINY = ["--dp", "2", "--tp", "1", "--layers", "2", "--deterministic", "--log-eve
 STEPS = 6
 FAULTS = (
     ("SIGKILL a rank mid-step", "kill:rank=1:step=3", []),
-    ("a rank killed during a save", "save-kill:rank=1:step=3", []),
+    ("the signing rank killed during a save", "save-kill:rank=0:step=3", []),
     ("disk full (ENOSPC) during a save", "save-enospc:rank=0:step=3", []),
     ("newest checkpoint corrupted", "save-corrupt:rank=0:step=3", []),
     ("a rank hangs (--timeout 20)", "hang:rank=1:step=3", ["--timeout", "20"]),

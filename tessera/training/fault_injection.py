@@ -11,8 +11,9 @@ restarted by ``tessera run --max-restarts`` runs clean afterwards). The kinds:
 - ``hang``: sleep there forever (the peers' timeout names the hung rank);
 - ``term``: SIGTERM the launcher there (the job preempted, as a scheduler does: every
   rank then gets SIGTERM from the launcher);
-- ``save-kill``: SIGKILL itself while saving step ``K``, after its data files are
-  written and before the manifest is signed (a save cut short);
+- ``save-kill``: SIGKILL itself while saving step ``K``, after the data files are
+  written and before the manifest is signed (a save cut short; on rank 0, which signs:
+  another rank's data is complete once DCP's save returns on rank 0);
 - ``save-corrupt``: once the save of step ``K`` is complete, flip a byte of its largest
   data file and SIGKILL itself (the newest checkpoint damaged on disk);
 - ``save-enospc``: the save of step ``K`` fails with ``OSError(ENOSPC)`` after its data

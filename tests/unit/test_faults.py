@@ -76,7 +76,7 @@ def test_faults_in_steps_and_saves_are_restarted_and_lose_nothing(
     faults = ",".join(
         (
             "kill:rank=1:step=2:attempt=0",
-            "save-kill:rank=1:step=3:attempt=1",
+            "save-kill:rank=0:step=3:attempt=1",
             "save-enospc:rank=0:step=3:attempt=2",
             "save-corrupt:rank=0:step=4:attempt=3",
         )
@@ -92,7 +92,7 @@ def test_faults_in_steps_and_saves_are_restarted_and_lose_nothing(
     assert [n for _, n in restarts] == ["1", "2", "3", "4"], result.stderr[-4000:]
     causes = [cause for cause, _ in restarts]
     assert causes[0].startswith("rank 1 was killed by SIGKILL"), causes
-    assert causes[1].startswith("rank 1 was killed by SIGKILL"), causes
+    assert causes[1].startswith("rank 0 was killed by SIGKILL"), causes
     assert causes[2].startswith("rank 0 failed with exit code 1: TesseraError: saving step 3"), (
         causes
     )
