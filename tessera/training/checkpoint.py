@@ -56,6 +56,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from tessera import cache_location
+from tessera.backends import distributed
 from tessera.backends.layout import block
 from tessera.dist.tensor import DistTensor
 from tessera.errors import TesseraError
@@ -197,9 +198,9 @@ def _write(
     if not processes or rank == 0:
         shutil.rmtree(temporary, ignore_errors=True)  # a save interrupted before
         temporary.mkdir(parents=True)
-    if processes:
-        tdist.barrier(group=group)
     try:
+        if processes:
+            tdist.barrier(group=group)
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
             warnings.simplefilter("ignore", UserWarning)
             dcp.save(entries, checkpoint_id=temporary, no_dist=not processes, process_group=group)
@@ -214,6 +215,10 @@ def _write(
             f"saving step {step} to {target} failed: {error.strerror or error} "
             f"({error.filename or temporary}); the checkpoints saved before it are intact"
         ) from error
+    except RuntimeError as error:  # a collective of the save: name the rank that caused it
+        if not processes:
+            raise
+        raise distributed.failure(distributed.runtime(), f"saving step {step}", error) from None
     if not processes or rank == 0:
         previous = target.parent / f".{target.name}.old"
         shutil.rmtree(previous, ignore_errors=True)
@@ -222,7 +227,10 @@ def _write(
         os.replace(temporary, target)
         shutil.rmtree(previous, ignore_errors=True)
     if processes:
-        tdist.barrier(group=group)
+        try:
+            tdist.barrier(group=group)
+        except RuntimeError as error:
+            raise distributed.failure(distributed.runtime(), f"saving step {step}", error) from None
     fault_injection.after_save(step, str(target))
 
 

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
+from tessera.backends import distributed
+
 
 class Preemption:
     """A signal-set flag that the ranks agree on at step boundaries."""
@@ -76,8 +78,13 @@ class Preemption:
         ``tessera run``: every rank calls it at the same step boundary); None if none."""
         local = 0 if self.received is None else int(self.received.value)
         if tdist.is_available() and tdist.is_initialized():
-            flag = torch.tensor([local], dtype=torch.int64)
-            tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+            device = "cuda" if tdist.get_backend() == "nccl" else "cpu"
+            flag = torch.tensor([local], dtype=torch.int64, device=device)
+            try:
+                tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+            except RuntimeError as error:  # a peer failed: name it
+                what = "agreeing on a preemption request"
+                raise distributed.failure(distributed.runtime(), what, error) from None
             local = int(flag.item())
         return signal.Signals(local) if local else None
 
