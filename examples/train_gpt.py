@@ -15,6 +15,8 @@
     python examples/train_gpt.py --steps 50 --save ckpt --checkpoint-every 10 --keep-last 2
                                                       # run again: resumes from ckpt/step_<k>
     tessera run -n 4 examples/train_gpt.py --steps 5  # one process per rank (gloo)
+    tessera run -n 4 --max-restarts 3 examples/train_gpt.py --save ckpt --checkpoint-every 5
+                                                      # a failed rank: all restart, resume from ckpt
     tessera run -n 8 examples/train_gpt.py --pp 2 --microbatches 4 --schedule 1f1b
                                                       # pp x dp x tp = 2 x 2 x 2, pipelined
     python examples/train_gpt.py --pp 2 --precision bf16 --clip 1.0 --zero 1 --remat nothing \
@@ -54,7 +56,10 @@ state as a sharded checkpoint ``DIR/step_<k>`` after the last step (and every
 ``--checkpoint-every`` steps, keeping the newest ``--keep-last``), and a run whose ``DIR``
 holds a complete one resumes from it up to ``--steps``; ``--resume DIR`` starts from one
 (saved on any mesh: resharded on load) and runs ``--steps`` more, the torch loop from the
-same weights and AdamW moments. ``--log-every N`` prints every N-th step's loss.
+same weights and AdamW moments. With ``--save``, SIGTERM or SIGUSR1 (a job preempted)
+saves at the next step boundary and ends the run (``tessera.training.preemption``);
+``--async-save`` writes checkpoints from a background thread while the steps go on.
+``--log-every N`` prints every N-th step's loss.
 ``--clip`` clips by the global norm, ``--accumulate K`` runs K rounds of microbatches per
 update, ``--lr-schedule`` (``warmup_cosine``, ``warmup_linear_decay``,
 ``linear_warmup``) with ``--warmup`` and ``--min-lr`` varies the lr inside the compiled
