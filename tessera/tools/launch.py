@@ -30,7 +30,9 @@ import logging
 import math
 import os
 import socket
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -139,6 +141,7 @@ def _announcing_restarts(script: str, max_restarts: int) -> Iterator[list[int]]:
                 flush=True,
             )
             last[0] = None
+            _end_survivors(agent)
         restart(agent, group)
 
     LocalElasticAgent._monitor_workers = monitored  # type: ignore[method-assign]
@@ -148,6 +151,26 @@ def _announcing_restarts(script: str, max_restarts: int) -> Iterator[list[int]]:
     finally:
         LocalElasticAgent._monitor_workers = monitor  # type: ignore[method-assign]
         LocalElasticAgent._restart_workers = restart  # type: ignore[method-assign]
+
+
+SURVIVOR_GRACE_S = 3.0  # before a restart, the ranks still running get this long to end
+
+
+def _end_survivors(agent: Any) -> None:
+    """Before a restart: the ranks still running (most end within a second of a peer's
+    failure, through the liveness channel) get :data:`SURVIVOR_GRACE_S` seconds to record
+    how they ended, then SIGKILL. A failed job has nothing left to save, and torchrun's own
+    stop (SIGTERM, then SIGKILL 30 s later) would wait for a hung rank, or for one whose
+    SIGTERM handler waits for a step boundary (:mod:`tessera.training.preemption`)."""
+    handlers = getattr(getattr(agent, "_pcontext", None), "subprocess_handlers", None) or {}
+    processes = [h.proc for h in handlers.values()]
+    deadline = time.monotonic() + SURVIVOR_GRACE_S
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
 
 
 def run(
