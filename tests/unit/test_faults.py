@@ -207,3 +207,18 @@ def test_a_signal_requests_a_stop_and_the_handlers_are_restored() -> None:
     finally:
         preemption.uninstall()
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_a_job_failing_every_time_stops_after_max_restarts() -> None:
+    """A rank that exits with code 3 on every attempt: one restart, then the launcher
+    fails with the cause and says how many restarts were made."""
+    script = "tests/unit/multiprocess/failures.py"
+    result = tessera_run("-n", "2", "--max-restarts", "1", script, "exit", faults="")
+    assert result.returncode == 3, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("tessera run:")]
+    assert lines[0].startswith(f"tessera run: {script} failed: rank 1 exited with code 3 at "
+                               "failures.py:"), lines  # fmt: skip
+    assert lines[0].endswith("; restarting every rank (restart 1 of 1)"), lines
+    assert lines[-1].startswith(
+        f"tessera run: {script} failed after 1 restarts (--max-restarts 1): rank 1 exited with code 3"
+    ), lines
