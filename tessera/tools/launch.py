@@ -230,7 +230,9 @@ def run(
         for ranks, trace in report.tracebacks():
             print(f"tessera run: {ranks_text(ranks)}'s error:\n{trace}", file=sys.stderr)
         after = (
-            f" after {restarts[0]} restarts (--max-restarts {max_restarts})" if max_restarts else ""
+            f" after {restarts[0]} restart{'' if restarts[0] == 1 else 's'} (--max-restarts {max_restarts})"
+            if max_restarts
+            else ""
         )
         print(f"tessera run: {script} failed{after}: {report.summary()}", file=sys.stderr)
         return report.exit_code()

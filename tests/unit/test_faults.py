@@ -220,5 +220,5 @@ def test_a_job_failing_every_time_stops_after_max_restarts() -> None:
                                "failures.py:"), lines  # fmt: skip
     assert lines[0].endswith("; restarting every rank (restart 1 of 1)"), lines
     assert lines[-1].startswith(
-        f"tessera run: {script} failed after 1 restarts (--max-restarts 1): rank 1 exited with code 3"
+        f"tessera run: {script} failed after 1 restart (--max-restarts 1): rank 1 exited with code 3"
     ), lines
