@@ -222,3 +222,29 @@ def test_a_job_failing_every_time_stops_after_max_restarts() -> None:
     assert lines[-1].startswith(
         f"tessera run: {script} failed after 1 restart (--max-restarts 1): rank 1 exited with code 3"
     ), lines
+
+
+def test_a_signal_saves_train_llama_at_the_next_step_and_the_stream_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGUSR1 during step 1 (raised when the step's log line is printed): the run saves
+    after step 1 with the loader's position and stops; run again, it continues the same
+    stream, with the uninterrupted run's losses bit for bit."""
+    train_llama = load_example("train_llama")
+    tiny = ["--layers", "1", "--no-progress", "--dim", "32", "--seq", "16", "--batch", "4",
+            "--eval-every", "0", "--sample", "0", "--cache", str(tmp_path), "--steps", "3"]  # fmt: skip
+    straight = [r["loss"] for r in train_llama.main(tiny)["records"]]
+    said: list[str] = []
+
+    def say(*text: object) -> None:
+        said.append(" ".join(map(str, text)))
+        if len(said) == 1:
+            signal.raise_signal(signal.SIGUSR1)
+
+    monkeypatch.setattr(train_llama, "say", say)
+    save = tmp_path / "ckpt"
+    first = train_llama.main([*tiny, "--save", str(save), "--log-every", "1"])["records"]
+    assert said[-1].startswith(f"preempted by SIGUSR1 after step 1: saved {save / 'step_1'}")
+    assert [r["step"] for r in first] == [1] and signal.getsignal(signal.SIGUSR1) is not None
+    rest = train_llama.main([*tiny, "--save", str(save)])["records"]
+    assert [r["loss"] for r in first + rest] == straight
