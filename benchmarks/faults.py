@@ -79,23 +79,29 @@ def _first(lines: list[tuple[float, str]], pattern: str) -> tuple[float, re.Matc
     return None
 
 
-def fault_table(reference: Path) -> list[tuple[str, str, str, str]]:
+def fault_table(reference: Path, args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
     from test_faults import tensors
 
     expected = tensors(reference)
     rows = []
     for name, faults, launcher in FAULTS:
+        if args.only and args.only not in faults:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             save = Path(tmp) / "ckpt"
             _, lines = _launch(faults, save, ["--max-restarts", "1", *launcher])
             if faults.startswith("term"):  # preempted: launched again
                 lines += _launch("", save, [])[1]
-            hit = _first(lines, r"fault injection: .* (?:at|saving) step (\d+)")
+            hit = _first(lines, r"fault injection: .*(?:at step |saving step |/step_)(\d+)")
             resumed = _first(lines, r"resumed from step (\d+)")
             final = save / f"step_{STEPS}"
             same = final.is_dir() and all(
                 torch.equal(t, expected[n]) for n, t in tensors(final).items()
             )
+            if args.verbose and hit is not None:  # the job's own lines, timed from the fault
+                for at, line in lines:
+                    if line.startswith(("tessera run:", "fault injection:", "resumed from")):
+                        print(f"  {at - hit[0]:+7.1f} s  {line[:160]}", flush=True)
             if hit is None or resumed is None:
                 rows.append((name, "no", "-", "-"))
                 print("\n".join(line for _, line in lines[-30:]), file=sys.stderr)
@@ -153,6 +159,8 @@ def stall_table(steps: int = 8, every: int = 2) -> list[tuple[str, float, float,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stall", action="store_true", help="the save stall table only")
+    parser.add_argument("--only", default=None, help="only the faults whose spec holds this")
+    parser.add_argument("--verbose", action="store_true", help="print each job's own lines")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if not args.stall:
@@ -160,7 +168,7 @@ def main() -> None:
 
         with tempfile.TemporaryDirectory() as tmp:
             train_gpt.main([*TINY, "--steps", str(STEPS), "--save", tmp])
-            rows = fault_table(Path(tmp) / f"step_{STEPS}")
+            rows = fault_table(Path(tmp) / f"step_{STEPS}", args)
         print("\n| fault injected | recovered | steps lost | time to recover (s) |")
         print("|---|---|---:|---:|")
         for row in rows:

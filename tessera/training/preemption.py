@@ -9,7 +9,9 @@ Under ``tessera run`` the ranks agree on the answer (an all-reduce of the flag o
 default process group, a few bytes per step), since a signal reaches them at different
 points of a step and a save is a collective every rank must enter together. A second
 signal, or no save within ``deadline_s`` of the first, ends the process as the signal
-would have (exit code 128 + signal) with a message saying so.
+would have (exit code 128 + signal) with a message saying so. A signal that comes when a
+peer has failed (the liveness channel says so) is not a preemption but the launcher
+stopping the ranks left: it ends the process at once, as without the handler.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from tessera.backends import distributed
+from tessera.backends import distributed, liveness
 
 
 class Preemption:
@@ -57,6 +59,13 @@ class Preemption:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
+        channel = liveness.channel()
+        if channel is not None and channel.failed_peer() is not None:
+            # not a preemption: the launcher stops the ranks left after a failure (nothing
+            # can be saved without the failed rank); end as the signal would
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+            return
         if self.received is not None:  # a second signal: stop at once
             self._expire(sig, "a second signal")
         self.received = sig
