@@ -97,7 +97,10 @@ class CheckpointManager:
         self.wait()
         path = self.root / f"step_{state.step}"
         self.root.mkdir(parents=True, exist_ok=True)
-        pending = step.save(state, path, extra=extra, blocking=not self.async_save)
+        if self.async_save:
+            pending = step.save(state, path, extra=extra, blocking=False)
+        else:  # a step whose save takes no ``blocking`` works as before
+            pending = step.save(state, path, extra=extra)
         if pending is not None:
             self._pending = (pending, state.step)
         elif _rank0():
