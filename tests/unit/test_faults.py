@@ -102,9 +102,11 @@ def test_a_preempted_job_saves_and_resumes_on_another_world_size(
     """SIGTERM to the launcher (``term``: as a scheduler preempts a job) after step 1: the
     ranks agree on a step boundary, save there and exit; the launcher says so. The run
     resumed on the virtual mesh, dp 2, ends bit-identical; resumed on dp 1, its losses
-    match the reference's to 1e-5 (other summation order)."""
+    match the reference's to 1e-5 (other summation order). The job saves every step in
+    the background (``--async-save``), the preemption's save after the one in flight."""
     save = tmp_path / "ckpt"
     args = ["examples/train_gpt.py", *TINY, "--steps", "5", "--save", str(save)]
+    args += ["--checkpoint-every", "1", "--async-save"]  # background saves over processes
     result = tessera_run("-n", "2", *args, faults="term:rank=0:step=1")
     assert result.returncode == 128 + signal.SIGTERM, result.stderr[-4000:]
     found = re.search(r"preempted by SIGTERM after step (\d): saved (\S+)", result.stdout)
@@ -112,6 +114,7 @@ def test_a_preempted_job_saves_and_resumes_on_another_world_size(
     assert "stopped by SIGTERM" in result.stderr
     k = int(found[1])
     assert 1 <= k < 5 and Path(found[2]) == save / f"step_{k}"
+    assert all(checkpoint.verify(save / f"step_{j}") == j for j in range(max(1, k - 2), k + 1))
     train_gpt = load_example("train_gpt")
     dp1 = train_gpt.main([*TINY, "--dp", "1", "--resume", str(save / f"step_{k}"),
                           "--steps", str(5 - k)])["records"]  # fmt: skip
