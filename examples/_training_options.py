@@ -69,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser, remat_default: str = "everyth
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser, log_every: int) -> None:
     """``--save DIR`` (checkpoints ``DIR/step_<k>``; a run resumes from the newest complete
-    one there), ``--resume``, ``--checkpoint-every``, ``--keep-last``, ``--log-every``."""
+    one there; SIGTERM or SIGUSR1 saves at the next step boundary and stops), ``--resume``,
+    ``--checkpoint-every``, ``--keep-last``, ``--async-save``, ``--log-every``."""
     add = parser.add_argument
     add("--save", default=None, help="checkpoint into DIR/step_<k> at the end (and every "
         "--checkpoint-every steps); resume from the newest complete one there")  # fmt: skip
@@ -78,6 +79,8 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, log_every: int) ->
         "--checkpoint-every", type=int, default=0, help="with --save: every K steps (0: at the end)"
     )
     add("--keep-last", type=int, default=3, help="with --save: keep the newest N checkpoints")
+    add("--async-save", action="store_true", help="with --save: write checkpoints in the "
+        "background (the state is copied, the steps go on)")  # fmt: skip
     add("--log-every", type=int, default=log_every, help="a loss line every N steps (0: none)")
 
 

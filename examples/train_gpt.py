@@ -15,6 +15,8 @@
     python examples/train_gpt.py --steps 50 --save ckpt --checkpoint-every 10 --keep-last 2
                                                       # run again: resumes from ckpt/step_<k>
     tessera run -n 4 examples/train_gpt.py --steps 5  # one process per rank (gloo)
+    tessera run -n 4 --max-restarts 3 examples/train_gpt.py --save ckpt --checkpoint-every 5
+                                                      # a failed rank: all restart, resume from ckpt
     tessera run -n 8 examples/train_gpt.py --pp 2 --microbatches 4 --schedule 1f1b
                                                       # pp x dp x tp = 2 x 2 x 2, pipelined
     python examples/train_gpt.py --pp 2 --precision bf16 --clip 1.0 --zero 1 --remat nothing \
@@ -54,7 +56,10 @@ state as a sharded checkpoint ``DIR/step_<k>`` after the last step (and every
 ``--checkpoint-every`` steps, keeping the newest ``--keep-last``), and a run whose ``DIR``
 holds a complete one resumes from it up to ``--steps``; ``--resume DIR`` starts from one
 (saved on any mesh: resharded on load) and runs ``--steps`` more, the torch loop from the
-same weights and AdamW moments. ``--log-every N`` prints every N-th step's loss.
+same weights and AdamW moments. With ``--save``, SIGTERM or SIGUSR1 (a job preempted)
+saves at the next step boundary and ends the run (``tessera.training.preemption``);
+``--async-save`` writes checkpoints from a background thread while the steps go on.
+``--log-every N`` prints every N-th step's loss.
 ``--clip`` clips by the global norm, ``--accumulate K`` runs K rounds of microbatches per
 update, ``--lr-schedule`` (``warmup_cosine``, ``warmup_linear_decay``,
 ``linear_warmup``) with ``--warmup`` and ``--min-lr`` varies the lr inside the compiled
@@ -82,6 +87,7 @@ from _report import LossCheck
 
 from tessera import dist, graph, op, optim, schedule
 from tessera.training import CheckpointManager, checkpoint_policy
+from tessera.training.preemption import Preemption
 
 LOSS_RTOL = 2e-4  # f32 program vs float64 torch, per step (rounding differences accumulate)
 LOSS_RTOL_MIXED = 5e-2  # bf16/fp16 program (8/11 mantissa bits) vs float64 torch
@@ -289,12 +295,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     training_options.add_arguments(parser)
     training_options.add_checkpoint_arguments(parser, log_every=10)
     args = parser.parse_args(argv)
-    with contextlib.ExitStack() as settings:  # schedule options for this run's programs
-        return {"records": run(args, parser, settings)}
+    # with --save, SIGTERM / SIGUSR1 save at the next step boundary and stop the run
+    preemption = Preemption().install() if args.save else None
+    try:
+        with contextlib.ExitStack() as settings:  # schedule options for this run's programs
+            return {"records": run(args, parser, settings, preemption)}
+    finally:
+        if preemption is not None:
+            preemption.uninstall()
 
 
 def run(
-    args: argparse.Namespace, parser: argparse.ArgumentParser, settings: contextlib.ExitStack
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    settings: contextlib.ExitStack,
+    preemption: Preemption | None = None,
 ) -> list[dict[str, Any]]:
     """Trains up to step ``args.steps`` (``args.steps`` more with ``--resume``), each step
     checked against torch; returns each step's ``{"step", "loss"}``."""
@@ -389,7 +404,10 @@ def run(
     manager = None
     if args.save:
         manager = CheckpointManager(
-            args.save, every=args.checkpoint_every, keep_last=args.keep_last
+            args.save,
+            every=args.checkpoint_every,
+            keep_last=args.keep_last,
+            async_save=args.async_save,
         )
     last = args.steps
     if args.resume:  # as before: --steps more steps
@@ -417,8 +435,21 @@ def run(
         records.append({"step": i + 1, "loss": float(loss)})
         if manager is not None and manager.due(state.step) and i + 1 < last:
             manager.save(step, state)  # every rank writes its own pieces
+        stop = preemption.requested() if preemption is not None and i + 1 < last else None
+        if stop is not None and manager is not None:  # the ranks agree: save and stop
+            where = manager.save(step, state)
+            manager.wait()
+            preemption.saved()  # type: ignore[union-attr]
+            if rank0:
+                print(
+                    f"preempted by {stop.name} after step {state.step}: saved {where} "
+                    f"(run again with --save {args.save} to resume)",
+                    flush=True,
+                )
+            return records
     if manager is not None and records:
         where = manager.save(step, state)
+        manager.wait()
         if rank0:
             print(f"saved step {state.step} to {where}")
     if rank0 and args.pp > 1:

@@ -49,6 +49,7 @@ import tessera as ts
 from tessera import data, dist, graph, models, optim, schedule
 from tessera.cache_location import cache_directory
 from tessera.training import CheckpointManager, checkpoint, checkpoint_policy
+from tessera.training.preemption import Preemption
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "shakespeare.txt"
@@ -225,7 +226,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     manager = None
     if args.save:
         manager = CheckpointManager(
-            args.save, every=args.checkpoint_every, keep_last=args.keep_last
+            args.save,
+            every=args.checkpoint_every,
+            keep_last=args.keep_last,
+            async_save=args.async_save,
         )
     extra, resumed = None, ""
     if args.resume:
@@ -241,13 +245,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             records = [json.loads(line) for line in Path(args.log).read_text().splitlines() if line]
             records = [r for r in records if r["step"] <= state.step]
         say(f"resumed from {resumed}, sample {loader.position}")
-    return train_loop(args, model, step, state, loader, val, tokenizer, records, manager)
+    # with --save, SIGTERM / SIGUSR1 save at the next step boundary and stop the run
+    preemption = Preemption().install() if manager is not None else None
+    try:
+        return train_loop(
+            args, model, step, state, loader, val, tokenizer, records, manager, preemption
+        )
+    finally:
+        if preemption is not None:
+            preemption.uninstall()
 
 
 def train_loop(
     args: argparse.Namespace, model: models.CausalLM, step: Any, state: Any,
     loader: data.Loader, val: data.Windows, tokenizer: data.Tokenizer, records: list[dict[str, Any]],
-    manager: CheckpointManager | None = None,
+    manager: CheckpointManager | None = None, preemption: Preemption | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Steps from ``state.step`` to ``--steps``, evaluating, logging, checkpointing (with
     the loader's position) and plotting."""
@@ -290,6 +302,22 @@ def train_loop(
                 f"{record['tokens_per_s']:.0f} tokens/s{val_text}")  # fmt: skip
         if manager is not None and manager.due(state.step) and i + 1 < args.steps:
             manager.save(step, state, extra={"data": loader.state_dict()})
+        stop = preemption.requested() if preemption is not None and i + 1 < args.steps else None
+        if stop is not None and manager is not None:  # the ranks agree: save and stop
+            where = manager.save(step, state, extra={"data": loader.state_dict()})
+            manager.wait()
+            preemption.saved()  # type: ignore[union-attr]
+            say(f"preempted by {stop.name} after step {state.step}: saved {where} "
+                f"(run again with --save {args.save} to resume)")  # fmt: skip
+            bar.close()
+            if log:
+                log.close()
+            return {
+                "record": record,
+                "tokens_per_s": float("nan"),
+                "sample": "",
+                "records": records,
+            }
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{x.size / took:.0f}", **(
             {"val": f"{record['val_loss']:.3f}"} if "val_loss" in record else {}))  # fmt: skip
     bar.close()
@@ -297,6 +325,7 @@ def train_loop(
         log.close()
     if manager is not None and state.step > first:
         where = manager.save(step, state, extra={"data": loader.state_dict()})
+        manager.wait()
         say(f"saved step {state.step} (sample {loader.position}) to {where}")
     speed = seen / elapsed if elapsed else float("nan")
     if record:

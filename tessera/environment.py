@@ -154,6 +154,12 @@ def cache_dir() -> Path:
     return Path(value).expanduser()
 
 
+def fault_inject() -> str | None:
+    """``TESSERA_FAULT_INJECT``: faults a test injects (:mod:`tessera.training.fault_injection`,
+    which parses it); None (the default) when unset."""
+    return _raw("TESSERA_FAULT_INJECT")
+
+
 def world_size() -> int:
     """``WORLD_SIZE`` (set by launchers): the number of ranks, 1 when unset."""
     size = integer("WORLD_SIZE", 1, minimum=1)
@@ -177,6 +183,7 @@ __all__ = [
     "cache_dir",
     "debug",
     "device",
+    "fault_inject",
     "flag",
     "kernels",
     "program_cache",

@@ -116,6 +116,29 @@ class RunRecord:
     collectives: list[CollectiveInfo] = field(default_factory=list)
 
 
+def _attempt_store(timeout: float) -> dict[str, Any]:
+    """``init_process_group``'s store under a restarting launcher: torchrun's agent hosts
+    one TCPStore for the whole job, and the keys a process group writes there (each rank's
+    gloo address) would still hold the previous attempt's after ``--max-restarts``
+    restarts every rank; a prefix per attempt (``TORCHELASTIC_RESTART_COUNT``) keeps each
+    attempt's keys apart. Empty (env:// as usual) outside torch elastic's agent store."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = tdist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=False,
+        timeout=timedelta(seconds=timeout),
+    )
+    return {
+        "store": tdist.PrefixStore(f"/tessera/attempt_{attempt}/", store),
+        "rank": int(os.environ["RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+    }
+
+
 class Runtime:
     """The process's ``torch.distributed`` state: the world, its device, and the cached
     process groups of every (mesh, axes) a program used."""
@@ -140,7 +163,9 @@ class Runtime:
                 torch.cuda.set_device(environment.integer("LOCAL_RANK", 0) or 0)
             try:
                 tdist.init_process_group(
-                    "nccl" if use_cuda else "gloo", timeout=timedelta(seconds=self.timeout)
+                    "nccl" if use_cuda else "gloo",
+                    timeout=timedelta(seconds=self.timeout),
+                    **_attempt_store(self.timeout),
                 )
             except Exception as error:
                 raise DistributedError(

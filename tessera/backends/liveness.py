@@ -197,6 +197,24 @@ class Liveness:
                     return Blame(rank, f"was waiting in {beat['waiting']} instead")
         return None
 
+    def failed_peer(self) -> int | None:
+        """A peer that failed (recorded a failure, or whose process on this host is gone
+        without a record), or None: e.g. to tell the launcher stopping the ranks left
+        after a failure from a job being preempted."""
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        try:
+            exits = {p: e for p in peers if (e := self._read(f"exit/{p}")) is not None}
+            failed = [r for r, e in exits.items() if e["kind"] != "clean"]
+            if failed:
+                return min(failed)
+            for rank, beat in self._beats_of(peers).items():
+                here = rank not in exits and beat.get("host") == self.host
+                if here and _process_gone(int(beat.get("pid", 0))):
+                    return rank
+        except Exception:
+            return None
+        return None
+
     # --- internals --------------------------------------------------------------------------
 
     def _tell_to_leave(self, ranks: Iterable[int]) -> None:

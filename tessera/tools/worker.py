@@ -81,8 +81,12 @@ def _record(path: str, message: str, trace: str, ending: liveness.Ending) -> Non
             },
         }
     }
-    with open(path, "w") as file:
+    # written whole, then renamed: torchrun's agent reads the file when the process has
+    # ended, and it may stop (SIGTERM) this rank while it writes (another rank failed first)
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w") as file:
         json.dump(data, file)
+    os.replace(partial, path)
 
 
 def _fail(ending: liveness.Ending, error_file: str | None, message: str, trace: str) -> None:

@@ -6,6 +6,10 @@
 - :mod:`~tessera.training.checkpoint`: sharded, atomic checkpoints of a step's state;
 - :mod:`~tessera.training.checkpoint_policy`: :class:`CheckpointManager` (save every K
   steps to ``root/step_<k>``, keep the newest N) and :func:`latest` (the newest complete);
+- :mod:`~tessera.training.preemption`: SIGTERM / SIGUSR1 turned into a save at the next
+  step boundary, agreed by every rank;
+- :mod:`~tessera.training.fault_injection`: ``TESSERA_FAULT_INJECT``, faults on cue for
+  tests (off unless set);
 - :mod:`~tessera.training.grad_clip`: clipping by the global norm;
 - :mod:`~tessera.training.accumulation`: gradient accumulation over microbatches;
 - :mod:`~tessera.training.mixed_precision`: bf16 / fp16 compute, loss scaling (the policy,

@@ -44,6 +44,7 @@ import json
 import os
 import pickle
 import shutil
+import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,9 +56,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from tessera import cache_location
+from tessera.backends import distributed
 from tessera.backends.layout import block
 from tessera.dist.tensor import DistTensor
 from tessera.errors import TesseraError
+from tessera.training import fault_injection
 
 MANIFEST = "tessera.json"
 SIGNED = "tessera-manifest.json"
@@ -101,24 +104,30 @@ def save(
     step: int,
     where: str | Path,
     extra: dict[str, Any] | None = None,
-) -> None:
+    *,
+    blocking: bool = True,
+) -> PendingSave | None:
     """Writes the state ``leaves`` (named ``paths``) and ``step`` to ``where``, atomically;
-    ``extra`` (JSON) goes into the same directory as ``extra.json``, under the manifest."""
+    ``extra`` (JSON) goes into the same directory as ``extra.json``, under the manifest.
+
+    With ``blocking=False`` the pieces are copied (to CPU memory) and a background thread
+    writes them, over a process group of its own, while the caller goes on: the returned
+    :class:`PendingSave` says when the checkpoint is complete (signed and renamed into
+    place, as a blocking save leaves it). A failed write (a full disk) is a
+    :class:`TesseraError` naming the checkpoint and the cause; the previous checkpoints
+    are left intact."""
     target = Path(where)
     processes = tdist.is_available() and tdist.is_initialized()
     rank = tdist.get_rank() if processes else None
-    temporary = target.parent / f".{target.name}.tmp"
-    if not processes or rank == 0:
-        shutil.rmtree(temporary, ignore_errors=True)  # a save interrupted before
-        temporary.mkdir(parents=True)
-    if processes:
-        tdist.barrier()
     entries: dict[str, torch.Tensor] = {}
     manifest: dict[str, Any] = {"step": step, "tensors": {}}
     for leaf, path in zip(leaves, paths, strict=True):
         box, local = _box(leaf, rank)
         if _writes(leaf, rank):
-            entries[_key(path, box)] = local.detach().contiguous()
+            piece = local.detach()
+            entries[_key(path, box)] = (
+                piece.contiguous() if blocking else piece.to("cpu", copy=True).contiguous()
+            )
         manifest["tensors"][path] = {
             "shape": list(leaf.shape),
             "dtype": str(leaf.dtype).removeprefix("torch."),
@@ -126,14 +135,91 @@ def save(
         }
     if not processes or rank == 0:
         entries["rng|torch"] = torch.get_rng_state()
-    with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.save(entries, checkpoint_id=temporary, no_dist=not processes)
+    if blocking:
+        _write(entries, manifest, step, target, extra, processes, rank, None)
+        return None
+    group = _background_group() if processes else None
+    pending = PendingSave(target)
+    pending.start(_write, entries, manifest, step, target, extra, processes, rank, group)
+    return pending
+
+
+class PendingSave:
+    """A checkpoint being written by a background thread (``save(..., blocking=False)``)."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, write: Any, *args: Any) -> None:
+        def run() -> None:
+            try:
+                write(*args)
+            except BaseException as error:  # re-raised by wait(), in the caller's thread
+                self._error = error
+
+        self._thread = threading.Thread(target=run, name=f"save {self.target.name}", daemon=True)
+        self._thread.start()
+
+    def done(self) -> bool:
+        """Whether the write has ended (completed or failed)."""
+        return self._thread is None or not self._thread.is_alive()
+
+    def wait(self) -> Path:
+        """Blocks until the checkpoint is complete; returns its path, or raises the
+        write's error."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.target
+
+
+@functools.cache
+def _background_group() -> Any:
+    """A gloo group of every rank for background saves, apart from the step's collectives
+    (created once, by every rank at its first background save)."""
+    return tdist.new_group(backend="gloo")
+
+
+def _write(
+    entries: dict[str, torch.Tensor],
+    manifest: dict[str, Any],
+    step: int,
+    target: Path,
+    extra: dict[str, Any] | None,
+    processes: bool,
+    rank: int | None,
+    group: Any,
+) -> None:
+    """Writes staged pieces to ``.<name>.tmp``, signs them and renames it to ``target``."""
+    temporary = target.parent / f".{target.name}.tmp"
     if not processes or rank == 0:
-        (temporary / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if extra is not None:
-            (temporary / EXTRA).write_text(json.dumps(extra))
-        _sign(temporary, step)
+        shutil.rmtree(temporary, ignore_errors=True)  # a save interrupted before
+        temporary.mkdir(parents=True)
+    try:
+        if processes:
+            tdist.barrier(group=group)
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save(entries, checkpoint_id=temporary, no_dist=not processes, process_group=group)
+        fault_injection.in_save(step, str(temporary))
+        if not processes or rank == 0:
+            (temporary / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            if extra is not None:
+                (temporary / EXTRA).write_text(json.dumps(extra))
+            _sign(temporary, step)
+    except OSError as error:
+        raise TesseraError(
+            f"saving step {step} to {target} failed: {error.strerror or error} "
+            f"({error.filename or temporary}); the checkpoints saved before it are intact"
+        ) from error
+    except RuntimeError as error:  # a collective of the save: name the rank that caused it
+        if not processes:
+            raise
+        raise distributed.failure(distributed.runtime(), f"saving step {step}", error) from None
+    if not processes or rank == 0:
         previous = target.parent / f".{target.name}.old"
         shutil.rmtree(previous, ignore_errors=True)
         if target.exists():
@@ -141,7 +227,11 @@ def save(
         os.replace(temporary, target)
         shutil.rmtree(previous, ignore_errors=True)
     if processes:
-        tdist.barrier()
+        try:
+            tdist.barrier(group=group)
+        except RuntimeError as error:
+            raise distributed.failure(distributed.runtime(), f"saving step {step}", error) from None
+    fault_injection.after_save(step, str(target))
 
 
 def _all_boxes(leaf: Any) -> list[Box]:

@@ -30,8 +30,13 @@ _LEFTOVER = re.compile(r"\.step_\d+\.(tmp|old)")
 
 class _Step(Protocol):
     def save(
-        self, state: Any, path: str | Path, *, extra: dict[str, Any] | None = None
-    ) -> None: ...
+        self,
+        state: Any,
+        path: str | Path,
+        *,
+        extra: dict[str, Any] | None = None,
+        blocking: bool = True,
+    ) -> checkpoint.PendingSave | None: ...
 
     def restore(self, state: Any, path: str | Path, *, trust_unverified: bool = False) -> Any: ...
 
@@ -64,14 +69,23 @@ def _rank0() -> bool:
 
 class CheckpointManager:
     """Saves a training state to ``root/step_<k>`` every ``every`` steps (0: only when
-    :meth:`save` is called), keeping the newest ``keep_last``."""
+    :meth:`save` is called), keeping the newest ``keep_last``.
 
-    def __init__(self, root: str | Path, *, every: int = 0, keep_last: int = 3) -> None:
+    With ``async_save=True`` a save copies the state and returns while a background
+    thread writes it (``step.save(..., blocking=False)``); the next save, :meth:`wait`
+    and :meth:`restore` wait for it first, so at most one is in flight, and rotation
+    happens once it is complete (signed and renamed into place)."""
+
+    def __init__(
+        self, root: str | Path, *, every: int = 0, keep_last: int = 3, async_save: bool = False
+    ) -> None:
         if every < 0 or keep_last < 1:
             raise TesseraError(
                 f"CheckpointManager needs every >= 0 and keep_last >= 1, found {every}, {keep_last}"
             )
         self.root, self.every, self.keep_last = Path(root), every, keep_last
+        self.async_save = async_save
+        self._pending: tuple[checkpoint.PendingSave, int] | None = None
 
     def due(self, step: int) -> bool:
         """Whether the state after ``step`` steps is saved (a multiple of ``every``)."""
@@ -80,11 +94,28 @@ class CheckpointManager:
     def save(self, step: _Step, state: Any, extra: dict[str, Any] | None = None) -> Path:
         """Saves ``state`` (and the JSON ``extra``) as ``root/step_<state.step>``, then
         rotates; returns the checkpoint's path. A collective under ``tessera run``."""
+        self.wait()
         path = self.root / f"step_{state.step}"
         self.root.mkdir(parents=True, exist_ok=True)
-        step.save(state, path, extra=extra)
-        if _rank0():
+        if self.async_save:
+            pending = step.save(state, path, extra=extra, blocking=False)
+        else:  # a step whose save takes no ``blocking`` works as before
+            pending = step.save(state, path, extra=extra)
+        if pending is not None:
+            self._pending = (pending, state.step)
+        elif _rank0():
             self._rotate(state.step)
+        return path
+
+    def wait(self) -> Path | None:
+        """Waits for the save in flight (with ``async_save``), rotates, and returns its
+        path (``None`` when none was in flight); raises its error if it failed."""
+        if self._pending is None:
+            return None
+        (pending, saved), self._pending = self._pending, None
+        path = pending.wait()
+        if _rank0():
+            self._rotate(saved)
         return path
 
     def _rotate(self, saved: int) -> None:
@@ -102,6 +133,7 @@ class CheckpointManager:
     ) -> dict[str, Any] | None:
         """Fills ``state`` from the newest complete checkpoint under ``root`` and returns
         its ``extra``; ``None`` (``state`` untouched) when there is none."""
+        self.wait()
         path = latest(self.root, trust_unverified=trust_unverified)
         if path is None:
             return None

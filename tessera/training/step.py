@@ -70,7 +70,7 @@ from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
 from tessera.jit_function import JitFunction, broadcast_prefix, check_call
 from tessera.program import Lowered, MemoryStats, ModelStateMemory
-from tessera.training import checkpoint
+from tessera.training import checkpoint, fault_injection
 from tessera.training.accumulation import accumulate_microbatches
 from tessera.training.grad_clip import clip_by_global_norm
 from tessera.training.mixed_precision import LossScaled, Precision, to_compute, widened
@@ -250,6 +250,7 @@ class TrainingStep:
 
     def __call__(self, state: TrainState, *batch: Any) -> Any:
         """Runs one step: updates ``state`` in place and returns the metrics."""
+        fault_injection.before_step(state.step)  # off unless TESSERA_FAULT_INJECT is set
         self._placed(state)
         lowered = self.lower(state, *batch)
         with numerics_policy.mode_of(self.numerics):  # the collectives' order as compiled
@@ -291,14 +292,21 @@ class TrainingStep:
         return self._placed(state)
 
     def save(
-        self, state: TrainState, path: str | Path, *, extra: dict[str, Any] | None = None
-    ) -> None:
+        self,
+        state: TrainState,
+        path: str | Path,
+        *,
+        extra: dict[str, Any] | None = None,
+        blocking: bool = True,
+    ) -> checkpoint.PendingSave | None:
         """Writes ``state`` (parameters, optimizer state, step, torch RNG) to the directory
         ``path`` as a sharded, atomic ``torch.distributed.checkpoint``
         (:mod:`tessera.training.checkpoint`; a collective under ``tessera run``), with the
-        JSON ``extra`` (a data position; read back by ``checkpoint.read_extra``)."""
+        JSON ``extra`` (a data position; read back by ``checkpoint.read_extra``). With
+        ``blocking=False`` the state is copied and written in the background: the returned
+        :class:`~tessera.training.checkpoint.PendingSave`'s ``wait()`` ends it."""
         leaves, paths = self._named_leaves(state)
-        checkpoint.save(leaves, paths, state.step, path, extra)
+        return checkpoint.save(leaves, paths, state.step, path, extra, blocking=blocking)
 
     def restore(
         self, state: TrainState, path: str | Path, *, trust_unverified: bool = False

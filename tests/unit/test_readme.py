@@ -144,6 +144,10 @@ COMMANDS: dict[str, tuple[Run, ...] | str] = {
     ".venv/bin/tessera run -n 4 examples/train_gpt.py --steps 5": (
         "tests/unit/test_distributed.py::test_train_gpt_over_four_processes"
     ),
+    # the same job with --steps 5, --layers 2, --deterministic, faults injected
+    ".venv/bin/tessera run -n 2 --max-restarts 3 examples/train_gpt.py --dp 2 --tp 1 --steps 50 --checkpoint-every 5 --save ckpt": (
+        "tests/unit/test_faults.py::test_faults_in_steps_and_saves_are_restarted_and_lose_nothing"
+    ),
     # as written, through .venv/bin/tessera, with the output's lines checked
     ".venv/bin/tessera run -n 4 examples/distributed_mlp.py": (
         "tests/unit/test_distributed.py::test_readme_example_with_the_console_script"
