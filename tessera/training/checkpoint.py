@@ -220,10 +220,12 @@ def _write(
             raise
         raise distributed.failure(distributed.runtime(), f"saving step {step}", error) from None
     if not processes or rank == 0:
-        previous = target.parent / f".{target.name}.old"
-        shutil.rmtree(previous, ignore_errors=True)
+        previous = previous_of(target)
         if target.exists():
+            shutil.rmtree(previous, ignore_errors=True)
             os.replace(target, previous)
+        # else a save that crashed between these two renames left its last good
+        # checkpoint as `previous`: it stays until the new one is in place
         os.replace(temporary, target)
         shutil.rmtree(previous, ignore_errors=True)
     if processes:
@@ -232,6 +234,12 @@ def _write(
         except RuntimeError as error:
             raise distributed.failure(distributed.runtime(), f"saving step {step}", error) from None
     fault_injection.after_save(step, str(target))
+
+
+def previous_of(target: Path) -> Path:
+    """Where a save keeps the checkpoint it replaces while it renames the new one into
+    place (``.<name>.old`` beside it)."""
+    return target.parent / f".{target.name}.old"
 
 
 def _all_boxes(leaf: Any) -> list[Box]:
@@ -257,6 +265,15 @@ def restore(
     returns the saved step count. Its files are checked first (see the module docstring;
     ``trust_unverified`` accepts a manifest this user's key did not sign)."""
     source = Path(where)
+    previous = previous_of(source)
+    if not source.exists() and (previous / MANIFEST).exists():
+        warnings.warn(
+            f"checkpoint {source} is missing: a save was interrupted between replacing it "
+            f"and renaming the new one into place; restoring the last good checkpoint, "
+            f"{previous}",
+            stacklevel=2,
+        )
+        source = previous
     manifest_path = source / MANIFEST
     if not source.is_dir():
         raise TesseraError(

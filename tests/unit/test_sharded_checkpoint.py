@@ -166,3 +166,37 @@ def test_checkpoints_move_between_processes_and_the_virtual_mesh(tmp_path: Path)
     torch.testing.assert_close(
         torch.tensor(result["losses"]), torch.tensor(expected[2:]), rtol=1e-6, atol=0
     )
+
+
+def test_a_crash_between_the_two_renames_loses_nothing(tmp_path: Path, monkeypatch) -> None:
+    """A save that crashes after moving the old checkpoint aside (``.ckpt.old``) and
+    before renaming the new one into place: restore finds the old one (with a warning
+    naming it), and a second save that crashes at the same point does not delete it;
+    the save after that completes and cleans up."""
+    import os
+
+    params, x, y = init()
+    step = make_step({"dp": 2})
+    state = step.init({k: v.clone() for k, v in params.items()})
+    run(step, state, x, y, 1)
+    step.save(state, tmp_path / "ckpt")  # the last good checkpoint: step 1
+    run(step, state, x, y, 1)
+    real_replace = os.replace
+
+    def crash_on_the_second_rename(source, destination):
+        if Path(destination).name == "ckpt":  # the new checkpoint's rename
+            raise KeyboardInterrupt
+        real_replace(source, destination)
+
+    fresh = step.init({k: torch.zeros_like(v) for k, v in params.items()})
+    for _ in range(2):  # two crashed saves in a row
+        monkeypatch.setattr(os, "replace", crash_on_the_second_rename)
+        with pytest.raises(KeyboardInterrupt):
+            step.save(state, tmp_path / "ckpt")
+        monkeypatch.undo()
+        assert not (tmp_path / "ckpt").exists()
+        with pytest.warns(UserWarning, match=r"ckpt is missing.*restoring .*\.ckpt\.old"):
+            assert step.restore(fresh, tmp_path / "ckpt").step == 1
+    step.save(state, tmp_path / "ckpt")
+    assert step.restore(fresh, tmp_path / "ckpt").step == 2
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".ckpt.tmp")] == ["ckpt"]
