@@ -132,6 +132,7 @@ def backprop(
     value does not."""
     cotangents: dict[SSAValue, SSAValue] = dict(seeds or {})
     tracker = _Varying(varying, b) if varying is not None else None
+    active = _active(forward, wrt)
     blocks = _checkpointed_blocks(forward, remat or RematPolicy())
     recomputed: dict[int, dict[Operation, Operation]] = {}
     if loss is not None:
@@ -143,10 +144,15 @@ def backprop(
         if tracker is not None and isinstance(op, graph.CollectiveOp):
             vjp = tracker.collective_vjp
         elif isinstance(op, graph.CallOp) and is_manual(table_of(op).functions.get(op.callee_name)):
-            vjp = _manual_call_vjp
+            # only the operands on a path from ``wrt`` get a cotangent: a shard_map's
+            # backward computes (and communicates) nothing for the others
+            needed = tuple(i for i, v in enumerate(op.operands) if v in active)
+            vjp = functools.partial(_manual_call_vjp, needed=needed)
         elif isinstance(op, graph.CallOp):
             if tracker is not None:
-                raise TesseraError(f"{where}: a graph.call inside a dist.shard_map body is not differentiable yet")
+                raise TesseraError(
+                    f"{where}: a graph.call inside a dist.shard_map body is not differentiable yet"
+                )
             vjp = functools.partial(_call_vjp, policy=remat or RematPolicy())
         elif isinstance(op, graph.ScanOp):
             vjp = functools.partial(_scan_vjp, policy=remat or RematPolicy())
@@ -218,14 +224,30 @@ class _Varying:
         return self.b.op(graph.AllReduceOp, ct, axes=tuple(sorted(extra)), kind="sum")
 
 
+def _active(forward: Sequence[Operation], wrt: Sequence[SSAValue]) -> set[SSAValue]:
+    """The values of ``forward`` that depend on ``wrt`` (through operands, or through
+    values an op's nested regions read)."""
+    active = set(wrt)
+    for op in forward:
+        read = [*op.operands]
+        if op.regions:
+            read += [v for inner in op.walk() for v in inner.operands]
+        if any(v in active for v in read):
+            active.update(op.results)
+    return active
+
+
 def _manual_call_vjp(
-    b: GradBuilder, op: graph.CallOp, cts: Sequence[SSAValue | None]
+    b: GradBuilder,
+    op: graph.CallOp,
+    cts: Sequence[SSAValue | None],
+    needed: tuple[int, ...] | None = None,
 ) -> list[SSAValue | None]:
     """A shard_map's backward is a call of a manual function (in_specs: the primal
-    arguments', then the float results' out_specs; out_specs: the float arguments'
-    in_specs) that recomputes the body and transposes it per rank."""
+    arguments', then the float results' out_specs; out_specs: the ``needed`` float
+    arguments' in_specs) that recomputes the body and transposes it per rank."""
     table = table_of(op)
-    derivative = _manual_backward(table, op.callee_name)
+    derivative = _manual_backward(table, op.callee_name, needed)
     seeds = [
         cts[i] if cts[i] is not None else b.zeros_like(op.results[i])
         for i in derivative.float_results
@@ -243,9 +265,12 @@ def _manual_call_vjp(
     return operand_cts
 
 
-def _manual_backward(table: FunctionTable, name: str) -> _Derivative:
-    """The backward of manual function ``@name`` (derived once)."""
-    key = (name, "manual-vjp")
+def _manual_backward(
+    table: FunctionTable, name: str, needed: tuple[int, ...] | None = None
+) -> _Derivative:
+    """The backward of manual function ``@name`` for the gradients of its float
+    arguments among ``needed`` (all when None; derived once per set)."""
+    key = (name, "manual-vjp", needed)
     if key in table.derived:
         return table.derived[key]  # type: ignore[return-value]
     source = table.get(name)
@@ -257,7 +282,11 @@ def _manual_backward(table: FunctionTable, name: str) -> _Derivative:
     primal, outputs = list(block.args), list(ret.operands)
     axes = varying(backward)
     float_results = tuple(i for i, v in enumerate(outputs) if aval(v).dtype.is_float)
-    float_arguments = tuple(i for i, a in enumerate(primal) if aval(a).dtype.is_float)
+    float_arguments = tuple(
+        i
+        for i, a in enumerate(primal)
+        if aval(a).dtype.is_float and (needed is None or i in needed)
+    )
     seeds: dict[SSAValue, SSAValue] = {}
     b = GradBuilder(InsertPoint.before(ret))
     for index in float_results:
@@ -267,7 +296,13 @@ def _manual_backward(table: FunctionTable, name: str) -> _Derivative:
         seeds[value] = ct if value not in seeds else b.add(seeds[value], ct)
     forward = [o for o in block.ops if o is not ret]
     grads = backprop(
-        forward, None, [primal[i] for i in float_arguments], b, f"@{name}", seeds=seeds, varying=axes
+        forward,
+        None,
+        [primal[i] for i in float_arguments],
+        b,
+        f"@{name}",
+        seeds=seeds,
+        varying=axes,
     )
     ret.operands = grads
     ins, outs = in_specs(source), out_specs(source)
@@ -285,7 +320,9 @@ def _manual_backward(table: FunctionTable, name: str) -> _Derivative:
     backward.function_type = FunctionType.from_lists(
         [a.type for a in block.args], [v.type for v in ret.operands]
     )
-    backward.sym_name = StringAttr(f"{name}_bwd")
+    every = tuple(i for i, a in enumerate(primal) if aval(a).dtype.is_float)
+    suffix = "" if float_arguments == every else "_" + "_".join(map(str, float_arguments))
+    backward.sym_name = StringAttr(f"{name}_bwd{suffix}")
     derivative = _Derivative(name, table.add(backward), float_results, float_arguments)
     table.derived[key] = derivative  # type: ignore[assignment]
     return derivative
@@ -403,9 +440,7 @@ def _derivative(
     float_arguments = tuple(i for i, a in enumerate(primal) if aval(a).dtype.is_float)
     carries = scan_carries or 0
     if float_results[:carries] != tuple(range(carries)):
-        raise TesseraError(
-            f"@{name}: a scan differentiated through must carry float tensors only"
-        )
+        raise TesseraError(f"@{name}: a scan differentiated through must carry float tensors only")
     cotangents = [block.insert_arg(outputs[i].type, len(block.args)) for i in float_results]
     forward_ops = [o for o in block.ops if o is not ret]
     b = GradBuilder(InsertPoint.before(ret))
@@ -445,13 +480,13 @@ def _derivative(
         backward_arguments = [
             *cotangents[:carries], *primal, *residuals, *cotangents[carries:],
         ]  # fmt: skip
-    forward = _outline(
-        f"{name}_fwd", primal, _live(forward_part, forward_results), forward_results
-    )
+    forward = _outline(f"{name}_fwd", primal, _live(forward_part, forward_results), forward_results)
     backward = _outline(
         f"{name}_bwd", backward_arguments, [*used_constants, *backward_part], list(grads)
     )
-    derivative = _Derivative(table.add(forward), table.add(backward), float_results, float_arguments)
+    derivative = _Derivative(
+        table.add(forward), table.add(backward), float_results, float_arguments
+    )
     table.derived[key] = derivative  # type: ignore[assignment]
     return derivative
 

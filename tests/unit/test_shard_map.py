@@ -322,6 +322,16 @@ def test_training_step_with_a_manual_mlp_equals_the_automatic_one():
     for result in results:
         for got, want in zip(result, expected, strict=True):
             torch.testing.assert_close(got, want, **TOL)
+    # the manual step moves what the automatic one does: its backward computes no
+    # gradient for the batch (not differentiated), so it all-reduces none over tp
+    tp, total = [], []
+    for manual in (True, False):
+        step = make(manual)
+        infos = step.lower(step.init({"w1": w1.clone(), "w2": w2.clone()}), x, y).collectives()
+        tp.append([(c.kind, c.nbytes) for c in infos if "tp" in c.mesh_axes])
+        total.append(sum(c.nbytes for c in infos))
+    assert tp[0] == tp[1] == [("all_reduce", 4 * 16 * 8)], tp  # the forward's, one
+    assert total[0] == total[1], total
 
 
 def test_grad_through_a_checkpointed_shard_map():
