@@ -203,6 +203,36 @@ class OpShape:
         return {}, axes
 
 
+    def accepted(
+        self,
+        known: Sequence[Sharding | None],
+        reduced: Callable[[int], bool],
+        wanted: Sequence[Sharding | None] = (),
+    ) -> dict[int, tuple[tuple[str, str], ...]]:
+        """The partial axes each operand could have and still be passed through: for an
+        op linear in all its operands (an add), the partial axes of those that are partial
+        or that its users take its result partial over (``wanted``; all alike), which
+        every operand may then carry, their one reduction after the op serving all; else
+        what ``passthrough`` lets operands keep."""
+        passed, _ = self.passthrough(known, reduced)
+        if self.policy != "all" or not self.linear:
+            return passed
+        partials = {
+            frozenset((a, k) for a, k in s.partial if KINDS[k].linear)
+            for i, s in enumerate(known)
+            if s is not None and s.partial and not reduced(i)
+        }
+        partials |= {
+            frozenset((a, k) for a, k in w.partial if KINDS[k].linear)
+            for w in wanted
+            if w is not None and w.partial
+        }
+        if len(partials) != 1:
+            return passed
+        axes = tuple(sorted(next(iter(partials))))
+        return dict.fromkeys(range(len(known)), axes)
+
+
 _SHAPES: AttributeMap[OpShape] = AttributeMap(4096)
 
 
@@ -292,14 +322,19 @@ class Decisions:
         return found
 
     def decide(
-        self, op: graph.GraphOp, known: Sequence[Sharding], wanted: Sequence[Sharding | None] = ()
+        self,
+        op: graph.GraphOp,
+        known: Sequence[Sharding],
+        wanted: Sequence[Sharding | None] = (),
+        available: Sequence[frozenset[Sharding]] = (),
     ) -> OpLayout:
         """The full decision for ``op`` whose operands have the layouts ``known`` (and
-        whose users want its results laid out as ``wanted``, where given)."""
+        whose users want its results laid out as ``wanted``, where given; ``available``:
+        per operand, the layouts it is moved to anyway, for other users)."""
         for value, sharding in zip(op.operands, known, strict=True):
             if sharding is not None and sharding.partial:
                 _ = value in self.points  # asked as the IR is now (see the class)
-        pricing = _Pricing(self, op, self.shape(op), known, wanted)
+        pricing = _Pricing(self, op, self.shape(op), known, wanted, available)
         assignment = self._choose(pricing)
         passed = pricing.passthrough(assignment)
         shape = pricing.shape
@@ -311,9 +346,41 @@ class Decisions:
         op: graph.GraphOp,
         known: Sequence[Sharding | None],
         wanted: Sequence[Sharding | None] = (),
+        available: Sequence[frozenset[Sharding]] = (),
     ) -> Assignment:
-        """:func:`choose` for ``op``."""
-        return self._choose(_Pricing(self, op, self.shape(op), known, wanted))
+        """:func:`choose` for ``op`` (``available``: as in :meth:`decide`)."""
+        return self._choose(_Pricing(self, op, self.shape(op), known, wanted, available))
+
+    def needs(
+        self, op: graph.GraphOp, assignment: Assignment, known: Sequence[Sharding | None]
+    ) -> list[Sharding]:
+        """The layouts ``op`` under ``assignment`` needs its operands in (``required``)."""
+        shape = self.shape(op)
+        passed = _Pricing(self, op, shape, known).passthrough(assignment)
+        return [shape.required(assignment, i, passed) for i in range(len(op.operands))]
+
+    def wants(
+        self,
+        op: graph.GraphOp,
+        assignment: Assignment,
+        known: Sequence[Sharding | None],
+        wanted: Sequence[Sharding | None] = (),
+    ) -> list[Sharding]:
+        """The layouts ``op`` under ``assignment`` wants of its operands, for their
+        producers to weigh: the splits it requires, partial over the axes it would pass
+        through (``OpShape.accepted``, with its users' wishes ``wanted``: a producer may
+        leave such a sum partial)."""
+        shape = self.shape(op)
+        pricing = _Pricing(self, op, shape, known)
+        accepted = shape.accepted(known, pricing.reduced, wanted)
+        split = {a for axes in assignment.values() for a in axes}
+        wants = []
+        for index in range(len(op.operands)):
+            partial = accepted.get(index, ())
+            if any(a in split for a, _ in partial):
+                partial = ()
+            wants.append(Sharding(shape.required(assignment, index, {}).dims, partial))
+        return wants
 
     def results(
         self, op: graph.GraphOp, assignment: Assignment, known: Sequence[Sharding | None]
@@ -325,7 +392,9 @@ class Decisions:
     def _choose(self, pricing: _Pricing) -> Assignment:
         known, wanted = pricing.known, pricing.wanted
         reads = pricing.shape.read_reductions(known, pricing.reduced)
-        key = (pricing.shape, known, wanted, reads, self._mesh_key)
+        key = (
+            pricing.shape, known, wanted, reads, self._mesh_key, pricing.available, pricing.users
+        )  # fmt: skip
         found = _CHOICES.get(key)
         if found is None:
             found = self._compute_choice(pricing)
@@ -386,12 +455,12 @@ class Decisions:
                 if not shape.divides(factor, prod(self.size(a) for a in axes)):
                     continue
                 trial = {**assignment, factor: axes}
-                key = (pricing.cost(trial), -shape.weight.get(factor, 0))
+                key = (pricing.cost(trial), -pricing.shareable(trial), -shape.weight.get(factor, 0))
                 if best is None or key < best[0]:
                     best = (key, factor, axes)
             if best is None or best[0][0] > current:
                 return assignment, current
-            (current, _), factor, axes = best
+            (current, _, _), factor, axes = best
             assignment[factor] = axes
 
 
@@ -406,14 +475,36 @@ class _Pricing:
         shape: OpShape,
         known: Sequence[Sharding | None],
         wanted: Sequence[Sharding | None] = (),
+        available: Sequence[frozenset[Sharding]] = (),
     ):
         self.decisions = decisions
         self.op = op
         self.shape = shape
         self.known = tuple(known)
         self.wanted = tuple(wanted)
+        self.available = tuple(available)
         self._passed: tuple[Passed, frozenset[str]] | None = None
         self._costs: dict[tuple[tuple[int, tuple[str, ...]], ...], float] = {}
+
+    @cached_property
+    def users(self) -> tuple[int, ...]:
+        """Per operand, how many ops read its value (a value's reshard is made once for
+        all of them: ``insert-collectives`` shares it)."""
+        return tuple(len({use.operation for use in v.uses}) for v in self.op.operands)
+
+    def shareable(self, assignment: Assignment) -> int:
+        """The bytes of each operand ``assignment`` moves times the number of other ops
+        that read it (a tie-break: at equal cost, a move more users may share wins)."""
+        passed = self.passthrough(assignment)
+        total = 0
+        for index, (tensor, sharding) in enumerate(
+            zip(self.shape.operand_tensors, self.known, strict=True)
+        ):
+            if sharding is None or self.users[index] < 2:
+                continue
+            if self.shape.required(assignment, index, passed) != sharding:
+                total += prod(tensor[0]) * tensor[1] * (self.users[index] - 1)
+        return total
 
     @cached_property
     def inherited(self) -> set[str]:
@@ -449,6 +540,8 @@ class _Pricing:
             if sharding is None:
                 continue
             needed = shape.required(assignment, index, passed)
+            if index < len(self.available) and needed in self.available[index]:
+                continue  # moved there for another user anyway: made once, shared
             total += decisions.reshard_cost(sharding, needed, tensor)
         produced = shape.results(assignment, passed)
         if shape.rule.windows:
@@ -457,8 +550,13 @@ class _Pricing:
             total += self._context_cost(assignment, produced, passed)
         wants = [*self.wanted, *[None] * (len(produced) - len(self.wanted))]
         for tensor, sharding, want in zip(shape.result_tensors, produced, wants, strict=True):
-            # new partial axes are resolved (reduce-scattered where the users' split allows)
-            kept = tuple(p for p in sharding.partial if p[0] in self.inherited)
+            # new partial axes are resolved (reduce-scattered where the users' split allows),
+            # unless the users take them partial (a linear op adding it to another partial
+            # sum over those axes: one reduction of the sum serves both)
+            accepted = want.partial if want is not None else ()
+            kept = tuple(
+                p for p in sharding.partial if p[0] in self.inherited or p in accepted
+            )
             gone = dict(kept)
             dims = want.dims if want is not None else sharding.dims
             target = Sharding(tuple(tuple(a for a in d if a not in gone) for d in dims), kept)

@@ -64,6 +64,7 @@ class _Inserter:
         self.function = function
         self.layout: dict[SSAValue, Sharding] = {}
         self.resharded: dict[tuple[SSAValue, Sharding], SSAValue] = {}
+        self.moved: dict[SSAValue, set[Sharding]] = {}  # per value, the layouts it was moved to
         self.decisions = Decisions(mesh, ReductionPoints())
         self.bypassed: list[Operation] = []
         for index, arg in enumerate(function.args):
@@ -83,10 +84,12 @@ class _Inserter:
                 replicated = [Sharding.replicated(aval(r).rank) for r in op.results]
                 self._record(op, replicated)
             elif has_sharding_rule(op):
-                # the results' layouts shard-propagate chose (with its users' wishes)
-                wanted = [Sharding(s.dims) for s in op_shardings(op) or ()]
+                # the results' layouts shard-propagate chose (with its users' wishes,
+                # partial where they take a partial sum), and the moves already made
+                wanted = list(op_shardings(op) or ())
                 known = [self.of(v) for v in op.operands]
-                layout = self.decisions.decide(op, known, wanted)
+                available = [frozenset(self.moved.get(v, ())) for v in op.operands]
+                layout = self.decisions.decide(op, known, wanted, available)
                 for index, (value, needed) in enumerate(
                     zip(op.operands, layout.operands, strict=True)
                 ):
@@ -149,6 +152,7 @@ class _Inserter:
             current = apply_step(current, step)
             result = self._emit(step, result, current, before)
         self.resharded[key] = result
+        self.moved.setdefault(value, set()).add(target)
         return result
 
     def _transpose_of_moved(
