@@ -4,10 +4,12 @@ The decision shared by ``shard-propagate`` (which writes the result layouts) and
 ``insert-collectives`` (which makes the operands match what the op needs):
 
 - :func:`choose` picks how the op's factors (see ``sharding_rules``) are split over mesh
-  axes, at the least cost: the bytes moved (``reshard_cost``, and the block moves of a
-  split BLOCKS factor) plus, for a matmul, its multiply-adds
-  per device priced in bytes (so that leaving a split operand's factor unsplit, which
-  repeats the same products on every rank, is not free);
+  axes, at the least modelled time per rank on the mesh's machine
+  (``sharding_clock``): the bytes moved over each move's link (``reshard_cost``, and the
+  block moves of a split BLOCKS factor) plus, for a matmul, its multiply-adds per rank at
+  the device's rate (so that leaving a split operand's factor unsplit, which repeats the
+  same products on every rank, costs what that compute takes); a move another user of
+  the value makes anyway costs nothing more (``available``);
 - :func:`required` is the layout an operand must have under that choice;
 - :func:`results` are the layouts the op then produces (split reduction factors make
   results partial; partial operands stay partial through linear ops, unless
@@ -31,6 +33,7 @@ from math import prod
 from xdsl.ir import Operation, SSAValue
 
 from tessera.analysis.reduction_points import REDUCE_WIDENED, ReductionPoints
+from tessera.analysis.sharding_clock import ShardingClock
 from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
@@ -53,12 +56,7 @@ from tessera.transforms.block_moves import (
     plan_block_moves,
     received_elements,
 )
-from tessera.transforms.reshard import ALPHA_BYTES, reshard_cost
-
-# One multiply-add priced as this many bytes of communication: an H100 does about 495e12
-# dense bf16 multiply-adds per second (989 TFLOP/s) and an NVLink 4 port moves about
-# 450e9 bytes per second each way, about 1100 multiply-adds per byte (rounded to 2**10).
-BYTES_PER_MULTIPLY_ADD = 1 / 1024
+from tessera.transforms.reshard import ALPHA_BYTES, reshard_moves
 
 Passed = dict[int, tuple[tuple[str, str], ...]]  # operand -> the partial axes it keeps
 
@@ -294,7 +292,8 @@ class Decisions:
         self.points = points
         self._shapes: dict[Operation, OpShape] = {}
         self._sizes = {a: mesh.axis_size(a) for a in mesh.axis_names}
-        self._mesh_key = tuple(self._sizes.items())
+        self.clock = ShardingClock(mesh)
+        self._mesh_key = (*self._sizes.items(), self.clock.key)
         self._reshards: dict[tuple[Sharding, Sharding, Tensor], float] = {}
 
     def shape(self, op: graph.GraphOp) -> OpShape:
@@ -312,13 +311,17 @@ class Decisions:
         return prod(self.size(a) for axes in assignment.values() for a in axes)
 
     def reshard_cost(self, src: Sharding, dst: Sharding, tensor: Tensor) -> float:
-        """``reshard.reshard_cost`` on this mesh, memoized."""
+        """Seconds a reshard takes on the mesh's machine (``ShardingClock``): each step's
+        ring bytes received over its axes' link, plus ``ALPHA_BYTES`` per collective (a
+        tie-break), memoized."""
         if src == dst:
             return 0.0
         key = (src, dst, tensor)
         found = self._reshards.get(key)
         if found is None:
-            found = self._reshards[key] = reshard_cost(src, dst, tensor[0], tensor[1], self.mesh)
+            moves = reshard_moves(src, dst, tensor[0], tensor[1], self.mesh)
+            found = sum(self.clock.move_seconds(axes, b + ALPHA_BYTES) for axes, b in moves)
+            self._reshards[key] = found
         return found
 
     def decide(
@@ -534,7 +537,10 @@ class _Pricing:
         shape, decisions, known = self.shape, self.decisions, self.known
         total = 0.0
         if shape.work is not None:
-            total += shape.work / decisions.ways(assignment) * BYTES_PER_MULTIPLY_ADD
+            # the multiply-adds per rank: work a split leaves whole is repeated on each
+            itemsize = shape.result_tensors[0][1]
+            seconds = decisions.clock.multiply_add_seconds(itemsize)
+            total += shape.work / decisions.ways(assignment) * seconds
         passed = self.passthrough(assignment)
         for index, (tensor, sharding) in enumerate(zip(shape.operand_tensors, known, strict=True)):
             if sharding is None:
@@ -567,7 +573,7 @@ class _Pricing:
     def _context_cost(
         self, assignment: Assignment, produced: Sequence[Sharding], passed: Passed
     ) -> float:
-        """Bytes the expansion of split ``CONTEXT`` factors moves (``context_layouts``)."""
+        """Seconds the expansion of split ``CONTEXT`` factors' moves takes (``context_layouts``)."""
         shape, decisions = self.shape, self.decisions
         needed = [shape.required(assignment, i, passed) for i in range(len(self.known))]
         computed_operands, computed_results = context_layouts(
@@ -585,9 +591,9 @@ class _Pricing:
         return total
 
     def _block_move_bytes(self, assignment: Assignment, produced: Sequence[Sharding]) -> float:
-        """Bytes the busiest rank receives when the op's split BLOCKS factors move blocks
-        (:mod:`tessera.transforms.block_moves`), plus ``ALPHA_BYTES`` per permute that
-        sends."""
+        """Seconds the busiest rank takes to receive its blocks when the op's split BLOCKS
+        factors move blocks (:mod:`tessera.transforms.block_moves`), plus ``ALPHA_BYTES``
+        per permute that sends."""
         mesh, rule = self.decisions.mesh, self.shape.rule
         total = 0.0
         for windows in rule.windows:
@@ -610,7 +616,8 @@ class _Pricing:
                 per_rank = [
                     have + count * row for have, count in zip(per_rank, received, strict=True)
                 ]
-            total += max(per_rank) + ALPHA_BYTES * communicating_moves(plan)
+            moved = max(per_rank) + ALPHA_BYTES * communicating_moves(plan)
+            total += self.decisions.clock.move_seconds(axes, moved)
         return total
 
 
@@ -646,13 +653,14 @@ def choose(
     points: ReductionPoints,
     wanted: Sequence[Sharding | None] = (),
 ) -> Assignment:
-    """Greedy over proposals: each round adds the split that moves the fewest bytes.
+    """Greedy over proposals: each round adds the split of the least modelled time.
 
     Every operand proposes the axes on its dims. A round costs each proposal that still
     fits (its axes unused, except that a ``CONTEXT`` factor shares axes with the factors
     it never meets in a tensor; its factor divisible) together with the splits already
-    chosen and keeps the cheapest, if it moves no more bytes than before; equal costs
-    go to the factor of the largest tensor. Comparing across factors, not factor by
+    chosen and keeps the cheapest, if it costs no more than before; equal costs go to
+    the split whose moved operands more other ops read (they may share the move), then
+    to the factor of the largest tensor. Comparing across factors, not factor by
     factor, keeps the choice independent of operand order.
 
     Results the users want laid out some way (``wanted``: a constraint's layout, or what
@@ -697,13 +705,13 @@ def _cost(
     points: ReductionPoints,
     wanted: Sequence[Sharding | None] = (),
 ) -> float:
-    """Bytes received per device: the operands' reshards, the results' moves to the
+    """Modelled seconds per device (``sharding_clock``): the operands' reshards, the results' moves to the
     splits their users want, plus the all-reduce that a split reduction factor's partial
     result will eventually need (priced on this op's result; a later linear op may
     reduce a smaller tensor, so this is an upper bound), plus what the expansion of split
     ``CONTEXT`` factors moves (the gathers of their operands, the reduce-scatters of
     their results), plus a matmul's multiply-adds per device
-    (``BYTES_PER_MULTIPLY_ADD``)."""
+    (at the device's rate)."""
     return _own(op, rule, known, mesh, points, wanted).cost(assignment)
 
 
