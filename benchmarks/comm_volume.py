@@ -329,7 +329,11 @@ def measure_llama(sp: bool, backward: bool, tp: int, seq: int, batch: int) -> di
     docstring), and the analytic volume it is held to."""
     from tessera.autodiff.api import grad
     from tessera.plan.layer import (
-        LayerShape, layer_loss, layer_mesh, layer_param_shapes, layer_shardings,
+        LayerShape,
+        layer_loss,
+        layer_mesh,
+        layer_param_shapes,
+        layer_shardings,
     )  # fmt: skip
     from tessera.plan.layer import transformer_layer as llama_layer
 

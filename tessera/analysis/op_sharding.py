@@ -311,7 +311,7 @@ class Decisions:
         return prod(self.size(a) for axes in assignment.values() for a in axes)
 
     def reshard_cost(self, src: Sharding, dst: Sharding, tensor: Tensor) -> float:
-        """Seconds a reshard takes on the mesh's machine (``ShardingClock``): each step's
+        """The time a reshard takes on the mesh's machine (``ShardingClock``): each step's
         ring bytes received over its axes' link, plus ``ALPHA_BYTES`` per collective (a
         tie-break), memoized."""
         if src == dst:
@@ -320,7 +320,7 @@ class Decisions:
         found = self._reshards.get(key)
         if found is None:
             moves = reshard_moves(src, dst, tensor[0], tensor[1], self.mesh)
-            found = sum(self.clock.move_seconds(axes, b + ALPHA_BYTES) for axes, b in moves)
+            found = sum(self.clock.move_time(axes, b + ALPHA_BYTES) for axes, b in moves)
             self._reshards[key] = found
         return found
 
@@ -539,8 +539,8 @@ class _Pricing:
         if shape.work is not None:
             # the multiply-adds per rank: work a split leaves whole is repeated on each
             itemsize = shape.result_tensors[0][1]
-            seconds = decisions.clock.multiply_add_seconds(itemsize)
-            total += shape.work / decisions.ways(assignment) * seconds
+            each = decisions.clock.multiply_add_time(itemsize)
+            total += shape.work / decisions.ways(assignment) * each
         passed = self.passthrough(assignment)
         for index, (tensor, sharding) in enumerate(zip(shape.operand_tensors, known, strict=True)):
             if sharding is None:
@@ -573,7 +573,7 @@ class _Pricing:
     def _context_cost(
         self, assignment: Assignment, produced: Sequence[Sharding], passed: Passed
     ) -> float:
-        """Seconds the expansion of split ``CONTEXT`` factors' moves takes (``context_layouts``)."""
+        """The time the expansion of split ``CONTEXT`` factors moves (``context_layouts``)."""
         shape, decisions = self.shape, self.decisions
         needed = [shape.required(assignment, i, passed) for i in range(len(self.known))]
         computed_operands, computed_results = context_layouts(
@@ -591,7 +591,7 @@ class _Pricing:
         return total
 
     def _block_move_bytes(self, assignment: Assignment, produced: Sequence[Sharding]) -> float:
-        """Seconds the busiest rank takes to receive its blocks when the op's split BLOCKS
+        """The time the busiest rank takes to receive its blocks when the op's split BLOCKS
         factors move blocks (:mod:`tessera.transforms.block_moves`), plus ``ALPHA_BYTES``
         per permute that sends."""
         mesh, rule = self.decisions.mesh, self.shape.rule
@@ -617,7 +617,7 @@ class _Pricing:
                     have + count * row for have, count in zip(per_rank, received, strict=True)
                 ]
             moved = max(per_rank) + ALPHA_BYTES * communicating_moves(plan)
-            total += self.decisions.clock.move_seconds(axes, moved)
+            total += self.decisions.clock.move_time(axes, moved)
         return total
 
 
@@ -705,7 +705,7 @@ def _cost(
     points: ReductionPoints,
     wanted: Sequence[Sharding | None] = (),
 ) -> float:
-    """Modelled seconds per device (``sharding_clock``): the operands' reshards, the results' moves to the
+    """Modelled time per device (``sharding_clock``): the operands' reshards, the results' moves to the
     splits their users want, plus the all-reduce that a split reduction factor's partial
     result will eventually need (priced on this op's result; a later linear op may
     reduce a smaller tensor, so this is an upper bound), plus what the expansion of split

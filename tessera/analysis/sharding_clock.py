@@ -7,7 +7,7 @@ mesh runs on (``Mesh.machine()``: its ``topology=``, else enough DGX H100 nodes)
   over the link of the smallest topology level holding one of its groups (NVLink inside
   a node, InfiniBand across): ``bytes / bandwidth`` (the beta term of the alpha-beta
   model of ``tessera.perf.collective_cost``; the per-collective latency is kept a
-  tie-break, ``ALPHA_BYTES`` of bandwidth, so that tiny tensors still weigh their bytes);
+  tie-break, ``ALPHA_BYTES``, so that tiny tensors still weigh their bytes);
 - a matmul's multiply-adds per rank run at the device's peak rate for its item size
   times the device's matmul efficiency (the roofline's compute term): work left unsplit
   is repeated on every rank and costs its full time.
@@ -15,6 +15,10 @@ mesh runs on (``Mesh.machine()``: its ``topology=``, else enough DGX H100 nodes)
 So gathering a weight where an all-reduce would do, which repeats the matmul on every
 rank, loses when the repeated compute takes longer than the bytes it saves, and a
 move across nodes weighs what its slower link makes it.
+
+Times are given in bytes of the machine's fastest link (seconds × its bandwidth): a move
+over that link costs exactly its bytes, so equal moves compare equal (no rounding of
+divided floats decides a tie).
 """
 
 from __future__ import annotations
@@ -67,14 +71,21 @@ class ShardingClock:
             found = self._links[key] = machine.levels[level]
         return found
 
-    def move_seconds(self, axes: Sequence[str], nbytes: float) -> float:
-        """Seconds to receive ``nbytes`` per rank over the link of ``axes``."""
-        link = self.link(axes)
-        return 0.0 if link is None else nbytes / link.bandwidth
+    @cached_property
+    def unit(self) -> float:
+        """Bytes per second of the fastest link: the time unit is one byte over it."""
+        return max((link.bandwidth for link in self.machine.levels), default=1.0)
 
-    def multiply_add_seconds(self, itemsize: int) -> float:
-        """Seconds per multiply-add (two FLOPs) of a matmul of ``itemsize``-byte items."""
+    def move_time(self, axes: Sequence[str], nbytes: float) -> float:
+        """The time to receive ``nbytes`` per rank over the link of ``axes``."""
+        link = self.link(axes)
+        if link is None:
+            return 0.0
+        return nbytes if link.bandwidth == self.unit else nbytes * (self.unit / link.bandwidth)
+
+    def multiply_add_time(self, itemsize: int) -> float:
+        """The time of one multiply-add (two FLOPs) of a matmul of ``itemsize``-byte items."""
         device = self.machine.device
         dtype = DTYPE_OF_ITEMSIZE.get(itemsize, "f32")
         peak = device.matmul_flops.get(dtype) or max(device.matmul_flops.values())
-        return 2 / (peak * device.matmul_efficiency)
+        return 2 * self.unit / (peak * device.matmul_efficiency)

@@ -89,7 +89,10 @@ def test_sequence_parallel_forward_gathers_activations_never_weights() -> None:
     shape = _shape(sp=True)
     infos = _collectives(shape, backward=False)
     assert sorted(i.kind for i in infos) == ["all_gather"] * 2 + ["reduce_scatter"] * 2, infos
-    local = {"all_gather": (BATCH, SEQ // TP, shape.hidden), "reduce_scatter": (BATCH, SEQ, shape.hidden)}
+    local = {
+        "all_gather": (BATCH, SEQ // TP, shape.hidden),
+        "reduce_scatter": (BATCH, SEQ, shape.hidden),
+    }
     assert all(tuple(i.shape) == local[i.kind] for i in infos), infos  # activations only
     assert sum(i.nbytes for i in infos) == 4 * _activation_bytes(shape)
 
