@@ -6,13 +6,17 @@ The pass sweeps forward and backward to a fixed point:
 
 - forward, each op chooses how to split its factors (see ``sharding_rules``): every
   operand proposes the mesh axes on its dims; the proposals are taken greedily, the one
-  moving the fewest bytes (``reshard_cost``) first, and a split costs nothing more than no split
-  (so a free local slice always beats communication); split reduction factors make
-  results partial, and partial operands stay partial through linear ops;
+  of the least modelled time (``op_sharding``: moves over their links, a matmul's
+  compute per rank) first, and a split costs nothing more than no split (so a free
+  local slice always beats communication); a move of an operand that another user's
+  choice already needs costs nothing (one collective serves both); split reduction
+  factors make results partial, and partial operands stay partial through linear ops;
 - backward, an open operand takes the layout its consumer's result implies, and on
   factors no result shows (a contraction's k) the split the op uses going forward;
   every operand also records the split its consumer wants of it (a constraint's, or
-  what the consumer's choice requires), which its producer weighs going forward as
+  what the consumer's choice requires; partial over the axes an add would pass through,
+  when its other operand or its own users are partial over them, so that a producer
+  leaves such a sum partial for the one reduction), which its producer weighs going forward as
   proposals and as the cost of moving its results there (a *result-side* proposal: a
   reshape whose merged dims cannot carry its operand's split takes its user's split
   by an all-to-all, a partial sum is reduce-scattered into the split its user wants).
