@@ -88,7 +88,7 @@ class _Inserter:
                 # partial where they take a partial sum), and the moves already made
                 wanted = list(op_shardings(op) or ())
                 known = [self.of(v) for v in op.operands]
-                available = [frozenset(self.moved.get(v, ())) for v in op.operands]
+                available = [self._available(op, v) for v in op.operands]
                 layout = self.decisions.decide(op, known, wanted, available)
                 for index, (value, needed) in enumerate(
                     zip(op.operands, layout.operands, strict=True)
@@ -155,6 +155,16 @@ class _Inserter:
         self.moved.setdefault(value, set()).add(target)
         return result
 
+    def _available(self, op: Operation, value: SSAValue) -> frozenset[Sharding]:
+        """The layouts ``value`` was moved to that ``op`` may read at no cost: all, but for
+        a transpose (the backward's view of a forward value) those that gathered it, which
+        are not kept for later (see :meth:`_transpose_of_moved`)."""
+        moved = self.moved.get(value, ())
+        if isinstance(op, graph.TransposeOp):
+            pieces = self._pieces(value)
+            return frozenset(t for t in moved if _pieces(self.mesh, t) >= pieces)
+        return frozenset(moved)
+
     def _transpose_of_moved(
         self, value: SSAValue, target: Sharding, before: Operation
     ) -> SSAValue | None:
@@ -189,3 +199,8 @@ class _Inserter:
         Rewriter.insert_op(op, InsertPoint.before(before))
         self._record(op, [after])
         return op.results[0]
+
+
+def _pieces(mesh: Mesh, sharding: Sharding) -> int:
+    """Into how many pieces ``sharding`` splits a value on ``mesh``."""
+    return math.prod(mesh.axis_size(a) for d in sharding.dims for a in d)

@@ -359,11 +359,26 @@ class _Propagation:
                 users[op] = need
 
     def _available(self, op: graph.GraphOp) -> tuple[frozenset[Sharding], ...]:
-        """Per operand of ``op``, the layouts its other users need it moved to."""
+        """Per operand of ``op``, the layouts its other users need it moved to; for a
+        transpose (the backward's view of a forward value) only those that do not gather
+        it (``insert-collectives`` keeps no gathered value for later)."""
         return tuple(
-            frozenset(n for user, n in self.needed.get(v, {}).items() if user is not op)
+            frozenset(
+                n
+                for user, n in self.needed.get(v, {}).items()
+                if user is not op
+                and not (isinstance(op, graph.TransposeOp) and self._gathers(v, n))
+            )
             for v in op.operands
         )
+
+    def _gathers(self, value: SSAValue, layout: Sharding) -> bool:
+        """Whether moving ``value`` to ``layout`` splits it into fewer pieces."""
+        have = self.shardings.get(value)
+        if have is None:
+            return False
+        pieces = [prod(self.decisions.size(a) for d in s.dims for a in d) for s in (have, layout)]
+        return pieces[1] < pieces[0]
 
     def _choose(self, op: graph.GraphOp, known: list[Sharding | None]) -> _Choice:
         """``op_sharding.choose`` for the current operand layouts, wishes and moves other
