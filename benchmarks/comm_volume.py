@@ -33,9 +33,33 @@ are computed from the all-reduced activation gradient, as in Megatron-LM
 (``tessera/analysis/reduction_points.py``).
 
 It checks each sharded step against the same step on one device (the updated
-parameters, max abs difference). CPU only; runs in seconds.
+parameters, max abs difference).
 
-    python benchmarks/comm_volume.py
+The third table is one Llama-style layer (``tessera.plan.layer.transformer_layer``:
+grouped-query attention, SwiGLU MLP; bf16) at Llama-3-70B width (h = 8192, 64 query
+heads, 8 k/v heads of 128, MLP 28672) on tp = 8, sequence s = 8192, micro-batch b = 1,
+its forward and its forward + backward (``ts.grad`` of the layer, weights' and input's
+gradients), compiled from shapes alone. With A = b·s·h·2 bytes (one activation) and
+t = tp, bytes received per rank under ring algorithms:
+
+- TP (Megatron-LM, section 3): forward two all-reduces of the activations, 2·2(t−1)/t·A;
+  forward + backward four, 4·2(t−1)/t·A (the k/v projections' input gradients join the
+  all-reduce q's needs: GQA adds nothing);
+- SP (Korthikanti et al. 2022, section 4.2.2): the residual stream split over tp along
+  the sequence; per block an all-gather of the normed input and a reduce-scatter of the
+  output, each (t−1)/t·A: forward 4·(t−1)/t·A, forward + backward 8·(t−1)/t·A (the
+  backward transposes each: reduce-scatter ↔ all-gather), weights never moved. Megatron's
+  implementation all-gathers each block's input again in the backward for the weight
+  gradients (it keeps only the local shard): 10·(t−1)/t·A, 1.25× the minimum. Both
+  rms/layer-norm weights' gradients are then partial over tp (an all-reduce of h each,
+  2·2(t−1)/t·h·2 bytes, counted in the formula).
+
+The "time" columns are the scheduled program simulated on a DGX H100 (``lowered.simulate``:
+per-rank roofline compute and each collective with the algorithm the cost model picks,
+overlapped as scheduled): the step time and the collectives' summed time. CPU only; runs
+in about two minutes.
+
+    python benchmarks/comm_volume.py [--only forward|training|llama]
 """
 
 from __future__ import annotations
@@ -297,6 +321,76 @@ def check_training(
     return max((states[0].params[k] - states[1].params[k]).abs().max().item() for k in params)
 
 
+LLAMA_70B = dict(hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672, mlp="swiglu")
+
+
+def measure_llama(sp: bool, backward: bool, tp: int, seq: int, batch: int) -> dict[str, object]:
+    """Collectives, bytes and simulated time of one Llama-style layer (see the module
+    docstring), and the analytic volume it is held to."""
+    from tessera.autodiff.api import grad
+    from tessera.plan.layer import (
+        LayerShape,
+        layer_loss,
+        layer_mesh,
+        layer_param_shapes,
+        layer_shardings,
+    )  # fmt: skip
+    from tessera.plan.layer import transformer_layer as llama_layer
+
+    shape = LayerShape(**LLAMA_70B, seq=seq, micro_batch=batch, tp=tp, cp=1, sp=sp)  # type: ignore[arg-type]
+    x_spec, specs = layer_shardings(shape)
+    fn = grad(layer_loss, argnums=(0, 1), has_aux=True) if backward else llama_layer
+    jitted = ts.jit(
+        fn, static_argnums=(2, 3, 4, 5), mesh=layer_mesh(shape),
+        in_shardings=(x_spec, specs, None, None, None, None),
+    )  # fmt: skip
+    params = {
+        n: torch.empty(s, dtype=torch.bfloat16, device="meta")
+        for n, s in layer_param_shapes(shape).items()
+    }
+    x = torch.empty(batch, seq, shape.hidden, dtype=torch.bfloat16, device="meta")
+    lowered = jitted.lower(x, params, shape.heads, shape.kv_heads, shape.mlp, x_spec if sp else None)
+    infos = lowered.collectives()
+    simulated = lowered.simulate("dgx_h100")
+    act = batch * seq * shape.hidden * 2
+    t = tp
+    if sp:
+        formula = (8 if backward else 4) * (t - 1) / t * act
+        formula += 2 * 2 * (t - 1) / t * shape.hidden * 2 if backward else 0  # norm weights
+        megatron = formula + (2 * (t - 1) / t * act if backward else 0)  # re-gathers
+    else:
+        formula = megatron = (4 if backward else 2) * 2 * (t - 1) / t * act
+    kinds = ", ".join(
+        f"{c}× {k}[{','.join(a)}]"
+        for (k, a), c in sorted(Counter((i.kind, i.mesh_axes) for i in infos).items())
+    )
+    moved = received(infos)
+    return {
+        "layout": ("SP" if sp else "TP") + (", fwd + bwd" if backward else ", fwd"),
+        "collectives": kinds, "received": moved, "formula": formula, "ratio": moved / formula,
+        "megatron": moved / megatron, "step_ms": simulated.step_time_s * 1e3,
+        "comm_ms": simulated.comm_time_s * 1e3,
+    }  # fmt: skip
+
+
+def llama_table(tp: int = 8, seq: int = 8192, batch: int = 1) -> None:
+    print(
+        f"Llama-style layer at Llama-3-70B width (h=8192, 64 heads, 8 k/v heads, MLP 28672), "
+        f"tp={tp}, s={seq}, b={batch}, bf16; time: simulated on dgx_h100"
+    )
+    print(
+        "| layout | collectives inserted | ring bytes received | formula | ratio | vs Megatron's implementation | step time (ms) | collectives' time (ms) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for sp in (False, True):
+        for backward in (False, True):
+            r = measure_llama(sp, backward, tp, seq, batch)
+            print(
+                f"| {r['layout']} | {r['collectives']} | {r['received']:.0f} | {r['formula']:.0f} "
+                f"| {r['ratio']:.3f} | {r['megatron']:.3f} | {r['step_ms']:.2f} | {r['comm_ms']:.2f} |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -310,7 +404,11 @@ def main() -> None:
     parser.add_argument(
         "--check", type=int, nargs=4, default=(8, 16, 64, 8), metavar=("B", "T", "C", "HEADS")
     )
+    parser.add_argument("--only", choices=("forward", "training", "llama"), default=None)
     args = parser.parse_args()
+    if args.only == "llama":
+        llama_table()
+        return
     print(
         f"Megatron layer forward: B={args.batch}, T={args.seq}, C={args.dim}, heads={args.heads}, f32"
     )

@@ -4,10 +4,12 @@ The decision shared by ``shard-propagate`` (which writes the result layouts) and
 ``insert-collectives`` (which makes the operands match what the op needs):
 
 - :func:`choose` picks how the op's factors (see ``sharding_rules``) are split over mesh
-  axes, at the least cost: the bytes moved (``reshard_cost``, and the block moves of a
-  split BLOCKS factor) plus, for a matmul, its multiply-adds
-  per device priced in bytes (so that leaving a split operand's factor unsplit, which
-  repeats the same products on every rank, is not free);
+  axes, at the least modelled time per rank on the mesh's machine
+  (``sharding_clock``): the bytes moved over each move's link (``reshard_cost``, and the
+  block moves of a split BLOCKS factor) plus, for a matmul, its multiply-adds per rank at
+  the device's rate (so that leaving a split operand's factor unsplit, which repeats the
+  same products on every rank, costs what that compute takes); a move another user of
+  the value makes anyway costs nothing more (``available``);
 - :func:`required` is the layout an operand must have under that choice;
 - :func:`results` are the layouts the op then produces (split reduction factors make
   results partial; partial operands stay partial through linear ops, unless
@@ -31,6 +33,7 @@ from math import prod
 from xdsl.ir import Operation, SSAValue
 
 from tessera.analysis.reduction_points import REDUCE_WIDENED, ReductionPoints
+from tessera.analysis.sharding_clock import ShardingClock
 from tessera.errors import ShardingError
 from tessera.ir import graph
 from tessera.ir.abstract import aval
@@ -53,12 +56,7 @@ from tessera.transforms.block_moves import (
     plan_block_moves,
     received_elements,
 )
-from tessera.transforms.reshard import ALPHA_BYTES, reshard_cost
-
-# One multiply-add priced as this many bytes of communication: an H100 does about 495e12
-# dense bf16 multiply-adds per second (989 TFLOP/s) and an NVLink 4 port moves about
-# 450e9 bytes per second each way, about 1100 multiply-adds per byte (rounded to 2**10).
-BYTES_PER_MULTIPLY_ADD = 1 / 1024
+from tessera.transforms.reshard import ALPHA_BYTES, reshard_moves
 
 Passed = dict[int, tuple[tuple[str, str], ...]]  # operand -> the partial axes it keeps
 
@@ -203,6 +201,36 @@ class OpShape:
         return {}, axes
 
 
+    def accepted(
+        self,
+        known: Sequence[Sharding | None],
+        reduced: Callable[[int], bool],
+        wanted: Sequence[Sharding | None] = (),
+    ) -> dict[int, tuple[tuple[str, str], ...]]:
+        """The partial axes each operand could have and still be passed through: for an
+        op linear in all its operands (an add), the partial axes of those that are partial
+        or that its users take its result partial over (``wanted``; all alike), which
+        every operand may then carry, their one reduction after the op serving all; else
+        what ``passthrough`` lets operands keep."""
+        passed, _ = self.passthrough(known, reduced)
+        if self.policy != "all" or not self.linear:
+            return passed
+        partials = {
+            frozenset((a, k) for a, k in s.partial if KINDS[k].linear)
+            for i, s in enumerate(known)
+            if s is not None and s.partial and not reduced(i)
+        }
+        partials |= {
+            frozenset((a, k) for a, k in w.partial if KINDS[k].linear)
+            for w in wanted
+            if w is not None and w.partial
+        }
+        if len(partials) != 1:
+            return passed
+        axes = tuple(sorted(next(iter(partials))))
+        return dict.fromkeys(range(len(known)), axes)
+
+
 _SHAPES: AttributeMap[OpShape] = AttributeMap(4096)
 
 
@@ -264,7 +292,8 @@ class Decisions:
         self.points = points
         self._shapes: dict[Operation, OpShape] = {}
         self._sizes = {a: mesh.axis_size(a) for a in mesh.axis_names}
-        self._mesh_key = tuple(self._sizes.items())
+        self.clock = ShardingClock(mesh)
+        self._mesh_key = (*self._sizes.items(), self.clock.key)
         self._reshards: dict[tuple[Sharding, Sharding, Tensor], float] = {}
 
     def shape(self, op: graph.GraphOp) -> OpShape:
@@ -282,24 +311,33 @@ class Decisions:
         return prod(self.size(a) for axes in assignment.values() for a in axes)
 
     def reshard_cost(self, src: Sharding, dst: Sharding, tensor: Tensor) -> float:
-        """``reshard.reshard_cost`` on this mesh, memoized."""
+        """The time a reshard takes on the mesh's machine (``ShardingClock``): each step's
+        ring bytes received over its axes' link, plus ``ALPHA_BYTES`` per collective (a
+        tie-break), memoized."""
         if src == dst:
             return 0.0
         key = (src, dst, tensor)
         found = self._reshards.get(key)
         if found is None:
-            found = self._reshards[key] = reshard_cost(src, dst, tensor[0], tensor[1], self.mesh)
+            moves = reshard_moves(src, dst, tensor[0], tensor[1], self.mesh)
+            found = sum(self.clock.move_time(axes, b + ALPHA_BYTES) for axes, b in moves)
+            self._reshards[key] = found
         return found
 
     def decide(
-        self, op: graph.GraphOp, known: Sequence[Sharding], wanted: Sequence[Sharding | None] = ()
+        self,
+        op: graph.GraphOp,
+        known: Sequence[Sharding],
+        wanted: Sequence[Sharding | None] = (),
+        available: Sequence[frozenset[Sharding]] = (),
     ) -> OpLayout:
         """The full decision for ``op`` whose operands have the layouts ``known`` (and
-        whose users want its results laid out as ``wanted``, where given)."""
+        whose users want its results laid out as ``wanted``, where given; ``available``:
+        per operand, the layouts it is moved to anyway, for other users)."""
         for value, sharding in zip(op.operands, known, strict=True):
             if sharding is not None and sharding.partial:
                 _ = value in self.points  # asked as the IR is now (see the class)
-        pricing = _Pricing(self, op, self.shape(op), known, wanted)
+        pricing = _Pricing(self, op, self.shape(op), known, wanted, available)
         assignment = self._choose(pricing)
         passed = pricing.passthrough(assignment)
         shape = pricing.shape
@@ -311,9 +349,41 @@ class Decisions:
         op: graph.GraphOp,
         known: Sequence[Sharding | None],
         wanted: Sequence[Sharding | None] = (),
+        available: Sequence[frozenset[Sharding]] = (),
     ) -> Assignment:
-        """:func:`choose` for ``op``."""
-        return self._choose(_Pricing(self, op, self.shape(op), known, wanted))
+        """:func:`choose` for ``op`` (``available``: as in :meth:`decide`)."""
+        return self._choose(_Pricing(self, op, self.shape(op), known, wanted, available))
+
+    def needs(
+        self, op: graph.GraphOp, assignment: Assignment, known: Sequence[Sharding | None]
+    ) -> list[Sharding]:
+        """The layouts ``op`` under ``assignment`` needs its operands in (``required``)."""
+        shape = self.shape(op)
+        passed = _Pricing(self, op, shape, known).passthrough(assignment)
+        return [shape.required(assignment, i, passed) for i in range(len(op.operands))]
+
+    def wants(
+        self,
+        op: graph.GraphOp,
+        assignment: Assignment,
+        known: Sequence[Sharding | None],
+        wanted: Sequence[Sharding | None] = (),
+    ) -> list[Sharding]:
+        """The layouts ``op`` under ``assignment`` wants of its operands, for their
+        producers to weigh: the splits it requires, partial over the axes it would pass
+        through (``OpShape.accepted``, with its users' wishes ``wanted``: a producer may
+        leave such a sum partial)."""
+        shape = self.shape(op)
+        pricing = _Pricing(self, op, shape, known)
+        accepted = shape.accepted(known, pricing.reduced, wanted)
+        split = {a for axes in assignment.values() for a in axes}
+        wants = []
+        for index in range(len(op.operands)):
+            partial = accepted.get(index, ())
+            if any(a in split for a, _ in partial):
+                partial = ()
+            wants.append(Sharding(shape.required(assignment, index, {}).dims, partial))
+        return wants
 
     def results(
         self, op: graph.GraphOp, assignment: Assignment, known: Sequence[Sharding | None]
@@ -325,7 +395,9 @@ class Decisions:
     def _choose(self, pricing: _Pricing) -> Assignment:
         known, wanted = pricing.known, pricing.wanted
         reads = pricing.shape.read_reductions(known, pricing.reduced)
-        key = (pricing.shape, known, wanted, reads, self._mesh_key)
+        key = (
+            pricing.shape, known, wanted, reads, self._mesh_key, pricing.available, pricing.users
+        )  # fmt: skip
         found = _CHOICES.get(key)
         if found is None:
             found = self._compute_choice(pricing)
@@ -386,12 +458,12 @@ class Decisions:
                 if not shape.divides(factor, prod(self.size(a) for a in axes)):
                     continue
                 trial = {**assignment, factor: axes}
-                key = (pricing.cost(trial), -shape.weight.get(factor, 0))
+                key = (pricing.cost(trial), -pricing.shareable(trial), -shape.weight.get(factor, 0))
                 if best is None or key < best[0]:
                     best = (key, factor, axes)
             if best is None or best[0][0] > current:
                 return assignment, current
-            (current, _), factor, axes = best
+            (current, _, _), factor, axes = best
             assignment[factor] = axes
 
 
@@ -406,14 +478,36 @@ class _Pricing:
         shape: OpShape,
         known: Sequence[Sharding | None],
         wanted: Sequence[Sharding | None] = (),
+        available: Sequence[frozenset[Sharding]] = (),
     ):
         self.decisions = decisions
         self.op = op
         self.shape = shape
         self.known = tuple(known)
         self.wanted = tuple(wanted)
+        self.available = tuple(available)
         self._passed: tuple[Passed, frozenset[str]] | None = None
         self._costs: dict[tuple[tuple[int, tuple[str, ...]], ...], float] = {}
+
+    @cached_property
+    def users(self) -> tuple[int, ...]:
+        """Per operand, how many ops read its value (a value's reshard is made once for
+        all of them: ``insert-collectives`` shares it)."""
+        return tuple(len({use.operation for use in v.uses}) for v in self.op.operands)
+
+    def shareable(self, assignment: Assignment) -> int:
+        """The bytes of each operand ``assignment`` moves times the number of other ops
+        that read it (a tie-break: at equal cost, a move more users may share wins)."""
+        passed = self.passthrough(assignment)
+        total = 0
+        for index, (tensor, sharding) in enumerate(
+            zip(self.shape.operand_tensors, self.known, strict=True)
+        ):
+            if sharding is None or self.users[index] < 2:
+                continue
+            if self.shape.required(assignment, index, passed) != sharding:
+                total += prod(tensor[0]) * tensor[1] * (self.users[index] - 1)
+        return total
 
     @cached_property
     def inherited(self) -> set[str]:
@@ -443,12 +537,17 @@ class _Pricing:
         shape, decisions, known = self.shape, self.decisions, self.known
         total = 0.0
         if shape.work is not None:
-            total += shape.work / decisions.ways(assignment) * BYTES_PER_MULTIPLY_ADD
+            # the multiply-adds per rank: work a split leaves whole is repeated on each
+            itemsize = shape.result_tensors[0][1]
+            each = decisions.clock.multiply_add_time(itemsize)
+            total += shape.work / decisions.ways(assignment) * each
         passed = self.passthrough(assignment)
         for index, (tensor, sharding) in enumerate(zip(shape.operand_tensors, known, strict=True)):
             if sharding is None:
                 continue
             needed = shape.required(assignment, index, passed)
+            if index < len(self.available) and needed in self.available[index]:
+                continue  # moved there for another user anyway: made once, shared
             total += decisions.reshard_cost(sharding, needed, tensor)
         produced = shape.results(assignment, passed)
         if shape.rule.windows:
@@ -457,8 +556,13 @@ class _Pricing:
             total += self._context_cost(assignment, produced, passed)
         wants = [*self.wanted, *[None] * (len(produced) - len(self.wanted))]
         for tensor, sharding, want in zip(shape.result_tensors, produced, wants, strict=True):
-            # new partial axes are resolved (reduce-scattered where the users' split allows)
-            kept = tuple(p for p in sharding.partial if p[0] in self.inherited)
+            # new partial axes are resolved (reduce-scattered where the users' split allows),
+            # unless the users take them partial (a linear op adding it to another partial
+            # sum over those axes: one reduction of the sum serves both)
+            accepted = want.partial if want is not None else ()
+            kept = tuple(
+                p for p in sharding.partial if p[0] in self.inherited or p in accepted
+            )
             gone = dict(kept)
             dims = want.dims if want is not None else sharding.dims
             target = Sharding(tuple(tuple(a for a in d if a not in gone) for d in dims), kept)
@@ -469,7 +573,7 @@ class _Pricing:
     def _context_cost(
         self, assignment: Assignment, produced: Sequence[Sharding], passed: Passed
     ) -> float:
-        """Bytes the expansion of split ``CONTEXT`` factors moves (``context_layouts``)."""
+        """The time the expansion of split ``CONTEXT`` factors moves (``context_layouts``)."""
         shape, decisions = self.shape, self.decisions
         needed = [shape.required(assignment, i, passed) for i in range(len(self.known))]
         computed_operands, computed_results = context_layouts(
@@ -487,9 +591,9 @@ class _Pricing:
         return total
 
     def _block_move_bytes(self, assignment: Assignment, produced: Sequence[Sharding]) -> float:
-        """Bytes the busiest rank receives when the op's split BLOCKS factors move blocks
-        (:mod:`tessera.transforms.block_moves`), plus ``ALPHA_BYTES`` per permute that
-        sends."""
+        """The time the busiest rank takes to receive its blocks when the op's split BLOCKS
+        factors move blocks (:mod:`tessera.transforms.block_moves`), plus ``ALPHA_BYTES``
+        per permute that sends."""
         mesh, rule = self.decisions.mesh, self.shape.rule
         total = 0.0
         for windows in rule.windows:
@@ -512,7 +616,8 @@ class _Pricing:
                 per_rank = [
                     have + count * row for have, count in zip(per_rank, received, strict=True)
                 ]
-            total += max(per_rank) + ALPHA_BYTES * communicating_moves(plan)
+            moved = max(per_rank) + ALPHA_BYTES * communicating_moves(plan)
+            total += self.decisions.clock.move_time(axes, moved)
         return total
 
 
@@ -548,13 +653,14 @@ def choose(
     points: ReductionPoints,
     wanted: Sequence[Sharding | None] = (),
 ) -> Assignment:
-    """Greedy over proposals: each round adds the split that moves the fewest bytes.
+    """Greedy over proposals: each round adds the split of the least modelled time.
 
     Every operand proposes the axes on its dims. A round costs each proposal that still
     fits (its axes unused, except that a ``CONTEXT`` factor shares axes with the factors
     it never meets in a tensor; its factor divisible) together with the splits already
-    chosen and keeps the cheapest, if it moves no more bytes than before; equal costs
-    go to the factor of the largest tensor. Comparing across factors, not factor by
+    chosen and keeps the cheapest, if it costs no more than before; equal costs go to
+    the split whose moved operands more other ops read (they may share the move), then
+    to the factor of the largest tensor. Comparing across factors, not factor by
     factor, keeps the choice independent of operand order.
 
     Results the users want laid out some way (``wanted``: a constraint's layout, or what
@@ -599,13 +705,13 @@ def _cost(
     points: ReductionPoints,
     wanted: Sequence[Sharding | None] = (),
 ) -> float:
-    """Bytes received per device: the operands' reshards, the results' moves to the
+    """Modelled time per device (``sharding_clock``): the operands' reshards, the results' moves to the
     splits their users want, plus the all-reduce that a split reduction factor's partial
     result will eventually need (priced on this op's result; a later linear op may
     reduce a smaller tensor, so this is an upper bound), plus what the expansion of split
     ``CONTEXT`` factors moves (the gathers of their operands, the reduce-scatters of
     their results), plus a matmul's multiply-adds per device
-    (``BYTES_PER_MULTIPLY_ADD``)."""
+    (at the device's rate)."""
     return _own(op, rule, known, mesh, points, wanted).cost(assignment)
 
 

@@ -64,6 +64,7 @@ class _Inserter:
         self.function = function
         self.layout: dict[SSAValue, Sharding] = {}
         self.resharded: dict[tuple[SSAValue, Sharding], SSAValue] = {}
+        self.moved: dict[SSAValue, set[Sharding]] = {}  # per value, the layouts it was moved to
         self.decisions = Decisions(mesh, ReductionPoints())
         self.bypassed: list[Operation] = []
         for index, arg in enumerate(function.args):
@@ -83,10 +84,12 @@ class _Inserter:
                 replicated = [Sharding.replicated(aval(r).rank) for r in op.results]
                 self._record(op, replicated)
             elif has_sharding_rule(op):
-                # the results' layouts shard-propagate chose (with its users' wishes)
-                wanted = [Sharding(s.dims) for s in op_shardings(op) or ()]
+                # the results' layouts shard-propagate chose (with its users' wishes,
+                # partial where they take a partial sum), and the moves already made
+                wanted = list(op_shardings(op) or ())
                 known = [self.of(v) for v in op.operands]
-                layout = self.decisions.decide(op, known, wanted)
+                available = [self._available(op, v) for v in op.operands]
+                layout = self.decisions.decide(op, known, wanted, available)
                 for index, (value, needed) in enumerate(
                     zip(op.operands, layout.operands, strict=True)
                 ):
@@ -149,7 +152,18 @@ class _Inserter:
             current = apply_step(current, step)
             result = self._emit(step, result, current, before)
         self.resharded[key] = result
+        self.moved.setdefault(value, set()).add(target)
         return result
+
+    def _available(self, op: Operation, value: SSAValue) -> frozenset[Sharding]:
+        """The layouts ``value`` was moved to that ``op`` may read at no cost: all, but for
+        a transpose (the backward's view of a forward value) those that gathered it, which
+        are not kept for later (see :meth:`_transpose_of_moved`)."""
+        moved = self.moved.get(value, ())
+        if isinstance(op, graph.TransposeOp):
+            pieces = self._pieces(value)
+            return frozenset(t for t in moved if _pieces(self.mesh, t) >= pieces)
+        return frozenset(moved)
 
     def _transpose_of_moved(
         self, value: SSAValue, target: Sharding, before: Operation
@@ -185,3 +199,8 @@ class _Inserter:
         Rewriter.insert_op(op, InsertPoint.before(before))
         self._record(op, [after])
         return op.results[0]
+
+
+def _pieces(mesh: Mesh, sharding: Sharding) -> int:
+    """Into how many pieces ``sharding`` splits a value on ``mesh``."""
+    return math.prod(mesh.axis_size(a) for d in sharding.dims for a in d)

@@ -6,13 +6,17 @@ The pass sweeps forward and backward to a fixed point:
 
 - forward, each op chooses how to split its factors (see ``sharding_rules``): every
   operand proposes the mesh axes on its dims; the proposals are taken greedily, the one
-  moving the fewest bytes (``reshard_cost``) first, and a split costs nothing more than no split
-  (so a free local slice always beats communication); split reduction factors make
-  results partial, and partial operands stay partial through linear ops;
+  of the least modelled time (``op_sharding``: moves over their links, a matmul's
+  compute per rank) first, and a split costs nothing more than no split (so a free
+  local slice always beats communication); a move of an operand that another user's
+  choice already needs costs nothing (one collective serves both); split reduction
+  factors make results partial, and partial operands stay partial through linear ops;
 - backward, an open operand takes the layout its consumer's result implies, and on
   factors no result shows (a contraction's k) the split the op uses going forward;
   every operand also records the split its consumer wants of it (a constraint's, or
-  what the consumer's choice requires), which its producer weighs going forward as
+  what the consumer's choice requires; partial over the axes an add would pass through,
+  when its other operand or its own users are partial over them, so that a producer
+  leaves such a sum partial for the one reduction), which its producer weighs going forward as
   proposals and as the cost of moving its results there (a *result-side* proposal: a
   reshape whose merged dims cannot carry its operand's split takes its user's split
   by an all-to-all, a partial sum is reduce-scattered into the split its user wants).
@@ -199,10 +203,11 @@ class _Choice:
     """An op's choice for the operand layouts and wishes ``key``, with what follows from
     it (computed on first need)."""
 
-    key: tuple[Sharding | None, ...]
+    key: tuple[object, ...]
     assignment: Assignment
     results: list[Sharding] | None = None  # the results' layouts
-    wants: list[Sharding] | None = None  # the splits it requires of its operands
+    wants: list[Sharding] | None = None  # the layouts it wants of its operands
+    needs: list[Sharding] | None = None  # the layouts it needs its operands in
 
 
 class _Propagation:
@@ -217,6 +222,9 @@ class _Propagation:
         self.shardings: dict[SSAValue, Sharding] = {}
         self.closed: set[SSAValue] = set()
         self.wanted: dict[SSAValue, Sharding] = {}  # the split a value's users want
+        # per value, the layout each user's latest choice needs it in: a move there is
+        # made once (insert-collectives shares it), so it is free to the other users
+        self.needed: dict[SSAValue, dict[Operation, Sharding]] = {}
         self.choices: dict[Operation, _Choice] = {}  # each op's latest choice
         self.decisions = Decisions(mesh, ReductionPoints())
         for index, arg in enumerate(function.args):
@@ -261,6 +269,7 @@ class _Propagation:
         if all(k is None for k in known):
             return False
         choice = self._choose(op, known)
+        self._need(op, choice, known)
         if choice.results is None:
             choice.results = self.decisions.results(op, choice.assignment, known)
         changed = False
@@ -354,24 +363,58 @@ class _Propagation:
             return
         # the choice of this sweep's forward step (the next one weighs new wishes)
         choice = self.choices.get(op) or self._choose(op, known)
+        self._need(op, choice, known)
         if choice.wants is None:
-            shape = self.decisions.shape(op)
-            choice.wants = [
-                Sharding(shape.required(choice.assignment, index, {}).dims)
-                for index in range(len(op.operands))
-            ]
+            wanted = [self.wanted.get(r) for r in op.results]
+            choice.wants = self.decisions.wants(op, choice.assignment, known, wanted)
         for value, want in zip(op.operands, choice.wants, strict=True):
             self.wanted[value] = want
 
+    def _need(self, op: graph.GraphOp, choice: _Choice, known: list[Sharding | None]) -> None:
+        """Records the layouts ``op``'s choice needs its operands in (see ``needed``)."""
+        if choice.needs is None:
+            choice.needs = self.decisions.needs(op, choice.assignment, known)
+        for value, need, have in zip(op.operands, choice.needs, known, strict=True):
+            users = self.needed.setdefault(value, {})
+            if have is None or need == have:
+                users.pop(op, None)
+            else:
+                users[op] = need
+
+    def _available(self, op: graph.GraphOp) -> tuple[frozenset[Sharding], ...]:
+        """Per operand of ``op``, the layouts its other users need it moved to; for a
+        transpose (the backward's view of a forward value) only those that do not gather
+        it (``insert-collectives`` keeps no gathered value for later)."""
+        return tuple(
+            frozenset(
+                n
+                for user, n in self.needed.get(v, {}).items()
+                if user is not op
+                and not (isinstance(op, graph.TransposeOp) and self._gathers(v, n))
+            )
+            for v in op.operands
+        )
+
+    def _gathers(self, value: SSAValue, layout: Sharding) -> bool:
+        """Whether moving ``value`` to ``layout`` splits it into fewer pieces."""
+        have = self.shardings.get(value)
+        if have is None:
+            return False
+        pieces = [prod(self.decisions.size(a) for d in s.dims for a in d) for s in (have, layout)]
+        return pieces[1] < pieces[0]
+
     def _choose(self, op: graph.GraphOp, known: list[Sharding | None]) -> _Choice:
-        """``op_sharding.choose`` for the current operand layouts and wishes, computed again
-        only when they changed (each sweep asks for every op's choice more than once)."""
+        """``op_sharding.choose`` for the current operand layouts, wishes and moves other
+        users make, computed again only when they changed (each sweep asks for every op's
+        choice more than once)."""
         wanted = [self.wanted.get(r) for r in op.results]
-        key = (*known, None, *wanted)  # None: operands end, wishes start
+        available = self._available(op)
+        key = (*known, None, *wanted, None, *available)  # None: operands end, wishes start
         cached = self.choices.get(op)
         if cached is not None and cached.key == key:
             return cached
-        choice = self.choices[op] = _Choice(key, self.decisions.choose(op, known, wanted))
+        assignment = self.decisions.choose(op, known, wanted, available)
+        choice = self.choices[op] = _Choice(key, assignment)
         return choice
 
     # --- state ------------------------------------------------------------------------------

@@ -134,6 +134,38 @@ def reshard_cost(
     return _reshard_cost(src, dst, tuple(shape), itemsize, sizes)
 
 
+def reshard_moves(
+    src: Sharding, dst: Sharding, shape: Sequence[int], itemsize: int, mesh: MeshLike
+) -> tuple[tuple[tuple[str, ...], float], ...]:
+    """The communicating steps of :func:`plan_reshard`, each as its axes and the bytes a
+    device receives by it under ring algorithms (what :func:`reshard_cost` sums)."""
+    if src == dst:
+        return ()
+    axes = {a for s in (src, dst) for d in s.dims for a in d} | set(src.partial_axes)
+    sizes = tuple(sorted((a, mesh.axis_size(a)) for a in axes))
+    return _reshard_moves(src, dst, tuple(shape), itemsize, sizes)
+
+
+@lru_cache(maxsize=65536)
+def _reshard_moves(
+    src: Sharding,
+    dst: Sharding,
+    shape: tuple[int, ...],
+    itemsize: int,
+    sizes: tuple[tuple[str, int], ...],
+) -> tuple[tuple[tuple[str, ...], float], ...]:
+    mesh = AxisSizes(sizes)
+    moves = []
+    sharding = src
+    for step in plan_reshard(src, dst):
+        n = prod(mesh.axis_size(a) for a in step.axes)
+        local = prod(sharding.local_shape(mesh, shape)) * itemsize
+        if step.kind != "all_slice":
+            moves.append((step.axes, _RING_FACTORS[step.kind](n) * local))
+        sharding = apply_step(sharding, step)
+    return tuple(moves)
+
+
 @lru_cache(maxsize=65536)
 def _reshard_cost(
     src: Sharding,
