@@ -36,7 +36,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     i64,
 )
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import PassFailedException
@@ -252,11 +252,20 @@ def _manual_call_vjp(
         cts[i] if cts[i] is not None else b.zeros_like(op.results[i])
         for i in derivative.float_results
     ]
-    backward = graph.CallOp.get(
-        derivative.backward,
-        [*op.operands, *seeds],
-        [op.operands[i].type for i in derivative.float_arguments],
-    )
+    types = [op.operands[i].type for i in derivative.float_arguments]
+    return _call_backward(b, op, derivative, [*op.operands, *seeds], types)
+
+
+def _call_backward(
+    b: GradBuilder,
+    op: graph.CallOp,
+    derivative: _Derivative,
+    operands: Sequence[SSAValue],
+    types: Sequence[Attribute],
+) -> list[SSAValue | None]:
+    """Calls ``derivative``'s backward on ``operands`` at ``b``'s point (located at
+    ``op``): its results are the cotangents of ``op``'s float arguments, the others None."""
+    backward = graph.CallOp.get(derivative.backward, list(operands), list(types))
     backward.location = op.location
     Rewriter.insert_op(backward, b.point)
     operand_cts: list[SSAValue | None] = [None] * len(op.operands)
@@ -358,17 +367,8 @@ def _call_vjp(
         for i in derivative.float_results
     ]
     backward_types = table.get(derivative.backward).function_type.outputs.data
-    backward = graph.CallOp.get(
-        derivative.backward,
-        [*op.operands, *forward.results[count:], *seeds],
-        backward_types,
-    )
-    backward.location = op.location
-    Rewriter.insert_op(backward, b.point)
-    operand_cts: list[SSAValue | None] = [None] * len(op.operands)
-    for index, grad in zip(derivative.float_arguments, backward.results, strict=True):
-        operand_cts[index] = grad
-    return operand_cts
+    operands = [*op.operands, *forward.results[count:], *seeds]
+    return _call_backward(b, op, derivative, operands, backward_types)
 
 
 def _scan_vjp(

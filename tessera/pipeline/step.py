@@ -71,13 +71,10 @@ class PipelineStep:
     """The pipelined execution of a :class:`~tessera.training.TrainingStep`."""
 
     def __init__(self, step: TrainingStep, pp_axis: str):
-        self.step = step
-        self.mesh = step.mesh
-        self.pp_axis = pp_axis
-        self.ranks = self.mesh.axis_size(pp_axis)
-        self.dp = self.mesh.axis_size(step.dp_axis) if step.dp_axis else 1
+        self.compiler = compiler = PipelineCompiler(step, pp_axis)
+        self.step, self.mesh, self.pp_axis = step, compiler.mesh, pp_axis
+        self.ranks, self.dp = compiler.ranks, compiler.dp
         self.placement = Placement(self.mesh, pp_axis, self.ranks)
-        self.compiler = PipelineCompiler(step, pp_axis)
         self._latest: CompiledPipeline | None = None  # the last step's (for gather)
         self._execution: Execution | None = None  # where the last step ran
 
