@@ -33,22 +33,11 @@ def _mesh(what: str) -> Mesh:
 
 
 def _axes(what: str, axis: str | Sequence[str]) -> tuple[str, ...]:
-    mesh = _mesh(what)
-    axes = (axis,) if isinstance(axis, str) else tuple(axis)
-    for name in axes:
-        if name not in mesh.axis_names:
-            raise ShardingError(
-                f"{what}: unknown mesh axis {name!r}; the mesh has axes {list(mesh.axis_names)}, "
-                f"at {user_location()}"
-            )
-    return axes
+    return per_rank.checked_axes(_mesh(what), what, axis)
 
 
 def _bind(op_type: type[graph.GraphOp], x: Tensor, **attrs: Any) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TraceError(f"{op_type.name} expects a traced tensor, found {type(x).__name__} at {user_location()}")
-    (result,) = current_trace().bind(op_type, [x], **attrs)
-    return result
+    return per_rank.bind_unary(op_type, op_type.name, x, **attrs)
 
 
 def shard(x: Tensor, spec: ShardSpec | Sharding) -> Tensor:

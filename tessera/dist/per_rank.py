@@ -41,9 +41,8 @@ def _manual_mesh(what: str) -> Mesh:
     return mesh
 
 
-def axes_of(what: str, axis: str | Sequence[str]) -> tuple[tuple[str, ...], int]:
-    """The mesh axes named by ``axis`` and the number of ranks along them."""
-    mesh = _manual_mesh(what)
+def checked_axes(mesh: Mesh, what: str, axis: str | Sequence[str]) -> tuple[str, ...]:
+    """The mesh axes named by ``axis``; an unknown or repeated axis is an error at the user's line."""
     axes = (axis,) if isinstance(axis, str) else tuple(axis)
     for name in axes:
         if name not in mesh.axis_names:
@@ -53,10 +52,18 @@ def axes_of(what: str, axis: str | Sequence[str]) -> tuple[tuple[str, ...], int]
             )
     if len(set(axes)) != len(axes):
         raise ShardingError(f"{what}: mesh axes {list(axes)} repeat an axis, at {user_location()}")
+    return axes
+
+
+def axes_of(what: str, axis: str | Sequence[str]) -> tuple[tuple[str, ...], int]:
+    """The mesh axes named by ``axis`` in a shard_map body and the number of ranks along them."""
+    mesh = _manual_mesh(what)
+    axes = checked_axes(mesh, what, axis)
     return axes, math.prod(mesh.axis_size(a) for a in axes)
 
 
-def _bind(op_type: type[graph.GraphOp], what: str, x: Tensor, **attrs: Any) -> Tensor:
+def bind_unary(op_type: type[graph.GraphOp], what: str, x: Tensor, **attrs: Any) -> Tensor:
+    """Binds ``op_type`` to the traced tensor ``x`` (an error naming ``what`` otherwise)."""
     if not isinstance(x, Tensor):
         raise TraceError(
             f"{what} expects a traced tensor, found {type(x).__name__} at {user_location()}"
@@ -67,12 +74,12 @@ def _bind(op_type: type[graph.GraphOp], what: str, x: Tensor, **attrs: Any) -> T
 
 def all_reduce(x: Tensor, axis: str | Sequence[str], op: str = "sum") -> Tensor:
     axes, size = axes_of("dist.all_reduce", axis)
-    return _bind(graph.AllReduceOp, "dist.all_reduce", x, axes=axes, kind=op, group_size=size)
+    return bind_unary(graph.AllReduceOp, "dist.all_reduce", x, axes=axes, kind=op, group_size=size)
 
 
 def all_gather(x: Tensor, axis: str | Sequence[str], dim: int = 0) -> Tensor:
     axes, size = axes_of("dist.all_gather", axis)
-    return _bind(
+    return bind_unary(
         graph.AllGatherOp,
         "dist.all_gather",
         x,
@@ -85,7 +92,7 @@ def all_gather(x: Tensor, axis: str | Sequence[str], dim: int = 0) -> Tensor:
 def reduce_scatter(x: Tensor, axis: str | Sequence[str], dim: int = 0, op: str = "sum") -> Tensor:
     axes, size = axes_of("dist.reduce_scatter", axis)
     _divides("dist.reduce_scatter", x, dim, size, axes)
-    return _bind(
+    return bind_unary(
         graph.ReduceScatterOp, "dist.reduce_scatter", x, axes=axes, dim=normalize_axis(dim, x.ndim),
         kind=op, group_size=size,
     )  # fmt: skip
@@ -94,7 +101,7 @@ def reduce_scatter(x: Tensor, axis: str | Sequence[str], dim: int = 0, op: str =
 def all_to_all(x: Tensor, axis: str | Sequence[str], split_dim: int, concat_dim: int) -> Tensor:
     axes, size = axes_of("dist.all_to_all", axis)
     _divides("dist.all_to_all", x, split_dim, size, axes)
-    return _bind(
+    return bind_unary(
         graph.AllToAllOp, "dist.all_to_all", x, axes=axes, split_dim=normalize_axis(split_dim, x.ndim),
         concat_dim=normalize_axis(concat_dim, x.ndim), group_size=size,
     )  # fmt: skip
@@ -106,7 +113,7 @@ def broadcast(x: Tensor, axis: str | Sequence[str], src: int = 0) -> Tensor:
         raise ShardingError(
             f"dist.broadcast: src {src} is out of range for {size} ranks, at {user_location()}"
         )
-    return _bind(graph.BroadcastOp, "dist.broadcast", x, axes=axes, src=src, group_size=size)
+    return bind_unary(graph.BroadcastOp, "dist.broadcast", x, axes=axes, src=src, group_size=size)
 
 
 def ppermute(x: Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]]) -> Tensor:
@@ -115,7 +122,7 @@ def ppermute(x: Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int
     receives zeros. No position may be a source twice or a target twice."""
     axes, size = axes_of("dist.ppermute", axis)
     pairs = _pairs("dist.ppermute: perm", perm, size, axes)
-    return _bind(
+    return bind_unary(
         graph.CollectivePermuteOp, "dist.ppermute", x, axes=axes, pairs=[list(p) for p in pairs],
         group_size=size,
     )  # fmt: skip
