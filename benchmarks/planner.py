@@ -45,11 +45,13 @@ the paper reports, not its absolute numbers.
     python benchmarks/planner.py              # all three tables (markdown)
     python benchmarks/planner.py --no-search  # published configurations only (seconds)
     python benchmarks/planner.py --ablations  # the ablation table only
+    python benchmarks/planner.py --moe-costs  # DeepSeek-V3's plan, MoE techniques on and off
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
 import time
@@ -140,9 +142,11 @@ def runs() -> list[Run]:
     v3 = PRESETS["deepseek-v3"]
     out.append(Run(
         "DeepSeek-V3 671B, 2048 H800 (tech report)", v3, "dgx_h800",
-        Strategy(dp=128, tp=1, pp=16, ep=64, zero=1, schedule="zb-h1", precision="fp8"),
+        Strategy(dp=128, tp=1, pp=16, ep=64, zero=1, schedule="zb-h1", precision="fp8",
+                 moe_overlap=True),
         15360, 4096, 1e12 / (180e3 * 3600), "180K GPU-hours per 1T tokens",
-        "DualPipe priced as ZB-H1; MLA as GQA; MTP module left out; no recomputation",
+        "DualPipe priced as ZB-H1 with its all-to-alls overlapped (moe_overlap); node-limited "
+        "routing (4 nodes); MLA as GQA; MTP module left out; no recomputation",
     ))  # fmt: skip
     return out
 
@@ -244,12 +248,38 @@ def print_explanations(pairs: list[tuple[str, Estimate, Estimate]]) -> None:
                   f"| {summary if which == 'pick' else ''} |")  # fmt: skip
 
 
+def print_moe_costs() -> None:
+    """DeepSeek-V3's published plan priced with each of its expert-parallel techniques on or
+    off: node-limited routing, the DualPipe overlap of the all-to-alls, FP8 against BF16."""
+    run = next(r for r in runs() if r.model.name == "deepseek-v3")
+    topology = cluster_topology(run.cluster, run.strategy.gpus)
+    print("| precision | all-to-alls | routing | a2a per pass ms | "
+          + " | ".join(f"{k} s" for k in BREAKDOWN) + " | tok/s/GPU | vs published |")  # fmt: skip
+    print("|---|---|---|---:|" + "---:|" * (len(BREAKDOWN) + 2))
+    for precision in ("fp8", "bf16"):
+        for overlap in (False, True):
+            for groups in (0, run.model.route_groups):
+                model = dataclasses.replace(run.model, route_groups=groups)
+                s = dataclasses.replace(run.strategy, precision=precision, moe_overlap=overlap)
+                e = estimate(model, s, topology, run.global_batch, run.seq)
+                tokens = e.tokens_per_s / s.gpus
+                print(f"| {precision} | {'overlapped' if overlap else 'exposed'} "
+                      f"| {f'at most {groups} nodes' if groups else 'top-k copies'} "
+                      f"| {e.parts['all_to_all'] * 1e3:.2f} | {_seconds(e.breakdown)} "
+                      f"| {tokens:,.0f} | {tokens / run.tokens_per_gpu_s - 1:+.0%} |")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     args = argparse.ArgumentParser()
     args.add_argument("--no-search", action="store_true", help="skip the planner's own choice")
     args.add_argument("--ablations", action="store_true", help="only the ablation table")
+    args.add_argument("--moe-costs", action="store_true",
+                      help="only DeepSeek-V3's plan with each MoE technique on and off")  # fmt: skip
     options = args.parse_args(argv)
     started = time.time()
+    if options.moe_costs:
+        print_moe_costs()
+        return
     if options.ablations:
         verdicts = print_ablations()
         print(f"\n{sum(verdicts)} of {len(verdicts)} orders hold ({time.time() - started:.0f} s)")

@@ -21,7 +21,8 @@ holds more:
 
 Step time: stage times are the simulated layer times (``profile_layer``) times the
 stage's layers (a recomputed forward added under ``remat=full``; expert parallelism's
-dispatch and combine all-to-alls priced with ``collective_time``, not overlapped; ZeRO-3's
+dispatch and combine all-to-alls priced with ``collective_time`` (``_expert_all_to_alls``:
+node-limited routing, FP8 dispatch, exposed unless ``moe_overlap``); ZeRO-3's
 per-microbatch parameter gathers and gradient reduce-scatters, prefetched a layer ahead:
 exposed where they exceed the microbatch's compute, plus one layer's gather and
 reduce-scatter at the ends), the
@@ -279,6 +280,44 @@ class _Identity:
         return isinstance(other, _Identity) and other.topology is self.topology
 
 
+# DeepSeek-V3 report §3.2.2: its overlapped all-to-all kernels occupy 20 of an H800's 132 SMs
+OVERLAP_COMM_SM_SHARE = 20 / 132
+
+
+def _expert_all_to_alls(
+    model: ModelSpec, s: Strategy, same: _Identity, tokens: int, profile: LayerProfile
+) -> tuple[float, float, float]:
+    """Seconds of one MoE layer's expert all-to-alls: (one pass's dispatch and combine,
+    what the forward exposes, what the backward exposes).
+
+    Each pass (forward; backward) runs a dispatch and a combine of the microbatch's routed
+    token copies over the expert-parallel group. With node-limited routing
+    (``model.route_groups``) and a group spanning nodes, a token crosses the inter-node
+    link once per node it reaches, at most ``route_groups`` copies instead of ``top_k``
+    (DeepSeek-V3 report §3.2.2: the copies for one node's experts are forwarded over
+    NVLink). Under FP8 one of the two runs in FP8 (the activations before the up
+    projection; the gradients before the down projection, §3.3.3), the other in BF16.
+    With ``s.moe_overlap`` the forward's and backward's all-to-alls hide behind the other
+    microbatch's forward and backward compute of the layer (DualPipe, §3.2.1): only what
+    outlasts it is exposed, split evenly between the passes (and the layer's compute runs
+    on the SMs the communication leaves, ``OVERLAP_COMM_SM_SHARE``, in :func:`estimate`)."""
+    if not (model.is_moe and s.ep > 1):
+        return 0.0, 0.0, 0.0
+    group = _dp_group(s.dp, s.tp, s.cp, s.ep)
+    copies = model.top_k
+    if model.route_groups and same.topology.level_of(group) > 0:
+        copies = min(copies, model.route_groups)
+    elements = tokens * copies * model.hidden // s.tp
+    low = 1 if s.precision == "fp8" else BF16
+    one_pass = _collective_s(same, "all_to_all", elements * low, group) + _collective_s(
+        same, "all_to_all", elements * BF16, group
+    )
+    if not s.moe_overlap:
+        return one_pass, one_pass, one_pass
+    exposed = max(0.0, 2 * one_pass - (profile.forward_s + profile.backward_s))
+    return one_pass, exposed / 2, exposed / 2
+
+
 @functools.lru_cache(maxsize=4096)
 def _collective_s(machine: _Identity, kind: str, nbytes: int, ranks: tuple[int, ...]) -> float:
     """``collective_time(...).time_s``, asked once (a topology does not change)."""
@@ -416,13 +455,12 @@ def estimate(
     tokens = s.micro_batch * seq // s.cp  # per rank and microbatch
 
     # expert parallelism: dispatch and combine, forward and backward, per MoE layer
-    a2a = 0.0
-    if model.is_moe and s.ep > 1:
-        nbytes = int(tokens * model.top_k * model.hidden * BF16 / s.tp)
-        a2a = _collective_s(same, "all_to_all", nbytes, _dp_group(s.dp, s.tp, s.cp, s.ep))
+    a2a_pass, a2a_f, a2a_b = _expert_all_to_alls(model, s, same, tokens, profile)
     moe_share = model.moe_layers / model.layers
-    layer_f = profile.forward_s + 2 * a2a * moe_share
-    layer_b = profile.backward_s + 2 * a2a * moe_share
+    # overlapped all-to-alls run on SMs taken from compute: the layers run that much slower
+    slowdown = 1 / (1 - OVERLAP_COMM_SM_SHARE) if a2a_pass and s.moe_overlap else 1.0
+    layer_f = profile.forward_s * slowdown + a2a_f * moe_share
+    layer_b = profile.backward_s * slowdown + a2a_b * moe_share
     if s.precision == "fp8":  # attention stays BF16: add back what the doubled rate took off
         bf16 = topology.device.matmul_flops["bf16"] * topology.device.matmul_efficiency
         layer_f += profile.attention_forward_flops / (2 * bf16)
@@ -502,7 +540,7 @@ def estimate(
     step = makespan + dp_exposed + optimizer
 
     layer_exposed = profile.forward_exposed_comm_s + profile.backward_exposed_comm_s
-    in_stages = m * layout.busiest_layers * (layer_exposed + 4 * a2a * moe_share)
+    in_stages = m * layout.busiest_layers * (layer_exposed + (a2a_f + a2a_b) * moe_share)
     in_stages += m * zero3_exposed
     exposed = in_stages + dp_exposed + (2 * m * p2p if s.pp > 1 else 0.0)
     recompute = m * layout.busiest_layers * profile.forward_s if s.remat == "full" else 0.0
@@ -531,7 +569,7 @@ def estimate(
             "optimizer": optimizer,
             "layer_forward": profile.forward_s,
             "layer_backward": profile.backward_s,
-            "all_to_all": a2a,
+            "all_to_all": a2a_pass,
             "p2p": p2p,
         },
         breakdown=breakdown,

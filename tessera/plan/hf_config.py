@@ -91,6 +91,7 @@ def fields_from_hf(data: dict[str, Any], name: str) -> dict[str, object]:
             shared = max(1, int(data["shared_expert_intermediate_size"]) // int(expert_ffn))
         fields["shared_experts"] = shared
         fields["dense_layers"] = _first(data, "first_k_dense_replace", default=0)
+        fields["route_groups"] = _first(data, "topk_group", default=0)  # node-limited routing
     if data.get("kv_lora_rank") or data.get("q_lora_rank"):
         fields["note"] = "multi-head latent attention priced as grouped-query attention"
     return fields

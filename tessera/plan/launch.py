@@ -58,6 +58,11 @@ def unsupported(s: Strategy) -> list[str]:
             "--ep is for an MoE script (examples/train_moe.py takes --dp, --ep, --tp and --batch "
             "only); examples/train_gpt.py is dense and has no --ep"
         )
+    if s.moe_overlap:
+        notes.append(
+            "moe_overlap (DualPipe's overlap of expert all-to-alls with another microbatch's "
+            "compute) is priced for published runs only; Tessera's pipeline does not run it"
+        )
     return notes
 
 

@@ -60,6 +60,9 @@ class ModelSpec:
     expert_ffn: int = 0  # 0: ffn
     shared_experts: int = 0
     dense_layers: int = 0  # leading layers with a dense MLP in an MoE model
+    # node-limited routing: a token's experts lie in at most this many of the expert
+    # groups (nodes) of its expert-parallel group; 0: unlimited (DeepSeek's topk_group)
+    route_groups: int = 0
     tied_embeddings: bool = False
     note: str = ""  # approximations the description makes
     layer: str = ""  # a Tessera layer function, "module:function" or "file.py:function"
@@ -95,6 +98,11 @@ class ModelSpec:
                 )
             if self.expert_ffn == 0:
                 object.__setattr__(self, "expert_ffn", self.ffn)
+        if self.route_groups < 0 or (self.route_groups and not self.experts):
+            raise TesseraError(
+                f"model {self.name!r}: route_groups limits an MoE model's routing; it must be "
+                f">= 0 and needs experts, got {self.route_groups}"
+            )
         if not 0 <= self.dense_layers <= self.layers:
             raise TesseraError(f"model {self.name!r}: dense_layers must be in [0, layers]")
         if self.layer:
@@ -197,7 +205,7 @@ PRESETS: dict[str, ModelSpec] = {
         ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, seq=4096, experts=8, top_k=2),
         ModelSpec(
             "deepseek-v3", 61, 7168, 128, 8, 18432, 129280, seq=4096, head_dim=128, experts=256,
-            top_k=8, expert_ffn=2048, shared_experts=1, dense_layers=3,
+            top_k=8, expert_ffn=2048, shared_experts=1, dense_layers=3, route_groups=4,
             note="multi-head latent attention modelled as grouped-query attention with 8 KV "
             "heads of 128 (close in FLOPs; 1.6% more parameters); the multi-token-prediction "
             "module is left out",

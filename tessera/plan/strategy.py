@@ -36,6 +36,10 @@ class Strategy:
     remat: str = "none"
     precision: str = "bf16"
     sp: bool = True  # sequence parallelism with tp (Korthikanti et al. 2022)
+    # each microbatch's expert all-to-alls overlapped with another microbatch's compute
+    # (DualPipe's paired forward and backward chunks, DeepSeek-V3 report §3.2.1). Priced for
+    # published runs; Tessera's pipeline does not run it, so the search never offers it
+    moe_overlap: bool = False
 
     @property
     def gpus(self) -> int:
@@ -55,7 +59,7 @@ class Strategy:
         return (
             f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp}{ep} z{self.zero} "
             f"mb{self.micro_batch}{sched}{' sp' if self.sp and self.tp > 1 else ''} "
-            f"{self.remat} {self.precision}"
+            f"{self.remat} {self.precision}{' a2a-overlap' if self.moe_overlap else ''}"
         )
 
     def to_dict(self) -> dict[str, Any]:

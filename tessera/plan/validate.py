@@ -62,6 +62,11 @@ def structural_violations(
             validate_schedule(s.schedule, s.pp, s.microbatches(global_batch), virtual)
         except TesseraError as error:
             found.append(f"pipeline schedule: {error}")
+    if s.moe_overlap and not (s.ep > 1 and s.pp > 1):
+        found.append(
+            f"moe_overlap pairs one microbatch's expert all-to-alls with another's compute: it "
+            f"needs ep > 1 and pp > 1, found ep {s.ep}, pp {s.pp}"
+        )
     if s.schedule not in SCHEDULES:
         found.append(f"unknown schedule {s.schedule!r}; valid: {', '.join(SCHEDULES)}")
     if s.virtual > 1 and s.schedule != "interleaved":

@@ -334,3 +334,65 @@ def test_the_layer_compiles_for_the_clusters_machine() -> None:
     layer.lowered_layer(small, cluster_topology("dgx_h100", 32))
     layer.lowered_layer(small, cluster_topology("dgx_h100", 128))
     assert layer.compiled_count() == before + 1
+
+
+MOE = "layers=4,hidden=512,heads=8,kv_heads=8,ffn=1024,vocab=1024,seq=256,experts=16,top_k=4"
+
+
+def test_node_limited_routing_and_fp8_dispatch_price_the_all_to_all() -> None:
+    """An MoE layer's expert all-to-alls, against ``collective_time`` on the same group:
+    each pass moves the microbatch's token copies twice (dispatch, combine); with
+    ``route_groups`` and an expert group spanning nodes a token crosses at most that many
+    nodes (DeepSeek-V3 §3.2.2), and under FP8 one of the two moves is in FP8."""
+    from tessera.perf.collective_cost import collective_time
+    from tessera.plan.estimate import estimate
+    from tessera.plan.models import load_model
+    from tessera.plan.strategy import cluster_topology, dp_group
+
+    topology = cluster_topology("dgx_h100", 16)
+    s = Strategy(dp=16, ep=16, zero=1)
+    group = dp_group(s, 16)  # two nodes
+    tokens = 256
+    for route_groups, copies in ((0, 4), (2, 2)):
+        model = load_model(f"{MOE},route_groups={route_groups}")
+        for precision, low in (("bf16", 2), ("fp8", 1)):
+            result = estimate(model, Strategy(dp=16, ep=16, zero=1, precision=precision),
+                              topology, 64, 256)  # fmt: skip
+            elements = tokens * copies * 512
+            expected = sum(
+                collective_time(topology, "all_to_all", elements * b, group).time_s
+                for b in (low, 2)
+            )
+            assert result.parts["all_to_all"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_overlapped_all_to_alls_hide_behind_the_other_microbatch() -> None:
+    """``moe_overlap`` (DualPipe): a layer's forward and backward all-to-alls hide behind
+    the other microbatch's forward and backward compute; only what outlasts it stays
+    exposed, and the compute runs on the SMs the communication leaves. It needs ep and
+    pp, and ``tessera plan`` says Tessera's pipeline does not run it."""
+    from tessera.plan.estimate import OVERLAP_COMM_SM_SHARE, estimate
+    from tessera.plan.launch import unsupported
+    from tessera.plan.models import load_model
+    from tessera.plan.strategy import cluster_topology
+
+    model = load_model(MOE)
+    topology = cluster_topology("dgx_h100", 32)
+    plain = Strategy(dp=16, pp=2, ep=16, zero=1)
+    overlap = Strategy(dp=16, pp=2, ep=16, zero=1, moe_overlap=True)
+    a, b = (estimate(model, s, topology, 128, 256) for s in (plain, overlap))
+    one_pass, f, w = (a.parts[k] for k in ("all_to_all", "layer_forward", "layer_backward"))
+    microbatches, layers = 128 // 16, 2  # per pipeline, per stage
+    hidden = 2 * one_pass - max(0.0, 2 * one_pass - (f + w))
+    assert hidden > 0
+    assert a.breakdown["exposed_comm"] - b.breakdown["exposed_comm"] == pytest.approx(
+        microbatches * layers * hidden, rel=1e-9
+    )
+    slower = (f + w) * (1 / (1 - OVERLAP_COMM_SM_SHARE) - 1)
+    assert b.breakdown["compute"] - a.breakdown["compute"] == pytest.approx(
+        microbatches * layers * slower, rel=1e-6
+    )
+    assert "moe_overlap" in " ".join(unsupported(overlap))
+    assert any(
+        "moe_overlap" in v for v in structural_violations(model, Strategy(dp=16, ep=16, moe_overlap=True), 16, 64, 256)
+    )

@@ -75,3 +75,17 @@ def test_hf_config_errors_name_the_file(tmp_path: Path) -> None:
                                 "num_attention_heads": 7, "vocab_size": 10}))  # fmt: skip
     with pytest.raises(TesseraError, match="not a multiple of heads"):
         load_model(str(path))
+
+
+def test_deepseek_config_gives_experts_and_node_limited_routing(tmp_path: Path) -> None:
+    """A DeepSeek-V3 configuration: routed and shared experts, the leading dense layers and
+    group-limited routing (``topk_group`` of ``n_group``: a token reaches at most that many
+    expert groups, the nodes of the expert-parallel group), which prices the all-to-all."""
+    config = transformers.DeepseekV3Config(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=4, topk_group=2, first_k_dense_replace=1, **SMALL,
+    )  # fmt: skip
+    model = load_model(_saved(tmp_path, config, "tiny-v3"))
+    assert (model.experts, model.top_k, model.expert_ffn) == (8, 2, 32)
+    assert (model.shared_experts, model.dense_layers, model.route_groups) == (1, 1, 2)
