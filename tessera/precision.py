@@ -5,10 +5,12 @@ compiled program's configuration (``tessera.driver.CompileConfig``);
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
+from tessera import environment
 from tessera.errors import TesseraError
 
 # fp8: matmuls in (emulated) fp8 with per-tensor current scaling, the rest in bf16
@@ -79,4 +81,20 @@ class Precision:
         return self.loss_scale is not None
 
 
-__all__ = ["COMPUTE_DTYPES", "REDUCE_OPTIONS", "Precision"]
+def fp8_dots() -> bool:
+    """Whether fp8 matmuls traced now multiply in fp8 in the generated kernels
+    (``graph.matmul``'s ``fp8`` property): ``TESSERA_FP8_DOTS`` ``on`` or ``off``, else
+    (``auto``) on a CUDA GPU of compute capability 8.9 or later (Ada, Hopper, Blackwell)
+    and not under Triton's interpreter."""
+    setting = environment.fp8_dots()
+    if setting != "auto":
+        return setting == "on"
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return (
+        not interpreted
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability() >= (8, 9)
+    )
+
+
+__all__ = ["COMPUTE_DTYPES", "REDUCE_OPTIONS", "Precision", "fp8_dots"]

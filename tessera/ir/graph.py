@@ -249,9 +249,17 @@ PowOp = _binary(
 )
 MaximumOp = _binary("maximum", shape_rules.binary, "elementwise max (numpy broadcasting)")
 MinimumOp = _binary("minimum", shape_rules.binary, "elementwise min (numpy broadcasting)")
-MatmulOp = _binary(
-    "matmul", shape_rules.matmul, "[..., m, k] @ [..., k, n] -> [..., m, n]; batch dims broadcast"
-)
+
+
+@irdl_op_definition
+class MatmulOp(BinaryGraphOp):
+    """``[..., m, k] @ [..., k, n] -> [..., m, n]``; batch dims broadcast. ``fp8`` (optional,
+    ``e4m3`` or ``e5m2``): both operands hold values of that fp8 format exactly (quantised,
+    not rescaled), so a generated kernel may multiply them in fp8 (f32 accumulation)."""
+
+    name = "graph.matmul"
+    fp8 = opt_prop_def(StringAttr)
+    shape_rule = staticmethod(shape_rules.matmul)
 
 
 @irdl_op_definition

@@ -187,10 +187,16 @@ def random_bits(
 # --- contractions --------------------------------------------------------------------
 
 
-def matmul(lhs: AbstractTensor, rhs: AbstractTensor) -> AbstractTensor:
+def matmul(lhs: AbstractTensor, rhs: AbstractTensor, fp8: str | None = None) -> AbstractTensor:
     """``[..., m, k] @ [..., k, n] -> [..., m, n]`` with broadcast batch dims; float or
-    integer operands (a bool matmul is rejected, as torch rejects it)."""
+    integer operands (a bool matmul is rejected, as torch rejects it); ``fp8``: float
+    operands holding values of that fp8 format."""
     dtype = _require_same_dtype(lhs, rhs)
+    if fp8 is not None and (fp8 not in FP8_FORMATS or not dtype.is_float):
+        raise ShapeError(
+            f"an fp8 matmul takes float operands and a format in {tuple(FP8_FORMATS)}, "
+            f"found {lhs}, {rhs} and {fp8!r}"
+        )
     if dtype == DType.i1:
         raise ShapeError(
             f"bool matmuls are not supported, found {lhs} and {rhs}; cast the operands "

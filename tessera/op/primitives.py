@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr
 
+from tessera import precision
 from tessera.dtypes import DType, as_dtype, promote
 from tessera.errors import ShapeError, TesseraError, TraceError
 from tessera.frontend.tracer import Tensor, current_trace, register_operators, user_location
@@ -387,12 +388,14 @@ def fp8_scale(x: Tensor, format: str = "e4m3") -> Tensor:
     return where(greater(amax, 0.0), amax / FP8_FORMATS[format], 1.0)
 
 
-def fp8_quantize(x: Tensor, scale: Tensor | None = None, format: str = "e4m3") -> Tensor:
+def fp8_quantize(x: Tensor, scale: Tensor | float | None = None, format: str = "e4m3") -> Tensor:
     """``x`` quantised to fp8 and dequantised: ``fp8(clamp(x / scale, ±max)) * scale``
     (saturating, nearest even; ``scale`` defaults to :func:`fp8_scale`); gradient straight through."""
     (tensor,) = _tensors(x)
     if scale is None:
         scale = fp8_scale(tensor, format)
+    if not isinstance(scale, Tensor):
+        scale = full((), scale, tensor.dtype)
     (scale,) = _tensors(astype(scale, tensor.dtype))
     return _bind1(graph.Fp8QuantizeOp, [tensor, scale], format=format)
 
@@ -403,9 +406,12 @@ def fp8_grad(x: Tensor, format: str = "e5m2") -> Tensor:
 
 
 def fp8_matmul(a: Operand, b: Operand) -> Tensor:
-    """An fp8 matmul, emulated: both operands quantised per tensor to e4m3 (current
-    scaling), multiplied in f32, the result's incoming gradient quantised to e5m2;
-    the result has the operands' dtype."""
+    """An fp8 matmul: both operands quantised per tensor to e4m3 (current scaling), their
+    fp8 values multiplied with f32 accumulation and the product rescaled by both scales,
+    the result's incoming gradient quantised to e5m2; the result has the operands' dtype.
+    The fp8 values are held in f32 (quantise–dequantise with scale 1); the matmul's
+    ``fp8`` property lets the generated kernel dot them in fp8 where
+    :func:`tessera.precision.fp8_dots` says the GPU can."""
     lhs, rhs = _tensors(a, b)
     dtype = promote(lhs.dtype, rhs.dtype)
     if dtype not in (DType.f32, DType.bf16, DType.f16):
@@ -413,9 +419,17 @@ def fp8_matmul(a: Operand, b: Operand) -> Tensor:
             f"fp8 matmul: operands must be f32, bf16 or f16, found {lhs.aval} and {rhs.aval}\n"
             f"  at {user_location()}"
         )
-    lhs, rhs = (fp8_quantize(astype(t, DType.f32), format="e4m3") for t in (lhs, rhs))
-    product = fp8_grad(_bind1(graph.MatmulOp, [lhs, rhs]), "e5m2")
-    return astype(product, dtype)
+    (lhs, lhs_scale), (rhs, rhs_scale) = (_fp8_values(astype(t, DType.f32)) for t in (lhs, rhs))
+    attrs = {"fp8": "e4m3"} if precision.fp8_dots() else {}
+    product = _bind1(graph.MatmulOp, [lhs, rhs], **attrs) * (lhs_scale * rhs_scale)
+    return astype(fp8_grad(product, "e5m2"), dtype)
+
+
+def _fp8_values(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x``'s e4m3 values (in ``x``'s dtype, with its current scale: ``fp8(x / scale)``) and
+    that scale; the gradient passes straight through to ``x``."""
+    scale = fp8_scale(x, "e4m3")
+    return fp8_quantize(x / scale, 1.0, "e4m3"), scale
 
 
 def attention(
