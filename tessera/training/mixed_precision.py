@@ -11,9 +11,11 @@ FP8 (``precision="fp8"``): bf16 as above, and every ``op.matmul`` (``@``, ``eins
 ``cumsum``'s, nor attention's, which stay bf16) is :func:`tessera.op.fp8_matmul`: its
 operands quantised per tensor to e4m3 and its incoming gradient to e5m2, each with its
 current scale ``amax / max`` (the whole tensor's over a mesh; a pipelined step's per
-data-parallel rank and microbatch, as gradient accumulation's per microbatch), products in
-f32. The quantisation is emulated (``graph.fp8_quantize``: torch's float8 casts on the
-reference kernels, f32 arithmetic in Triton kernels); the matmuls run on f32 operands.
+data-parallel rank and microbatch, as gradient accumulation's per microbatch), the
+operands' e4m3 values multiplied with f32 accumulation and rescaled. The quantisation is
+quantise–dequantise (``graph.fp8_quantize``: torch's float8 casts on the reference
+kernels, f32 arithmetic in Triton kernels); the forward matmuls' Triton kernels dot in fp8
+where :func:`tessera.precision.fp8_dots` says so (compute capability 8.9 and later).
 
 Dynamic loss scaling (fp16's default, as ``torch.amp.GradScaler``): ``graph.backward``
 seeds the loss's cotangent with the scale, so the backward computes the gradients of
