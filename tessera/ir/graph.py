@@ -293,6 +293,21 @@ class Fp8GradOp(UnaryGraphOp):
 
 
 @irdl_op_definition
+class Fp8GradDelayedOp(GraphOp):
+    """``input``, whose cotangent is quantised to fp8 ``format`` with the scalar ``scale``
+    (delayed scaling: from an amax history); the cotangent's amax is the cotangent of the
+    scalar ``probe`` (how the backward's amax reaches the history)."""
+
+    name = "graph.fp8_grad_delayed"
+    input = operand_def(TensorType)
+    scale = operand_def(TensorType)
+    probe = operand_def(TensorType)
+    result = result_def(TensorType)
+    format = prop_def(StringAttr)
+    shape_rule = staticmethod(shape_rules.fp8_grad_delayed)
+
+
+@irdl_op_definition
 class CompareOp(BinaryGraphOp):
     """Elementwise comparison giving i1: ``predicate`` is eq, ne, lt, le, gt or ge."""
 
@@ -1428,7 +1443,7 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, ErfOp,
     CosOp, SinOp, StopGradientOp, GeluOp,
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
-    CastOp, Fp8QuantizeOp, Fp8GradOp, RandomBitsOp, IotaOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, ProdOp, SoftmaxOp, LogSoftmaxOp,
+    CastOp, Fp8QuantizeOp, Fp8GradOp, Fp8GradDelayedOp, RandomBitsOp, IotaOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, ProdOp, SoftmaxOp, LogSoftmaxOp,
     LayerNormOp, RmsNormOp, CrossEntropyOp, AttentionOp, AttentionBackwardOp, ReshapeOp, BroadcastToOp,
     TransposeOp, SliceOp, ConcatOp, SplitOp, GatherOp, DynamicUpdateSliceOp, TopKOp, MoeRouteOp, MoeDispatchOp,
     MoeCombineOp,

@@ -108,6 +108,17 @@ def fp8_grad(x: AbstractTensor, format: str) -> AbstractTensor:
     return float_unary(x)
 
 
+def fp8_grad_delayed(
+    x: AbstractTensor, scale: AbstractTensor, probe: AbstractTensor, format: str
+) -> AbstractTensor:
+    if scale.shape != () or scale.dtype != x.dtype or probe.shape != () or probe.dtype != x.dtype:
+        raise ShapeError(
+            f"fp8_grad_delayed: the scale and the probe must be scalars of {x.dtype}, "
+            f"found {scale} and {probe}"
+        )
+    return fp8_grad(x, format)
+
+
 def fp8_quantize(x: AbstractTensor, scale: AbstractTensor, format: str) -> AbstractTensor:
     if scale.shape != () or scale.dtype != x.dtype:
         raise ShapeError(f"fp8_quantize: the scale must be a scalar of {x.dtype}, found {scale}")
