@@ -423,6 +423,7 @@ class TrainingStep:
         if fp8["amax_history"].shape[0] or not self._fp8_tensors:
             return False
         fp8["amax_history"] = torch.zeros(self._fp8_tensors, self.precision.amax_history)
+        self._placed(state)  # under tessera run: this rank's (replicated) copy
         return True
 
     def compile_options(self) -> dict[str, Any]:
