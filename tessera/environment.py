@@ -134,6 +134,17 @@ def autotune() -> bool:
     return flag("TESSERA_AUTOTUNE", True)
 
 
+FP8_DOTS_CHOICES = ("auto", "on", "off")
+
+
+def fp8_dots() -> str:
+    """``TESSERA_FP8_DOTS``: whether fp8 matmuls (``precision="fp8"``) multiply in fp8 in the
+    generated Triton kernels: ``auto`` (the default: on a GPU of compute capability 8.9 or
+    later, not under Triton's interpreter), ``on`` (also in the interpreter: tests) or
+    ``off`` (f32 dots of the dequantised operands everywhere)."""
+    return choice("TESSERA_FP8_DOTS", FP8_DOTS_CHOICES, "auto")
+
+
 def program_cache() -> bool:
     """``TESSERA_PROGRAM_CACHE``: whether compiled programs are cached on disk (default yes)."""
     return flag("TESSERA_PROGRAM_CACHE", True)
@@ -185,6 +196,7 @@ __all__ = [
     "device",
     "fault_inject",
     "flag",
+    "fp8_dots",
     "kernels",
     "program_cache",
     "rank",

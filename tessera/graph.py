@@ -35,7 +35,7 @@ from tessera.frontend.region import region, scan
 from tessera.frontend.tracer import Tensor, current_trace, user_location
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.mesh import Mesh
-from tessera.op import astype
+from tessera.op import astype, current_fp8_history
 from tessera.passes.autodiff import backprop
 from tessera.pipeline.step import PipelinedTrainingStep
 from tessera.precision import Precision
@@ -108,16 +108,24 @@ def backward(loss: Tensor, params: Any = None, remat: Remat | str | bool | None 
     scale = step.loss_scale if step else None  # loss scaling: the gradients of scale·loss
     seeds = None if scale is None else {loss.value: astype(scale, loss.aval.dtype).value}
     forward = list(trace.block.ops)
+    # delayed fp8 scaling: the gradients' amaxes come back as the gradients of probes
+    history = current_fp8_history() if step is not None else None
+    probes = list(history.probes.items()) if history is not None else []
     grads = backprop(
         forward,
         None if seeds else loss.value,
-        [leaf.value for leaf in leaves],
+        [leaf.value for leaf in leaves] + [probe.value for _, probe in probes],
         GradBuilder(InsertPoint.at_end(trace.block)),
         "graph.backward",
         seeds,
         remat=policy,
     )
-    return pytree.unflatten(tree, [Tensor(trace, g) for g in grads])
+    for (slot, _), amax in zip(probes, grads[len(leaves) :], strict=True):
+        assert history is not None
+        history.amaxes[slot] = Tensor(trace, amax)
+    if history is not None:
+        history.probes.clear()
+    return pytree.unflatten(tree, [Tensor(trace, g) for g in grads[: len(leaves)]])
 
 
 def training_step(fn: Callable[..., Any] | None = None, **options: Any) -> Any:

@@ -5,10 +5,12 @@ compiled program's configuration (``tessera.driver.CompileConfig``);
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
+from tessera import environment
 from tessera.errors import TesseraError
 
 # fp8: matmuls in (emulated) fp8 with per-tensor current scaling, the rest in bf16
@@ -16,12 +18,17 @@ COMPUTE_DTYPES = {
     "f32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16,
 }  # fmt: skip
 REDUCE_OPTIONS = ("f32", "compute")
+FP8_SCALINGS = ("current", "delayed")
 
 
 @dataclass(frozen=True)
 class Precision:
     """A training step's precision policy (see :mod:`tessera.training.mixed_precision`). ``loss_scale``:
-    ``"dynamic"``, a fixed float, or None (no scaling); default dynamic for fp16."""
+    ``"dynamic"``, a fixed float, or None (no scaling); default dynamic for fp16.
+    ``fp8_scaling`` (fp8 only): ``"current"`` (each tensor's own amax, the default) or
+    ``"delayed"`` (as Transformer Engine's ``DelayedScaling``: each fp8 tensor's scale is
+    ``max(its last amax_history amaxes) · 2^fp8_margin / fp8 max``, the history kept in
+    the training state, ``opt_state["fp8"]``)."""
 
     compute: str = "f32"
     reduce: str = "f32"
@@ -30,6 +37,9 @@ class Precision:
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
     growth_interval: int = 2000
+    fp8_scaling: str = "current"
+    amax_history: int = 16
+    fp8_margin: int = 0
 
     def __post_init__(self) -> None:
         if self.compute not in COMPUTE_DTYPES:
@@ -40,6 +50,21 @@ class Precision:
             raise TesseraError(
                 f"precision: reduce must be one of {REDUCE_OPTIONS}, found {self.reduce!r}"
             )
+        if self.fp8_scaling not in FP8_SCALINGS:
+            raise TesseraError(
+                f"precision: fp8_scaling must be one of {FP8_SCALINGS}, found {self.fp8_scaling!r}"
+            )
+        if self.fp8_scaling == "delayed" and self.compute != "fp8":
+            raise TesseraError(
+                f"precision: fp8_scaling='delayed' needs compute='fp8', found {self.compute!r}"
+            )
+        for name in ("amax_history", "fp8_margin"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < (1 if name == "amax_history" else 0):
+                raise TesseraError(
+                    f"precision: {name} must be an int of at least "
+                    f"{1 if name == 'amax_history' else 0}, found {value!r}"
+                )
         if self.loss_scale == "default":
             object.__setattr__(self, "loss_scale", "dynamic" if self.compute == "fp16" else None)
         scale = self.loss_scale
@@ -75,8 +100,29 @@ class Precision:
         return self.compute == "fp8"
 
     @property
+    def delayed(self) -> bool:
+        """Whether fp8 scales come from amax histories (delayed scaling)."""
+        return self.fp8_scaling == "delayed"
+
+    @property
     def scaled(self) -> bool:
         return self.loss_scale is not None
 
 
-__all__ = ["COMPUTE_DTYPES", "REDUCE_OPTIONS", "Precision"]
+def fp8_dots() -> bool:
+    """Whether fp8 matmuls traced now multiply in fp8 in the generated kernels
+    (``graph.matmul``'s ``fp8`` property): ``TESSERA_FP8_DOTS`` ``on`` or ``off``, else
+    (``auto``) on a CUDA GPU of compute capability 8.9 or later (Ada, Hopper, Blackwell)
+    and not under Triton's interpreter."""
+    setting = environment.fp8_dots()
+    if setting != "auto":
+        return setting == "on"
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return (
+        not interpreted
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability() >= (8, 9)
+    )
+
+
+__all__ = ["COMPUTE_DTYPES", "FP8_SCALINGS", "REDUCE_OPTIONS", "Precision", "fp8_dots"]

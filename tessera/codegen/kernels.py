@@ -11,7 +11,9 @@
   same rows; they are computed in body order (one may use another's result).
 - *matmul* (batched, with elementwise epilogue): ``block_m x block_n`` output tiles with a
   K loop of ``tile.dot`` into an f32 accumulator (f64 for f64 operands, exact for
-  integers), programs grouped along M for L2 reuse;
+  integers), programs grouped along M for L2 reuse; a matmul whose ``fp8`` property says
+  its operands hold fp8 values converts their tiles to that type (exactly) and dots them in
+  fp8 (tensor cores on compute capability 8.9 and later), accumulating in f32;
   the epilogue is evaluated on the accumulator tile and stored once. An operand that is
   a kernel input is loaded directly; one the body computes (a prologue: layout ops read
   in place, such as a transposed weight or split heads, or elementwise ops) is evaluated
@@ -31,8 +33,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from xdsl.dialects.builtin import TensorType
-from xdsl.ir import SSAValue
+from xdsl.dialects.builtin import Float8E4M3FNType, Float8E5M2Type, TensorType
+from xdsl.ir import Attribute, SSAValue
 
 from tessera.codegen.attention import lower_attention, match_attention
 from tessera.codegen.attention_backward import lower_attention_backward
@@ -56,6 +58,8 @@ from tessera.ir.tile_builder import TileBuilder, Value, shape
 from tessera.opdefs import Fusion, Kernel, RowReduction, lookup, op_def
 
 MAX_ROW_BLOCK = 65536  # elements of one reduced row held in one block
+# a matmul's ``fp8`` format -> the element type its kernel dots its operands in
+FP8_ELEMENTS: dict[str, Attribute] = {"e4m3": Float8E4M3FNType(), "e5m2": Float8E5M2Type()}
 
 
 def kernel_class(kernel: schedule.KernelOp) -> str:
@@ -248,7 +252,8 @@ def lower_matmul(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> ti
     out_dims = dims_of(op.result)
     batch, (m, n), k = out_dims[:-2], out_dims[-2:], dims_of(lhs)[-1]
     bm, bn = max(16, min(config.block_m, next_pow2(m))), max(16, min(config.block_n, next_pow2(n)))
-    bk = max(16, min(config.block_k, next_pow2(k)))
+    fp8 = FP8_ELEMENTS.get(op.attrs().get("fp8", ""))  # operands holding fp8 values
+    bk = max(32 if fp8 else 16, min(config.block_k, next_pow2(k)))  # an fp8 MMA's k is 32
     pid = b.program_id(0)
     pid_m, pid_n = _grouped(b, pid, cdiv(m, bm), cdiv(n, bn), config.group_m)
     rows = b.add(b.mul(pid_m, b.index(bm)), b.expand_dims(b.arange(bm), 1))  # [bm, 1]
@@ -283,6 +288,8 @@ def lower_matmul(kernel: schedule.KernelOp, config: BlockConfig = DEFAULT) -> ti
         b_tile = body.load(frame.pointers[rhs], offsets, b_mask)
     else:
         b_tile = _prologue(frame, body, rhs, batch_index, (b_rows, cols), [b_k_mask, col_mask])
+    if fp8 is not None:  # exact: the operands hold fp8 values; the lanes past K are 0
+        a, b_tile = body.convert(a, fp8), body.convert(b_tile, fp8)
     body.yield_([body.dot(a, b_tile, acc)])
     ev.bound[op.result] = loop.results[0]
     outputs = yielded(kernel)

@@ -249,9 +249,17 @@ PowOp = _binary(
 )
 MaximumOp = _binary("maximum", shape_rules.binary, "elementwise max (numpy broadcasting)")
 MinimumOp = _binary("minimum", shape_rules.binary, "elementwise min (numpy broadcasting)")
-MatmulOp = _binary(
-    "matmul", shape_rules.matmul, "[..., m, k] @ [..., k, n] -> [..., m, n]; batch dims broadcast"
-)
+
+
+@irdl_op_definition
+class MatmulOp(BinaryGraphOp):
+    """``[..., m, k] @ [..., k, n] -> [..., m, n]``; batch dims broadcast. ``fp8`` (optional,
+    ``e4m3`` or ``e5m2``): both operands hold values of that fp8 format exactly (quantised,
+    not rescaled), so a generated kernel may multiply them in fp8 (f32 accumulation)."""
+
+    name = "graph.matmul"
+    fp8 = opt_prop_def(StringAttr)
+    shape_rule = staticmethod(shape_rules.matmul)
 
 
 @irdl_op_definition
@@ -282,6 +290,21 @@ class Fp8GradOp(UnaryGraphOp):
     name = "graph.fp8_grad"
     format = prop_def(StringAttr)
     shape_rule = staticmethod(shape_rules.fp8_grad)
+
+
+@irdl_op_definition
+class Fp8GradDelayedOp(GraphOp):
+    """``input``, whose cotangent is quantised to fp8 ``format`` with the scalar ``scale``
+    (delayed scaling: from an amax history); the cotangent's amax is the cotangent of the
+    scalar ``probe`` (how the backward's amax reaches the history)."""
+
+    name = "graph.fp8_grad_delayed"
+    input = operand_def(TensorType)
+    scale = operand_def(TensorType)
+    probe = operand_def(TensorType)
+    result = result_def(TensorType)
+    format = prop_def(StringAttr)
+    shape_rule = staticmethod(shape_rules.fp8_grad_delayed)
 
 
 @irdl_op_definition
@@ -1420,7 +1443,7 @@ GRAPH_OPS: tuple[type[GraphOp], ...] = (
     NegOp, AbsOp, ReluOp, ExpOp, LogOp, TanhOp, SqrtOp, RsqrtOp, SiluOp, SigmoidOp, ErfOp,
     CosOp, SinOp, StopGradientOp, GeluOp,
     AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, MatmulOp, CompareOp, SelectOp,
-    CastOp, Fp8QuantizeOp, Fp8GradOp, RandomBitsOp, IotaOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, ProdOp, SoftmaxOp, LogSoftmaxOp,
+    CastOp, Fp8QuantizeOp, Fp8GradOp, Fp8GradDelayedOp, RandomBitsOp, IotaOp, ConstantOp, SumOp, MeanOp, MaxOp, MinOp, ProdOp, SoftmaxOp, LogSoftmaxOp,
     LayerNormOp, RmsNormOp, CrossEntropyOp, AttentionOp, AttentionBackwardOp, ReshapeOp, BroadcastToOp,
     TransposeOp, SliceOp, ConcatOp, SplitOp, GatherOp, DynamicUpdateSliceOp, TopKOp, MoeRouteOp, MoeDispatchOp,
     MoeCombineOp,

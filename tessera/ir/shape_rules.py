@@ -108,6 +108,17 @@ def fp8_grad(x: AbstractTensor, format: str) -> AbstractTensor:
     return float_unary(x)
 
 
+def fp8_grad_delayed(
+    x: AbstractTensor, scale: AbstractTensor, probe: AbstractTensor, format: str
+) -> AbstractTensor:
+    if scale.shape != () or scale.dtype != x.dtype or probe.shape != () or probe.dtype != x.dtype:
+        raise ShapeError(
+            f"fp8_grad_delayed: the scale and the probe must be scalars of {x.dtype}, "
+            f"found {scale} and {probe}"
+        )
+    return fp8_grad(x, format)
+
+
 def fp8_quantize(x: AbstractTensor, scale: AbstractTensor, format: str) -> AbstractTensor:
     if scale.shape != () or scale.dtype != x.dtype:
         raise ShapeError(f"fp8_quantize: the scale must be a scalar of {x.dtype}, found {scale}")
@@ -187,10 +198,16 @@ def random_bits(
 # --- contractions --------------------------------------------------------------------
 
 
-def matmul(lhs: AbstractTensor, rhs: AbstractTensor) -> AbstractTensor:
+def matmul(lhs: AbstractTensor, rhs: AbstractTensor, fp8: str | None = None) -> AbstractTensor:
     """``[..., m, k] @ [..., k, n] -> [..., m, n]`` with broadcast batch dims; float or
-    integer operands (a bool matmul is rejected, as torch rejects it)."""
+    integer operands (a bool matmul is rejected, as torch rejects it); ``fp8``: float
+    operands holding values of that fp8 format."""
     dtype = _require_same_dtype(lhs, rhs)
+    if fp8 is not None and (fp8 not in FP8_FORMATS or not dtype.is_float):
+        raise ShapeError(
+            f"an fp8 matmul takes float operands and a format in {tuple(FP8_FORMATS)}, "
+            f"found {lhs}, {rhs} and {fp8!r}"
+        )
     if dtype == DType.i1:
         raise ShapeError(
             f"bool matmuls are not supported, found {lhs} and {rhs}; cast the operands "

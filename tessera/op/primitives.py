@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import itertools
 import math
 import sys
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr
 
+from tessera import precision
 from tessera.dtypes import DType, as_dtype, promote
 from tessera.errors import ShapeError, TesseraError, TraceError
 from tessera.frontend.tracer import Tensor, current_trace, register_operators, user_location
@@ -380,6 +382,60 @@ def fp8_matmuls(enabled: bool = True) -> Iterator[None]:
         _FP8_MATMULS.reset(token)
 
 
+@dataclasses.dataclass
+class Fp8History:
+    """While a training step with delayed fp8 scaling traces (:func:`fp8_history`): the
+    amax history ``[tensors, length]`` (None while the step counts its fp8 tensors: then
+    the scales are current ones) and each fp8 tensor's amax of this step, in the order
+    the fp8 matmuls quantise them (a matmul's lhs, rhs, then its incoming gradient, whose
+    amax ``graph.backward`` fills in from the gradient of its ``probes`` entry)."""
+
+    history: Tensor | None
+    margin: int = 0
+    amaxes: list[Tensor | None] = dataclasses.field(default_factory=list)
+    probes: dict[int, Tensor] = dataclasses.field(default_factory=dict)
+
+    def scale(self, slot: int, format: str) -> Tensor | None:
+        """The delayed scale of fp8 tensor ``slot``: ``max(history) · 2^margin / max``
+        (1 while its history is all zero); None while counting."""
+        if self.history is None:
+            return None
+        tensors, length = self.history.shape
+        if slot >= tensors:
+            raise TesseraError(
+                f"fp8 delayed scaling: the step quantises more fp8 tensors than its amax "
+                f"history has rows ({tensors}); its state was made for another program"
+            )
+        amax = max(slice(self.history, (slot, 0), (slot + 1, length)))
+        return where(greater(amax, 0.0), amax / FP8_FORMATS[format] * 2.0**self.margin, 1.0)
+
+    def probe(self, slot: int) -> Tensor:
+        """A zero scalar whose gradient will be fp8 tensor ``slot``'s amax."""
+        assert self.history is not None
+        entry = slice(self.history, (slot, 0), (slot + 1, 1))
+        self.probes[slot] = reshape(entry, ()) * 0.0
+        return self.probes[slot]
+
+
+_FP8_HISTORY: ContextVar[Fp8History | None] = ContextVar("fp8_history", default=None)
+
+
+@contextlib.contextmanager
+def fp8_history(history: Fp8History | None) -> Iterator[Fp8History | None]:
+    """While tracing: fp8 matmuls scale by ``history`` (delayed scaling) and record their
+    amaxes in it; None: current scaling."""
+    token = _FP8_HISTORY.set(history)
+    try:
+        yield history
+    finally:
+        _FP8_HISTORY.reset(token)
+
+
+def current_fp8_history() -> Fp8History | None:
+    """The delayed-scaling history being traced, if any (:func:`fp8_history`)."""
+    return _FP8_HISTORY.get()
+
+
 def fp8_scale(x: Tensor, format: str = "e4m3") -> Tensor:
     """Per-tensor current scale: ``amax(|x|) / max`` of ``format`` (1 where ``x`` is zero);
     no gradient flows through it."""
@@ -387,12 +443,14 @@ def fp8_scale(x: Tensor, format: str = "e4m3") -> Tensor:
     return where(greater(amax, 0.0), amax / FP8_FORMATS[format], 1.0)
 
 
-def fp8_quantize(x: Tensor, scale: Tensor | None = None, format: str = "e4m3") -> Tensor:
+def fp8_quantize(x: Tensor, scale: Tensor | float | None = None, format: str = "e4m3") -> Tensor:
     """``x`` quantised to fp8 and dequantised: ``fp8(clamp(x / scale, ±max)) * scale``
     (saturating, nearest even; ``scale`` defaults to :func:`fp8_scale`); gradient straight through."""
     (tensor,) = _tensors(x)
     if scale is None:
         scale = fp8_scale(tensor, format)
+    if not isinstance(scale, Tensor):
+        scale = full((), scale, tensor.dtype)
     (scale,) = _tensors(astype(scale, tensor.dtype))
     return _bind1(graph.Fp8QuantizeOp, [tensor, scale], format=format)
 
@@ -403,9 +461,12 @@ def fp8_grad(x: Tensor, format: str = "e5m2") -> Tensor:
 
 
 def fp8_matmul(a: Operand, b: Operand) -> Tensor:
-    """An fp8 matmul, emulated: both operands quantised per tensor to e4m3 (current
-    scaling), multiplied in f32, the result's incoming gradient quantised to e5m2;
-    the result has the operands' dtype."""
+    """An fp8 matmul: both operands quantised per tensor to e4m3 (current scaling), their
+    fp8 values multiplied with f32 accumulation and the product rescaled by both scales,
+    the result's incoming gradient quantised to e5m2; the result has the operands' dtype.
+    The fp8 values are held in f32 (quantise–dequantise with scale 1); the matmul's
+    ``fp8`` property lets the generated kernel dot them in fp8 where
+    :func:`tessera.precision.fp8_dots` says the GPU can."""
     lhs, rhs = _tensors(a, b)
     dtype = promote(lhs.dtype, rhs.dtype)
     if dtype not in (DType.f32, DType.bf16, DType.f16):
@@ -413,9 +474,33 @@ def fp8_matmul(a: Operand, b: Operand) -> Tensor:
             f"fp8 matmul: operands must be f32, bf16 or f16, found {lhs.aval} and {rhs.aval}\n"
             f"  at {user_location()}"
         )
-    lhs, rhs = (fp8_quantize(astype(t, DType.f32), format="e4m3") for t in (lhs, rhs))
-    product = fp8_grad(_bind1(graph.MatmulOp, [lhs, rhs]), "e5m2")
-    return astype(product, dtype)
+    history = _FP8_HISTORY.get()
+    (lhs, lhs_scale), (rhs, rhs_scale) = (
+        _fp8_values(astype(t, DType.f32), history) for t in (lhs, rhs)
+    )
+    attrs = {"fp8": "e4m3"} if precision.fp8_dots() else {}
+    product = _bind1(graph.MatmulOp, [lhs, rhs], **attrs) * (lhs_scale * rhs_scale)
+    if history is None:
+        return astype(fp8_grad(product, "e5m2"), dtype)
+    slot = len(history.amaxes)
+    history.amaxes.append(None)  # the backward's
+    scale = history.scale(slot, "e5m2")
+    if scale is None:  # counting
+        return astype(fp8_grad(product, "e5m2"), dtype)
+    delayed = _bind1(graph.Fp8GradDelayedOp, [product, scale, history.probe(slot)], format="e5m2")
+    return astype(delayed, dtype)
+
+
+def _fp8_values(x: Tensor, history: Fp8History | None = None) -> tuple[Tensor, Tensor]:
+    """``x``'s e4m3 values (in ``x``'s dtype, with its scale: ``fp8(x / scale)``) and that
+    scale, current or (``history``) delayed; the gradient passes straight through to ``x``."""
+    scale = None
+    if history is not None:
+        history.amaxes.append(stop_gradient(max(abs(x))))
+        scale = history.scale(len(history.amaxes) - 1, "e4m3")
+    if scale is None:
+        scale = fp8_scale(x, "e4m3")
+    return fp8_quantize(x / scale, 1.0, "e4m3"), scale
 
 
 def attention(
@@ -978,6 +1063,7 @@ def embedding(ids: Operand, table: Operand) -> Tensor:
 
 __all__ = [
     "Axis",
+    "Fp8History",
     "Operand",
     "abs",
     "add",
@@ -992,6 +1078,7 @@ __all__ = [
     "constant",
     "cos",
     "cross_entropy",
+    "current_fp8_history",
     "div",
     "divide",
     "dynamic_update_slice",
@@ -1000,6 +1087,7 @@ __all__ = [
     "erf",
     "exp",
     "fp8_grad",
+    "fp8_history",
     "fp8_matmul",
     "fp8_matmuls",
     "fp8_quantize",

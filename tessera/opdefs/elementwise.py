@@ -694,6 +694,29 @@ def _fp8_grad_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotange
     return [b.op(graph.Fp8QuantizeOp, ct, fp8_scale(b, ct, fmt), format=fmt)]
 
 
+def _fp8_grad_delayed_vjp(b: GradBuilder, op: graph.GraphOp, cts: Cotangents) -> Cotangents:
+    """The cotangent quantised with the given scale; its amax is the probe's cotangent."""
+    ct = cts[0]
+    if ct is None:
+        return [None, None, None]
+    rank = len(_shape(ct))
+    magnitude = b.op(graph.AbsOp, ct)
+    amax = (
+        b.op(graph.MaxOp, magnitude, axes=list(range(rank)), keepdims=False) if rank else magnitude
+    )
+    quantized = b.op(graph.Fp8QuantizeOp, ct, op.operands[1], format=op.attrs()["format"])
+    return [quantized, None, amax]
+
+
+_register(
+    graph.Fp8GradDelayedOp,
+    partial=(0,),
+    vjp=_fp8_grad_delayed_vjp,
+    reference=on_operands(lambda x, scale, probe: x),
+    tile=Pointwise(lambda b, op, a: a[0]),
+)
+
+
 _register(
     graph.Fp8GradOp,
     partial=(0,),

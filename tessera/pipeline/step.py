@@ -394,6 +394,11 @@ class PipelinedTrainingStep(TrainingStep):
     def __init__(self, fn: Callable[..., Any], **options: Any):
         super().__init__(fn, **options)
         assert self.pp_axis is not None
+        if self.precision.delayed:
+            raise TesseraError(
+                "training_step: delayed fp8 scaling in a pipelined step is not supported "
+                "yet; use fp8_scaling='current'"
+            )
         self._pipeline = PipelineStep(self, self.pp_axis)
 
     def __call__(self, state: TrainState, *batch: Any) -> Any:

@@ -33,6 +33,7 @@ distinct layer program once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import multiprocessing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from xdsl.ir import Operation
 
 from tessera import dist, op
 from tessera.autodiff.api import grad
+from tessera.errors import TesseraError
 from tessera.ir.abstract import AbstractTensor
 from tessera.jit_function import jit
 from tessera.plan.models import ModelSpec
@@ -236,6 +238,23 @@ def compile_layer(
         static_argnums=(2, 3, 4, 5), mesh=mesh, in_shardings=shardings,
     )  # fmt: skip
     return gradient, (x, params, *static)
+
+
+@functools.lru_cache(maxsize=32)
+def fp8_unsupported(layer: str, mlp: str) -> str | None:
+    """Why a model's layer cannot run with fp8 matmuls (the error tracing it as
+    ``graph.training_step(precision="fp8")`` does, at a reduced width), None when it can:
+    the built-in :func:`transformer_layer` always can (its matmuls are bf16)."""
+    if not layer:
+        return None
+    shape = LayerShape(32, 2, 1, 16, 64, mlp, 8, 1, 1, 1, layer=layer)
+    gradient, args = compile_layer(shape)
+    try:
+        with op.fp8_matmuls(True):
+            gradient.lower(*args)
+    except TesseraError as error:
+        return str(error).splitlines()[0]
+    return None
 
 
 def _argument_bytes(module: Any, name: str) -> int:

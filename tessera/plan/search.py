@@ -6,7 +6,8 @@ simulated step time.
    1, 2, 4, schedules 1F1B, interleaved (2 chunks) and ZB-H1 when pp > 1 (GPipe holds every
    microbatch: never better than 1F1B in time, worse in memory), sequence parallelism on
    and off, recomputation none or full, precision bf16 or fp8 (fp8 only on devices with FP8
-   tensor cores: ``graph.training_step(precision="fp8")`` runs it).
+   tensor cores and for models whose layer runs with fp8 matmuls, as
+   ``graph.training_step(precision="fp8")`` runs it: :func:`~tessera.plan.layer.fp8_unsupported`).
 2. *Drop* what breaks a size rule (:func:`structural_violations`) or cannot fit even its
    model states, with the reason, counted by rule.
 3. *Screen* the rest with :func:`estimate` and ``screen=True``: the compiled layer at one
@@ -37,7 +38,7 @@ from tessera.plan.estimate import (
     precision_machine,
     screen_memory,
 )
-from tessera.plan.layer import LayerShape, compiled_count, prefetch_profiles
+from tessera.plan.layer import LayerShape, compiled_count, fp8_unsupported, prefetch_profiles
 from tessera.plan.models import ModelSpec
 from tessera.plan.strategy import Strategy
 from tessera.plan.validate import memory_violation, structural_violations
@@ -141,6 +142,9 @@ def search(
         result.candidates += 1
         if s.precision == "fp8" and not fp8:
             result.dropped["the device has no FP8 tensor cores"] += 1
+            continue
+        if s.precision == "fp8" and fp8_unsupported(model.layer, model.mlp):
+            result.dropped["the model's ops do not all run in FP8"] += 1
             continue
         problems = structural_violations(model, s, gpus, global_batch, seq)
         if problems:

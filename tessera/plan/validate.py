@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from tessera.errors import TesseraError
 from tessera.plan.estimate import MEMORY_HEADROOM, Estimate, estimate, has_fp8
+from tessera.plan.layer import fp8_unsupported
 from tessera.plan.models import ModelSpec
 from tessera.plan.strategy import PRECISIONS, REMAT, SCHEDULES, ZERO_STAGES, Strategy
 from tessera.topology import Topology
@@ -102,6 +103,9 @@ def validate(
         found.append(
             f"precision fp8 needs FP8 tensor cores, which the {topology.device.name} lacks"
         )
+    unsupported = fp8_unsupported(model.layer, model.mlp) if s.precision == "fp8" else None
+    if unsupported:
+        found.append(f"precision fp8: the model's layer does not run in fp8 ({unsupported})")
     if found:
         return found, None
     result = estimate(model, s, topology, global_batch, seq)

@@ -11,9 +11,15 @@ FP8 (``precision="fp8"``): bf16 as above, and every ``op.matmul`` (``@``, ``eins
 ``cumsum``'s, nor attention's, which stay bf16) is :func:`tessera.op.fp8_matmul`: its
 operands quantised per tensor to e4m3 and its incoming gradient to e5m2, each with its
 current scale ``amax / max`` (the whole tensor's over a mesh; a pipelined step's per
-data-parallel rank and microbatch, as gradient accumulation's per microbatch), products in
-f32. The quantisation is emulated (``graph.fp8_quantize``: torch's float8 casts on the
-reference kernels, f32 arithmetic in Triton kernels); the matmuls run on f32 operands.
+data-parallel rank and microbatch, as gradient accumulation's per microbatch), the
+operands' e4m3 values multiplied with f32 accumulation and rescaled. The quantisation is
+quantise–dequantise (``graph.fp8_quantize``: torch's float8 casts on the reference
+kernels, f32 arithmetic in Triton kernels); the forward matmuls' Triton kernels dot in fp8
+where :func:`tessera.precision.fp8_dots` says so (compute capability 8.9 and later).
+Delayed scaling (``Precision(fp8_scaling="delayed")``): each fp8 tensor's scale comes from
+its amax history (:class:`tessera.op.Fp8History`; the gradients' amaxes reach it as the
+gradients of probes, ``graph.fp8_grad_delayed``), kept in the optimizer state by
+:class:`Fp8Delayed` and updated by the step (:func:`updated_history`).
 
 Dynamic loss scaling (fp16's default, as ``torch.amp.GradScaler``): ``graph.backward``
 seeds the loss's cotangent with the scale, so the backward computes the gradients of
@@ -34,8 +40,10 @@ from xdsl.dialects.builtin import UnitAttr
 
 from tessera import op
 from tessera.analysis.reduction_points import REDUCE_WIDENED
+from tessera.errors import TesseraError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor
+from tessera.ir.sharding import Sharding
 from tessera.precision import Precision  # defined there, below the compile driver
 
 
@@ -137,3 +145,44 @@ def _map(fn: Any, *trees: Any) -> Any:
     return pytree.unflatten(
         pytree.flatten(trees[0])[1], [fn(*xs) for xs in zip(*leaves, strict=True)]
     )
+
+
+@dataclass(frozen=True)
+class Fp8Delayed:
+    """An optimizer whose state also holds the amax histories of delayed fp8 scaling:
+    ``{"optimizer": <inner state>, "fp8": {"amax_history": [tensors, amax_history]}}``, one
+    row per fp8 tensor of the step (most recent amax first). The rows are counted when
+    the step first traces (:meth:`tessera.training.TrainingStep.lower`): ``init`` makes none."""
+
+    inner: Any
+    precision: Precision
+
+    def init(self, params: Any) -> dict[str, Any]:
+        history = torch.zeros(0, self.precision.amax_history)
+        return {"optimizer": self.inner.init(params), "fp8": {"amax_history": history}}
+
+    def state_layout(self, like_params: Any, scalar: Any) -> dict[str, Any]:
+        return {
+            "optimizer": self.inner.state_layout(like_params, scalar),
+            "fp8": {"amax_history": Sharding(((), ()))},  # replicated
+        }
+
+    def update(self, params: Any, grads: Any, state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The inner update; the histories as they were (the step writes the new ones)."""
+        new_params, new_state = self.inner.update(params, grads, state["optimizer"])
+        return new_params, {"optimizer": new_state, "fp8": state["fp8"]}
+
+
+def updated_history(history: Tensor, amaxes: list[Tensor | None]) -> Tensor:
+    """``history`` with this step's amaxes first and its oldest column dropped."""
+    if len(amaxes) != history.aval.shape[0] or any(a is None for a in amaxes):
+        raise TesseraError(
+            f"fp8 delayed scaling: the step quantised {len(amaxes)} fp8 tensors (with every "
+            f"gradient's through graph.backward) for an amax history of "
+            f"{history.aval.shape[0]} rows"
+        )
+    column = op.reshape(op.stack([a for a in amaxes if a is not None]), (len(amaxes), 1))
+    length = history.aval.shape[1]
+    if length == 1:
+        return column
+    return op.concat([column, op.slice(history, (0, 0), (len(amaxes), length - 1))], axis=1)

@@ -73,7 +73,14 @@ from tessera.program import Lowered, MemoryStats, ModelStateMemory
 from tessera.training import checkpoint, fault_injection
 from tessera.training.accumulation import accumulate_microbatches
 from tessera.training.grad_clip import clip_by_global_norm
-from tessera.training.mixed_precision import LossScaled, Precision, to_compute, widened
+from tessera.training.mixed_precision import (
+    Fp8Delayed,
+    LossScaled,
+    Precision,
+    to_compute,
+    updated_history,
+    widened,
+)
 from tessera.training.state import TrainState, gathered, rank_shards, write_result
 from tessera.transforms.remat import RematPolicy
 
@@ -217,6 +224,13 @@ class TrainingStep:
         self.optimizer = (
             LossScaled(optimizer, self.precision) if self.precision.scaled else optimizer
         )
+        if self.precision.delayed:
+            if self.precision.scaled or accumulate > 1:
+                raise TesseraError(
+                    "training_step: delayed fp8 scaling with loss scaling or gradient "
+                    "accumulation is not supported yet; use fp8_scaling='current'"
+                )
+            self.optimizer = Fp8Delayed(self.optimizer, self.precision)
         self.mesh = mesh
         check_shard_specs(param_shardings, "training_step: param_shardings")
         check_shard_specs(batch_shardings, "training_step: batch_shardings")
@@ -236,6 +250,7 @@ class TrainingStep:
                 f"optimizer state sharded over {dp_axis!r}) or zero=1 with pipelining"
             )
         self._jit: dict[tuple[pytree.TreeDef, int], tuple[JitFunction, _Layouts]] = {}
+        self._fp8_tensors = 0  # delayed fp8 scaling: the fp8 tensors the step quantises
 
     # --- user API ---------------------------------------------------------------------------
 
@@ -395,8 +410,21 @@ class TrainingStep:
         jitted, layouts = self._compiled(state, len(batch))
         with numerics_policy.mode_of(self.numerics):  # read into the program's config
             lowered = jitted.lower(state.params, state.opt_state, *batch)
+            if self.precision.delayed and self._sized_histories(state):
+                lowered = jitted.lower(state.params, state.opt_state, *batch)
         lowered.model_states = lambda: self._model_states(lowered, state, layouts)
         return lowered
+
+    def _sized_histories(self, state: TrainState) -> bool:
+        """Delayed fp8 scaling: gives a state without amax histories (from ``init``) one
+        zero row per fp8 tensor the step quantises (counted by the trace just made);
+        whether it did."""
+        fp8 = state.opt_state["fp8"]
+        if fp8["amax_history"].shape[0] or not self._fp8_tensors:
+            return False
+        fp8["amax_history"] = torch.zeros(self._fp8_tensors, self.precision.amax_history)
+        self._placed(state)  # under tessera run: this rank's (replicated) copy
+        return True
 
     def compile_options(self) -> dict[str, Any]:
         """The step's options its programs' compile configuration records
@@ -506,9 +534,15 @@ class TrainingStep:
 
         precision = self.precision
 
-        def call(used: Any, batch: Sequence[Any], scale: Tensor | None) -> tuple[list[Tensor], Any]:
+        def call(
+            used: Any, batch: Sequence[Any], scale: Tensor | None, fp8: op.Fp8History | None = None
+        ) -> tuple[list[Tensor], Any]:
             used, batch = to_compute(used, precision), to_compute(tuple(batch), precision)
-            with tracing_step(StepTrace(used, self.remat, scale)), op.fp8_matmuls(precision.fp8):
+            with (
+                tracing_step(StepTrace(used, self.remat, scale)),
+                op.fp8_matmuls(precision.fp8),
+                op.fp8_history(fp8),
+            ):
                 returned = user_fn(used, *batch)
             if not (isinstance(returned, tuple) and len(returned) == 2):
                 raise TraceError(
@@ -530,8 +564,12 @@ class TrainingStep:
             used = pytree.unflatten(tree, constrain(stored, layouts.stored, layouts.compute))
             check_call(user_fn, self.__name__, (used, *batch), {})
             scale = opt_state["loss_scale"]["scale"] if precision.scaled else None
+            fp8 = None
+            if precision.delayed:  # no rows while the step counts its fp8 tensors
+                history = opt_state["fp8"]["amax_history"]
+                fp8 = op.Fp8History(history if history.aval.shape[0] else None, precision.fp8_margin)
             if self.accumulate == 1:
-                grad_leaves, metrics = call(used, batch, scale)
+                grad_leaves, metrics = call(used, batch, scale, fp8)
             else:
                 grad_leaves, metrics = accumulate_microbatches(
                     lambda micro: call(used, micro, scale), batch, self.accumulate, self._dp_size()
@@ -553,6 +591,10 @@ class TrainingStep:
             new_params, new_state = optimizer.update(
                 params, pytree.unflatten(tree, grad_leaves), opt_state
             )
+            if fp8 is not None:
+                self._fp8_tensors = len(fp8.amaxes)
+                if fp8.history is not None:
+                    new_state["fp8"] = {"amax_history": updated_history(fp8.history, fp8.amaxes)}
             return new_params, new_state, widened_metrics(metrics)
 
         program.__name__ = self.__name__

@@ -79,6 +79,7 @@ EXERCISED: dict[type, str] = {
     graph.DynamicUpdateSliceOp: "test_generate.py::test_dynamic_update_slice_against_numpy",
     graph.Fp8QuantizeOp: "test_fp8.py::test_fp8_quantize_saturates_and_rounds_like_torch",
     graph.Fp8GradOp: "test_fp8.py::test_fp8_gradients_match_torch_float8_emulation",
+    graph.Fp8GradDelayedOp: "test_fp8_delayed.py::test_delayed_scaling_runs_in_triton_kernels",
     graph.TransposeOp: "test_layout_ops",
     graph.BroadcastToOp: "test_layout_ops",
     graph.SliceOp: "test_layout_ops",

@@ -19,6 +19,7 @@ READERS = {
     "TESSERA_AUTOTUNE": environment.autotune,
     "TESSERA_PROGRAM_CACHE": environment.program_cache,
     "TESSERA_DEBUG": environment.debug,
+    "TESSERA_FP8_DOTS": environment.fp8_dots,
     "WORLD_SIZE": environment.world_size,
 }
 
@@ -35,6 +36,7 @@ READERS = {
         ("TESSERA_AUTOTUNE", "Yes", True),
         ("TESSERA_PROGRAM_CACHE", "0", False),
         ("TESSERA_DEBUG", "1", True),
+        ("TESSERA_FP8_DOTS", "On", "on"),
         ("WORLD_SIZE", "4", 4),
     ],
 )
@@ -59,6 +61,7 @@ def test_unset_or_empty_means_the_default(monkeypatch, name):
         ("TESSERA_DEVICE", "gpu", "one of cpu, cuda"),
         ("TESSERA_AUTOTUNE", "maybe", "one of 1, true, yes, on or 0, false, no, off"),
         ("TESSERA_PROGRAM_CACHE", "2", "one of 1, true"),
+        ("TESSERA_FP8_DOTS", "yes", "one of auto, on, off"),
         ("TESSERA_TIMEOUT", "nan", "a positive, finite number of seconds"),
         ("TESSERA_TIMEOUT", "inf", "a positive, finite number of seconds"),
         ("TESSERA_TIMEOUT", "-1", "a positive, finite number of seconds"),

@@ -187,6 +187,37 @@ def test_fp8_is_planned_only_where_training_runs_it() -> None:
     assert any("FP8 tensor cores" in f for f in found)
 
 
+F64_LAYER = """
+from tessera import op
+
+
+def f64_layer(x, p, heads, kv_heads, mlp, residual=None):
+    h = op.astype(x, "float64") @ op.astype(p["wq"], "float64")  # no fp8 matmul takes f64
+    return x + op.astype(h, x.dtype) @ p["wo"]
+"""
+
+
+def test_fp8_is_planned_only_for_layers_that_run_in_fp8(tmp_path) -> None:
+    """A model whose layer has an op fp8 training cannot run (an f64 matmul) gets no FP8
+    plan on an H100 (dropped by the search, a violation for validate); the built-in layer
+    and the parallel block example run in fp8."""
+    from tessera.plan.layer import fp8_unsupported
+    from tessera.plan.search import search
+    from tessera.plan.validate import validate
+    from tessera.topology import dgx_h100
+
+    path = tmp_path / "f64_block.py"
+    path.write_text(F64_LAYER)
+    model = load_model(f"{SMALL},layer={path}:f64_layer")
+    assert "fp8 matmul" in (fp8_unsupported(model.layer, model.mlp) or "")
+    assert fp8_unsupported("", "swiglu") is None
+    assert fp8_unsupported("examples/plan_parallel_block.py:parallel_block", "swiglu") is None
+    result = search(model, dgx_h100(), 8, 16, 32, fix={"precision": "fp8"})
+    assert result.best is None and result.dropped["the model's ops do not all run in FP8"] > 0
+    found, _ = validate(model, Strategy(dp=8, precision="fp8"), dgx_h100(), 8, 16, 32)
+    assert any("does not run in fp8" in f for f in found), found
+
+
 def test_parallel_layer_compiles_give_the_serial_ranking() -> None:
     """``jobs=2`` compiles the screening's layer programs in two forked workers: the
     ranking (strategies, step times, memory) equals the serial search's, exactly."""

@@ -23,6 +23,8 @@ from xdsl.dialects import math as mathd
 from xdsl.dialects.builtin import (
     BFloat16Type,
     DenseIntOrFPElementsAttr,
+    Float8E4M3FNType,
+    Float8E5M2Type,
     Float16Type,
     Float32Type,
     Float64Type,
@@ -53,6 +55,8 @@ def triton_dtype(t: Attribute) -> str:
         BFloat16Type: "tl.bfloat16",
         Float16Type: "tl.float16",
         Float64Type: "tl.float64",
+        Float8E4M3FNType: "tl.float8e4nv",  # torch.float8_e4m3fn
+        Float8E5M2Type: "tl.float8e5",  # torch.float8_e5m2
     }
     for cls, name in names.items():
         if isinstance(element, cls):
@@ -146,7 +150,8 @@ def _load(op: tile.LoadOp, a: Sequence[str]) -> str:
 
 def _dot(op: tile.DotOp, a: Sequence[str]) -> str:
     """``tl.dot``: f32 operands in IEEE precision (not TF32); f64 operands (tl.dot accepts
-    them from Triton 3.6 on: FMA on NVIDIA GPUs, no f64 tensor cores) too. Integer
+    them from Triton 3.6 on: FMA on NVIDIA GPUs, no f64 tensor cores) too; fp8 operands
+    (``tl.float8e4nv``, ``tl.float8e5``) on fp8 tensor cores, into the f32 accumulator. Integer
     operands (tl.dot takes int8 only) multiply and sum a 3-D broadcast, exactly."""
     if isinstance(tile.element_type(op.a.type), IntegerType):
         return f"{a[2]} + tl.sum({a[0]}[:, :, None] * {a[1]}[None, :, :], axis=1)"

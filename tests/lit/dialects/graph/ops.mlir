@@ -540,16 +540,23 @@ func.func @attention(%q: tensor<2x4x16x8xf32>, %k: tensor<2x2x24x8xf32>, %v: ten
   func.return
 }
 
-// The fp8 quantisers: fp8_quantize (a value and its scalar scale) and fp8_grad (identity,
-// its cotangent quantised), each with its format.
+// The fp8 quantisers: fp8_quantize (a value and its scalar scale), fp8_grad (identity,
+// its cotangent quantised) and fp8_grad_delayed (with a given scale; a probe whose
+// cotangent is the cotangent's amax), each with its format; a matmul of fp8 values.
 // CHECK-LABEL: func.func @fp8
 // CHECK-SAME: (%[[X:.*]]: tensor<4x8xf32>, %[[S:.*]]: tensor<f32>) {
 // CHECK-NEXT: %[[Q:.*]] = graph.fp8_quantize %[[X]], %[[S]] {format = e4m3} : tensor<4x8xf32>, tensor<f32> -> tensor<4x8xf32>{{$}}
 // CHECK-NEXT: %{{.*}} = graph.fp8_grad %[[Q]] {format = e5m2} : tensor<4x8xf32>{{$}}
+// CHECK-NEXT: %{{.*}} = graph.fp8_grad_delayed %[[Q]], %[[S]], %[[S]] {format = e5m2} : tensor<4x8xf32>, tensor<f32>, tensor<f32> -> tensor<4x8xf32>{{$}}
+// CHECK-NEXT: %[[T:.*]] = graph.transpose %[[Q]] {perm = [1, 0]} : tensor<4x8xf32> -> tensor<8x4xf32>{{$}}
+// CHECK-NEXT: %{{.*}} = graph.matmul %[[Q]], %[[T]] {fp8 = e4m3} : tensor<4x8xf32>, tensor<8x4xf32> -> tensor<4x4xf32>{{$}}
 // CHECK-NEXT: func.return
 func.func @fp8(%x: tensor<4x8xf32>, %s: tensor<f32>) {
   %q = graph.fp8_quantize %x, %s {format = e4m3} : tensor<4x8xf32>, tensor<f32> -> tensor<4x8xf32>
   %g = graph.fp8_grad %q {format = e5m2} : tensor<4x8xf32>
+  %d = graph.fp8_grad_delayed %q, %s, %s {format = e5m2} : tensor<4x8xf32>, tensor<f32>, tensor<f32> -> tensor<4x8xf32>
+  %t = graph.transpose %q {perm = [1, 0]} : tensor<4x8xf32> -> tensor<8x4xf32>
+  %m = graph.matmul %q, %t {fp8 = e4m3} : tensor<4x8xf32>, tensor<8x4xf32> -> tensor<4x4xf32>
   func.return
 }
 
