@@ -32,7 +32,10 @@ stacked operands' layouts without dim 0 (which stays whole), and returns its car
 constrained to the layouts it got them in. After the callers' fixed point each call names
 the variant for its operands' layouts: the first variant of ``@f`` keeps the name, the
 others are ``@f_1``, ``@f_2``... Calls neither take their users' wishes nor pass theirs
-on: layouts cross a region boundary forward only.
+on: layouts cross a region boundary forward only. A call's ``graph.result_shardings``
+(constraints ``canonicalize`` folded into it) are part of its variant: the variant returns
+those results constrained, as a ``graph.shard`` before its return, so the call's results
+have the constrained layouts (closed, as a ``graph.shard``'s result is).
 
 A call of a manual function (``dist.shard_map``'s body, see ``tessera.ir.manual``) is
 not propagated into: its results are closed to its ``out_specs``, and its open operands
@@ -92,7 +95,8 @@ class ShardPropagatePass(ModulePass):
             variants.materialize(roots)
 
 
-_VariantKey = tuple[str, tuple[Sharding, ...]]
+# the callee, its arguments' layouts and the call's constraints on its results
+_VariantKey = tuple[str, tuple[Sharding, ...], tuple[Sharding | None, ...]]
 Caller = graph.CallOp | graph.ScanOp
 
 
@@ -111,12 +115,14 @@ class _Variants:
     @staticmethod
     def key(call: Caller, operands: Sequence[Sharding]) -> _VariantKey:
         """The variant ``call``'s operand layouts choose: its callee's argument layouts
-        (never partial; a scan's stacked operands without their scanned dim 0)."""
+        (never partial; a scan's stacked operands without their scanned dim 0), and the
+        call's result constraints."""
         layouts = [Sharding(s.dims) for s in operands]
         if isinstance(call, graph.ScanOp):
             carries = call.carry_count
             layouts[carries:] = [Sharding(s.dims[1:]) for s in layouts[carries:]]
-        return (call.callee_name, tuple(layouts))
+            return (call.callee_name, tuple(layouts), ())
+        return (call.callee_name, tuple(layouts), tuple(call.result_constraints()))
 
     def results(self, call: Caller, operands: Sequence[Sharding]) -> list[Sharding]:
         """The layouts of ``call``'s results when its operands have ``operands``: its
@@ -133,15 +139,19 @@ class _Variants:
                 set_arg_sharding(variant, index, self.mesh_name, sharding)
             returned = variant.body.block.last_op
             assert returned is not None
-            for index in range(carries):  # a step hands its carries on as it got them
+            # a step hands its carries on as it got them; a call's constrained results
+            # leave its callee constrained
+            kept = {index: key[1][index] for index in range(carries)}
+            kept |= {i: c for i, c in enumerate(key[2]) if c is not None}
+            for index, sharding in kept.items():
                 value = returned.operands[index]
-                kept = graph.ShardOp.create(
+                constraint = graph.ShardOp.create(
                     operands=[value],
                     result_types=[value.type],
-                    properties={"sharding": ShardingAttr.get(self.mesh_name, key[1][index])},
+                    properties={"sharding": ShardingAttr.get(self.mesh_name, sharding)},
                 )
-                Rewriter.insert_op(kept, InsertPoint.before(returned))
-                returned.operands[index] = kept.results[0]
+                Rewriter.insert_op(constraint, InsertPoint.before(returned))
+                returned.operands[index] = constraint.results[0]
             _Propagation(self.mesh, self.mesh_name, variant, self).run(self.max_iterations)
             layouts = [Sharding(value_sharding(variant, v).dims) for v in returned.operands]
             if isinstance(call, graph.ScanOp):
@@ -289,14 +299,20 @@ class _Propagation:
                 self.closed.add(result)
                 changed |= self._set(result, spec)
             return changed
+        changed = False
+        if isinstance(op, graph.CallOp):  # constrained results: closed from the start
+            for result, constraint in zip(op.results, op.result_constraints(), strict=True):
+                if constraint is not None and result not in self.closed:
+                    constraint.validate(self.mesh, aval(result).shape, f"{op.name} constraint")
+                    self.closed.add(result)
+                    changed |= self._set(result, constraint)
         known = [self.shardings.get(v) or _made_here(v) for v in op.operands]
         if any(k is None for k in known) or self.variants is None:
-            return False
+            return changed
         if self.calls_seen.get(op) == known:  # nothing new since the last sweep
-            return False
+            return changed
         self.calls_seen[op] = known
         operands = [k for k in known if k is not None]
-        changed = False
         for result, sharding in zip(op.results, self.variants.results(op, operands), strict=True):
             changed |= self._set(result, sharding)
         return changed
