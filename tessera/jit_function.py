@@ -23,7 +23,7 @@ from xdsl.ir import Attribute
 from tessera import environment, numerics, schedule
 from tessera import op as _op_library  # noqa: F401 (gives traced tensors their operators)
 from tessera.backends.cuda_graphs import CudaGraphs
-from tessera.dist.collectives import MESH_SYMBOL, shard
+from tessera.dist.collectives import MESH_SYMBOL, shard, shard_unread
 from tessera.dist.shard_map import register_jit as _register_shard_map_jit
 from tessera.dist.shard_spec import ShardSpec, check_shard_specs
 from tessera.dist.tensor import DistTensor
@@ -298,8 +298,8 @@ class JitFunction:
         out_leaves, out_tree = pytree.flatten(self._body(args, kwargs))
         if self.out_shardings is not None:
             specs = broadcast_prefix(self.out_shardings, out_tree, "out_shardings")
-            out_leaves = [
-                shard(leaf, spec) if spec is not None and isinstance(leaf, Tensor) else leaf
+            out_leaves = [  # the outputs: a region call's unread results constrained in it
+                shard_unread(leaf, spec) if spec is not None and isinstance(leaf, Tensor) else leaf
                 for leaf, spec in zip(out_leaves, specs, strict=True)
             ]
         return out_leaves, out_tree, config

@@ -70,6 +70,36 @@ def shard(x: Tensor, spec: ShardSpec | Sharding) -> Tensor:
     return _bind(graph.ShardOp, x, sharding=ShardingAttr.get(MESH_SYMBOL, sharding))
 
 
+def shard_unread(x: Tensor, spec: ShardSpec | Sharding) -> Tensor:
+    """``dist.shard(x, spec)`` for an ``x`` the traced code reads no more (a step's output,
+    a gradient the optimizer reads constrained): when ``x`` is an unread, unconstrained
+    result of a region call, the call constrains it (``graph.result_shardings``, what
+    ``canonicalize`` would fold the ``graph.shard`` into) and ``x`` is returned; no op."""
+    value = x.value if isinstance(x, Tensor) else None
+    call = value.owner if value is not None else None
+    if (
+        not isinstance(call, graph.CallOp)
+        or value.uses  # type: ignore[union-attr]
+        or per_rank.in_manual_region()
+        or call.result_constraints()[value.index] is not None  # type: ignore[union-attr]
+    ):
+        return shard(x, spec)
+    callee = current_trace().functions.functions.get(call.callee_name)
+    if callee is None or graph.MANUAL in callee.attributes:
+        return shard(x, spec)
+    mesh = _mesh("dist.shard")
+    where = f"dist.shard at {user_location()}"
+    if isinstance(spec, ShardSpec):
+        sharding = spec.to_sharding(mesh, x.shape, where)
+    else:
+        spec.validate(mesh, x.shape, where)
+        sharding = spec
+    attrs = call.result_constraint_attrs()
+    attrs[value.index] = ShardingAttr.get(MESH_SYMBOL, sharding)  # type: ignore[union-attr]
+    call.set_result_constraints(attrs)
+    return x
+
+
 def all_reduce(x: Tensor, axis: str | Sequence[str], op: str = "sum") -> Tensor:
     """Resolves ``x``'s partial values over ``axis``; ``op`` is their reduction kind
     (a key of ``tessera.ir.reduction_kinds.KINDS``: sum, mean, max, min, prod)."""
