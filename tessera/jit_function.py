@@ -27,7 +27,7 @@ from tessera.dist.collectives import MESH_SYMBOL, shard, shard_unread
 from tessera.dist.shard_map import register_jit as _register_shard_map_jit
 from tessera.dist.shard_spec import ShardSpec, check_shard_specs
 from tessera.dist.tensor import DistTensor
-from tessera.driver import KERNEL_BACKENDS, CompileConfig
+from tessera.driver import KERNEL_BACKENDS, CompileConfig, collection_paused
 from tessera.errors import (
     ArgumentError,
     ExecutionError,
@@ -209,7 +209,8 @@ class JitFunction:
         key = (signature, self.compile_config())
         lowered = self._cache.get(key)
         if lowered is None:
-            lowered = self._cache[key] = self._trace(*key)
+            with collection_paused():
+                lowered = self._cache[key] = self._trace(*key)
         return lowered, leaves
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -67,7 +67,7 @@ from tessera.ir.sharding import (
     Sharding,
     ShardingAttr,
     arg_sharding,
-    set_arg_sharding,
+    set_arg_shardings,
     set_op_shardings,
     value_sharding,
 )
@@ -111,9 +111,18 @@ class _Variants:
         self.functions = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
         self.propagated: dict[_VariantKey, tuple[func.FuncOp, list[Sharding]]] = {}
         self.keys: dict[Operation, _VariantKey] = {}  # each call's final key
+        self.constraints: dict[Operation, tuple[Sharding | None, ...]] = {}
 
-    @staticmethod
-    def key(call: Caller, operands: Sequence[Sharding]) -> _VariantKey:
+    def constrained(self, call: Caller) -> tuple[Sharding | None, ...]:
+        """``call``'s result constraints (``graph.result_shardings``; none for a scan)."""
+        found = self.constraints.get(call)
+        if found is None:
+            found = self.constraints[call] = (
+                tuple(call.result_constraints()) if isinstance(call, graph.CallOp) else ()
+            )
+        return found
+
+    def key(self, call: Caller, operands: Sequence[Sharding]) -> _VariantKey:
         """The variant ``call``'s operand layouts choose: its callee's argument layouts
         (never partial; a scan's stacked operands without their scanned dim 0), and the
         call's result constraints."""
@@ -122,7 +131,7 @@ class _Variants:
             carries = call.carry_count
             layouts[carries:] = [Sharding(s.dims[1:]) for s in layouts[carries:]]
             return (call.callee_name, tuple(layouts), ())
-        return (call.callee_name, tuple(layouts), tuple(call.result_constraints()))
+        return (call.callee_name, tuple(layouts), self.constrained(call))
 
     def results(self, call: Caller, operands: Sequence[Sharding]) -> list[Sharding]:
         """The layouts of ``call``'s results when its operands have ``operands``: its
@@ -135,8 +144,7 @@ class _Variants:
             if source is None:
                 raise LocatedPassFailure(call, f"shard-propagate: no function @{key[0]}")
             variant = source.clone()
-            for index, sharding in enumerate(key[1]):
-                set_arg_sharding(variant, index, self.mesh_name, sharding)
+            set_arg_shardings(variant, self.mesh_name, dict(enumerate(key[1])))
             returned = variant.body.block.last_op
             assert returned is not None
             # a step hands its carries on as it got them; a call's constrained results
@@ -301,7 +309,10 @@ class _Propagation:
             return changed
         changed = False
         if isinstance(op, graph.CallOp):  # constrained results: closed from the start
-            for result, constraint in zip(op.results, op.result_constraints(), strict=True):
+            constraints = (
+                self.variants.constrained(op) if self.variants else op.result_constraints()
+            )
+            for result, constraint in zip(op.results, constraints, strict=True):
                 if constraint is not None and result not in self.closed:
                     constraint.validate(self.mesh, aval(result).shape, f"{op.name} constraint")
                     self.closed.add(result)
@@ -444,9 +455,14 @@ class _Propagation:
         return True
 
     def _write(self) -> None:
-        for index, arg in enumerate(self.function.args):
-            sharding = self.shardings.get(arg, Sharding.replicated(aval(arg).rank))
-            set_arg_sharding(self.function, index, self.mesh_name, sharding)
+        set_arg_shardings(
+            self.function,
+            self.mesh_name,
+            {
+                index: self.shardings.get(arg) or Sharding.replicated(aval(arg).rank)
+                for index, arg in enumerate(self.function.args)
+            },
+        )
         for op in self.ops:
             shardings = [
                 self.shardings.get(r, Sharding.replicated(aval(r).rank)) for r in op.results
