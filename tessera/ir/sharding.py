@@ -165,6 +165,10 @@ class ShardingAttr(ParametrizedAttribute):
     def mesh_name(self) -> str:
         return self.mesh.root_reference.data
 
+    def __getstate__(self) -> dict[str, object]:
+        # the parameters, without the kept Sharding (see ``sharding``)
+        return {k: v for k, v in self.__dict__.items() if k != "_sharding_value"}
+
     @property
     def sharding(self) -> Sharding:
         # kept on the instance: hashing an attribute (for the cache) walks its parameters
