@@ -299,10 +299,8 @@ class JitFunction:
         out_leaves, out_tree = pytree.flatten(self._body(args, kwargs))
         if self.out_shardings is not None:
             specs = broadcast_prefix(self.out_shardings, out_tree, "out_shardings")
-            out_leaves = [  # the outputs: a region call's unread results constrained in it
-                shard_unread(leaf, spec) if spec is not None and isinstance(leaf, Tensor) else leaf
-                for leaf, spec in zip(out_leaves, specs, strict=True)
-            ]
+            # the outputs: a region call's unread results constrained in the call
+            out_leaves = shard_unread(out_leaves, specs)
         return out_leaves, out_tree, config
 
     def _donated_leaves(self, signature: Signature) -> set[int]:

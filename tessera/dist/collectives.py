@@ -70,34 +70,43 @@ def shard(x: Tensor, spec: ShardSpec | Sharding) -> Tensor:
     return _bind(graph.ShardOp, x, sharding=ShardingAttr.get(MESH_SYMBOL, sharding))
 
 
-def shard_unread(x: Tensor, spec: ShardSpec | Sharding) -> Tensor:
-    """``dist.shard(x, spec)`` for an ``x`` the traced code reads no more (a step's output,
-    a gradient the optimizer reads constrained): when ``x`` is an unread, unconstrained
-    result of a region call, the call constrains it (``graph.result_shardings``, what
-    ``canonicalize`` would fold the ``graph.shard`` into) and ``x`` is returned; no op."""
-    value = x.value if isinstance(x, Tensor) else None
-    call = value.owner if value is not None else None
-    if (
-        not isinstance(call, graph.CallOp)
-        or value.uses  # type: ignore[union-attr]
-        or per_rank.in_manual_region()
-        or call.result_constraints()[value.index] is not None  # type: ignore[union-attr]
-    ):
-        return shard(x, spec)
-    callee = current_trace().functions.functions.get(call.callee_name)
-    if callee is None or graph.MANUAL in callee.attributes:
-        return shard(x, spec)
-    mesh = _mesh("dist.shard")
-    where = f"dist.shard at {user_location()}"
-    if isinstance(spec, ShardSpec):
-        sharding = spec.to_sharding(mesh, x.shape, where)
-    else:
-        spec.validate(mesh, x.shape, where)
-        sharding = spec
-    attrs = call.result_constraint_attrs()
-    attrs[value.index] = ShardingAttr.get(MESH_SYMBOL, sharding)  # type: ignore[union-attr]
-    call.set_result_constraints(attrs)
-    return x
+def shard_unread(values: Sequence[Any], specs: Sequence[ShardSpec | Sharding | None]) -> list[Any]:
+    """``dist.shard(x, spec)`` of each traced tensor ``x`` of ``values`` whose spec is not
+    None, for values the traced code reads no more (a step's outputs, the gradients the
+    optimizer reads constrained): an unread, unconstrained result of a region call is
+    constrained by the call (``graph.result_shardings``, what ``canonicalize`` would fold
+    the ``graph.shard`` into) and returned as is, with no op; each call's constraints are
+    set at once."""
+    found: list[Any] = []
+    folded: dict[graph.CallOp, list[ShardingAttr | None]] = {}
+    functions = current_trace().functions.functions
+    for x, spec in zip(values, specs, strict=True):
+        if spec is None or not isinstance(x, Tensor):
+            found.append(x)
+            continue
+        value = x.value
+        call = value.owner
+        index = value.index if isinstance(call, graph.CallOp) else 0  # type: ignore[attr-defined]
+        if isinstance(call, graph.CallOp) and call not in folded:
+            callee = functions.get(call.callee_name)
+            if callee is not None and graph.MANUAL not in callee.attributes:
+                folded[call] = call.result_constraint_attrs()
+        attrs = folded.get(call)  # type: ignore[call-overload]
+        if attrs is None or value.uses or attrs[index] is not None or per_rank.in_manual_region():
+            found.append(shard(x, spec))
+            continue
+        mesh = _mesh("dist.shard")
+        where = f"dist.shard at {user_location()}"
+        if isinstance(spec, ShardSpec):
+            sharding = spec.to_sharding(mesh, x.shape, where)
+        else:
+            spec.validate(mesh, x.shape, where)
+            sharding = spec
+        attrs[index] = ShardingAttr.get(MESH_SYMBOL, sharding)
+        found.append(x)
+    for call, attrs in folded.items():
+        call.set_result_constraints(attrs)
+    return found
 
 
 def all_reduce(x: Tensor, axis: str | Sequence[str], op: str = "sum") -> Tensor:

@@ -539,10 +539,8 @@ class TrainingStep:
             masters = [p.aval.dtype for p in stored]
             if precision.mixed and precision.reduce == "f32":  # the reductions in f32
                 grad_leaves = [widened(g, d) for g, d in zip(grad_leaves, masters, strict=True)]
-            grad_leaves = [  # a backward region call's results: constrained in the call
-                shard_unread(g, want) if mesh is not None else g
-                for g, want in zip(grad_leaves, layouts.grad, strict=True)
-            ]
+            if mesh is not None:  # a backward region call's results: constrained in the call
+                grad_leaves = shard_unread(grad_leaves, layouts.grad)
             grad_leaves = [op.astype(g, d) for g, d in zip(grad_leaves, masters, strict=True)]
             if scale is not None:
                 grad_leaves = [g / scale for g in grad_leaves]
