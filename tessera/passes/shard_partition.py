@@ -96,6 +96,33 @@ class ShardPartitionPass(ModulePass):
                 partitioner = _Partitioner(mesh, mesh_name, function, self.context, self.topology)
                 partitioner.in_region = function.sym_name.data in called
                 partitioner.run()
+        _check_calls(op)
+
+
+def _check_calls(module: ModuleOp) -> None:
+    """Each ``graph.call`` passes its callee per-rank operands of the callee's argument
+    types: a call whose operand layouts differ from the callee's argument layouts (a module
+    that did not run ``shard-propagate``, which makes one callee per layout, and
+    ``insert-collectives``) is an error at the call, not IR that does not verify."""
+    functions = {
+        f.sym_name.data: f for f in module.body.block.ops if isinstance(f, func.FuncOp)
+    }
+    for call in module.walk():
+        if not isinstance(call, graph.CallOp):
+            continue
+        callee = functions.get(call.callee_name)
+        if callee is None:
+            continue
+        expected = list(callee.function_type.inputs.data)
+        found = [v.type for v in call.operands]
+        if found != expected:
+            raise LocatedPassFailure(
+                call,
+                f"shard-partition: graph.call @{call.callee_name} passes per-rank operands "
+                f"{[str(t) for t in found]} to arguments {[str(t) for t in expected]}: the "
+                f"call's operand layouts differ from the callee's argument layouts (run "
+                f"shard-propagate and insert-collectives first)",
+            )
 
 
 class _Partitioner:
