@@ -682,9 +682,10 @@ def choose(
     Every operand proposes the axes on its dims. A round costs each proposal that still
     fits (its axes unused, except that a ``CONTEXT`` factor shares axes with the factors
     it never meets in a tensor; its factor divisible) together with the splits already
-    chosen and keeps the cheapest, if it costs no more than before; equal costs go to
-    the split whose moved operands more other ops read (they may share the move), then
-    to the factor of the largest tensor. Comparing across factors, not factor by
+    chosen and keeps the cheapest (by modelled time, then bytes received per rank), if
+    it costs no more than before; equal costs go to the split whose moved operands more
+    other ops read (they may share the move), then to the one leaving less result memory
+    per rank, then to the factor of the largest tensor. Comparing across factors, not factor by
     factor, keeps the choice independent of operand order.
 
     Results the users want laid out some way (``wanted``: a constraint's layout, or what
