@@ -19,6 +19,7 @@ from attention_reference import inputs as _inputs
 from attention_reference import spec as _spec
 from attention_reference import torch_attention as _torch_attention
 from attention_reference import torch_grads as _torch_grads
+from machines import BANDWIDTH_BOUND
 
 import tessera as ts
 from tessera import dist, op
@@ -264,7 +265,7 @@ def test_transformer_layer_trains_sequence_sharded() -> None:
 
     step = ts.jit(
         ts.value_and_grad(loss),
-        mesh=dist.mesh({"dp": 2, "cp": 2}),
+        mesh=dist.mesh({"dp": 2, "cp": 2}, topology=BANDWIDTH_BOUND),  # toy sizes as large
         in_shardings=(None, _spec((0, "dp"), (1, "cp"))),
         kernels="reference",
     )
@@ -286,11 +287,11 @@ def test_the_cost_model_prices_the_expansion() -> None:
     alternative (k and v gathered, dk and dv left partial) is dearer: an all-reduce."""
     from tessera.analysis import op_sharding
     from tessera.analysis.reduction_points import ReductionPoints
+    from tessera.analysis.sharding_clock import ShardingClock
     from tessera.ir import graph
     from tessera.ir.sharding import AxisSizes, Sharding
     from tessera.ir.sharding_rules import FactorKind
     from tessera.opdefs import sharding_rule
-    from tessera.transforms.reshard import ALPHA_BYTES
 
     batch, heads, seq, dim, cp = 2, 2, 64, 8, 4
     q, k, v, w = (t.float() for t in _inputs((batch, heads, seq, dim), 4))
@@ -303,7 +304,10 @@ def test_the_cost_model_prices_the_expansion() -> None:
     rule, points = sharding_rule(backward), ReductionPoints()
     assignment = op_sharding.choose(backward, rule, known, mesh, points)
     local = batch * heads * seq // cp * dim * 4  # one rank's block of k (f32)
-    expected = 2 * (local * (cp - 1) + ALPHA_BYTES) + 2 * (local * cp * (cp - 1) / cp + ALPHA_BYTES)
+    clock = ShardingClock(mesh)
+    gather = clock.collective("all_gather", ("cp",), local * cp)  # k, v: the gathered whole
+    scatter = clock.collective("reduce_scatter", ("cp",), local * cp)  # dk, dv: the whole
+    expected = 2 * gather + 2 * scatter
     assert op_sharding._cost(backward, rule, assignment, known, mesh, points) == expected
     without = {f: a for f, a in assignment.items() if rule.kind(f) is not FactorKind.CONTEXT}
     assert op_sharding._cost(backward, rule, without, known, mesh, points) > expected
