@@ -41,7 +41,10 @@ the driver (and ``tessera-opt``) hands it through :func:`available_passes`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+import gc
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -253,12 +256,40 @@ def pipeline_string(config: CompileConfig, stages: Sequence[str] = STAGES[1:]) -
 def run_stage(stage: str, previous: ModuleOp, config: CompileConfig) -> ModuleOp:
     """``stage``'s passes applied to a copy of ``previous`` (the module of the stage
     before it); the result is verified."""
-    module = previous.clone()
-    passes = available_passes()
-    for spec in stage_passes(stage, config):
-        spec.instantiate(passes).apply(Context(), module)
-    verify_module(module)
+    with collection_paused():
+        module = previous.clone()
+        passes = available_passes()
+        for spec in stage_passes(stage, config):
+            spec.instantiate(passes).apply(Context(), module)
+        verify_module(module)
     return module
+
+
+_paused = 0  # how many compiles (threads, nested calls) are in collection_paused
+_resume = True  # whether the collector was enabled when the first of them began
+_paused_lock = threading.Lock()
+
+
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while compiling (tracing, a stage): a
+    compile allocates many IR objects and frees few, and each full collection walks every
+    live object (the modules of the stages before, kept), so collections during a compile
+    cost time that grows with the program's size squared. The collector runs again after,
+    on whatever the compile left behind."""
+    global _paused, _resume
+    with _paused_lock:
+        if _paused == 0:
+            _resume = gc.isenabled()
+            gc.disable()
+        _paused += 1
+    try:
+        yield
+    finally:
+        with _paused_lock:
+            _paused -= 1
+            if _paused == 0 and _resume:
+                gc.enable()
 
 
 def available_passes() -> dict[str, Callable[[], type[ModulePass]]]:
@@ -306,6 +337,7 @@ __all__ = [
     "CompileConfig",
     "PassSpec",
     "available_passes",
+    "collection_paused",
     "pipeline_string",
     "previous_stage",
     "program_stages",

@@ -23,11 +23,11 @@ from xdsl.ir import Attribute
 from tessera import environment, numerics, schedule
 from tessera import op as _op_library  # noqa: F401 (gives traced tensors their operators)
 from tessera.backends.cuda_graphs import CudaGraphs
-from tessera.dist.collectives import MESH_SYMBOL, shard
+from tessera.dist.collectives import MESH_SYMBOL, shard, shard_unread
 from tessera.dist.shard_map import register_jit as _register_shard_map_jit
 from tessera.dist.shard_spec import ShardSpec, check_shard_specs
 from tessera.dist.tensor import DistTensor
-from tessera.driver import KERNEL_BACKENDS, CompileConfig
+from tessera.driver import KERNEL_BACKENDS, CompileConfig, collection_paused
 from tessera.errors import (
     ArgumentError,
     ExecutionError,
@@ -209,7 +209,8 @@ class JitFunction:
         key = (signature, self.compile_config())
         lowered = self._cache.get(key)
         if lowered is None:
-            lowered = self._cache[key] = self._trace(*key)
+            with collection_paused():
+                lowered = self._cache[key] = self._trace(*key)
         return lowered, leaves
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -298,10 +299,8 @@ class JitFunction:
         out_leaves, out_tree = pytree.flatten(self._body(args, kwargs))
         if self.out_shardings is not None:
             specs = broadcast_prefix(self.out_shardings, out_tree, "out_shardings")
-            out_leaves = [
-                shard(leaf, spec) if spec is not None and isinstance(leaf, Tensor) else leaf
-                for leaf, spec in zip(out_leaves, specs, strict=True)
-            ]
+            # the outputs: a region call's unread results constrained in the call
+            out_leaves = shard_unread(out_leaves, specs)
         return out_leaves, out_tree, config
 
     def _donated_leaves(self, signature: Signature) -> set[int]:

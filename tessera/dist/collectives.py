@@ -59,6 +59,45 @@ def shard(x: Tensor, spec: ShardSpec | Sharding) -> Tensor:
     return _bind(graph.ShardOp, x, sharding=ShardingAttr.get(MESH_SYMBOL, sharding))
 
 
+def shard_unread(values: Sequence[Any], specs: Sequence[ShardSpec | Sharding | None]) -> list[Any]:
+    """``dist.shard(x, spec)`` of each traced tensor ``x`` of ``values`` whose spec is not
+    None, for values the traced code reads no more (a step's outputs, the gradients the
+    optimizer reads constrained): an unread, unconstrained result of a region call is
+    constrained by the call (``graph.result_shardings``, what ``canonicalize`` would fold
+    the ``graph.shard`` into) and returned as is, with no op; each call's constraints are
+    set at once."""
+    found: list[Any] = []
+    folded: dict[graph.CallOp, list[ShardingAttr | None]] = {}
+    functions = current_trace().functions.functions
+    for x, spec in zip(values, specs, strict=True):
+        if spec is None or not isinstance(x, Tensor):
+            found.append(x)
+            continue
+        value = x.value
+        call = value.owner
+        index = value.index if isinstance(call, graph.CallOp) else 0  # type: ignore[attr-defined]
+        if isinstance(call, graph.CallOp) and call not in folded:
+            callee = functions.get(call.callee_name)
+            if callee is not None and graph.MANUAL not in callee.attributes:
+                folded[call] = call.result_constraint_attrs()
+        attrs = folded.get(call)  # type: ignore[call-overload]
+        if attrs is None or value.uses or attrs[index] is not None or per_rank.in_manual_region():
+            found.append(shard(x, spec))
+            continue
+        mesh = _mesh("dist.shard")
+        where = f"dist.shard at {user_location()}"
+        if isinstance(spec, ShardSpec):
+            sharding = spec.to_sharding(mesh, x.shape, where)
+        else:
+            spec.validate(mesh, x.shape, where)
+            sharding = spec
+        attrs[index] = ShardingAttr.get(MESH_SYMBOL, sharding)
+        found.append(x)
+    for call, attrs in folded.items():
+        call.set_result_constraints(attrs)
+    return found
+
+
 def all_reduce(x: Tensor, axis: str | Sequence[str], op: str = "sum") -> Tensor:
     """Resolves ``x``'s partial values over ``axis``; ``op`` is their reduction kind
     (a key of ``tessera.ir.reduction_kinds.KINDS``: sum, mean, max, min, prod)."""

@@ -33,6 +33,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     SymbolRefAttr,
     TensorType,
+    UnitAttr,
 )
 from xdsl.dialects.func import FuncOp, ReturnOp
 from xdsl.ir import Attribute, Dialect, Operation, SSAValue
@@ -60,7 +61,7 @@ from tessera.ir.attr_values import parse_properties, print_properties, to_attr, 
 from tessera.ir.attribute_set import AttributeMap
 from tessera.ir.limits import MAX_MESH_DEVICES
 from tessera.ir.located_error import LocatedPassFailure
-from tessera.ir.sharding import ShardingAttr
+from tessera.ir.sharding import Sharding, ShardingAttr
 from tessera.topology import load_topology
 
 ShapeRule = Callable[..., AbstractTensor | tuple[AbstractTensor, ...]]
@@ -847,6 +848,7 @@ class MoeCombineOp(GraphOp):
 
 PARTITIONED = "graph.partitioned"  # unit attribute of a func.func with per-rank types
 MANUAL = "graph.manual"  # unit attribute of a dist.shard_map body (see tessera.ir.manual)
+RESULT_SHARDINGS = "graph.result_shardings"  # a graph.call's constraints on its results
 DONATED = "graph.donated"  # unit argument attribute: the program may reuse its buffer
 
 
@@ -1059,6 +1061,12 @@ class CallOp(GraphOp):
     that one function (compiled once, whatever the number of calls)::
 
         %y, %r = graph.call @layer(%x, %w) : (tensor<8x64xf32>, tensor<64x64xf32>) -> (tensor<8x64xf32>, tensor<8x64xf32>)
+
+    A call may constrain the layouts of its results, as a ``graph.shard`` of each would
+    (``canonicalize`` folds such constraints into the call): ``graph.result_shardings``
+    holds one ``#graph.sharding`` (constrained) or ``unit`` (open) per result::
+
+        %y, %r = graph.call @layer(%x, %w) attributes {graph.result_shardings = [#graph.sharding<@mesh, [[dp], []]>, unit]} : ...
     """
 
     name = "graph.call"
@@ -1088,7 +1096,28 @@ class CallOp(GraphOp):
             return None
         return function_named(parent, self.callee_name)
 
+    def result_constraint_attrs(self) -> list[ShardingAttr | None]:
+        """Per result, the ``#graph.sharding`` of ``graph.result_shardings`` (None: open)."""
+        attr = self.attributes.get(RESULT_SHARDINGS)
+        if not isinstance(attr, ArrayAttr):
+            return [None] * len(self.results)
+        return [a if isinstance(a, ShardingAttr) else None for a in attr.data]
+
+    def result_constraints(self) -> list[Sharding | None]:
+        """Per result, the layout ``graph.result_shardings`` constrains it to (None: open)."""
+        return [a.sharding if a is not None else None for a in self.result_constraint_attrs()]
+
+    def set_result_constraints(self, constraints: Sequence[ShardingAttr | None]) -> None:
+        """Sets ``graph.result_shardings`` (removed when no result is constrained)."""
+        if all(c is None for c in constraints):
+            self.attributes.pop(RESULT_SHARDINGS, None)
+            return
+        self.attributes[RESULT_SHARDINGS] = ArrayAttr(
+            [c if c is not None else UnitAttr() for c in constraints]
+        )
+
     def verify_(self) -> None:
+        self._verify_result_constraints()
         function = self.callee_function()
         if function is None:
             if self.parent_op() is not None and _in_module(self):
@@ -1109,6 +1138,30 @@ class CallOp(GraphOp):
                 f"graph.call @{self.callee_name}: result types {_types(results)} do not match "
                 f"the function's results {_types(outputs)}"
             )
+
+    def _verify_result_constraints(self) -> None:
+        attr = self.attributes.get(RESULT_SHARDINGS)
+        if attr is None:
+            return
+        if not isinstance(attr, ArrayAttr) or len(attr.data) != len(self.results):
+            raise VerifyException(
+                f"graph.call @{self.callee_name}: {RESULT_SHARDINGS} needs one "
+                f"#graph.sharding or unit per result ({len(self.results)}), found {attr}"
+            )
+        for index, (entry, result) in enumerate(zip(attr.data, self.results, strict=True)):
+            if isinstance(entry, UnitAttr):
+                continue
+            if not isinstance(entry, ShardingAttr):
+                raise VerifyException(
+                    f"graph.call @{self.callee_name}: {RESULT_SHARDINGS} entry #{index} must "
+                    f"be a #graph.sharding or unit, found {entry}"
+                )
+            rank = AbstractTensor.from_xdsl(result.type).rank
+            if len(entry.dims.data) != rank:
+                raise VerifyException(
+                    f"graph.call @{self.callee_name}: {RESULT_SHARDINGS} entry #{index} "
+                    f"has {len(entry.dims.data)} dims for a result of rank {rank}"
+                )
 
     def print(self, printer: Printer) -> None:
         print_call_like(self, printer, {})

@@ -165,9 +165,18 @@ class ShardingAttr(ParametrizedAttribute):
     def mesh_name(self) -> str:
         return self.mesh.root_reference.data
 
+    def __getstate__(self) -> dict[str, object]:
+        # the parameters, without the kept Sharding (see ``sharding``)
+        return {k: v for k, v in self.__dict__.items() if k != "_sharding_value"}
+
     @property
     def sharding(self) -> Sharding:
-        return _sharding_of(self)
+        # kept on the instance: hashing an attribute (for the cache) walks its parameters
+        found = self.__dict__.get("_sharding_value")
+        if found is None:
+            found = _sharding_of(self)
+            object.__setattr__(self, "_sharding_value", found)
+        return found
 
     def _sharding(self) -> Sharding:
         return Sharding(
@@ -279,10 +288,21 @@ def value_sharding(function: func.FuncOp, value: SSAValue) -> Sharding:
 
 
 def set_arg_sharding(function: func.FuncOp, index: int, mesh: str, sharding: Sharding) -> None:
+    set_arg_shardings(function, mesh, {index: sharding})
+
+
+def set_arg_shardings(function: func.FuncOp, mesh: str, shardings: dict[int, Sharding]) -> None:
+    """Sets the ``graph.sharding`` of the arguments ``shardings`` names (by index), in one
+    update of the function's argument attributes."""
     count = len(function.args)
     current = function.arg_attrs.data if function.arg_attrs else [DictionaryAttr({})] * count
     updated = list(current)
-    updated[index] = DictionaryAttr(
-        {**current[index].data, SHARDING_KEY: ShardingAttr.get(mesh, sharding)}
-    )
-    function.arg_attrs = ArrayAttr(updated)
+    changed = False
+    for index, sharding in shardings.items():
+        attr = ShardingAttr.get(mesh, sharding)
+        if current[index].data.get(SHARDING_KEY) is attr:
+            continue
+        updated[index] = DictionaryAttr({**current[index].data, SHARDING_KEY: attr})
+        changed = True
+    if changed or function.arg_attrs is None:
+        function.arg_attrs = ArrayAttr(updated)

@@ -27,7 +27,7 @@ out (:meth:`state_layout`) to shard it for ZeRO.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from tessera.errors import ArgumentError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.region import region
 from tessera.frontend.tracer import Tensor, current_trace, is_tracing
+from tessera.ir import graph
 from tessera.optim import schedules
 
 LearningRate = float | Callable[[Tensor], Any]  # a number, a schedule, a function of the step
@@ -127,18 +128,21 @@ def adamw(
     decay = decay_mask(weight_decay_mask, params, "optim.adamw") if weight_decay else None
     leaves, tree = pytree.flatten(params)
     flags = decay if decay is not None else [weight_decay != 0] * len(leaves)
-    update = _per_leaf(_adamw_leaf)
-    new = [
-        update(p, g, m, v, rate, correction1, correction2, betas, eps, weight_decay, d)
-        for p, g, m, v, d in zip(
-            leaves,
-            pytree.flatten(grads)[0],
-            pytree.flatten(state["m"])[0],
-            pytree.flatten(state["v"])[0],
-            flags,
-            strict=True,
-        )
-    ]
+    columns = (
+        leaves, pytree.flatten(grads)[0], pytree.flatten(state["m"])[0],
+        pytree.flatten(state["v"])[0],
+    )  # fmt: skip
+    static = (rate, correction1, correction2, betas, eps, weight_decay)
+    if not _in_regions():
+        new = [_adamw_leaf(*row, *static, d) for *row, d in zip(*columns, flags, strict=True)]
+    else:  # one region call per group of parameters one region call reads (a layer's)
+        new = [()] * len(leaves)
+        update = region(_adamw_group)
+        for group in region_groups(leaves):
+            rows = [[column[i] for i in group] for column in columns]
+            results = update(*rows, *static, tuple(flags[i] for i in group))
+            for i, p, m, v in zip(group, *results, strict=True):
+                new[i] = (p, m, v)
     params_m_v = [pytree.unflatten(tree, [n[i] for n in new]) for i in range(3)]
     return params_m_v[0], {"step": step, "m": params_m_v[1], "v": params_m_v[2]}
 
@@ -166,13 +170,63 @@ def _adamw_leaf(
     return p - (m / correction1) * lr_p / (op.sqrt(v / correction2) + eps), m, v
 
 
-def _per_leaf(update: Callable[..., Any]) -> Callable[..., Any]:
-    """``update`` as a ``graph.region`` when the program being traced calls regions (a
-    step built from regions updates each distinct parameter signature once, not each
-    parameter), else as is."""
-    if is_tracing() and current_trace().functions.functions:
-        return region(update)
-    return update
+def _adamw_group(
+    ps: list[Any],
+    gs: list[Any],
+    ms: list[Any],
+    vs: list[Any],
+    rate: Any,
+    correction1: Any,
+    correction2: Any,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    decayed: tuple[bool, ...],
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """AdamW's update of a group of parameters: the parameters and their two moments."""
+    new = [
+        _adamw_leaf(p, g, m, v, rate, correction1, correction2, betas, eps, weight_decay, d)
+        for p, g, m, v, d in zip(ps, gs, ms, vs, decayed, strict=True)
+    ]
+    return [n[0] for n in new], [n[1] for n in new], [n[2] for n in new]
+
+
+def _in_regions() -> bool:
+    """Whether the program being traced calls regions: its update is then region calls
+    too (a step built from regions updates each distinct layer signature once)."""
+    return is_tracing() and bool(current_trace().functions.functions)
+
+
+def region_groups(leaves: Sequence[Any]) -> list[list[int]]:
+    """The indices of ``leaves`` (parameters of the function being traced) grouped by the
+    first region call (``graph.call``) of the traced function that reads each, directly
+    or through sharding constraints and casts (a layer's parameters: one group per layer);
+    the leaves no call reads are one group. Groups are in the order of their first leaf."""
+    block = current_trace().block
+    position = {o: i for i, o in enumerate(block.ops)}
+    groups: dict[Any, list[int]] = {}
+    for index, leaf in enumerate(leaves):
+        reader = _first_call(leaf.value, position) if isinstance(leaf, Tensor) else None
+        groups.setdefault(reader, []).append(index)
+    return list(groups.values())
+
+
+def _first_call(value: Any, position: dict[Any, int]) -> Any:
+    """The first ``graph.call`` in ``position``'s block reading ``value`` (through
+    ``graph.shard`` and ``graph.cast``), or None."""
+    found, work, seen = None, [value], set()
+    while work:
+        for use in work.pop().uses:
+            user = use.operation
+            if user in seen or user not in position:
+                continue
+            seen.add(user)
+            if isinstance(user, graph.CallOp):
+                if found is None or position[user] < position[found]:
+                    found = user
+            elif isinstance(user, graph.ShardOp | graph.CastOp):
+                work.append(user.results[0])
+    return found
 
 
 def _like(value: Any, p: Any) -> Any:

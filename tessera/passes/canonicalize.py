@@ -7,7 +7,10 @@ matches, then erases the pure ops left without uses:
   op's reference semantics and replaces it by ``graph.constant``;
 - :class:`ComposeReshapes` and :class:`ComposeTransposes` merge chains of layout ops;
 - :class:`RemoveIdentityLayout`, :class:`RemoveSingleConcat` and
-  :class:`RemoveNeutralOperand` replace ops that return an operand unchanged by it.
+  :class:`RemoveNeutralOperand` replace ops that return an operand unchanged by it;
+- :class:`FoldCallResultSharding` moves a ``graph.shard`` of a region call's result into
+  the call (``graph.result_shardings``), so a call constrains its results without one op
+  per result.
 """
 
 from __future__ import annotations
@@ -167,6 +170,31 @@ class RemoveNeutralOperand(RewritePattern):
                 return
 
 
+class FoldCallResultSharding(RewritePattern):
+    """``graph.shard(graph.call(...)#i)`` -> the call with result ``i`` constrained
+    (``graph.result_shardings``), when the constraint is the result's only use and the
+    callee is a region (a ``dist.shard_map`` body's results are closed to its
+    ``out_specs``: a constraint after it is a move). ``shard-propagate`` honours the
+    constraint as it would the ``graph.shard``: the call's result has that layout."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: graph.ShardOp, rewriter: PatternRewriter) -> None:
+        value = op.input
+        call = value.owner
+        if not isinstance(call, graph.CallOp) or not value.has_one_use():
+            return
+        index = value.index  # type: ignore[attr-defined]
+        attrs = call.result_constraint_attrs()
+        if attrs[index] is not None:
+            return
+        callee = call.callee_function()
+        if callee is None or graph.MANUAL in callee.attributes:
+            return
+        attrs[index] = op.sharding
+        call.set_result_constraints(attrs)
+        rewriter.replace(op, [], [value])
+
+
 @dataclass(frozen=True)
 class CanonicalizePass(ModulePass):
     """Folds small constant expressions and removes redundant layout and arithmetic ops."""
@@ -184,6 +212,7 @@ class CanonicalizePass(ModulePass):
             RemoveIdentityLayout(),
             RemoveSingleConcat(),
             RemoveNeutralOperand(),
+            FoldCallResultSharding(),
         ]
         walker = PatternRewriteWalker(
             GreedyRewritePatternApplier(patterns), post_walk_func=region_dce

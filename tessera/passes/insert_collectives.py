@@ -102,7 +102,7 @@ class _Inserter:
     def _call(self, op: graph.CallOp | graph.ScanOp) -> None:
         """A region call: its operands laid out as the callee's arguments (a scan's
         stacked operands with a whole dim 0 before), its results as ``shard-propagate``
-        found the callee returns them."""
+        found the callee returns them (constrained where ``graph.result_shardings`` says)."""
         callee = op.callee_function()
         carries = op.carry_count if isinstance(op, graph.ScanOp) else len(op.operands)
         for index, value in enumerate(op.operands):
@@ -115,6 +115,9 @@ class _Inserter:
             op.operands[index] = self.reshard(value, needed, op)
         shardings = op_shardings(op) or [Sharding.replicated(aval(r).rank) for r in op.results]
         self._record(op, [Sharding(s.dims) for s in shardings])
+        # the callee's variant returns them constrained (shard-propagate), as it would
+        # a graph.shard of each: the constraints are spent, as graph.shard ops are
+        op.attributes.pop(graph.RESULT_SHARDINGS, None)
 
     def of(self, value: SSAValue) -> Sharding:
         return self.layout.get(value) or Sharding.replicated(aval(value).rank)

@@ -32,7 +32,10 @@ stacked operands' layouts without dim 0 (which stays whole), and returns its car
 constrained to the layouts it got them in. After the callers' fixed point each call names
 the variant for its operands' layouts: the first variant of ``@f`` keeps the name, the
 others are ``@f_1``, ``@f_2``... Calls neither take their users' wishes nor pass theirs
-on: layouts cross a region boundary forward only.
+on: layouts cross a region boundary forward only. A call's ``graph.result_shardings``
+(constraints ``canonicalize`` folded into it) are part of its variant: the variant returns
+those results constrained, as a ``graph.shard`` before its return, so the call's results
+have the constrained layouts (closed, as a ``graph.shard``'s result is).
 
 A call of a manual function (``dist.shard_map``'s body, see ``tessera.ir.manual``) is
 not propagated into: its results are closed to its ``out_specs``, and its open operands
@@ -64,7 +67,7 @@ from tessera.ir.sharding import (
     Sharding,
     ShardingAttr,
     arg_sharding,
-    set_arg_sharding,
+    set_arg_shardings,
     set_op_shardings,
     value_sharding,
 )
@@ -92,7 +95,8 @@ class ShardPropagatePass(ModulePass):
             variants.materialize(roots)
 
 
-_VariantKey = tuple[str, tuple[Sharding, ...]]
+# the callee, its arguments' layouts and the call's constraints on its results
+_VariantKey = tuple[str, tuple[Sharding, ...], tuple[Sharding | None, ...]]
 Caller = graph.CallOp | graph.ScanOp
 
 
@@ -107,16 +111,27 @@ class _Variants:
         self.functions = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
         self.propagated: dict[_VariantKey, tuple[func.FuncOp, list[Sharding]]] = {}
         self.keys: dict[Operation, _VariantKey] = {}  # each call's final key
+        self.constraints: dict[Operation, tuple[Sharding | None, ...]] = {}
 
-    @staticmethod
-    def key(call: Caller, operands: Sequence[Sharding]) -> _VariantKey:
+    def constrained(self, call: Caller) -> tuple[Sharding | None, ...]:
+        """``call``'s result constraints (``graph.result_shardings``; none for a scan)."""
+        found = self.constraints.get(call)
+        if found is None:
+            found = self.constraints[call] = (
+                tuple(call.result_constraints()) if isinstance(call, graph.CallOp) else ()
+            )
+        return found
+
+    def key(self, call: Caller, operands: Sequence[Sharding]) -> _VariantKey:
         """The variant ``call``'s operand layouts choose: its callee's argument layouts
-        (never partial; a scan's stacked operands without their scanned dim 0)."""
+        (never partial; a scan's stacked operands without their scanned dim 0), and the
+        call's result constraints."""
         layouts = [Sharding(s.dims) for s in operands]
         if isinstance(call, graph.ScanOp):
             carries = call.carry_count
             layouts[carries:] = [Sharding(s.dims[1:]) for s in layouts[carries:]]
-        return (call.callee_name, tuple(layouts))
+            return (call.callee_name, tuple(layouts), ())
+        return (call.callee_name, tuple(layouts), self.constrained(call))
 
     def results(self, call: Caller, operands: Sequence[Sharding]) -> list[Sharding]:
         """The layouts of ``call``'s results when its operands have ``operands``: its
@@ -129,19 +144,22 @@ class _Variants:
             if source is None:
                 raise LocatedPassFailure(call, f"shard-propagate: no function @{key[0]}")
             variant = source.clone()
-            for index, sharding in enumerate(key[1]):
-                set_arg_sharding(variant, index, self.mesh_name, sharding)
+            set_arg_shardings(variant, self.mesh_name, dict(enumerate(key[1])))
             returned = variant.body.block.last_op
             assert returned is not None
-            for index in range(carries):  # a step hands its carries on as it got them
+            # a step hands its carries on as it got them; a call's constrained results
+            # leave its callee constrained
+            kept = {index: key[1][index] for index in range(carries)}
+            kept |= {i: c for i, c in enumerate(key[2]) if c is not None}
+            for index, sharding in kept.items():
                 value = returned.operands[index]
-                kept = graph.ShardOp.create(
+                constraint = graph.ShardOp.create(
                     operands=[value],
                     result_types=[value.type],
-                    properties={"sharding": ShardingAttr.get(self.mesh_name, key[1][index])},
+                    properties={"sharding": ShardingAttr.get(self.mesh_name, sharding)},
                 )
-                Rewriter.insert_op(kept, InsertPoint.before(returned))
-                returned.operands[index] = kept.results[0]
+                Rewriter.insert_op(constraint, InsertPoint.before(returned))
+                returned.operands[index] = constraint.results[0]
             _Propagation(self.mesh, self.mesh_name, variant, self).run(self.max_iterations)
             layouts = [Sharding(value_sharding(variant, v).dims) for v in returned.operands]
             if isinstance(call, graph.ScanOp):
@@ -289,14 +307,23 @@ class _Propagation:
                 self.closed.add(result)
                 changed |= self._set(result, spec)
             return changed
+        changed = False
+        if isinstance(op, graph.CallOp):  # constrained results: closed from the start
+            constraints = (
+                self.variants.constrained(op) if self.variants else op.result_constraints()
+            )
+            for result, constraint in zip(op.results, constraints, strict=True):
+                if constraint is not None and result not in self.closed:
+                    constraint.validate(self.mesh, aval(result).shape, f"{op.name} constraint")
+                    self.closed.add(result)
+                    changed |= self._set(result, constraint)
         known = [self.shardings.get(v) or _made_here(v) for v in op.operands]
         if any(k is None for k in known) or self.variants is None:
-            return False
+            return changed
         if self.calls_seen.get(op) == known:  # nothing new since the last sweep
-            return False
+            return changed
         self.calls_seen[op] = known
         operands = [k for k in known if k is not None]
-        changed = False
         for result, sharding in zip(op.results, self.variants.results(op, operands), strict=True):
             changed |= self._set(result, sharding)
         return changed
@@ -428,9 +455,14 @@ class _Propagation:
         return True
 
     def _write(self) -> None:
-        for index, arg in enumerate(self.function.args):
-            sharding = self.shardings.get(arg, Sharding.replicated(aval(arg).rank))
-            set_arg_sharding(self.function, index, self.mesh_name, sharding)
+        set_arg_shardings(
+            self.function,
+            self.mesh_name,
+            {
+                index: self.shardings.get(arg) or Sharding.replicated(aval(arg).rank)
+                for index, arg in enumerate(self.function.args)
+            },
+        )
         for op in self.ops:
             shardings = [
                 self.shardings.get(r, Sharding.replicated(aval(r).rank)) for r in op.results

@@ -59,7 +59,7 @@ import torch
 from tessera import numerics as numerics_policy
 from tessera import op
 from tessera.backends import distributed
-from tessera.dist.collectives import shard
+from tessera.dist.collectives import shard, shard_unread
 from tessera.dist.shard_spec import ShardSpec, check_shard_specs
 from tessera.dist.tensor import DistTensor
 from tessera.dtypes import as_dtype
@@ -577,10 +577,8 @@ class TrainingStep:
             masters = [p.aval.dtype for p in stored]
             if precision.mixed and precision.reduce == "f32":  # the reductions in f32
                 grad_leaves = [widened(g, d) for g, d in zip(grad_leaves, masters, strict=True)]
-            grad_leaves = [
-                shard(g, want) if mesh is not None else g
-                for g, want in zip(grad_leaves, layouts.grad, strict=True)
-            ]
+            if mesh is not None:  # a backward region call's results: constrained in the call
+                grad_leaves = shard_unread(grad_leaves, layouts.grad)
             grad_leaves = [op.astype(g, d) for g, d in zip(grad_leaves, masters, strict=True)]
             if scale is not None:
                 grad_leaves = [g / scale for g in grad_leaves]

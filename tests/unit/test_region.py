@@ -159,13 +159,18 @@ def test_training_step_from_regions_equals_the_unrolled_step() -> None:
     assert layout  # the step is Megatron-sharded over tp
 
 
-def test_optimizer_updates_each_parameter_signature_once() -> None:
+def test_optimizer_updates_each_layer_in_one_call() -> None:
     step = comm_volume.training_step(MESH, 0, 3, 4, True, regions=True)
     params = comm_volume.layer_params(32, 3)
     lowered = step.lower(step.init(params), torch.empty(4, 8, 32))
     text = lowered.as_text("graph")
-    assert text.count("func.func private @_adamw_leaf") == 4  # 32², 32×128, 128×32, 32
-    assert text.count("graph.call @_adamw_leaf") == 30  # 10 parameters × 3 layers
+    # the parameters one layer's call reads update in one call; one function for all layers
+    assert text.count("func.func private @_adamw_group") == 1
+    assert text.count("graph.call @_adamw_group") == 3
+    # the gradients' and the new values' layouts are constraints of the calls, not ops
+    step_text = text.split("func.func private")[0]
+    assert step_text.count("graph.shard ") == 1  # the step count's: no call computes it
+    assert step_text.count("graph.result_shardings") == 6  # each layer's backward and update
 
 
 def test_sgd_state_less_optimizer_works_with_regions() -> None:

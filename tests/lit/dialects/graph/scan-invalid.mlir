@@ -18,3 +18,41 @@ func.func @dangling(%x: tensor<4xf32>) -> tensor<4xf32> {
   %0 = graph.call @missing(%x) : (tensor<4xf32>) -> (tensor<4xf32>)
   func.return %0 : tensor<4xf32>
 }
+
+// -----
+
+// A call's result constraints name one layout (or unit) per result.
+// CHECK: graph.call @called: graph.result_shardings needs one #graph.sharding or unit per result (1), found [unit, unit]
+graph.mesh @mesh axes = [tp = 2]
+func.func @constraint_count(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = graph.call @called(%x) attributes {graph.result_shardings = [unit, unit]} : (tensor<4xf32>) -> (tensor<4xf32>)
+  func.return %0 : tensor<4xf32>
+}
+func.func private @called(%x: tensor<4xf32>) -> tensor<4xf32> {
+  func.return %x : tensor<4xf32>
+}
+
+// -----
+
+// A result constraint has the result's rank.
+// CHECK: graph.call @called: graph.result_shardings entry #0 has 2 dims for a result of rank 1
+graph.mesh @mesh axes = [tp = 2]
+func.func @constraint_rank(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = graph.call @called(%x) attributes {graph.result_shardings = [#graph.sharding<@mesh, [[tp], []]>]} : (tensor<4xf32>) -> (tensor<4xf32>)
+  func.return %0 : tensor<4xf32>
+}
+func.func private @called(%x: tensor<4xf32>) -> tensor<4xf32> {
+  func.return %x : tensor<4xf32>
+}
+
+// -----
+
+// A result constraint is a #graph.sharding or unit.
+// CHECK: graph.call @called: graph.result_shardings entry #0 must be a #graph.sharding or unit, found 1 : i64
+func.func @constraint_kind(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = graph.call @called(%x) attributes {graph.result_shardings = [1]} : (tensor<4xf32>) -> (tensor<4xf32>)
+  func.return %0 : tensor<4xf32>
+}
+func.func private @called(%x: tensor<4xf32>) -> tensor<4xf32> {
+  func.return %x : tensor<4xf32>
+}
