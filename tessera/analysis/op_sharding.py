@@ -371,6 +371,19 @@ class Decisions:
         passed = _Pricing(self, op, shape, known).passthrough(assignment)
         return [shape.required(assignment, i, passed) for i in range(len(op.operands))]
 
+    def gathers(
+        self, op: graph.GraphOp, assignment: Assignment, known: Sequence[Sharding | None]
+    ) -> list[Sharding | None]:
+        """Per operand, the layout the expansion of ``op``'s split ``CONTEXT`` factors
+        gathers it to where ``op`` reads it as it is (``known``), else None:
+        ``shard-partition`` makes that move once per value, like a reshard, so it is
+        another user's move to share (``available``)."""
+        shape = self.shape(op)
+        if not shape.context:
+            return [None] * len(op.operands)
+        pricing = _Pricing(self, op, shape, known)
+        return pricing.gathers(assignment)
+
     def wants(
         self,
         op: graph.GraphOp,
@@ -593,19 +606,38 @@ class _Pricing:
                 total = _add(total, decisions.reshard_cost(sharding, target, tensor))
         return total
 
+    def gathers(self, assignment: Assignment) -> list[Sharding | None]:
+        """:meth:`Decisions.gathers` under ``assignment``."""
+        shape, passed = self.shape, self.passthrough(assignment)
+        needed = [shape.required(assignment, i, passed) for i in range(len(self.known))]
+        produced = shape.results(assignment, passed)
+        computed, _ = context_layouts(shape.rule, assignment, needed, produced)
+        return [
+            gathered if gathered != needs and needs == have else None
+            for have, needs, gathered in zip(self.known, needed, computed, strict=True)
+        ]
+
     def _context_cost(
         self, assignment: Assignment, produced: Sequence[Sharding], passed: Passed
     ) -> Cost:
-        """The time the expansion of split ``CONTEXT`` factors moves (``context_layouts``)."""
+        """The time the expansion of split ``CONTEXT`` factors moves (``context_layouts``):
+        an operand it reads as it is costs nothing to gather where another user moves it
+        to that layout anyway (``shard-partition`` shares the move, see ``available``)."""
         shape, decisions = self.shape, self.decisions
         needed = [shape.required(assignment, i, passed) for i in range(len(self.known))]
         computed_operands, computed_results = context_layouts(
             shape.rule, assignment, needed, produced
         )
         total = FREE
-        for tensor, needs, gathered in zip(
-            shape.operand_tensors, needed, computed_operands, strict=True
+        for index, (tensor, needs, gathered) in enumerate(
+            zip(shape.operand_tensors, needed, computed_operands, strict=True)
         ):
+            if (
+                needs == self.known[index]
+                and index < len(self.available)
+                and gathered in self.available[index]
+            ):
+                continue  # gathered there for another user anyway: made once, shared
             total = _add(total, decisions.reshard_cost(needs, gathered, tensor))
         for tensor, computed, gives in zip(
             shape.result_tensors, computed_results, produced, strict=True
