@@ -56,8 +56,10 @@ t = tp, bytes received per rank under ring algorithms:
 
 The "time" columns are the scheduled program simulated on a DGX H100 (``lowered.simulate``:
 per-rank roofline compute and each collective with the algorithm the cost model picks,
-overlapped as scheduled): the step time and the collectives' summed time. CPU only; runs
-in about two minutes.
+overlapped as scheduled): the step time and the collectives' summed time. The first two
+tables' "collectives' time" is each collective priced alone by the same alpha-beta model
+(``tessera.perf.collective_cost.groups_time``: the fastest algorithm for its groups on one
+DGX H100 node, latency included), summed, no overlap. CPU only; runs in about two minutes.
 
     python benchmarks/comm_volume.py [--only forward|training|llama]
 """
@@ -73,6 +75,8 @@ import torch
 import tessera as ts
 from tessera import dist, graph, op, optim
 from tessera.backends.collective_info import CollectiveInfo
+from tessera.ir.mesh import default_machine
+from tessera.perf.collective_cost import groups_time
 
 
 def transformer_layer(x: torch.Tensor, p: dict[str, torch.Tensor], heads: int) -> torch.Tensor:
@@ -123,7 +127,7 @@ def measure(
     """The collectives of the layer at (batch, seq, dim, heads), and its largest error vs
     the unsharded layer run at ``check`` = (B, T, C, heads) (default: the same sizes)."""
     axes, shape = (["dp", "tp"], (dp, tp)) if dp > 1 else (["tp"], (tp,))
-    mesh = dist.Mesh(axes=axes, shape=shape)
+    mesh = dist.Mesh(axes=axes, shape=shape, topology=default_machine(dp * tp).name)
     x_spec, p_specs = layouts(mesh, dp > 1)
     layer = ts.jit(
         transformer_layer, static_argnums=2, mesh=mesh, in_shardings=(x_spec, p_specs, None)
@@ -147,6 +151,7 @@ def measure(
     return {
         "mesh": f"dp={dp} × tp={tp}", "collectives": kinds or "none", "bytes": moved,
         "received": received, "minimum": minimum, "ratio": moved / minimum, "error": error,
+        "comm_us": comm_us(infos, mesh),
     }  # fmt: skip
 
 
@@ -178,6 +183,17 @@ RING_RECEIVED = {  # bytes a rank receives, per byte of CollectiveInfo.nbytes, g
 
 def received(infos: list[CollectiveInfo]) -> float:
     return sum(RING_RECEIVED[i.kind](i.group_size) * i.nbytes for i in infos)
+
+
+def comm_us(infos: list[CollectiveInfo], mesh: dist.Mesh) -> float:
+    """Microseconds of the collectives one after another on the mesh's machine (one DGX
+    H100 node here), each with the alpha-beta model's fastest algorithm for its groups
+    (``groups_time``: what the sharding decisions and choose-collective-algorithms use)."""
+    machine = mesh.machine()
+    return 1e6 * sum(
+        groups_time(machine, i.kind, i.nbytes, mesh.groups(list(i.mesh_axes))).time_s
+        for i in infos
+    )
 
 
 def layer_params(dim: int, layers: int, materialize: bool = True) -> dict[str, torch.Tensor]:
@@ -271,7 +287,7 @@ def measure_training(
     """Collectives of one step at ``dims`` = (B, T, C, heads) (compiled, not run) and the
     largest parameter difference after one step run at ``check`` against one device."""
     batch, seq, dim, heads = dims
-    mesh = dist.mesh({"dp": dp, "tp": tp})
+    mesh = dist.mesh({"dp": dp, "tp": tp}, topology=default_machine(dp * tp).name)
     params = {
         k: torch.empty(v.shape) for k, v in layer_params(dim, layers, materialize=False).items()
     }
@@ -303,6 +319,7 @@ def measure_training(
         "mesh": f"dp={dp} × tp={tp}", "zero": zero, "collectives": kinds, "received": received(infos),
         "formula": formula, "ratio": received(infos) / formula, "error": check_training(dp, tp, zero, check, layers),
         "params": memory.params, "grads": memory.grads, "state": memory.optimizer_state,
+        "comm_us": comm_us(infos, mesh),
     }  # fmt: skip
 
 
@@ -313,7 +330,10 @@ def check_training(
     batch, seq, dim, heads = dims
     params = layer_params(dim, layers)
     x = torch.randn(batch, seq, dim, generator=torch.Generator().manual_seed(1))
-    sharded = training_step(dist.mesh({"dp": dp, "tp": tp}), zero, layers, heads, tp > 1)
+    machine = default_machine(dp * tp).name
+    sharded = training_step(
+        dist.mesh({"dp": dp, "tp": tp}, topology=machine), zero, layers, heads, tp > 1
+    )
     single = training_step(None, 0, layers, heads, False)
     states = [s.init({k: v.clone() for k, v in params.items()}) for s in (sharded, single)]
     sharded(states[0], x)
@@ -416,14 +436,14 @@ def main() -> None:
         f"(volumes of the program compiled at that size; errors from a run at B, T, C, heads = {tuple(args.check)})"
     )
     print(
-        "| mesh | collectives inserted | bytes (nbytes sum) | ring bytes received | analytic minimum | ratio | max error vs unsharded |"
+        "| mesh | collectives inserted | bytes (nbytes sum) | ring bytes received | analytic minimum | ratio | collectives' time (µs) | max error vs unsharded |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for dp, tp in ((1, 2), (1, 4), (1, 8), (2, 2), (2, 4)):
         r = measure(dp, tp, args.batch, args.seq, args.dim, args.heads, tuple(args.check))
         print(
             f"| {r['mesh']} | {r['collectives']} | {r['bytes']} | {r['received']:.0f} | {r['minimum']} "
-            f"| {r['ratio']:.2f} | {r['error']:.1e} |"
+            f"| {r['ratio']:.2f} | {r['comm_us']:.1f} | {r['error']:.1e} |"
         )
     print()
     (batch, seq, dim, heads), check = args.train, args.check
@@ -434,9 +454,9 @@ def main() -> None:
         f"(volumes of the program compiled at that size; errors from one step run at B, T, C, heads = {tuple(check)})"
     )
     print(
-        "| mesh | ZeRO | collectives inserted | ring bytes received | formula | ratio | params / grads / optimizer state (bytes per rank) | max error vs one device |"
+        "| mesh | ZeRO | collectives inserted | ring bytes received | formula | ratio | collectives' time (µs) | params / grads / optimizer state (bytes per rank) | max error vs one device |"
     )
-    print("|---|---:|---|---:|---:|---:|---|---:|")
+    print("|---|---:|---|---:|---:|---:|---:|---|---:|")
     configs = [(4, 1, z) for z in (0, 1, 2, 3)] + [
         (1, 4, 0),
         (2, 2, 0),
@@ -448,7 +468,7 @@ def main() -> None:
         r = measure_training(dp, tp, zero, tuple(args.train), tuple(check), args.layers)
         print(
             f"| {r['mesh']} | {r['zero']} | {r['collectives']} | {r['received']:.0f} | {r['formula']:.0f} "
-            f"| {r['ratio']:.2f} | {r['params']} / {r['grads']} / {r['state']} | {r['error']:.1e} |"
+            f"| {r['ratio']:.2f} | {r['comm_us']:.1f} | {r['params']} / {r['grads']} / {r['state']} | {r['error']:.1e} |"
         )
 
 

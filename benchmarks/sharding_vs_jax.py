@@ -29,6 +29,15 @@ the same computations. Every input is given an explicit sharding (replicated one
 and every output the same explicit sharding in both, so neither side can leave a result
 in a cheaper layout than the other.
 
+The time columns are modelled per device on the machine the mesh compiles for (one DGX
+H100 node: NVLink, NVLS): every collective with ``tessera.perf.collective_cost``'s
+alpha-beta model and its fastest algorithm (``collective_time``: the model the sharding
+passes decide by), exposed (no overlap), plus the matmul work per device at the
+roofline's compute rate (f32 on TF32 tensor cores at the device's matmul efficiency;
+matmuls and dots, and attention's products: 2 forward, 4 more backward). "note" flags
+a row where Tessera receives more bytes than JAX: "faster by the model" where its time
+is still lower (the pick is by time), else "MORE BYTES AND SLOWER".
+
 JAX is not a Tessera dependency: ``pip install jax`` (the CPU build) first. CPU only;
 runs in about 10 seconds.
 
@@ -61,6 +70,11 @@ import torch
 
 import tessera as ts
 from tessera import dist, op, schedule
+from tessera.ir import graph
+from tessera.ir.abstract import aval
+from tessera.ir.mesh import default_machine
+from tessera.perf.collective_cost import collective_time
+from tessera.topology import Topology
 
 try:
     import jax
@@ -158,6 +172,27 @@ def transformer_layer(
 ) -> Any:  # fmt: skip
     x = x + _attention(m, m.layer_norm(x, ln1_w, ln1_b), wq, wk, wv, wo, heads=8)
     return x + m.gelu(m.layer_norm(x, ln2_w, ln2_b) @ w1) @ w2
+
+
+def gqa_attention(m: SimpleNamespace, x: Any, wq: Any, wk: Any, wv: Any, wo: Any) -> Any:
+    """Causal grouped-query attention: ``GQA_HEADS`` query heads share ``GQA_KV`` k/v heads
+    (each k/v head repeated for its group by a concat)."""
+    batch, seq, _ = x.shape
+    head_dim, groups = wk.shape[1] // GQA_KV, GQA_HEADS // GQA_KV
+
+    def heads(t: Any, n: int) -> Any:  # [B, T, n·D] -> [B, n, T, D]
+        return m.transpose(m.reshape(t, (batch, seq, n, head_dim)), (0, 2, 1, 3))
+
+    def repeat(t: Any) -> Any:  # [B, G, T, D] -> [B, H, T, D], head h on k/v head h // groups
+        t = m.reshape(t, (batch, GQA_KV, 1, seq, head_dim))
+        return m.reshape(m.concat([t] * groups, axis=2), (batch, GQA_HEADS, seq, head_dim))
+
+    q = heads(x @ wq, GQA_HEADS)
+    k, v = repeat(heads(x @ wk, GQA_KV)), repeat(heads(x @ wv, GQA_KV))
+    scores = (q @ m.transpose(k, (0, 1, 3, 2))) * (1.0 / math.sqrt(head_dim))
+    causal = np.tril(np.ones((seq, seq), dtype=bool))
+    attended = m.softmax(m.where(causal, scores, -1e9), axis=-1) @ v
+    return m.reshape(m.transpose(attended, (0, 2, 1, 3)), (batch, seq, GQA_HEADS * head_dim)) @ wo
 
 
 def sum_last(m: SimpleNamespace, x: Any) -> Any:
@@ -329,6 +364,40 @@ PROGRAMS = [
         ("dp", "tp"),
     ),
     Program("2-D: sum over both axes", sum_all, (((64, 256), ("dp", "tp")),), ()),
+]
+
+# small problems on dp × tp = 2 × 2, where a collective's latency outweighs its bytes
+# (issue 32): the pick is by modelled time, not by bytes
+GQA_HEADS, GQA_KV = 8, 2
+_DP_TP_2x2 = (("dp", "tp"), (2, 2))
+PROGRAMS += [
+    Program(
+        "Llama MLP (SwiGLU), batch 8, dp2×tp2",
+        swiglu_mlp,
+        (((8, C), ("dp", None)), ((C, 2 * F), (None, "tp")), ((F, C), ("tp", None))),
+        ("dp", None),
+        mesh=_DP_TP_2x2,
+    ),
+    Program(
+        "Llama MLP (SwiGLU), batch 8 x 16, dp2×tp2",
+        swiglu_mlp,
+        (((B * T, C), ("dp", None)), ((C, 2 * F), (None, "tp")), ((F, C), ("tp", None))),
+        ("dp", None),
+        mesh=_DP_TP_2x2,
+    ),
+    Program(
+        "GQA attention (8 q / 2 kv heads), dp2×tp2",
+        gqa_attention,
+        (
+            _X_DP,
+            ((C, C), (None, "tp")),
+            ((C, C // 4), (None, "tp")),
+            ((C, C // 4), (None, "tp")),
+            ((C, C), ("tp", None)),
+        ),
+        ("dp", None, None),
+        mesh=_DP_TP_2x2,
+    ),
 ]
 
 # blocks along a sharded dim (issue 19: collective permutes)
@@ -633,6 +702,62 @@ def per_device(collectives: Sequence[Collective], num_devices: int, ring: bool =
     return max(totals)
 
 
+def comm_time(collectives: Sequence[Collective], machine: Topology) -> float:
+    """Seconds of the collectives on ``machine``, one after another, each with its
+    fastest algorithm (a group of ``group_size`` ranks on consecutive devices: on one
+    node every group takes the same link)."""
+    total = 0.0
+    for c in collectives:
+        kind = "collective_permute" if c.kind == "broadcast" else c.kind
+        ranks = list(range(c.group_size))
+        total += collective_time(machine, kind, c.nbytes, ranks).time_s
+    return total
+
+
+def compute_time(flops: float, machine: Topology) -> float:
+    """Seconds of ``flops`` of f32 matmuls at the device's TF32 rate and efficiency."""
+    device = machine.device
+    return flops / (device.matmul_flops["f32"] * device.matmul_efficiency)
+
+
+def tessera_flops(lowered: ts.Lowered) -> float:
+    """Matmul FLOPs per device of the partitioned program (local shapes), attention's
+    products included (2 forward, 4 backward)."""
+    flops = 0.0
+    for op_ in lowered.module_at("partitioned").walk():
+        if isinstance(op_, graph.MatmulOp):
+            result = aval(op_.results[0]).shape
+            flops += 2 * math.prod(result) * aval(op_.operands[0]).shape[-1]
+        elif isinstance(op_, (graph.AttentionOp, graph.AttentionBackwardOp)):
+            q, k = aval(op_.operands[0]).shape, aval(op_.operands[1]).shape
+            products = 2 if isinstance(op_, graph.AttentionOp) else 4
+            flops += products * 2 * math.prod(q) * k[-2]
+    return flops
+
+
+_HLO_DEFINITION = re.compile(r"%(?P<name>[\w.\-]+)\s*=\s*(?P<type>[a-z]+\d*\[[\d,]*\])")
+_HLO_DOT = re.compile(
+    r"=\s*(?P<result>[a-z]+\d*\[[\d,]*\])\S*\s+dot\(%(?P<lhs>[\w.\-]+)"
+    r".*?lhs_contracting_dims=\{(?P<dims>[\d,]*)\}"
+)
+
+
+def _dims(type_text: str) -> list[int]:
+    ((_, dims),) = _HLO_ARRAY.findall(type_text)
+    return [int(d) for d in dims.split(",") if d]
+
+
+def hlo_flops(hlo_text: str) -> float:
+    """Dot FLOPs per device of optimized HLO (fusions' bodies included, each once)."""
+    types = {m.group("name"): m.group("type") for m in _HLO_DEFINITION.finditer(hlo_text)}
+    flops = 0.0
+    for match in _HLO_DOT.finditer(hlo_text):
+        lhs = _dims(types[match.group("lhs")])
+        contracted = math.prod(lhs[int(d)] for d in match.group("dims").split(",") if d)
+        flops += 2 * math.prod(_dims(match.group("result"))) * contracted
+    return flops
+
+
 def tessera_collectives(lowered: ts.Lowered, mesh: dist.Mesh) -> list[Collective]:
     """Tessera's collectives; a collective_permute received by the devices at its
     targets (of another device's data) in every group over its axes."""
@@ -728,6 +853,20 @@ class Row:
     tessera_ir: str
     jax_lines: list[str]
     devices: int = math.prod(MESH_SHAPE)
+    tessera_flops: float = 0.0
+    jax_flops: float = 0.0
+
+    @property
+    def machine(self) -> Topology:
+        return default_machine(self.devices)
+
+    def time(self, tessera: bool) -> float:
+        """Modelled seconds per device: collectives (exposed) plus matmul compute."""
+        collectives, flops = (
+            (self.tessera, self.tessera_flops) if tessera else (self.jax, self.jax_flops)
+        )
+        machine = self.machine
+        return comm_time(collectives, machine) + compute_time(flops, machine)
 
 
 def measure(
@@ -743,7 +882,9 @@ def measure(
     specs = [spec for _, spec in program.inputs]
 
     axes, shape = program.mesh
-    ts_mesh = dist.Mesh(axes=list(axes), shape=shape)
+    # named, so that the sharding clock prices latency too (an unnamed mesh leaves it out)
+    machine = default_machine(math.prod(shape)).name
+    ts_mesh = dist.Mesh(axes=list(axes), shape=shape, topology=machine)
     with schedule.options(context_parallel=program.context_parallel):
         compiled = ts.jit(
             functools.partial(program.fn, tessera_ns),
@@ -782,6 +923,8 @@ def measure(
         lowered.as_text("partitioned"),
         jax_lines,
         jax_mesh.size,
+        tessera_flops(lowered),
+        hlo_flops(hlo),
     )
 
 
@@ -794,16 +937,23 @@ def _ratio(tessera_bytes: float, jax_bytes: float) -> str:
 def table(rows: Sequence[Row]) -> str:
     lines = [
         "| program | Tessera collectives | Tessera operand bytes | JAX collectives | JAX operand bytes "
-        "| operand ratio | Tessera received/dev | JAX received/dev | received ratio |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+        "| operand ratio | Tessera received/dev | JAX received/dev | received ratio "
+        "| Tessera time (µs) | JAX time (µs) | time ratio | note |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         n = row.devices
         tb, jb = per_device(row.tessera, n), per_device(row.jax, n)
         tr, jr = per_device(row.tessera, n, ring=True), per_device(row.jax, n, ring=True)
+        tt, jt = row.time(True) * 1e6, row.time(False) * 1e6
+        note = ""
+        if tr > jr:
+            note = "more bytes, faster by the model" if tt < jt else "MORE BYTES AND SLOWER"
+        elif tt > jt * 1.001:
+            note = "slower by the model"
         lines.append(
             f"| {row.name} | {summary(row.tessera)} | {tb:.0f} | {summary(row.jax)} | {jb:.0f} | {_ratio(tb, jb)} "
-            f"| {tr:.0f} | {jr:.0f} | {_ratio(tr, jr)} |"
+            f"| {tr:.0f} | {jr:.0f} | {_ratio(tr, jr)} | {tt:.2f} | {jt:.2f} | {_ratio(tt, jt)} | {note} |"
         )
     return "\n".join(lines)
 

@@ -5,11 +5,14 @@ The decision shared by ``shard-propagate`` (which writes the result layouts) and
 
 - :func:`choose` picks how the op's factors (see ``sharding_rules``) are split over mesh
   axes, at the least modelled time per rank on the mesh's machine
-  (``sharding_clock``): the bytes moved over each move's link (``reshard_cost``, and the
-  block moves of a split BLOCKS factor) plus, for a matmul, its multiply-adds per rank at
-  the device's rate (so that leaving a split operand's factor unsplit, which repeats the
-  same products on every rank, costs what that compute takes); a move another user of
-  the value makes anyway costs nothing more (``available``);
+  (``sharding_clock``): each collective's alpha-beta time with its fastest algorithm on
+  its groups' links (``reshard_cost``, and the block moves of a split BLOCKS factor)
+  plus, for a matmul, its multiply-adds per rank at the device's rate (so that leaving
+  a split operand's factor unsplit, which repeats the same products on every rank,
+  costs what that compute takes); a move another user of the value makes anyway costs
+  nothing more (``available``). Equal times go to fewer bytes received per rank, then
+  (within a greedy round) to a move more users share, then to less result memory per
+  rank;
 - :func:`required` is the layout an operand must have under that choice;
 - :func:`results` are the layouts the op then produces (split reduction factors make
   results partial; partial operands stay partial through linear ops, unless
@@ -56,9 +59,15 @@ from tessera.transforms.block_moves import (
     plan_block_moves,
     received_elements,
 )
-from tessera.transforms.reshard import ALPHA_BYTES, reshard_moves
+from tessera.transforms.reshard import reshard_moves
 
 Passed = dict[int, tuple[tuple[str, str], ...]]  # operand -> the partial axes it keeps
+Cost = tuple[float, float]  # modelled time (``ShardingClock`` units), bytes received per rank
+FREE: Cost = (0.0, 0.0)
+
+
+def _add(a: Cost, b: Cost) -> Cost:
+    return (a[0] + b[0], a[1] + b[1])
 
 
 @dataclass(frozen=True)
@@ -294,7 +303,7 @@ class Decisions:
         self._sizes = {a: mesh.axis_size(a) for a in mesh.axis_names}
         self.clock = ShardingClock(mesh)
         self._mesh_key = (*self._sizes.items(), self.clock.key)
-        self._reshards: dict[tuple[Sharding, Sharding, Tensor], float] = {}
+        self._reshards: dict[tuple[Sharding, Sharding, Tensor], Cost] = {}
 
     def shape(self, op: graph.GraphOp) -> OpShape:
         found = self._shapes.get(op)
@@ -310,18 +319,18 @@ class Decisions:
         """Into how many pieces ``assignment`` splits the op's work."""
         return prod(self.size(a) for axes in assignment.values() for a in axes)
 
-    def reshard_cost(self, src: Sharding, dst: Sharding, tensor: Tensor) -> float:
-        """The time a reshard takes on the mesh's machine (``ShardingClock``): each step's
-        ring bytes received over its axes' link, plus ``ALPHA_BYTES`` per collective (a
-        tie-break), memoized."""
+    def reshard_cost(self, src: Sharding, dst: Sharding, tensor: Tensor) -> Cost:
+        """The time a reshard takes on the mesh's machine (``ShardingClock``: each step's
+        collective with its fastest algorithm) and the ring bytes a rank receives by it,
+        memoized."""
         if src == dst:
-            return 0.0
+            return FREE
         key = (src, dst, tensor)
         found = self._reshards.get(key)
         if found is None:
             moves = reshard_moves(src, dst, tensor[0], tensor[1], self.mesh)
-            found = sum(self.clock.move_time(axes, b + ALPHA_BYTES) for axes, b in moves)
-            self._reshards[key] = found
+            time = sum(self.clock.collective(m.kind, m.axes, m.nbytes) for m in moves)
+            found = self._reshards[key] = (time, sum(m.received for m in moves))
         return found
 
     def decide(
@@ -361,6 +370,19 @@ class Decisions:
         shape = self.shape(op)
         passed = _Pricing(self, op, shape, known).passthrough(assignment)
         return [shape.required(assignment, i, passed) for i in range(len(op.operands))]
+
+    def gathers(
+        self, op: graph.GraphOp, assignment: Assignment, known: Sequence[Sharding | None]
+    ) -> list[Sharding | None]:
+        """Per operand, the layout the expansion of ``op``'s split ``CONTEXT`` factors
+        gathers it to where ``op`` reads it as it is (``known``), else None:
+        ``shard-partition`` makes that move once per value, like a reshard, so it is
+        another user's move to share (``available``)."""
+        shape = self.shape(op)
+        if not shape.context:
+            return [None] * len(op.operands)
+        pricing = _Pricing(self, op, shape, known)
+        return pricing.gathers(assignment)
 
     def wants(
         self,
@@ -433,14 +455,14 @@ class Decisions:
 
     def _greedy(
         self, pricing: _Pricing, proposals: Sequence[tuple[int, tuple[str, ...]]]
-    ) -> tuple[Assignment, float]:
+    ) -> tuple[Assignment, Cost]:
         """The greedy pass of :func:`choose` over ``proposals``, and its cost."""
         shape = pricing.shape
         sharing = shape.sharing
         assignment: Assignment = {}
         current = pricing.cost(assignment)
         while True:
-            best: tuple[tuple[float, int], int, tuple[str, ...]] | None = None
+            best: tuple[tuple[Cost, int, int, int], int, tuple[str, ...]] | None = None
             taken = {a for axes in assignment.values() for a in axes}
             for factor, axes in proposals:
                 if factor in assignment:
@@ -458,12 +480,17 @@ class Decisions:
                 if not shape.divides(factor, prod(self.size(a) for a in axes)):
                     continue
                 trial = {**assignment, factor: axes}
-                key = (pricing.cost(trial), -pricing.shareable(trial), -shape.weight.get(factor, 0))
+                key = (
+                    pricing.cost(trial),
+                    -pricing.shareable(trial),
+                    pricing.memory(trial),
+                    -shape.weight.get(factor, 0),
+                )
                 if best is None or key < best[0]:
                     best = (key, factor, axes)
             if best is None or best[0][0] > current:
                 return assignment, current
-            (current, _, _), factor, axes = best
+            (current, *_), factor, axes = best
             assignment[factor] = axes
 
 
@@ -487,7 +514,7 @@ class _Pricing:
         self.wanted = tuple(wanted)
         self.available = tuple(available)
         self._passed: tuple[Passed, frozenset[str]] | None = None
-        self._costs: dict[tuple[tuple[int, tuple[str, ...]], ...], float] = {}
+        self._costs: dict[tuple[tuple[int, tuple[str, ...]], ...], Cost] = {}
 
     @cached_property
     def users(self) -> tuple[int, ...]:
@@ -525,22 +552,31 @@ class _Pricing:
             self._passed = self.shape.passthrough(self.known, self.reduced)
         return _kept(self._passed, assignment)
 
-    def cost(self, assignment: Assignment) -> float:
-        """:func:`_cost` of ``assignment``."""
+    def memory(self, assignment: Assignment) -> int:
+        """The bytes of the op's results resident per rank under ``assignment``."""
+        mesh = self.decisions.mesh
+        produced = self.shape.results(assignment, self.passthrough(assignment))
+        return sum(
+            prod(sharding.local_shape(mesh, shape)) * itemsize
+            for (shape, itemsize), sharding in zip(self.shape.result_tensors, produced, strict=True)
+        )
+
+    def cost(self, assignment: Assignment) -> Cost:
+        """:func:`_cost` of ``assignment`` and the bytes a rank receives by it."""
         key = tuple(assignment.items())  # the order of the results' partial axes
         found = self._costs.get(key)
         if found is None:
             found = self._costs[key] = self._price(assignment)
         return found
 
-    def _price(self, assignment: Assignment) -> float:
+    def _price(self, assignment: Assignment) -> Cost:
         shape, decisions, known = self.shape, self.decisions, self.known
-        total = 0.0
+        total = FREE
         if shape.work is not None:
             # the multiply-adds per rank: work a split leaves whole is repeated on each
             itemsize = shape.result_tensors[0][1]
-            each = decisions.clock.multiply_add_time(itemsize)
-            total += shape.work / decisions.ways(assignment) * each
+            work = shape.work / decisions.ways(assignment)
+            total = (decisions.clock.compute(work, itemsize), 0.0)
         passed = self.passthrough(assignment)
         for index, (tensor, sharding) in enumerate(zip(shape.operand_tensors, known, strict=True)):
             if sharding is None:
@@ -548,12 +584,12 @@ class _Pricing:
             needed = shape.required(assignment, index, passed)
             if index < len(self.available) and needed in self.available[index]:
                 continue  # moved there for another user anyway: made once, shared
-            total += decisions.reshard_cost(sharding, needed, tensor)
+            total = _add(total, decisions.reshard_cost(sharding, needed, tensor))
         produced = shape.results(assignment, passed)
         if shape.rule.windows:
-            total += self._block_move_bytes(assignment, produced)
+            total = _add(total, self._block_move_cost(assignment, produced))
         if shape.context:
-            total += self._context_cost(assignment, produced, passed)
+            total = _add(total, self._context_cost(assignment, produced, passed))
         wants = [*self.wanted, *[None] * (len(produced) - len(self.wanted))]
         for tensor, sharding, want in zip(shape.result_tensors, produced, wants, strict=True):
             # new partial axes are resolved (reduce-scattered where the users' split allows),
@@ -567,35 +603,54 @@ class _Pricing:
             dims = want.dims if want is not None else sharding.dims
             target = Sharding(tuple(tuple(a for a in d if a not in gone) for d in dims), kept)
             if target != sharding:
-                total += decisions.reshard_cost(sharding, target, tensor)
+                total = _add(total, decisions.reshard_cost(sharding, target, tensor))
         return total
+
+    def gathers(self, assignment: Assignment) -> list[Sharding | None]:
+        """:meth:`Decisions.gathers` under ``assignment``."""
+        shape, passed = self.shape, self.passthrough(assignment)
+        needed = [shape.required(assignment, i, passed) for i in range(len(self.known))]
+        produced = shape.results(assignment, passed)
+        computed, _ = context_layouts(shape.rule, assignment, needed, produced)
+        return [
+            gathered if gathered != needs and needs == have else None
+            for have, needs, gathered in zip(self.known, needed, computed, strict=True)
+        ]
 
     def _context_cost(
         self, assignment: Assignment, produced: Sequence[Sharding], passed: Passed
-    ) -> float:
-        """The time the expansion of split ``CONTEXT`` factors moves (``context_layouts``)."""
+    ) -> Cost:
+        """The time the expansion of split ``CONTEXT`` factors moves (``context_layouts``):
+        an operand it reads as it is costs nothing to gather where another user moves it
+        to that layout anyway (``shard-partition`` shares the move, see ``available``)."""
         shape, decisions = self.shape, self.decisions
         needed = [shape.required(assignment, i, passed) for i in range(len(self.known))]
         computed_operands, computed_results = context_layouts(
             shape.rule, assignment, needed, produced
         )
-        total = 0.0
-        for tensor, needs, gathered in zip(
-            shape.operand_tensors, needed, computed_operands, strict=True
+        total = FREE
+        for index, (tensor, needs, gathered) in enumerate(
+            zip(shape.operand_tensors, needed, computed_operands, strict=True)
         ):
-            total += decisions.reshard_cost(needs, gathered, tensor)
+            if (
+                needs == self.known[index]
+                and index < len(self.available)
+                and gathered in self.available[index]
+            ):
+                continue  # gathered there for another user anyway: made once, shared
+            total = _add(total, decisions.reshard_cost(needs, gathered, tensor))
         for tensor, computed, gives in zip(
             shape.result_tensors, computed_results, produced, strict=True
         ):
-            total += decisions.reshard_cost(computed, gives, tensor)
+            total = _add(total, decisions.reshard_cost(computed, gives, tensor))
         return total
 
-    def _block_move_bytes(self, assignment: Assignment, produced: Sequence[Sharding]) -> float:
+    def _block_move_cost(self, assignment: Assignment, produced: Sequence[Sharding]) -> Cost:
         """The time the busiest rank takes to receive its blocks when the op's split BLOCKS
-        factors move blocks (:mod:`tessera.transforms.block_moves`), plus ``ALPHA_BYTES``
-        per permute that sends."""
+        factors move blocks (:mod:`tessera.transforms.block_moves`: a latency per permute
+        that sends), and those bytes."""
         mesh, rule = self.decisions.mesh, self.shape.rule
-        total = 0.0
+        total = FREE
         for windows in rule.windows:
             axes = assignment.get(windows.factor)
             if not axes:
@@ -616,8 +671,9 @@ class _Pricing:
                 per_rank = [
                     have + count * row for have, count in zip(per_rank, received, strict=True)
                 ]
-            moved = max(per_rank) + ALPHA_BYTES * communicating_moves(plan)
-            total += self.decisions.clock.move_time(axes, moved)
+            moved = max(per_rank)
+            time = self.decisions.clock.permutes(axes, moved, communicating_moves(plan))
+            total = _add(total, (time, moved))
         return total
 
 
@@ -658,9 +714,10 @@ def choose(
     Every operand proposes the axes on its dims. A round costs each proposal that still
     fits (its axes unused, except that a ``CONTEXT`` factor shares axes with the factors
     it never meets in a tensor; its factor divisible) together with the splits already
-    chosen and keeps the cheapest, if it costs no more than before; equal costs go to
-    the split whose moved operands more other ops read (they may share the move), then
-    to the factor of the largest tensor. Comparing across factors, not factor by
+    chosen and keeps the cheapest (by modelled time, then bytes received per rank), if
+    it costs no more than before; equal costs go to the split whose moved operands more
+    other ops read (they may share the move), then to the one leaving less result memory
+    per rank, then to the factor of the largest tensor. Comparing across factors, not factor by
     factor, keeps the choice independent of operand order.
 
     Results the users want laid out some way (``wanted``: a constraint's layout, or what
@@ -705,14 +762,14 @@ def _cost(
     points: ReductionPoints,
     wanted: Sequence[Sharding | None] = (),
 ) -> float:
-    """Modelled time per device (``sharding_clock``): the operands' reshards, the results' moves to the
+    """Modelled time per device (``sharding_clock`` units): the operands' reshards, the results' moves to the
     splits their users want, plus the all-reduce that a split reduction factor's partial
     result will eventually need (priced on this op's result; a later linear op may
     reduce a smaller tensor, so this is an upper bound), plus what the expansion of split
     ``CONTEXT`` factors moves (the gathers of their operands, the reduce-scatters of
     their results), plus a matmul's multiply-adds per device
     (at the device's rate)."""
-    return _own(op, rule, known, mesh, points, wanted).cost(assignment)
+    return _own(op, rule, known, mesh, points, wanted).cost(assignment)[0]
 
 
 def assignment_of(rule: ShardingRule, operands: Sequence[Sharding]) -> Assignment:

@@ -90,10 +90,13 @@ class _Inserter:
                 known = [self.of(v) for v in op.operands]
                 available = [self._available(op, v) for v in op.operands]
                 layout = self.decisions.decide(op, known, wanted, available)
+                gathers = self.decisions.gathers(op, layout.assignment, known)
                 for index, (value, needed) in enumerate(
                     zip(op.operands, layout.operands, strict=True)
                 ):
                     op.operands[index] = self.reshard(value, needed, op)
+                    if gathers[index] is not None:  # shard-partition gathers it, once
+                        self.moved.setdefault(value, set()).add(gathers[index])
                 self._record(op, list(layout.results))
         for op in reversed(self.bypassed):
             if all(not r.uses for r in op.results):

@@ -26,7 +26,10 @@ split over ``cp``: context parallelism) is expanded as the rule says
 (``sharding_rules.context_layouts``): its operands with the factor are all-gathered
 along it before the op (once per value, so a backward reuses its forward's gathers),
 it computes whole along it, and its results with the factor, partial over the query
-rows' axes, are reduce-scattered back to their layout. An op with *position operands*
+rows' axes, are reduce-scattered back to their layout. A collective ``insert-collectives``
+placed that moves a value to a layout one of these gathers made already (the backward
+of a forward computed with its sequence split, reading the gathered k and v) is that
+gather's result, and the other way round: a value is moved to one layout once. An op with *position operands*
 (``ShardingRule.positions``: attention's causal offsets) whose factor is split gets this
 rank's start added to them (created as 0 + start when the op has none): the start is
 ``graph.axis_index`` over the factor's axes times the local size.
@@ -180,6 +183,11 @@ class _Partitioner:
                 local = self.local(result, sharding).to_xdsl()
                 self.layouts[Rewriter.replace_value_with_new_type(result, local)] = sharding
             return
+        moved = _moved_to(op, shardings)
+        if moved is not None and moved in self.gathered:  # moved there already: shared
+            op.results[0].replace_all_uses_with(self.gathered[moved])
+            Rewriter.erase_op(op)
+            return
         if self._expand(op, shardings):
             return
         rule = self.rules.get(op)
@@ -206,6 +214,8 @@ class _Partitioner:
             ]
             op.properties["limits"] = to_attr(limits)
         _check_local(op)
+        if moved is not None:
+            self.gathered[moved] = op.results[0]
 
     def _expand(self, op: Operation, shardings: Sequence[Sharding]) -> bool:
         """Replaces ``op`` by its registered per-rank form, if it has one for its operands'
@@ -481,6 +491,25 @@ def _cut(emit: GraphEmitter, value: SSAValue, dim: int, start: int, length: int)
     starts = [0] * len(shape)
     starts[dim] = start
     return emit(graph.SliceOp, [value], starts=starts, limits=limits, strides=[1] * len(shape))
+
+
+# collectives whose result is their operand's value in another layout: two of one value
+# to one layout are the same move
+_LAYOUT_MOVES = (
+    graph.AllGatherOp,
+    graph.AllSliceOp,
+    graph.AllReduceOp,
+    graph.ReduceScatterOp,
+    graph.AllToAllOp,
+)
+
+
+def _moved_to(op: Operation, shardings: Sequence[Sharding]) -> tuple[SSAValue, Sharding] | None:
+    """For a collective that moves a value to another layout (one ``insert-collectives``
+    placed), the value and that layout: the key of ``_Partitioner.gathered``."""
+    if not isinstance(op, _LAYOUT_MOVES):
+        return None
+    return op.operands[0], shardings[0]
 
 
 def _stored_zigzag(op: Operation) -> bool:

@@ -226,6 +226,8 @@ class _Choice:
     results: list[Sharding] | None = None  # the results' layouts
     wants: list[Sharding] | None = None  # the layouts it wants of its operands
     needs: list[Sharding] | None = None  # the layouts it needs its operands in
+    # per operand it reads as it is, the layout its context expansion gathers it to
+    gathers: list[Sharding | None] | None = None
 
 
 class _Propagation:
@@ -398,12 +400,21 @@ class _Propagation:
             self.wanted[value] = want
 
     def _need(self, op: graph.GraphOp, choice: _Choice, known: list[Sharding | None]) -> None:
-        """Records the layouts ``op``'s choice needs its operands in (see ``needed``)."""
+        """Records the layouts ``op``'s choice needs its operands in (see ``needed``):
+        those it reshards them to, or for an operand it reads as it is, the layout the
+        expansion of a split ``CONTEXT`` factor gathers it to (``shard-partition`` gathers
+        a value once: a move other users share as they share a reshard)."""
         if choice.needs is None:
             choice.needs = self.decisions.needs(op, choice.assignment, known)
-        for value, need, have in zip(op.operands, choice.needs, known, strict=True):
+            choice.gathers = self.decisions.gathers(op, choice.assignment, known)
+        gathers = choice.gathers or [None] * len(choice.needs)
+        for value, need, have, gather in zip(
+            op.operands, choice.needs, known, gathers, strict=True
+        ):
             users = self.needed.setdefault(value, {})
-            if have is None or need == have:
+            if have is not None and need == have and gather is not None:
+                users[op] = gather
+            elif have is None or need == have:
                 users.pop(op, None)
             else:
                 users[op] = need

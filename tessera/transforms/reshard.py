@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from math import prod
+from typing import NamedTuple
 
 from xdsl.ir import SSAValue
 
@@ -134,11 +135,20 @@ def reshard_cost(
     return _reshard_cost(src, dst, tuple(shape), itemsize, sizes)
 
 
+class ReshardMove(NamedTuple):
+    """One communicating step of a reshard plan, as the cost models read it."""
+
+    kind: str  # all_reduce | all_gather | reduce_scatter | all_to_all
+    axes: tuple[str, ...]
+    nbytes: float  # the collective's size S, as ``tessera.perf.collective_cost`` reads it
+    received: float  # the bytes a device receives by it under ring algorithms
+
+
 def reshard_moves(
     src: Sharding, dst: Sharding, shape: Sequence[int], itemsize: int, mesh: MeshLike
-) -> tuple[tuple[tuple[str, ...], float], ...]:
-    """The communicating steps of :func:`plan_reshard`, each as its axes and the bytes a
-    device receives by it under ring algorithms (what :func:`reshard_cost` sums)."""
+) -> tuple[ReshardMove, ...]:
+    """The communicating steps of :func:`plan_reshard` (their ``received`` bytes are
+    what :func:`reshard_cost` sums)."""
     if src == dst:
         return ()
     axes = {a for s in (src, dst) for d in s.dims for a in d} | set(src.partial_axes)
@@ -153,7 +163,7 @@ def _reshard_moves(
     shape: tuple[int, ...],
     itemsize: int,
     sizes: tuple[tuple[str, int], ...],
-) -> tuple[tuple[tuple[str, ...], float], ...]:
+) -> tuple[ReshardMove, ...]:
     mesh = AxisSizes(sizes)
     moves = []
     sharding = src
@@ -161,7 +171,10 @@ def _reshard_moves(
         n = prod(mesh.axis_size(a) for a in step.axes)
         local = prod(sharding.local_shape(mesh, shape)) * itemsize
         if step.kind != "all_slice":
-            moves.append((step.axes, _RING_FACTORS[step.kind](n) * local))
+            size = local * n if step.kind == "all_gather" else local  # the gathered result
+            moves.append(
+                ReshardMove(step.kind, step.axes, size, _RING_FACTORS[step.kind](n) * local)
+            )
         sharding = apply_step(sharding, step)
     return tuple(moves)
 

@@ -19,9 +19,10 @@ from attention_reference import inputs as _inputs
 from attention_reference import spec as _spec
 from attention_reference import torch_attention as _torch_attention
 from attention_reference import torch_grads as _torch_grads
+from machines import BANDWIDTH_BOUND
 
 import tessera as ts
-from tessera import dist, op
+from tessera import dist, op, schedule
 
 
 def _loss(causal):
@@ -264,7 +265,7 @@ def test_transformer_layer_trains_sequence_sharded() -> None:
 
     step = ts.jit(
         ts.value_and_grad(loss),
-        mesh=dist.mesh({"dp": 2, "cp": 2}),
+        mesh=dist.mesh({"dp": 2, "cp": 2}, topology=BANDWIDTH_BOUND),  # toy sizes as large
         in_shardings=(None, _spec((0, "dp"), (1, "cp"))),
         kernels="reference",
     )
@@ -286,11 +287,11 @@ def test_the_cost_model_prices_the_expansion() -> None:
     alternative (k and v gathered, dk and dv left partial) is dearer: an all-reduce."""
     from tessera.analysis import op_sharding
     from tessera.analysis.reduction_points import ReductionPoints
+    from tessera.analysis.sharding_clock import ShardingClock
     from tessera.ir import graph
     from tessera.ir.sharding import AxisSizes, Sharding
     from tessera.ir.sharding_rules import FactorKind
     from tessera.opdefs import sharding_rule
-    from tessera.transforms.reshard import ALPHA_BYTES
 
     batch, heads, seq, dim, cp = 2, 2, 64, 8, 4
     q, k, v, w = (t.float() for t in _inputs((batch, heads, seq, dim), 4))
@@ -303,7 +304,46 @@ def test_the_cost_model_prices_the_expansion() -> None:
     rule, points = sharding_rule(backward), ReductionPoints()
     assignment = op_sharding.choose(backward, rule, known, mesh, points)
     local = batch * heads * seq // cp * dim * 4  # one rank's block of k (f32)
-    expected = 2 * (local * (cp - 1) + ALPHA_BYTES) + 2 * (local * cp * (cp - 1) / cp + ALPHA_BYTES)
+    clock = ShardingClock(mesh)
+    gather = clock.collective("all_gather", ("cp",), local * cp)  # k, v: the gathered whole
+    scatter = clock.collective("reduce_scatter", ("cp",), local * cp)  # dk, dv: the whole
+    expected = 2 * gather + 2 * scatter
     assert op_sharding._cost(backward, rule, assignment, known, mesh, points) == expected
     without = {f: a for f, a in assignment.items() if rule.kind(f) is not FactorKind.CONTEXT}
     assert op_sharding._cost(backward, rule, without, known, mesh, points) > expected
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_grad_on_a_dgx_h100_shares_the_forward_gathers(causal, dtype) -> None:
+    """dq + dk + dv of sum(attention²) (``benchmarks/sharding_vs_jax.py``'s CP grad rows)
+    with the sequence over cp = 8 on a named DGX H100 (latency priced):
+    k and v are gathered once, the backward reading the forward's gathers, and dk, dv
+    reduce-scattered once each (the gathers of the expansion are moves other users share,
+    as reshards are: not a second pair of gathers for the backward). Values equal torch's
+    in float64 (tolerance 1e-10 absolute and relative)."""
+
+    def loss(q, k, v):
+        out = op.attention(q, k, v, causal=causal)
+        return op.sum(out * out)
+
+    def step(q, k, v):
+        dq, dk, dv = ts.grad(loss, argnums=(0, 1, 2))(q, k, v)
+        return dq + dk + dv
+
+    q, k, v = (t.to(dtype) for t in _inputs((1, 2, 64, 16), 3))
+    layout = _spec((2, "cp"))
+    with schedule.options(context_parallel="all_gather"):
+        f = ts.jit(
+            step,
+            mesh=dist.mesh({"cp": 8}, topology="dgx_h100"),
+            in_shardings=(layout,) * 3,
+            out_shardings=layout,
+            kernels="reference",
+        )
+        kinds = sorted(c.kind for c in f.lower(q, k, v).collectives())
+        assert kinds == ["all_gather"] * 2 + ["reduce_scatter"] * 2
+        if dtype == torch.float64:
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            (_torch_attention(*leaves, causal) ** 2).sum().backward()
+            _close([f(q, k, v)], [sum(t.grad for t in leaves)])

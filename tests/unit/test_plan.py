@@ -93,19 +93,24 @@ def test_memory_estimate_against_the_compiled_step() -> None:
     training step of the same layers (its f32 parameters, gradients and AdamW moments are
     16 B per parameter, as the planner counts bf16 mixed precision): model states within
     1%, activations (peak less model states) within 15% and the peak within 10%. The
-    layer is profiled in float32 here, as the step runs."""
+    layer is profiled in float32 here, as the step runs. Both compile for a DGX H100
+    without link latency (``BANDWIDTH_BOUND``): the toy layer stands for a large one, whose
+    sharding decisions its bytes make, not its collectives' latency."""
     import dataclasses
+
+    from machines import BANDWIDTH_BOUND
 
     from tessera.plan.estimate import memory
     from tessera.plan.layer import profile_layer
-    from tessera.topology import dgx_h100
+    from tessera.topology import load_topology
 
     h, seq, batch = 256, 128, 4
     model = load_model(f"layers=2,hidden={h},heads=4,kv_heads=2,ffn={2 * h},vocab=1,"
                        f"seq={seq},tied_embeddings=1")  # fmt: skip
     s = Strategy(dp=2, tp=2, zero=0, sp=False, micro_batch=batch // 2)
     shape = dataclasses.replace(LayerShape.of(model, seq, 2, 2, 1), dtype="float32")
-    estimate = memory(model, s, profile_layer(shape, dgx_h100()), dgx_h100(), batch)
+    machine = load_topology(BANDWIDTH_BOUND)
+    estimate = memory(model, s, profile_layer(shape, machine), machine, batch)
 
     _, specs = layer_shardings(shape)
     params = {
@@ -124,7 +129,7 @@ def test_memory_estimate_against_the_compiled_step() -> None:
     training = graph.training_step(
         step,
         optimizer=optim.AdamW(lr=1e-3),
-        mesh=dist.mesh({"dp": 2, "tp": 2}),
+        mesh=dist.mesh({"dp": 2, "tp": 2}, topology=BANDWIDTH_BOUND),
         param_shardings=shardings,
     )
     state = training.init(params)

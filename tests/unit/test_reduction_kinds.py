@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from machines import BANDWIDTH_BOUND
 from xdsl.context import Context
 from xdsl.dialects.builtin import Builtin
 from xdsl.dialects.func import Func
@@ -144,7 +145,7 @@ def test_virtual_all_reduce_and_reduce_scatter_match_numpy(
 
 # --- op.prod ---------------------------------------------------------------------------------
 
-MESH = dist.mesh({"dp": 2})
+MESH = dist.mesh({"dp": 2}, topology=BANDWIDTH_BOUND)  # toy tensors standing for large ones
 ROWS_DP = dist.ShardSpec(partition=(0,), mesh_axes=("dp",))
 COLS_DP = dist.ShardSpec(partition=(1,), mesh_axes=("dp",))
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from machines import BANDWIDTH_BOUND
 from xdsl.context import Context
 from xdsl.dialects.builtin import Builtin
 from xdsl.dialects.func import Func
@@ -299,7 +300,7 @@ class VocabCase:
 @st.composite
 def vocab_cases(draw: st.DrawFn, negative: bool = True, rows: int | None = None) -> VocabCase:
     names, shape = draw(st.sampled_from(MESHES))
-    mesh = dist.Mesh(axes=list(names), shape=shape)
+    mesh = dist.Mesh(axes=list(names), shape=shape, topology=BANDWIDTH_BOUND)  # toy as large
     sizes = dict(zip(names, shape, strict=True))
     vocab_axes = tuple(draw(st.sampled_from([n for n in (names, names[:1], names[-1:]) if n])))
     free = [a for a in names if a not in vocab_axes]

@@ -13,7 +13,7 @@
 // CHECK-NEXT:    %[[B:.*]] = graph.all_to_all %[[Y]] {axes = [ep], split_dim = 0, concat_dim = 1} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}dp, ep], [], [], []]>}
 // CHECK-NEXT:    graph.moe_combine %[[B]]
 // CHECK-NOT:     graph.all_gather
-graph.mesh @mesh axes = [dp = 2, ep = 2]
+graph.mesh @mesh axes = [dp = 2, ep = 2] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @expert_parallel(%x: tensor<4x6x8xf32> {graph.sharding = #graph.sharding<@mesh, [[dp, ep], [], []]>}, %choices: tensor<4x6x2xi32> {graph.sharding = #graph.sharding<@mesh, [[dp, ep], [], []]>}, %w: tensor<4x8x8xf32> {graph.sharding = #graph.sharding<@mesh, [[ep], [], []]>}) -> tensor<4x6x2x8xf32> {
   %slots, %sources = graph.moe_route %choices {experts = 4, capacity = 3} : tensor<4x6x2xi32> -> (tensor<4x6x2xi32>, tensor<4x4x3xi32>)
   %d = graph.moe_dispatch %x, %slots, %sources : tensor<4x6x8xf32>, tensor<4x6x2xi32>, tensor<4x4x3xi32> -> tensor<4x4x3x8xf32>

@@ -125,7 +125,7 @@ func.func @transformer_layer(%x: tensor<4x8x64xf32> {graph.sharding = #graph.sha
 // CHECK-NEXT:    %[[RMX:.*]] = graph.all_reduce %[[MX]] {axes = [tp], kind = max} {{.*}} : tensor<1x16xf32>
 // CHECK-NEXT:    %[[RM:.*]] = graph.all_reduce %[[M]] {axes = [tp], kind = mean} {{.*}} : tensor<16xf32>
 // CHECK-NEXT:    func.return %[[RS]], %[[RMX]], %[[RM]]
-graph.mesh @mesh axes = [tp = 4]
+graph.mesh @mesh axes = [tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @reduce_over_split_dim(%x: tensor<64x16xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>})
     -> (tensor<16xf32>, tensor<1x16xf32>, tensor<16xf32>) {
   %e = graph.exp %x : tensor<64x16xf32>
@@ -372,7 +372,7 @@ func.func @user_collectives(%x: tensor<16x64xf32> {graph.sharding = #graph.shard
 // CHECK-NEXT:    %[[LOSS:.*]] = graph.cross_entropy %[[YR]], %[[L]] {reduction = mean} attributes {graph.sharding = #graph.sharding<@mesh, [], partial = mean[dp]>}
 // CHECK-NEXT:    %[[LR:.*]] = graph.all_reduce %[[LOSS]] {axes = [dp], kind = mean} attributes {graph.sharding = #graph.sharding<@mesh, []>}
 // CHECK-NEXT:    func.return %[[LR]]
-graph.mesh @mesh axes = [dp = 2, tp = 4]
+graph.mesh @mesh axes = [dp = 2, tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @dp_tp_mlp_loss(%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], []]>},
                           %w1: tensor<64x256xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
                           %w2: tensor<256x32xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
@@ -471,7 +471,7 @@ func.func @slice_before_gather(%x: tensor<16x64xf32> {graph.sharding = #graph.sh
 
 // A sum over both mesh axes leaves a value partial over dp and tp: one all_reduce over
 // both axes (a ring over all 8 ranks moves 2(n-1)/n of the data once), not one per axis.
-graph.mesh @mesh axes = [dp = 2, tp = 4]
+graph.mesh @mesh axes = [dp = 2, tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 // CHECK-LABEL: func.func @partial_over_two_axes
 func.func @partial_over_two_axes(%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], [tp]]>}) -> tensor<f32> {
   // CHECK: %[[S:.*]] = graph.sum %{{.*}} {axes = [0, 1], keepdims = false}
@@ -509,7 +509,7 @@ func.func @slice_before_reduce(%x: tensor<64x512xf32> {graph.sharding = #graph.s
 // CHECK-NOT:     graph.all_gather
 // CHECK:         %[[E:.*]] = graph.gather
 // CHECK-NEXT:    graph.all_reduce %[[E]] {axes = [tp], kind = sum}
-graph.mesh @mesh axes = [dp = 2, tp = 4]
+graph.mesh @mesh axes = [dp = 2, tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @vocab_parallel_embedding(%t: tensor<64x16xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
                                     %i: tensor<8xi64> {graph.sharding = #graph.sharding<@mesh, [[dp]]>}) -> tensor<8x16xf32> {
   %e = graph.gather %t, %i {axis = 0} : tensor<64x16xf32>, tensor<8xi64> -> tensor<8x16xf32>
@@ -607,7 +607,7 @@ func.func @partial_into_split_users(%a: tensor<64x256xf32> {graph.sharding = #gr
 // CHECK-NEXT:    %[[R:.*]] = graph.all_reduce %{{.*}} {axes = [dp, tp], kind = sum}
 // CHECK-NOT:     graph.all_reduce
 // CHECK:         func.return %[[R]]
-graph.mesh @mesh axes = [dp = 2, tp = 2]
+graph.mesh @mesh axes = [dp = 2, tp = 2] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @partial_axes_in_either_order(%a: tensor<4x8xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], [tp]]>},
                                         %b: tensor<8xf32> {graph.sharding = #graph.sharding<@mesh, [[tp, dp]]>}) -> tensor<f32> {
   %sa = graph.sum %a {axes = [0, 1], keepdims = false} : tensor<4x8xf32> -> tensor<f32>

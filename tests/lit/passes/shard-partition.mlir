@@ -260,7 +260,7 @@ func.func @dp_tp_mesh_normalizations(%x: tensor<8x16xf32> {graph.sharding = #gra
 // CHECK-NEXT:    %[[LOSS:.*]] = graph.cross_entropy %[[YR]], %[[L]] {{.*}} : tensor<8x32xf32>, tensor<8xi32> -> tensor<f32>
 // CHECK-NEXT:    %[[LR:.*]] = graph.all_reduce %[[LOSS]] {axes = [dp], kind = mean} {{.*}} : tensor<f32>
 // CHECK-NEXT:    func.return %[[LR]] : tensor<f32>
-graph.mesh @mesh axes = [dp = 2, tp = 4]
+graph.mesh @mesh axes = [dp = 2, tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @dp_tp_mlp_loss(%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], []]>},
                           %w1: tensor<64x256xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
                           %w2: tensor<256x32xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
@@ -324,7 +324,7 @@ func.func @attention_heads_local_types(%x: tensor<4x8x64xf32>,
 // CHECK:         %[[S:.*]] = graph.sum %[[X]] {axes = [0], keepdims = false} {{.*}}partial = sum[tp]>} : tensor<2x16xf32> -> tensor<16xf32>
 // CHECK-NEXT:    %[[R:.*]] = graph.all_reduce %[[S]] {axes = [tp], kind = sum} {{.*}} : tensor<16xf32>
 // CHECK-NEXT:    func.return %[[R]] : tensor<16xf32>
-graph.mesh @mesh axes = [tp = 4]
+graph.mesh @mesh axes = [tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @reduce_over_split_dim(%x: tensor<8x16xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>}) -> tensor<16xf32> {
   %s = graph.sum %x {axes = [0], keepdims = false} : tensor<8x16xf32> -> tensor<16xf32>
   func.return %s : tensor<16xf32>
@@ -356,7 +356,7 @@ func.func @reduce_over_split_dim(%x: tensor<8x16xf32> {graph.sharding = #graph.s
 // CHECK-NEXT:    %[[E:.*]] = graph.select %[[HELD2]], %[[ROWS]], %[[ZERO]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}dp], []], partial = sum[tp]>}
 // CHECK-NEXT:    %[[OUT:.*]] = graph.all_reduce %[[E]] {axes = [tp], kind = sum}
 // CHECK-NEXT:    func.return %[[OUT]] : tensor<4x16xf32>
-graph.mesh @mesh axes = [dp = 2, tp = 4]
+graph.mesh @mesh axes = [dp = 2, tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @vocab_parallel_embedding(%t: tensor<64x16xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
                                     %i: tensor<8xi64> {graph.sharding = #graph.sharding<@mesh, [[dp]]>}) -> tensor<8x16xf32> {
   %e = graph.gather %t, %i {axis = 0} : tensor<64x16xf32>, tensor<8xi64> -> tensor<8x16xf32>
@@ -419,7 +419,7 @@ func.func @vocab_parallel_cross_entropy(%x: tensor<8x64xf32> {graph.sharding = #
 // CHECK-NEXT:    %[[U:.*]] = graph.add %[[P2]], %[[P3]]
 // CHECK-NEXT:    %[[Y:.*]] = graph.mul %[[G]], %[[U]] {{.*}} : tensor<8x8xf32>
 // CHECK-NEXT:    func.return %[[Y]] : tensor<8x8xf32>
-graph.mesh @mesh axes = [tp = 4]
+graph.mesh @mesh axes = [tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @fused_gate_up(%h: tensor<8x64xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>}) -> tensor<8x32xf32> {
   %g, %u = graph.split %h {axis = 1} : tensor<8x64xf32> -> (tensor<8x32xf32>, tensor<8x32xf32>)
   %y = graph.mul %g, %u : tensor<8x32xf32>
@@ -437,7 +437,7 @@ func.func @fused_gate_up(%h: tensor<8x64xf32> {graph.sharding = #graph.sharding<
 // CHECK:         %[[A0:.*]] = graph.collective_permute %[[A]] {axes = [tp], pairs = {{\[\[}}0, 0], [3, 1]]}
 // CHECK:         %[[C:.*]] = graph.concat %{{.*}}, %{{.*}}, %{{.*}} {axis = 1} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], [tp]]>} : tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32> -> tensor<8x12xf32>
 // CHECK-NEXT:    %[[T:.*]] = graph.tanh %[[C]]
-graph.mesh @mesh axes = [tp = 4]
+graph.mesh @mesh axes = [tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @concat_branches(%a: tensor<8x16xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
                            %b: tensor<8x32xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>}) -> tensor<8x48xf32> {
   %c = graph.concat %a, %b {axis = 1} : tensor<8x16xf32>, tensor<8x32xf32> -> tensor<8x48xf32>

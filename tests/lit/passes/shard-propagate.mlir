@@ -166,7 +166,7 @@ func.func @transformer_layer(%x: tensor<4x8x64xf32> {graph.sharding = #graph.sha
 // CHECK-NEXT:    %[[MX:.*]] = graph.max %[[E]] {axes = [0], keepdims = true} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []], partial = max[tp]>}
 // CHECK-NEXT:    %[[R:.*]] = graph.sum %[[E]] {axes = [1], keepdims = true} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp], []]>}
 // CHECK-NEXT:    func.return %[[S]], %[[M]], %[[MX]], %[[R]]
-graph.mesh @mesh axes = [tp = 4]
+graph.mesh @mesh axes = [tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @reduce_over_split_dim(%x: tensor<8x16xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>})
     -> (tensor<16xf32>, tensor<16xf32>, tensor<1x16xf32>, tensor<8x1xf32>) {
   %e = graph.exp %x : tensor<8x16xf32>
@@ -241,7 +241,7 @@ func.func @elementwise_free_slice(%x: tensor<16x64xf32> {graph.sharding = #graph
 // CHECK-NEXT:    %[[Z:.*]] = graph.matmul %{{.*}}, %{{.*}} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []], partial = sum[tp]>}
 // CHECK-NEXT:    %[[B:.*]] = graph.matmul %{{.*}}, %{{.*}} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}dp], [], []], partial = sum[tp]>}
 // CHECK-NEXT:    func.return %[[Y]], %[[Z]], %[[B]]
-graph.mesh @mesh axes = [dp = 2, tp = 4]
+graph.mesh @mesh axes = [dp = 2, tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @contraction_split_on_both_operands(%a: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
                                               %b: tensor<64x32xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
                                               %c: tensor<64x32xf32> {graph.sharding = #graph.sharding<@mesh, [[], []]>},
@@ -292,7 +292,7 @@ func.func @reshape_transpose_split_dims(%rows: tensor<8x16xf32> {graph.sharding 
 // CHECK-NEXT:    %[[Z:.*]] = graph.matmul %{{.*}}, %{{.*}} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}dp], []], partial = sum[tp]>}
 // CHECK-NEXT:    %[[G:.*]] = graph.gelu %[[Z]] {approximate = none} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}dp], []]>}
 // CHECK-NEXT:    func.return %[[M]], %[[G]]
-graph.mesh @mesh axes = [dp = 2, tp = 4]
+graph.mesh @mesh axes = [dp = 2, tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @dp_tp_mesh_both_axes(%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[dp, tp], []]>},
                                 %w: tensor<64x32xf32> {graph.sharding = #graph.sharding<@mesh, [[], []]>},
                                 %x2: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], [tp]]>},
@@ -332,7 +332,7 @@ func.func @conflicting_constraint(%x: tensor<8x16xf32> {graph.sharding = #graph.
 // CHECK-SAME:    %[[W:[^:]*]]: tensor<64x32xf32> {graph.sharding = #graph.sharding<@mesh, {{\[\[}}tp], []]>}
 // CHECK-NEXT:    %[[Y:.*]] = graph.matmul %[[X]], %[[W]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []], partial = sum[tp]>}
 // CHECK-NEXT:    func.return %[[Y]]
-graph.mesh @mesh axes = [tp = 4]
+graph.mesh @mesh axes = [tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @backward_into_weight(%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
                                 %w: tensor<64x32xf32>) -> tensor<16x32xf32> {
   %y = graph.matmul %x, %w : tensor<16x64xf32>, tensor<64x32xf32> -> tensor<16x32xf32>
@@ -417,7 +417,7 @@ func.func @partial_fanout_reduced_first(%x: tensor<16x64xf32> {graph.sharding = 
 // CHECK-NEXT:    %[[MX:.*]] = graph.max %{{.*}} {axes = [1], keepdims = false} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}]], partial = max[tp]>}
 // CHECK-NEXT:    %[[N:.*]] = graph.neg %[[MX]] attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}]]>}
 // CHECK-NEXT:    func.return %[[E]], %[[A]], %[[M]], %[[N]]
-graph.mesh @mesh axes = [tp = 4]
+graph.mesh @mesh axes = [tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @partial_dropped_by_nonlinear_ops(%x: tensor<16x64xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>},
                                             %w: tensor<64x32xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
                                             %b: tensor<16x32xf32> {graph.sharding = #graph.sharding<@mesh, [[], []]>},
@@ -439,7 +439,7 @@ func.func @partial_dropped_by_nonlinear_ops(%x: tensor<16x64xf32> {graph.shardin
 // holds); dp on the ids rides along. The table is not gathered.
 // CHECK-LABEL: func.func @vocab_parallel_embedding
 // CHECK:         graph.gather %{{.*}}, %{{.*}} {axis = 0} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}dp], []], partial = sum[tp]>}
-graph.mesh @mesh axes = [dp = 2, tp = 4]
+graph.mesh @mesh axes = [dp = 2, tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @vocab_parallel_embedding(%t: tensor<64x16xf32> {graph.sharding = #graph.sharding<@mesh, [[tp], []]>},
                                     %i: tensor<8xi64> {graph.sharding = #graph.sharding<@mesh, [[dp]]>}) -> tensor<8x16xf32> {
   %e = graph.gather %t, %i {axis = 0} : tensor<64x16xf32>, tensor<8xi64> -> tensor<8x16xf32>
@@ -456,7 +456,7 @@ func.func @vocab_parallel_embedding(%t: tensor<64x16xf32> {graph.sharding = #gra
 // CHECK-NEXT:    %[[C:.*]] = graph.concat %[[U]], %[[G]] {axis = 1} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], [tp]]>}
 // CHECK-NEXT:    %[[S:.*]] = graph.slice %[[C]] {starts = [0, 16], limits = [8, 48], strides = [1, 1]} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], [tp]]>}
 // CHECK-NEXT:    func.return %[[S]]
-graph.mesh @mesh axes = [tp = 4]
+graph.mesh @mesh axes = [tp = 4] topology = "{\"base\": \"dgx_h100\", \"levels\": [{\"latency_s\": 1e-15}], \"sharp\": {\"latency_s\": 1e-15}}"
 func.func @blocks_stay_split(%h: tensor<8x64xf32> {graph.sharding = #graph.sharding<@mesh, [[], [tp]]>}) -> tensor<8x32xf32> {
   %g, %u = graph.split %h {axis = 1} : tensor<8x64xf32> -> (tensor<8x32xf32>, tensor<8x32xf32>)
   %c = graph.concat %u, %g {axis = 1} : tensor<8x32xf32>, tensor<8x32xf32> -> tensor<8x64xf32>
