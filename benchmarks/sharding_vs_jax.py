@@ -5,8 +5,10 @@ builds the same computation twice, once with ``tessera.op`` and once with ``jax.
 with the same global shapes, the same input shardings and the same output sharding on a
 ``dp × tp = 2 × 4`` mesh (JAX: 8 simulated CPU devices), and compares:
 
-- Tessera: ``ts.jit(...).lower(...).collectives()`` (after shard-propagate,
-  insert-collectives and shard-partition);
+- Tessera: the collectives of the scheduled program (``schedule.start`` ops: after
+  shard-propagate, insert-collectives, shard-partition and ``bucket-gradients``, which
+  fuses independent all-reduces of one kind over the same axes, as XLA's all-reduce
+  combiner does on the JAX side);
 - JAX: the collectives of the optimized HLO (``jax.jit(...).lower(...).compile().as_text()``:
   all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute), with their
   result shapes and replica groups.
@@ -70,6 +72,7 @@ import torch
 
 import tessera as ts
 from tessera import dist, op, schedule
+from tessera.backends.collective_info import collectives
 from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.mesh import default_machine
@@ -762,7 +765,7 @@ def tessera_collectives(lowered: ts.Lowered, mesh: dist.Mesh) -> list[Collective
     """Tessera's collectives; a collective_permute received by the devices at its
     targets (of another device's data) in every group over its axes."""
     found = []
-    for c in lowered.collectives():
+    for c in collectives(lowered.module_at("schedule")):  # what runs: after bucketing
         receivers = None
         if c.receivers is not None:
             groups = mesh.groups(c.mesh_axes)

@@ -1,4 +1,5 @@
-"""``bucket-gradients``: fuse small all-reduces whose results wait into one per bucket.
+"""``bucket-gradients``: fuse small all-reduces (and reduce-scatters) whose results wait
+into one per bucket.
 
 Runs on partitioned functions (``graph.partitioned``) before ``lower-graph-to-schedule``.
 A data-parallel backward makes one gradient after another, in reverse layer order, and
@@ -23,6 +24,18 @@ Each element is reduced exactly as before (an all-reduce is elementwise across r
 results are unchanged; the bucket starts when its last gradient is made, and
 ``overlap-comm`` overlaps it with the rest of the backward. ``bucket_bytes=0`` turns the
 pass off.
+
+Reduce-scatters (ZeRO-2/3's gradients, a context-parallel backward's dk and dv) are
+bucketed the same way, per (axes, kind, dtype), as ZeRO's and FSDP's flat buckets are.
+Over ``n`` ranks, a member ``x_i`` scattered along ``dim`` (``L_i`` elements before it,
+rank ``r``'s block of ``m_i`` elements from it on) is packed as rows of ranks::
+
+    rows_i = reshape(transpose(reshape(x_i, [L_i, n, m_i]), [1, 0, 2]), [n, L_i·m_i])
+    packed = concat(rows_0, …, axis 1); scattered = reduce_scatter(packed, dim 0)  # [1, M]
+    r_i = reshape(slice(scattered, [0, o_i : 1, o_i + L_i·m_i]), local shape_i)
+
+(no transpose where ``L_i = 1``, as for a split first dimension): rank ``r`` receives the
+reduced row ``r``, which holds exactly its block of every member.
 """
 
 from __future__ import annotations
@@ -74,33 +87,37 @@ class BucketGradientsPass(ModulePass):
                 _bucket_block(function.body.block, self.bucket_bytes, found[1])
 
 
+Reduction = graph.AllReduceOp | graph.ReduceScatterOp
+
+
 @dataclass
 class _Bucket:
-    members: list[graph.AllReduceOp] = field(default_factory=list)
+    members: list[Reduction] = field(default_factory=list)
     nbytes: int = 0
 
 
-def _key(op: graph.AllReduceOp) -> tuple[object, ...]:
+def _key(op: Reduction) -> tuple[object, ...]:
     attrs = op.attrs()
-    return (tuple(attrs["axes"]), attrs["kind"], str(aval(op.operands[0]).dtype))
+    return (type(op), tuple(attrs["axes"]), attrs["kind"], str(aval(op.operands[0]).dtype))
 
 
-def _group_size(op: graph.AllReduceOp, mesh: Mesh) -> int:
+def _group_size(op: Reduction, mesh: Mesh) -> int:
     return math.prod(mesh.axis_size(a) for a in op.attrs()["axes"])
 
 
-def _candidates(block: Block, bucket_bytes: int, mesh: Mesh) -> set[graph.AllReduceOp]:
-    """The all-reduces that may be bucketed: over 2+ ranks, smaller than a bucket."""
+def _candidates(block: Block, bucket_bytes: int, mesh: Mesh) -> set[Reduction]:
+    """The all-reduces and reduce-scatters that may be bucketed: over 2+ ranks, smaller
+    than a bucket."""
     return {
         op
         for op in block.ops
-        if isinstance(op, graph.AllReduceOp)
+        if isinstance(op, Reduction)
         and _group_size(op, mesh) >= 2
         and aval(op.operands[0]).nbytes < bucket_bytes
     }
 
 
-def _hoist(block: Block, candidates: set[graph.AllReduceOp]) -> None:
+def _hoist(block: Block, candidates: set[Reduction]) -> None:
     """Moves every candidate all-reduce to just after its operand's producer (after the
     ones moved there before it): insert-collectives puts one where it is first used, but it
     can start as soon as its gradient exists, and buckets follow that order."""
@@ -143,7 +160,7 @@ def _bucket_block(block: Block, bucket_bytes: int, mesh: Mesh) -> None:
             break
         if op not in candidates:
             continue
-        assert isinstance(op, graph.AllReduceOp)
+        assert isinstance(op, Reduction)
         nbytes = aval(op.operands[0]).nbytes
         key = _key(op)
         bucket = open_buckets.get(key)
@@ -157,9 +174,12 @@ def _bucket_block(block: Block, bucket_bytes: int, mesh: Mesh) -> None:
         member_of[op] = key
 
 
-def _emit(members: list[graph.AllReduceOp], group_size: int) -> None:
-    """Replaces ``members`` by one all-reduce of their flattened, concatenated operands,
-    placed where the last of them was."""
+def _emit(members: list[Reduction], group_size: int) -> None:
+    """Replaces ``members`` by one collective of their packed operands, placed where the
+    last of them was."""
+    if isinstance(members[0], graph.ReduceScatterOp):
+        _emit_reduce_scatter(members, group_size)
+        return
     last = members[-1]
     emit = GraphEmitter(last)
     flats = [
@@ -178,5 +198,44 @@ def _emit(members: list[graph.AllReduceOp], group_size: int) -> None:
         result.owner.attributes.update(member.attributes)
         member.results[0].replace_all_uses_with(result)
         offset += value.size
+    for member in members:
+        Rewriter.erase_op(member)
+
+
+def _emit_reduce_scatter(members: list[Reduction], n: int) -> None:
+    """Replaces reduce-scatter ``members`` by one reduce-scatter of their operands packed as
+    rows of ranks (see the module docstring), placed where the last of them was."""
+    last = members[-1]
+    emit = GraphEmitter(last)
+    rows, widths = [], []
+    for member in members:
+        x = member.operands[0]
+        shape, dim = aval(x).shape, member.attrs()["dim"]
+        before = math.prod(shape[:dim])
+        width = aval(x).size // (before * n)
+        if before == 1:
+            row = emit(graph.ReshapeOp, [x], shape=(n, width))
+        else:
+            blocks = emit(graph.ReshapeOp, [x], shape=(before, n, width))
+            by_rank = emit(graph.TransposeOp, [blocks], perm=(1, 0, 2))
+            row = emit(graph.ReshapeOp, [by_rank], shape=(n, before * width))
+        rows.append(row)
+        widths.append(before * width)
+    packed = emit(graph.ConcatOp, rows, axis=1)
+    attrs = {**last.attrs(), "dim": 0}
+    scattered = emit(graph.ReduceScatterOp, [packed], **attrs, group_size=n)
+    offset = 0
+    for member, width in zip(members, widths, strict=True):
+        piece = emit(
+            graph.SliceOp,
+            [scattered],
+            starts=[0, offset],
+            limits=[1, offset + width],
+            strides=[1, 1],
+        )
+        result = emit(graph.ReshapeOp, [piece], shape=aval(member.results[0]).shape)
+        result.owner.attributes.update(member.attributes)
+        member.results[0].replace_all_uses_with(result)
+        offset += width
     for member in members:
         Rewriter.erase_op(member)

@@ -113,3 +113,34 @@ func.func @hoisted_to_producer(%a: tensor<8xf32>, %b: tensor<8xf32>) -> (tensor<
   %ub = graph.mul %rb, %rb : tensor<8xf32>, tensor<8xf32> -> tensor<8xf32>
   func.return %x, %ua, %ub : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
 }
+
+// -----
+
+// Reduce-scatters are bucketed too, apart from all-reduces: each operand is packed as one
+// row per rank of dp = 2 (a split first dimension reshapes; a split inner dimension, 1 of
+// 2x4x3, is transposed so that rank r's blocks are contiguous), one reduce-scatter of the
+// rows, and each result sliced from the rank's row and reshaped to its local shape.
+// CHECK-LABEL: func.func @two_scatters
+// CHECK:         %[[RA:.*]] = graph.reshape %{{.*}} : tensor<4x8xf32> -> tensor<2x16xf32>
+// CHECK-NEXT:    %[[B3:.*]] = graph.reshape %{{.*}} : tensor<2x4x3xf32> -> tensor<2x2x6xf32>
+// CHECK-NEXT:    %[[BT:.*]] = graph.transpose %[[B3]] {perm = [1, 0, 2]} : tensor<2x2x6xf32>
+// CHECK-NEXT:    %[[RB:.*]] = graph.reshape %[[BT]] : tensor<2x2x6xf32> -> tensor<2x12xf32>
+// CHECK-NEXT:    %[[P:.*]] = graph.concat %[[RA]], %[[RB]] {axis = 1} : tensor<2x16xf32>, tensor<2x12xf32> -> tensor<2x28xf32>
+// CHECK-NEXT:    %[[S:.*]] = graph.reduce_scatter %[[P]] {axes = [dp], dim = 0, kind = sum} : tensor<2x28xf32> -> tensor<1x28xf32>
+// CHECK-NEXT:    %[[SA:.*]] = graph.slice %[[S]] {starts = [0, 0], limits = [1, 16], strides = [1, 1]} : tensor<1x28xf32> -> tensor<1x16xf32>
+// CHECK-NEXT:    graph.reshape %[[SA]] : tensor<1x16xf32> -> tensor<2x8xf32>
+// CHECK-NEXT:    %[[SB:.*]] = graph.slice %[[S]] {starts = [0, 16], limits = [1, 28], strides = [1, 1]} : tensor<1x28xf32> -> tensor<1x12xf32>
+// CHECK-NEXT:    graph.reshape %[[SB]] : tensor<1x12xf32> -> tensor<2x2x3xf32>
+// CHECK-NEXT:    func.return
+// OFF-LABEL: func.func @two_scatters
+// OFF:         graph.reduce_scatter
+// OFF:         graph.reduce_scatter
+// OFF-NOT:     graph.concat
+graph.mesh @mesh axes = [dp = 2, tp = 2]
+func.func @two_scatters(%a: tensor<4x8xf32>, %b: tensor<2x4x3xf32>) -> (tensor<2x8xf32>, tensor<2x2x3xf32>) attributes {graph.partitioned} {
+  %ga = graph.mul %a, %a : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xf32>
+  %ra = graph.reduce_scatter %ga {axes = [dp], dim = 0, kind = sum} : tensor<4x8xf32> -> tensor<2x8xf32>
+  %gb = graph.mul %b, %b : tensor<2x4x3xf32>, tensor<2x4x3xf32> -> tensor<2x4x3xf32>
+  %rb = graph.reduce_scatter %gb {axes = [dp], dim = 1, kind = sum} : tensor<2x4x3xf32> -> tensor<2x2x3xf32>
+  func.return %ra, %rb : tensor<2x8xf32>, tensor<2x2x3xf32>
+}
