@@ -183,6 +183,9 @@ def stage_passes(stage: str, config: CompileConfig) -> list[PassSpec]:
         return _schedule_passes(config)
     if stage == "partitioned":
         return [_partition_pass(config.schedule), PassSpec.of("unzigzag-attention")]
+    if stage == "sharded" and config.schedule.topology:  # the sharding clock's machine
+        topology = {"topology": config.schedule.topology}
+        return [PassSpec.of(flag, topology) for flag in _FIXED_STAGE_PASSES[stage]]
     return [PassSpec.of(flag) for flag in _FIXED_STAGE_PASSES[stage]]
 
 

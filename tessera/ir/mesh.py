@@ -160,6 +160,14 @@ class Mesh:
             return self.topology
         return default_machine(self.size)
 
+    def priced_on(self, topology: str) -> Mesh:
+        """This mesh; or, where it names no topology and ``topology`` (a
+        :func:`load_topology` name, as a pass option gives it) is given, the same axes on
+        that machine (``schedule.options(topology=...)`` reaching the sharding passes)."""
+        if not topology or self.topology is not None:
+            return self
+        return Mesh(list(self.axis_names), list(self.shape), topology=topology)
+
     def axis_size(self, axis: str) -> int:
         return self.shape[self.axis_index(axis)]
 

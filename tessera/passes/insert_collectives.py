@@ -52,9 +52,11 @@ from tessera.transforms.reshard import ReshardStep, apply_step, plan_reshard, st
 class InsertCollectivesPass(ModulePass):
     name = "insert-collectives"
 
+    topology: str = ""  # the machine for a mesh naming none ("": its default, latency left out)
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for mesh_name, mesh, function in sharded_functions(op, self.name):
-            _Inserter(mesh, mesh_name, function).run()
+            _Inserter(mesh.priced_on(self.topology), mesh_name, function).run()
 
 
 class _Inserter:

@@ -79,12 +79,14 @@ class ShardPropagatePass(ModulePass):
     name = "shard-propagate"
 
     max_iterations: int = 16
+    topology: str = ""  # the machine for a mesh naming none ("": its default, latency left out)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         called = graph.called_functions(op)
         variants: _Variants | None = None
         roots: list[func.FuncOp] = []
-        for mesh_name, mesh, function in sharded_functions(op, self.name):
+        for mesh_name, symbol_mesh, function in sharded_functions(op, self.name):
+            mesh = symbol_mesh.priced_on(self.topology)
             if function.sym_name.data in called:
                 continue  # propagated once per layout its calls pass
             if variants is None:

@@ -12,7 +12,7 @@ import torch
 from machines import BANDWIDTH_BOUND
 
 import tessera as ts
-from tessera import dist, op
+from tessera import dist, op, schedule
 from tessera.analysis import op_sharding
 from tessera.analysis.reduction_points import ReductionPoints
 from tessera.analysis.sharding_clock import ShardingClock
@@ -83,6 +83,8 @@ def test_the_pick_by_time_differs_from_the_pick_by_bytes() -> None:
     assert _sum_over_split_rows(dist.mesh({"tp": 4}, topology="dgx_h100")) == {"all_gather"}
     assert _sum_over_split_rows(dist.mesh({"tp": 4}, topology=BANDWIDTH_BOUND)) == {"all_reduce"}
     assert _sum_over_split_rows(dist.mesh({"tp": 4})) == {"all_reduce"}
+    with schedule.options(topology="dgx_h100"):  # names the machine of a mesh naming none
+        assert _sum_over_split_rows(dist.mesh({"tp": 4})) == {"all_gather"}
 
 
 @pytest.mark.parametrize(("axes", "shape"), [(("tp",), (4,)), (("dp", "tp"), (4, 4))])
