@@ -458,12 +458,15 @@ class Decisions:
                 if not shape.divides(factor, prod(self.size(a) for a in axes)):
                     continue
                 trial = {**assignment, factor: axes}
-                key = (pricing.cost(trial), -pricing.shareable(trial), -shape.weight.get(factor, 0))
+                key = (
+                    pricing.cost(trial), -self.ways(trial), -pricing.shareable(trial),
+                    -shape.weight.get(factor, 0),
+                )  # fmt: skip
                 if best is None or key < best[0]:
                     best = (key, factor, axes)
             if best is None or best[0][0] > current:
                 return assignment, current
-            (current, _, _), factor, axes = best
+            (current, *_), factor, axes = best
             assignment[factor] = axes
 
 
