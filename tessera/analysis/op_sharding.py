@@ -482,6 +482,7 @@ class Decisions:
                 trial = {**assignment, factor: axes}
                 key = (
                     pricing.cost(trial),
+                    -self.ways(trial),
                     -pricing.shareable(trial),
                     pricing.memory(trial),
                     -shape.weight.get(factor, 0),
@@ -715,9 +716,12 @@ def choose(
     fits (its axes unused, except that a ``CONTEXT`` factor shares axes with the factors
     it never meets in a tensor; its factor divisible) together with the splits already
     chosen and keeps the cheapest (by modelled time, then bytes received per rank), if
-    it costs no more than before; equal costs go to the split whose moved operands more
-    other ops read (they may share the move), then to the one leaving less result memory
-    per rank, then to the factor of the largest tensor. Comparing across factors, not factor by
+    it costs no more than before; equal costs go to the split into more pieces (as a
+    split beats no split: a dim's major-axes prefix, ``(cp,)`` of ``(cp, tp)``, wins
+    only when cheaper), then to the split whose moved operands more other ops read (they
+    may share the move; sharing a gather with a backward user would keep the gathered
+    activation for the backward), then to the one leaving less result memory per rank,
+    then to the factor of the largest tensor. Comparing across factors, not factor by
     factor, keeps the choice independent of operand order.
 
     Results the users want laid out some way (``wanted``: a constraint's layout, or what

@@ -87,6 +87,29 @@ def test_saved_activations_against_megatron(tp: int, sp: bool) -> None:
     assert saved == pytest.approx(megatron + lse, rel=0.01)
 
 
+@pytest.mark.parametrize("cp", [1, 2])
+def test_sequence_parallel_saves_sharded_activations_with_context_parallelism(cp: int) -> None:
+    """A GQA/SwiGLU layer under sequence parallelism (tp 2) and context parallelism keeps
+    its residual-width activations split over tp, as without cp: Megatron's SP saves the
+    sequence-sharded input of each column-parallel block and re-gathers it in the
+    backward. Per rank, with ``s`` the rank's tokens (``seq / cp``), ``S`` the sequence
+    and 2-byte items: five ``s·h/t`` values (the layer input, the first norm's two
+    results, the residual sum and the second norm's output) and its ``s/t`` statistics,
+    q and the attention output (``s·a·d/t`` each), the cp-gathered k and v
+    (``S·g·d/t`` each), the SwiGLU's four ``s·f/t`` values, and the attention's f32
+    log-sum-exp (``a·s/t``). A gathered activation saved instead (the norms computed on
+    the tp-gathered sequence) keeps ``t`` times more of the first."""
+    from tessera.plan.layer import lowered_layer, saved_activations
+
+    h, a, g, d, f, seq, t = 64, 4, 2, 16, 128, 64, 2
+    shape = LayerShape(h, a, g, d, f, "swiglu", seq, 1, t, cp, sp=True)
+    lowered = lowered_layer(shape)
+    saved, _ = saved_activations(lowered.module_at("schedule"), lowered.name)
+    s = seq // cp
+    elements = 5 * s * h // t + s // t + 2 * s * a * d // t + 2 * seq * g * d // t + 4 * s * f // t
+    assert saved == 2 * elements + 4 * a * s // t
+
+
 def test_memory_estimate_against_the_compiled_step() -> None:
     """The planner's per-rank memory for a 2-layer model (hidden 256, sequence 128) on
     dp 2 x tp 2, two sequences per rank, against ``memory()`` of the compiled float32
