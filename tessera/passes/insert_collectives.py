@@ -101,9 +101,10 @@ class _Inserter:
                 Rewriter.erase_op(op)
 
     def _use(self, op: Operation, index: int, value: SSAValue) -> None:
-        """``op`` reads ``value`` as its operand ``index`` (the users of the value it
-        read there and of ``value`` are counted again)."""
-        self.decisions.forget((op.operands[index], value))
+        """``op`` reads ``value`` as its operand ``index`` (where that is another value,
+        the users of both are counted again)."""
+        if op.operands[index] is not value:
+            self.decisions.forget((op.operands[index], value))
         op.operands[index] = value
 
     def _insert(self, op: Operation, before: Operation) -> None:
