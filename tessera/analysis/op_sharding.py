@@ -28,7 +28,7 @@ and identical layers share theirs. None of this changes a decision.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from math import prod
@@ -294,7 +294,10 @@ class Decisions:
     reshard priced once. ``points`` is asked about an operand only when its layout is
     partial (no other answer is read), when a choice first needs it, except in
     :meth:`decide`, which asks as soon as it is called (``insert-collectives`` changes
-    the IR between two decisions)."""
+    the IR between two decisions). How many ops read a value is counted once (a scalar
+    constant read by every update of an unrolled step would be counted again by each of
+    its readers, quadratic in depth): a pass that changes a value's uses says so
+    (:meth:`forget`)."""
 
     def __init__(self, mesh: MeshLike, points: ReductionPoints):
         self.mesh = mesh
@@ -304,6 +307,20 @@ class Decisions:
         self.clock = ShardingClock(mesh)
         self._mesh_key = (*self._sizes.items(), self.clock.key)
         self._reshards: dict[tuple[Sharding, Sharding, Tensor], Cost] = {}
+        self._users: dict[SSAValue, int] = {}
+
+    def users(self, value: SSAValue) -> int:
+        """How many ops read ``value`` (a value's reshard is made once for all of them:
+        ``insert-collectives`` shares it), as of the last :meth:`forget` of it."""
+        found = self._users.get(value)
+        if found is None:
+            found = self._users[value] = len({use.operation for use in value.uses})
+        return found
+
+    def forget(self, values: Iterable[SSAValue]) -> None:
+        """``values``' uses changed: their readers are counted again when next asked."""
+        for value in values:
+            self._users.pop(value, None)
 
     def shape(self, op: graph.GraphOp) -> OpShape:
         found = self._shapes.get(op)
@@ -521,7 +538,7 @@ class _Pricing:
     def users(self) -> tuple[int, ...]:
         """Per operand, how many ops read its value (a value's reshard is made once for
         all of them: ``insert-collectives`` shares it)."""
-        return tuple(len({use.operation for use in v.uses}) for v in self.op.operands)
+        return tuple(self.decisions.users(v) for v in self.op.operands)
 
     def shareable(self, assignment: Assignment) -> int:
         """The bytes of each operand ``assignment`` moves times the number of other ops

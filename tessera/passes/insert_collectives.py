@@ -77,7 +77,7 @@ class _Inserter:
             if isinstance(op, func.ReturnOp):
                 for index, value in enumerate(op.operands):
                     current = self.of(value)
-                    op.operands[index] = self.reshard(value, Sharding(current.dims), op)
+                    self._use(op, index, self.reshard(value, Sharding(current.dims), op))
             elif isinstance(op, (graph.ShardOp, graph.CollectiveOp)):
                 self._replace_statement(op)
             elif isinstance(op, graph.CallOp | graph.ScanOp):
@@ -96,13 +96,26 @@ class _Inserter:
                 for index, (value, needed) in enumerate(
                     zip(op.operands, layout.operands, strict=True)
                 ):
-                    op.operands[index] = self.reshard(value, needed, op)
+                    self._use(op, index, self.reshard(value, needed, op))
                     if gathers[index] is not None:  # shard-partition gathers it, once
                         self.moved.setdefault(value, set()).add(gathers[index])
                 self._record(op, list(layout.results))
         for op in reversed(self.bypassed):
             if all(not r.uses for r in op.results):
+                self.decisions.forget(op.operands)
                 Rewriter.erase_op(op)
+
+    def _use(self, op: Operation, index: int, value: SSAValue) -> None:
+        """``op`` reads ``value`` as its operand ``index`` (where that is another value,
+        the users of both are counted again)."""
+        if op.operands[index] is not value:
+            self.decisions.forget((op.operands[index], value))
+        op.operands[index] = value
+
+    def _insert(self, op: Operation, before: Operation) -> None:
+        """``op`` inserted before ``before`` (its operands' users are counted again)."""
+        Rewriter.insert_op(op, InsertPoint.before(before))
+        self.decisions.forget(op.operands)
 
     def _call(self, op: graph.CallOp | graph.ScanOp) -> None:
         """A region call: its operands laid out as the callee's arguments (a scan's
@@ -117,7 +130,7 @@ class _Inserter:
             )
             if index >= carries:
                 needed = Sharding(((), *needed.dims))
-            op.operands[index] = self.reshard(value, needed, op)
+            self._use(op, index, self.reshard(value, needed, op))
         shardings = op_shardings(op) or [Sharding.replicated(aval(r).rank) for r in op.results]
         self._record(op, [Sharding(s.dims) for s in shardings])
         # the callee's variant returns them constrained (shard-propagate), as it would
@@ -140,6 +153,7 @@ class _Inserter:
         else:
             target = after_collective(op, source)
         replacement = self.reshard(op.operands[0], target, op)
+        self.decisions.forget((op.operands[0], op.results[0], replacement))
         op.results[0].replace_all_uses_with(replacement)
         Rewriter.erase_op(op)
 
@@ -190,7 +204,7 @@ class _Inserter:
         if moved is None or self._pieces(moved) < self._pieces(source):
             return None  # a gathered value is not kept for later: it is gathered again
         op = graph.build(graph.TransposeOp, [moved], perm=perm)
-        Rewriter.insert_op(op, InsertPoint.before(before))
+        self._insert(op, before)
         self._record(op, [target])
         self.bypassed.append(owner)
         return op.results[0]
@@ -204,7 +218,7 @@ class _Inserter:
         self, step: ReshardStep, value: SSAValue, after: Sharding, before: Operation
     ) -> SSAValue:
         op = step_collective(step, value)
-        Rewriter.insert_op(op, InsertPoint.before(before))
+        self._insert(op, before)
         self._record(op, [after])
         return op.results[0]
 
