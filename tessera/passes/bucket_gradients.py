@@ -36,6 +36,13 @@ rank ``r``'s block of ``m_i`` elements from it on) is packed as rows of ranks::
 
 (no transpose where ``L_i = 1``, as for a split first dimension): rank ``r`` receives the
 reduced row ``r``, which holds exactly its block of every member.
+
+All-gathers of one (axes, dtype) are combined too (XLA's all-gather combiner; ZeRO's
+updated parameters, a context-parallel attention's k and v, a weight gradient's gathered
+operands), but never moved earlier: a gather made early would keep its whole copy alive
+longer. Consecutive gathers with no use of a result between them become, where the last
+of them was, one gather of their flattened blocks as one row per rank, each result
+sliced from its column range and put back in place (the inverse of the packing above).
 """
 
 from __future__ import annotations
@@ -88,33 +95,40 @@ class BucketGradientsPass(ModulePass):
 
 
 Reduction = graph.AllReduceOp | graph.ReduceScatterOp
+Bucketed = graph.AllReduceOp | graph.ReduceScatterOp | graph.AllGatherOp
 
 
 @dataclass
 class _Bucket:
-    members: list[Reduction] = field(default_factory=list)
+    members: list[Bucketed] = field(default_factory=list)
     nbytes: int = 0
 
 
-def _key(op: Reduction) -> tuple[object, ...]:
+def _key(op: Bucketed) -> tuple[object, ...]:
     attrs = op.attrs()
-    return (type(op), tuple(attrs["axes"]), attrs["kind"], str(aval(op.operands[0]).dtype))
+    dtype = str(aval(op.operands[0]).dtype)
+    return (type(op), tuple(attrs["axes"]), attrs.get("kind"), dtype)
 
 
-def _group_size(op: Reduction, mesh: Mesh) -> int:
+def _group_size(op: Bucketed, mesh: Mesh) -> int:
     return math.prod(mesh.axis_size(a) for a in op.attrs()["axes"])
 
 
-def _candidates(block: Block, bucket_bytes: int, mesh: Mesh) -> set[Reduction]:
-    """The all-reduces and reduce-scatters that may be bucketed: over 2+ ranks, smaller
-    than a bucket."""
+def _candidates(block: Block, bucket_bytes: int, mesh: Mesh) -> set[Bucketed]:
+    """The collectives that may be bucketed: all-reduces, reduce-scatters and all-gathers
+    over 2+ ranks, smaller than a bucket."""
     return {
         op
         for op in block.ops
-        if isinstance(op, Reduction)
+        if isinstance(op, Bucketed)
         and _group_size(op, mesh) >= 2
-        and aval(op.operands[0]).nbytes < bucket_bytes
+        and _nbytes(op) < bucket_bytes
     }
+
+
+def _nbytes(op: Bucketed) -> int:
+    """The bytes ``op`` counts in a bucket: its whole (unscattered, gathered) value."""
+    return max(aval(op.operands[0]).nbytes, aval(op.results[0]).nbytes)
 
 
 def _hoist(block: Block, candidates: set[Reduction]) -> None:
@@ -123,7 +137,7 @@ def _hoist(block: Block, candidates: set[Reduction]) -> None:
     can start as soon as its gradient exists, and buckets follow that order."""
     last_placed: dict[object, Operation] = {}
     for op in list(block.ops):
-        if op not in candidates:
+        if op not in candidates or isinstance(op, graph.AllGatherOp):
             continue
         producer = op.operands[0].owner
         after = last_placed.get(producer, producer)
@@ -160,8 +174,8 @@ def _bucket_block(block: Block, bucket_bytes: int, mesh: Mesh) -> None:
             break
         if op not in candidates:
             continue
-        assert isinstance(op, Reduction)
-        nbytes = aval(op.operands[0]).nbytes
+        assert isinstance(op, Bucketed)
+        nbytes = _nbytes(op)
         key = _key(op)
         bucket = open_buckets.get(key)
         if bucket is not None and bucket.nbytes + nbytes > bucket_bytes:
@@ -174,11 +188,14 @@ def _bucket_block(block: Block, bucket_bytes: int, mesh: Mesh) -> None:
         member_of[op] = key
 
 
-def _emit(members: list[Reduction], group_size: int) -> None:
+def _emit(members: list[Bucketed], group_size: int) -> None:
     """Replaces ``members`` by one collective of their packed operands, placed where the
     last of them was."""
     if isinstance(members[0], graph.ReduceScatterOp):
         _emit_reduce_scatter(members, group_size)
+        return
+    if isinstance(members[0], graph.AllGatherOp):
+        _emit_all_gather(members, group_size)
         return
     last = members[-1]
     emit = GraphEmitter(last)
@@ -202,7 +219,7 @@ def _emit(members: list[Reduction], group_size: int) -> None:
         Rewriter.erase_op(member)
 
 
-def _emit_reduce_scatter(members: list[Reduction], n: int) -> None:
+def _emit_reduce_scatter(members: list[Bucketed], n: int) -> None:
     """Replaces reduce-scatter ``members`` by one reduce-scatter of their operands packed as
     rows of ranks (see the module docstring), placed where the last of them was."""
     last = members[-1]
@@ -237,5 +254,39 @@ def _emit_reduce_scatter(members: list[Reduction], n: int) -> None:
         result.owner.attributes.update(member.attributes)
         member.results[0].replace_all_uses_with(result)
         offset += width
+    for member in members:
+        Rewriter.erase_op(member)
+
+
+def _emit_all_gather(members: list[Bucketed], n: int) -> None:
+    """Replaces all-gather ``members`` by one all-gather of their flattened blocks as one
+    row per rank, placed where the last of them was; each result is its column range of
+    the rows, blocks put back along its gathered dim."""
+    last = members[-1]
+    emit = GraphEmitter(last)
+    flats = [
+        emit(graph.ReshapeOp, [m.operands[0]], shape=(1, aval(m.operands[0]).size))
+        for m in members
+    ]
+    packed = emit(graph.ConcatOp, flats, axis=1)
+    gathered = emit(graph.AllGatherOp, [packed], axes=last.attrs()["axes"], dim=0, group_size=n)
+    offset = 0
+    for member in members:
+        local, dim = aval(member.operands[0]), member.attrs()["dim"]
+        piece = emit(
+            graph.SliceOp,
+            [gathered],
+            starts=[0, offset],
+            limits=[n, offset + local.size],
+            strides=[1, 1],
+        )
+        before = math.prod(local.shape[:dim])
+        if before > 1:
+            blocks = emit(graph.ReshapeOp, [piece], shape=(n, before, local.size // before))
+            piece = emit(graph.TransposeOp, [blocks], perm=(1, 0, 2))
+        result = emit(graph.ReshapeOp, [piece], shape=aval(member.results[0]).shape)
+        result.owner.attributes.update(member.attributes)
+        member.results[0].replace_all_uses_with(result)
+        offset += local.size
     for member in members:
         Rewriter.erase_op(member)

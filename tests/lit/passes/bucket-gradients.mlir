@@ -144,3 +144,32 @@ func.func @two_scatters(%a: tensor<4x8xf32>, %b: tensor<2x4x3xf32>) -> (tensor<2
   %rb = graph.reduce_scatter %gb {axes = [dp], dim = 1, kind = sum} : tensor<2x4x3xf32> -> tensor<2x2x3xf32>
   func.return %ra, %rb : tensor<2x8xf32>, tensor<2x2x3xf32>
 }
+
+// -----
+
+// All-gathers of one (axes, dtype) with no use between them are combined where the last
+// was (never moved earlier): each block flattened into one row, one gather of the rows
+// over dp = 2, each result its column range, a gathered inner dim (1 of 2x2x3) put back
+// by a transpose of the rank blocks.
+// CHECK-LABEL: func.func @two_gathers
+// CHECK:         %[[FA:.*]] = graph.reshape %{{.*}} : tensor<2x8xf32> -> tensor<1x16xf32>
+// CHECK-NEXT:    %[[FB:.*]] = graph.reshape %{{.*}} : tensor<2x2x3xf32> -> tensor<1x12xf32>
+// CHECK-NEXT:    %[[P:.*]] = graph.concat %[[FA]], %[[FB]] {axis = 1} : tensor<1x16xf32>, tensor<1x12xf32> -> tensor<1x28xf32>
+// CHECK-NEXT:    %[[G:.*]] = graph.all_gather %[[P]] {axes = [dp], dim = 0} : tensor<1x28xf32> -> tensor<2x28xf32>
+// CHECK-NEXT:    %[[SA:.*]] = graph.slice %[[G]] {starts = [0, 0], limits = [2, 16], strides = [1, 1]} : tensor<2x28xf32> -> tensor<2x16xf32>
+// CHECK-NEXT:    graph.reshape %[[SA]] : tensor<2x16xf32> -> tensor<4x8xf32>
+// CHECK-NEXT:    %[[SB:.*]] = graph.slice %[[G]] {starts = [0, 16], limits = [2, 28], strides = [1, 1]} : tensor<2x28xf32> -> tensor<2x12xf32>
+// CHECK-NEXT:    %[[B3:.*]] = graph.reshape %[[SB]] : tensor<2x12xf32> -> tensor<2x2x6xf32>
+// CHECK-NEXT:    %[[BT:.*]] = graph.transpose %[[B3]] {perm = [1, 0, 2]} : tensor<2x2x6xf32>
+// CHECK-NEXT:    graph.reshape %[[BT]] : tensor<2x2x6xf32> -> tensor<2x4x3xf32>
+// CHECK-NEXT:    func.return
+// OFF-LABEL: func.func @two_gathers
+// OFF:         graph.all_gather
+// OFF:         graph.all_gather
+// OFF-NOT:     graph.concat
+graph.mesh @mesh axes = [dp = 2, tp = 2]
+func.func @two_gathers(%a: tensor<2x8xf32>, %b: tensor<2x2x3xf32>) -> (tensor<4x8xf32>, tensor<2x4x3xf32>) attributes {graph.partitioned} {
+  %ga = graph.all_gather %a {axes = [dp], dim = 0} : tensor<2x8xf32> -> tensor<4x8xf32>
+  %gb = graph.all_gather %b {axes = [dp], dim = 1} : tensor<2x2x3xf32> -> tensor<2x4x3xf32>
+  func.return %ga, %gb : tensor<4x8xf32>, tensor<2x4x3xf32>
+}
