@@ -25,24 +25,21 @@ results are unchanged; the bucket starts when its last gradient is made, and
 ``overlap-comm`` overlaps it with the rest of the backward. ``bucket_bytes=0`` turns the
 pass off.
 
-Reduce-scatters (ZeRO-2/3's gradients, a context-parallel backward's dk and dv) are
-bucketed the same way, per (axes, kind, dtype), as ZeRO's and FSDP's flat buckets are.
-Over ``n`` ranks, a member ``x_i`` scattered along ``dim`` (``L_i`` elements before it,
-rank ``r``'s block of ``m_i`` elements from it on) is packed as rows of ranks::
+Reduce-scatters (ZeRO-2/3's gradients) are bucketed the same way, per (axes, kind,
+dtype), as ZeRO's and FSDP's flat buckets are, and all-gathers per (axes, dtype) (XLA's
+all-gather combiner; ZeRO's updated parameters), when every dimension before the split
+one has size one (a split first dimension, say): then each member's blocks for the ``n``
+ranks are contiguous, and packing them as one row per rank is a reshape::
 
-    rows_i = reshape(transpose(reshape(x_i, [L_i, n, m_i]), [1, 0, 2]), [n, L_i·m_i])
-    packed = concat(rows_0, …, axis 1); scattered = reduce_scatter(packed, dim 0)  # [1, M]
-    r_i = reshape(slice(scattered, [0, o_i : 1, o_i + L_i·m_i]), local shape_i)
+    packed = concat(reshape(x_0, [n, m_0]), …, axis 1); r = reduce_scatter(packed, dim 0)
+    r_i = reshape(slice(r, [0, o_i : 1, o_i + m_i]), local shape_i)
 
-(no transpose where ``L_i = 1``, as for a split first dimension): rank ``r`` receives the
-reduced row ``r``, which holds exactly its block of every member.
-
-All-gathers of one (axes, dtype) are combined too (XLA's all-gather combiner; ZeRO's
-updated parameters, a context-parallel attention's k and v, a weight gradient's gathered
-operands), but never moved earlier: a gather made early would keep its whole copy alive
-longer. Consecutive gathers with no use of a result between them become, where the last
-of them was, one gather of their flattened blocks as one row per rank, each result
-sliced from its column range and put back in place (the inverse of the packing above).
+(an all-gather the inverse: local blocks flattened into one row, gathered along dim 0,
+each result its column range reshaped). A split inner dimension (a context-parallel
+attention's k and v along the sequence) would need a transposed copy of each whole
+member: those stay apart (the copies would cost more memory than the latency saved). An
+all-gather is never moved earlier (its whole copy would live longer): consecutive ones
+with no use of a result between them are combined where the last of them was.
 """
 
 from __future__ import annotations
@@ -123,7 +120,16 @@ def _candidates(block: Block, bucket_bytes: int, mesh: Mesh) -> set[Bucketed]:
         if isinstance(op, Bucketed)
         and _group_size(op, mesh) >= 2
         and _nbytes(op) < bucket_bytes
+        and _blocks_contiguous(op)
     }
+
+
+def _blocks_contiguous(op: Bucketed) -> bool:
+    """Whether the ranks' blocks of ``op``'s split dim are contiguous (nothing before it):
+    always for an all-reduce."""
+    if isinstance(op, graph.AllReduceOp):
+        return True
+    return math.prod(aval(op.operands[0]).shape[: op.attrs()["dim"]]) == 1
 
 
 def _nbytes(op: Bucketed) -> int:
@@ -224,20 +230,11 @@ def _emit_reduce_scatter(members: list[Bucketed], n: int) -> None:
     rows of ranks (see the module docstring), placed where the last of them was."""
     last = members[-1]
     emit = GraphEmitter(last)
-    rows, widths = [], []
-    for member in members:
-        x = member.operands[0]
-        shape, dim = aval(x).shape, member.attrs()["dim"]
-        before = math.prod(shape[:dim])
-        width = aval(x).size // (before * n)
-        if before == 1:
-            row = emit(graph.ReshapeOp, [x], shape=(n, width))
-        else:
-            blocks = emit(graph.ReshapeOp, [x], shape=(before, n, width))
-            by_rank = emit(graph.TransposeOp, [blocks], perm=(1, 0, 2))
-            row = emit(graph.ReshapeOp, [by_rank], shape=(n, before * width))
-        rows.append(row)
-        widths.append(before * width)
+    widths = [aval(m.operands[0]).size // n for m in members]
+    rows = [
+        emit(graph.ReshapeOp, [m.operands[0]], shape=(n, width))
+        for m, width in zip(members, widths, strict=True)
+    ]
     packed = emit(graph.ConcatOp, rows, axis=1)
     attrs = {**last.attrs(), "dim": 0}
     scattered = emit(graph.ReduceScatterOp, [packed], **attrs, group_size=n)
@@ -261,7 +258,7 @@ def _emit_reduce_scatter(members: list[Bucketed], n: int) -> None:
 def _emit_all_gather(members: list[Bucketed], n: int) -> None:
     """Replaces all-gather ``members`` by one all-gather of their flattened blocks as one
     row per rank, placed where the last of them was; each result is its column range of
-    the rows, blocks put back along its gathered dim."""
+    the rows, reshaped."""
     last = members[-1]
     emit = GraphEmitter(last)
     flats = [
@@ -272,7 +269,7 @@ def _emit_all_gather(members: list[Bucketed], n: int) -> None:
     gathered = emit(graph.AllGatherOp, [packed], axes=last.attrs()["axes"], dim=0, group_size=n)
     offset = 0
     for member in members:
-        local, dim = aval(member.operands[0]), member.attrs()["dim"]
+        local = aval(member.operands[0])
         piece = emit(
             graph.SliceOp,
             [gathered],
@@ -280,10 +277,6 @@ def _emit_all_gather(members: list[Bucketed], n: int) -> None:
             limits=[n, offset + local.size],
             strides=[1, 1],
         )
-        before = math.prod(local.shape[:dim])
-        if before > 1:
-            blocks = emit(graph.ReshapeOp, [piece], shape=(n, before, local.size // before))
-            piece = emit(graph.TransposeOp, [blocks], perm=(1, 0, 2))
         result = emit(graph.ReshapeOp, [piece], shape=aval(member.results[0]).shape)
         result.owner.attributes.update(member.attributes)
         member.results[0].replace_all_uses_with(result)

@@ -116,60 +116,58 @@ func.func @hoisted_to_producer(%a: tensor<8xf32>, %b: tensor<8xf32>) -> (tensor<
 
 // -----
 
-// Reduce-scatters are bucketed too, apart from all-reduces: each operand is packed as one
-// row per rank of dp = 2 (a split first dimension reshapes; a split inner dimension, 1 of
-// 2x4x3, is transposed so that rank r's blocks are contiguous), one reduce-scatter of the
-// rows, and each result sliced from the rank's row and reshaped to its local shape.
-// CHECK-LABEL: func.func @two_scatters
+// Reduce-scatters are bucketed too, apart from all-reduces, where the ranks' blocks are
+// contiguous: the operand split on its first dim is packed as one row per rank of dp = 2
+// (a reshape) with the one split on dim 1 of 1x4x3 (nothing before it), one
+// reduce-scatter of the rows, each result sliced from the rank's row and reshaped. A
+// split inner dim with a dim of size 2 before it (2x4x3) would need a transposed copy:
+// it stays alone.
+// CHECK-LABEL: func.func @scatters
 // CHECK:         %[[RA:.*]] = graph.reshape %{{.*}} : tensor<4x8xf32> -> tensor<2x16xf32>
-// CHECK-NEXT:    %[[B3:.*]] = graph.reshape %{{.*}} : tensor<2x4x3xf32> -> tensor<2x2x6xf32>
-// CHECK-NEXT:    %[[BT:.*]] = graph.transpose %[[B3]] {perm = [1, 0, 2]} : tensor<2x2x6xf32>
-// CHECK-NEXT:    %[[RB:.*]] = graph.reshape %[[BT]] : tensor<2x2x6xf32> -> tensor<2x12xf32>
-// CHECK-NEXT:    %[[P:.*]] = graph.concat %[[RA]], %[[RB]] {axis = 1} : tensor<2x16xf32>, tensor<2x12xf32> -> tensor<2x28xf32>
-// CHECK-NEXT:    %[[S:.*]] = graph.reduce_scatter %[[P]] {axes = [dp], dim = 0, kind = sum} : tensor<2x28xf32> -> tensor<1x28xf32>
-// CHECK-NEXT:    %[[SA:.*]] = graph.slice %[[S]] {starts = [0, 0], limits = [1, 16], strides = [1, 1]} : tensor<1x28xf32> -> tensor<1x16xf32>
+// CHECK-NEXT:    %[[RB:.*]] = graph.reshape %{{.*}} : tensor<1x4x3xf32> -> tensor<2x6xf32>
+// CHECK-NEXT:    %[[P:.*]] = graph.concat %[[RA]], %[[RB]] {axis = 1} : tensor<2x16xf32>, tensor<2x6xf32> -> tensor<2x22xf32>
+// CHECK-NEXT:    %[[S:.*]] = graph.reduce_scatter %[[P]] {axes = [dp], dim = 0, kind = sum} : tensor<2x22xf32> -> tensor<1x22xf32>
+// CHECK-NEXT:    %[[SA:.*]] = graph.slice %[[S]] {starts = [0, 0], limits = [1, 16], strides = [1, 1]} : tensor<1x22xf32> -> tensor<1x16xf32>
 // CHECK-NEXT:    graph.reshape %[[SA]] : tensor<1x16xf32> -> tensor<2x8xf32>
-// CHECK-NEXT:    %[[SB:.*]] = graph.slice %[[S]] {starts = [0, 16], limits = [1, 28], strides = [1, 1]} : tensor<1x28xf32> -> tensor<1x12xf32>
-// CHECK-NEXT:    graph.reshape %[[SB]] : tensor<1x12xf32> -> tensor<2x2x3xf32>
+// CHECK-NEXT:    %[[SB:.*]] = graph.slice %[[S]] {starts = [0, 16], limits = [1, 22], strides = [1, 1]} : tensor<1x22xf32> -> tensor<1x6xf32>
+// CHECK-NEXT:    graph.reshape %[[SB]] : tensor<1x6xf32> -> tensor<1x2x3xf32>
+// CHECK-NEXT:    graph.reduce_scatter %{{.*}} {axes = [dp], dim = 1, kind = sum} : tensor<2x4x3xf32> -> tensor<2x2x3xf32>
 // CHECK-NEXT:    func.return
-// OFF-LABEL: func.func @two_scatters
-// OFF:         graph.reduce_scatter
-// OFF:         graph.reduce_scatter
+// OFF-LABEL: func.func @scatters
 // OFF-NOT:     graph.concat
 graph.mesh @mesh axes = [dp = 2, tp = 2]
-func.func @two_scatters(%a: tensor<4x8xf32>, %b: tensor<2x4x3xf32>) -> (tensor<2x8xf32>, tensor<2x2x3xf32>) attributes {graph.partitioned} {
+func.func @scatters(%a: tensor<4x8xf32>, %b: tensor<1x4x3xf32>, %c: tensor<2x4x3xf32>) -> (tensor<2x8xf32>, tensor<1x2x3xf32>, tensor<2x2x3xf32>) attributes {graph.partitioned} {
   %ga = graph.mul %a, %a : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xf32>
   %ra = graph.reduce_scatter %ga {axes = [dp], dim = 0, kind = sum} : tensor<4x8xf32> -> tensor<2x8xf32>
-  %gb = graph.mul %b, %b : tensor<2x4x3xf32>, tensor<2x4x3xf32> -> tensor<2x4x3xf32>
-  %rb = graph.reduce_scatter %gb {axes = [dp], dim = 1, kind = sum} : tensor<2x4x3xf32> -> tensor<2x2x3xf32>
-  func.return %ra, %rb : tensor<2x8xf32>, tensor<2x2x3xf32>
+  %gb = graph.mul %b, %b : tensor<1x4x3xf32>, tensor<1x4x3xf32> -> tensor<1x4x3xf32>
+  %rb = graph.reduce_scatter %gb {axes = [dp], dim = 1, kind = sum} : tensor<1x4x3xf32> -> tensor<1x2x3xf32>
+  %rc = graph.reduce_scatter %c {axes = [dp], dim = 1, kind = sum} : tensor<2x4x3xf32> -> tensor<2x2x3xf32>
+  func.return %ra, %rb, %rc : tensor<2x8xf32>, tensor<1x2x3xf32>, tensor<2x2x3xf32>
 }
 
 // -----
 
 // All-gathers of one (axes, dtype) with no use between them are combined where the last
 // was (never moved earlier): each block flattened into one row, one gather of the rows
-// over dp = 2, each result its column range, a gathered inner dim (1 of 2x2x3) put back
-// by a transpose of the rank blocks.
-// CHECK-LABEL: func.func @two_gathers
+// over dp = 2, each result its column range reshaped (a gathered dim 1 of 1x2x3 too:
+// nothing before it). The gather of dim 1 of 2x2x3 stays alone.
+// CHECK-LABEL: func.func @gathers
+// CHECK:         graph.all_gather %{{.*}} {axes = [dp], dim = 1} : tensor<2x2x3xf32> -> tensor<2x4x3xf32>
 // CHECK:         %[[FA:.*]] = graph.reshape %{{.*}} : tensor<2x8xf32> -> tensor<1x16xf32>
-// CHECK-NEXT:    %[[FB:.*]] = graph.reshape %{{.*}} : tensor<2x2x3xf32> -> tensor<1x12xf32>
-// CHECK-NEXT:    %[[P:.*]] = graph.concat %[[FA]], %[[FB]] {axis = 1} : tensor<1x16xf32>, tensor<1x12xf32> -> tensor<1x28xf32>
-// CHECK-NEXT:    %[[G:.*]] = graph.all_gather %[[P]] {axes = [dp], dim = 0} : tensor<1x28xf32> -> tensor<2x28xf32>
-// CHECK-NEXT:    %[[SA:.*]] = graph.slice %[[G]] {starts = [0, 0], limits = [2, 16], strides = [1, 1]} : tensor<2x28xf32> -> tensor<2x16xf32>
+// CHECK-NEXT:    %[[FB:.*]] = graph.reshape %{{.*}} : tensor<1x2x3xf32> -> tensor<1x6xf32>
+// CHECK-NEXT:    %[[P:.*]] = graph.concat %[[FA]], %[[FB]] {axis = 1} : tensor<1x16xf32>, tensor<1x6xf32> -> tensor<1x22xf32>
+// CHECK-NEXT:    %[[G:.*]] = graph.all_gather %[[P]] {axes = [dp], dim = 0} : tensor<1x22xf32> -> tensor<2x22xf32>
+// CHECK-NEXT:    %[[SA:.*]] = graph.slice %[[G]] {starts = [0, 0], limits = [2, 16], strides = [1, 1]} : tensor<2x22xf32> -> tensor<2x16xf32>
 // CHECK-NEXT:    graph.reshape %[[SA]] : tensor<2x16xf32> -> tensor<4x8xf32>
-// CHECK-NEXT:    %[[SB:.*]] = graph.slice %[[G]] {starts = [0, 16], limits = [2, 28], strides = [1, 1]} : tensor<2x28xf32> -> tensor<2x12xf32>
-// CHECK-NEXT:    %[[B3:.*]] = graph.reshape %[[SB]] : tensor<2x12xf32> -> tensor<2x2x6xf32>
-// CHECK-NEXT:    %[[BT:.*]] = graph.transpose %[[B3]] {perm = [1, 0, 2]} : tensor<2x2x6xf32>
-// CHECK-NEXT:    graph.reshape %[[BT]] : tensor<2x2x6xf32> -> tensor<2x4x3xf32>
+// CHECK-NEXT:    %[[SB:.*]] = graph.slice %[[G]] {starts = [0, 16], limits = [2, 22], strides = [1, 1]} : tensor<2x22xf32> -> tensor<2x6xf32>
+// CHECK-NEXT:    graph.reshape %[[SB]] : tensor<2x6xf32> -> tensor<1x4x3xf32>
 // CHECK-NEXT:    func.return
-// OFF-LABEL: func.func @two_gathers
-// OFF:         graph.all_gather
-// OFF:         graph.all_gather
+// OFF-LABEL: func.func @gathers
 // OFF-NOT:     graph.concat
 graph.mesh @mesh axes = [dp = 2, tp = 2]
-func.func @two_gathers(%a: tensor<2x8xf32>, %b: tensor<2x2x3xf32>) -> (tensor<4x8xf32>, tensor<2x4x3xf32>) attributes {graph.partitioned} {
+func.func @gathers(%a: tensor<2x8xf32>, %b: tensor<1x2x3xf32>, %c: tensor<2x2x3xf32>) -> (tensor<4x8xf32>, tensor<1x4x3xf32>, tensor<2x4x3xf32>) attributes {graph.partitioned} {
+  %gc = graph.all_gather %c {axes = [dp], dim = 1} : tensor<2x2x3xf32> -> tensor<2x4x3xf32>
   %ga = graph.all_gather %a {axes = [dp], dim = 0} : tensor<2x8xf32> -> tensor<4x8xf32>
-  %gb = graph.all_gather %b {axes = [dp], dim = 1} : tensor<2x2x3xf32> -> tensor<2x4x3xf32>
-  func.return %ga, %gb : tensor<4x8xf32>, tensor<2x4x3xf32>
+  %gb = graph.all_gather %b {axes = [dp], dim = 1} : tensor<1x2x3xf32> -> tensor<1x4x3xf32>
+  func.return %ga, %gb, %gc : tensor<4x8xf32>, tensor<1x4x3xf32>, tensor<2x4x3xf32>
 }
