@@ -156,51 +156,34 @@ def _zero2_inputs() -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor
     return params, torch.randn(64, 8, generator=g), torch.randn(64, 8, generator=g)
 
 
-def test_zero_gradient_reduce_scatters_share_a_bucket_bit_identically() -> None:
-    """ZeRO-2's gradient reduce-scatters over dp: w1's and b1's (split on dim 0) become one,
-    their operands packed as rows of ranks; w2's (split on dim 1, under tp's rows) stays
-    alone. Three AdamW steps give the same bits as without buckets, and the first loss
-    is torch's in float64 (1e-6 relative)."""
+def _all_gathers(lowered: ts.Lowered) -> int:
+    return sum(s.collective.data == "all_gather" for s in _starts(lowered))
+
+
+def test_zero_reduce_scatters_and_parameter_gathers_share_buckets_bit_identically() -> None:
+    """ZeRO-2 over dp: the gradient reduce-scatters of w1 and b1 (split on dim 0) become
+    one, their operands packed as rows of ranks, and so do the all-gathers of their
+    updated values (never moved earlier: they wait for the update); w2's (split on dim 1,
+    under tp's rows) stay alone. Three AdamW steps give the same bits as without
+    buckets, and the first loss is torch's in float64 (1e-6 relative)."""
     runs = {}
     for bucket_bytes in (0, 2**20):
         step = _zero2_step()
         params, x, y = _zero2_inputs()
         state = step.init(params)
         with schedule.options(bucket_bytes=bucket_bytes):
-            scatters = _reduce_scatters(step.lower(state, x, y))
+            lowered = step.lower(state, x, y)
+            counts = (_reduce_scatters(lowered), _all_gathers(lowered))
             losses = [step(state, x, y)["loss"] for _ in range(3)]
-        runs[bucket_bytes] = (scatters, losses, {k: v.clone() for k, v in state.params.items()})
+        runs[bucket_bytes] = (counts, losses, {k: v.clone() for k, v in state.params.items()})
     (n0, l0, p0), (n1, l1, p1) = runs[0], runs[2**20]
-    assert (n0, n1) == (3, 2)
+    assert (n0, n1) == ((3, 3), (2, 2))
     assert all(torch.equal(a, b) for a, b in zip(l0, l1, strict=True))
     assert all(torch.equal(p0[k], p1[k]) for k in p0)
     params, x, y = _zero2_inputs()
     ref = {k: v.double() for k, v in params.items()}
     out = torch.nn.functional.gelu(x.double() @ ref["w1"] + ref["b1"]) @ ref["w2"]
     assert l0[0].item() == pytest.approx(((out - y.double()) ** 2).mean().item(), rel=1e-6)
-
-
-def _all_gathers(lowered: ts.Lowered) -> int:
-    return sum(s.collective.data == "all_gather" for s in _starts(lowered))
-
-
-def test_zero_parameter_all_gathers_are_combined_bit_identically() -> None:
-    """ZeRO-2's updated w1 and b1 (split on dim 0) are gathered over dp by one all-gather of
-    their blocks as rows of ranks (never moved earlier: they wait for the update), w2
-    (split on dim 1) by its own; three steps give the same bits as three all-gathers."""
-    runs = {}
-    for bucket_bytes in (0, 2**20):
-        step = _zero2_step()
-        params, x, y = _zero2_inputs()
-        state = step.init(params)
-        with schedule.options(bucket_bytes=bucket_bytes):
-            gathers = _all_gathers(step.lower(state, x, y))
-            losses = [step(state, x, y)["loss"] for _ in range(3)]
-        runs[bucket_bytes] = (gathers, losses, {k: v.clone() for k, v in state.params.items()})
-    (n0, l0, p0), (n1, l1, p1) = runs[0], runs[2**20]
-    assert (n0, n1) == (3, 2)
-    assert all(torch.equal(a, b) for a, b in zip(l0, l1, strict=True))
-    assert all(torch.equal(p0[k], p1[k]) for k in p0)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
