@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block, Operation
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 
@@ -197,11 +197,8 @@ def _bucket_block(block: Block, bucket_bytes: int, mesh: Mesh) -> None:
 def _emit(members: list[Bucketed], group_size: int) -> None:
     """Replaces ``members`` by one collective of their packed operands, placed where the
     last of them was."""
-    if isinstance(members[0], graph.ReduceScatterOp):
-        _emit_reduce_scatter(members, group_size)
-        return
-    if isinstance(members[0], graph.AllGatherOp):
-        _emit_all_gather(members, group_size)
+    if not isinstance(members[0], graph.AllReduceOp):
+        _emit_rows(members, group_size)
         return
     last = members[-1]
     emit = GraphEmitter(last)
@@ -211,75 +208,53 @@ def _emit(members: list[Bucketed], group_size: int) -> None:
     ]
     packed = emit(graph.ConcatOp, flats, axis=0)
     reduced = emit(graph.AllReduceOp, [packed], **last.attrs(), group_size=group_size)
-    offset = 0
+    offset, results = 0, []
     for member in members:
         value = aval(member.operands[0])
         piece = emit(
             graph.SliceOp, [reduced], starts=[offset], limits=[offset + value.size], strides=[1]
         )
-        result = piece if value.rank == 1 else emit(graph.ReshapeOp, [piece], shape=value.shape)
-        result.owner.attributes.update(member.attributes)
-        member.results[0].replace_all_uses_with(result)
+        results.append(
+            piece if value.rank == 1 else emit(graph.ReshapeOp, [piece], shape=value.shape)
+        )
         offset += value.size
-    for member in members:
-        Rewriter.erase_op(member)
+    _replace(members, results)
 
 
-def _emit_reduce_scatter(members: list[Bucketed], n: int) -> None:
-    """Replaces reduce-scatter ``members`` by one reduce-scatter of their operands packed as
-    rows of ranks (see the module docstring), placed where the last of them was."""
+def _emit_rows(members: list[Bucketed], n: int) -> None:
+    """Replaces reduce-scatter or all-gather ``members`` by one of their operands packed as
+    rows of ranks (see the module docstring: ``n`` rows in and one out for a
+    reduce-scatter, one in and ``n`` out for an all-gather), placed where the last of
+    them was; each result is its column range of the rows, reshaped."""
     last = members[-1]
     emit = GraphEmitter(last)
-    widths = [aval(m.operands[0]).size // n for m in members]
+    rows_in, rows_out = (1, n) if isinstance(last, graph.AllGatherOp) else (n, 1)
+    widths = [aval(m.operands[0]).size // rows_in for m in members]
     rows = [
-        emit(graph.ReshapeOp, [m.operands[0]], shape=(n, width))
+        emit(graph.ReshapeOp, [m.operands[0]], shape=(rows_in, width))
         for m, width in zip(members, widths, strict=True)
     ]
     packed = emit(graph.ConcatOp, rows, axis=1)
-    attrs = {**last.attrs(), "dim": 0}
-    scattered = emit(graph.ReduceScatterOp, [packed], **attrs, group_size=n)
-    offset = 0
+    moved = emit(type(last), [packed], **{**last.attrs(), "dim": 0}, group_size=n)
+    offset, results = 0, []
     for member, width in zip(members, widths, strict=True):
         piece = emit(
             graph.SliceOp,
-            [scattered],
+            [moved],
             starts=[0, offset],
-            limits=[1, offset + width],
+            limits=[rows_out, offset + width],
             strides=[1, 1],
         )
-        result = emit(graph.ReshapeOp, [piece], shape=aval(member.results[0]).shape)
-        result.owner.attributes.update(member.attributes)
-        member.results[0].replace_all_uses_with(result)
+        results.append(emit(graph.ReshapeOp, [piece], shape=aval(member.results[0]).shape))
         offset += width
-    for member in members:
-        Rewriter.erase_op(member)
+    _replace(members, results)
 
 
-def _emit_all_gather(members: list[Bucketed], n: int) -> None:
-    """Replaces all-gather ``members`` by one all-gather of their flattened blocks as one
-    row per rank, placed where the last of them was; each result is its column range of
-    the rows, reshaped."""
-    last = members[-1]
-    emit = GraphEmitter(last)
-    flats = [
-        emit(graph.ReshapeOp, [m.operands[0]], shape=(1, aval(m.operands[0]).size))
-        for m in members
-    ]
-    packed = emit(graph.ConcatOp, flats, axis=1)
-    gathered = emit(graph.AllGatherOp, [packed], axes=last.attrs()["axes"], dim=0, group_size=n)
-    offset = 0
-    for member in members:
-        local = aval(member.operands[0])
-        piece = emit(
-            graph.SliceOp,
-            [gathered],
-            starts=[0, offset],
-            limits=[n, offset + local.size],
-            strides=[1, 1],
-        )
-        result = emit(graph.ReshapeOp, [piece], shape=aval(member.results[0]).shape)
+def _replace(members: list[Bucketed], results: list[SSAValue]) -> None:
+    """Each member's uses read its result (which keeps the member's attributes); the
+    members are erased."""
+    for member, result in zip(members, results, strict=True):
         result.owner.attributes.update(member.attributes)
         member.results[0].replace_all_uses_with(result)
-        offset += local.size
     for member in members:
         Rewriter.erase_op(member)
