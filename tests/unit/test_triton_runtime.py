@@ -153,6 +153,16 @@ def test_out_of_range_gather_indices_are_an_error_not_a_wrong_answer(triton: Non
         f(table, torch.tensor([1, 5]))
 
 
+def test_a_diagonal_sum_selects_with_a_boolean_not_an_integer(triton: None) -> None:
+    """``einsum("aaa")`` masks with a scalar ``true``: Triton reads ``1`` as int32, and
+    ``tl.where`` on an int32 condition is deprecated (an error here, by pyproject's filter)."""
+    x = torch.randn(1, 1, 1)  # the mask of a size-1 diagonal folds to a constant
+    f = ts.jit(lambda a: op.einsum("aaa", a))
+    source = "".join(f.lower(x).triton_source().values())
+    assert "tl.where(True," in source
+    close(f(x), torch.einsum("aaa", x.double()))
+
+
 def test_numpy_in_numpy_out(triton: None) -> None:
     got = ts.jit(lambda a: op.softmax(a * 3, axis=0))(np.arange(12, dtype=np.float32).reshape(4, 3))
     assert isinstance(got, np.ndarray)

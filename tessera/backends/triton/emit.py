@@ -91,7 +91,10 @@ class _Names:
 
 
 def _literal(value: float | int, t: Attribute) -> str:
-    if isinstance(tile.element_type(t), IntegerType):
+    element = tile.element_type(t)
+    if isinstance(element, IntegerType) and element.width.data == 1:
+        return str(bool(value))  # Triton reads ``1`` as int32, ``True`` as int1
+    if isinstance(element, IntegerType):
         return str(int(value))
     if math.isnan(value):
         return 'float("nan")'
