@@ -133,12 +133,13 @@ def traced_step() -> StepTrace | None:
 
 
 def zero_sharding(sharding: Sharding, shape: Sequence[int], mesh: Mesh, axis: str) -> Sharding:
-    """``sharding`` with ``axis`` added to the first dim it divides (unsplit dims first)."""
+    """``sharding`` with ``axis`` added to the first dim it divides, inside the dim's other
+    axes: a rank's block of the outermost dim is contiguous, so ``bucket-gradients`` can
+    pack its reduce-scatters and all-gathers with the others' without a transposed copy."""
     if axis in sharding.split_axes or mesh.axis_size(axis) == 1:
         return sharding
     size = mesh.axis_size(axis)
-    order = sorted(range(len(shape)), key=lambda d: (bool(sharding.dims[d]), d))
-    for dim in order:
+    for dim in range(len(shape)):
         if shape[dim] % (sharding.shards(mesh, dim) * size) == 0:
             dims = list(sharding.dims)
             dims[dim] = (*dims[dim], axis)
