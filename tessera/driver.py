@@ -239,6 +239,7 @@ def _schedule_passes(config: CompileConfig) -> list[PassSpec]:
         if config.numerics != "fast":  # the simulation prices deterministic reductions
             chunking["numerics"] = config.numerics
         passes.append(PassSpec.of("collective-matmul", chunking))
+    passes.append(PassSpec.of("hoist-all-gathers"))
     if options.bucket_bytes:
         passes.append(PassSpec.of("bucket-gradients", {"bucket_bytes": options.bucket_bytes}))
     passes.append(PassSpec.of("lower-graph-to-schedule"))

@@ -36,6 +36,7 @@ _PASSES: dict[str, tuple[str, str]] = {
         "ChooseCollectiveAlgorithmsPass",
     ),
     "collective-matmul": ("tessera.passes.collective_matmul", "CollectiveMatmulPass"),
+    "hoist-all-gathers": ("tessera.passes.hoist_all_gathers", "HoistAllGathersPass"),
     "bucket-gradients": ("tessera.passes.bucket_gradients", "BucketGradientsPass"),
     "plan-memory": ("tessera.passes.plan_memory", "PlanMemoryPass"),
     "lower-schedule-to-tile": ("tessera.passes.lower_schedule_to_tile", "LowerScheduleToTilePass"),
