@@ -21,12 +21,16 @@ partial sums over tp are all-reduced in f32 before their cast, so they need no m
 
 Tolerances: what is left are f32 sums in another order (a tp rank's half of a
 contraction, a batched matmul's per-sequence products) that now and then flip a bf16
-and then an fp8 rounding. After three steps the losses agree exactly (bf16), the
-clipped norms to 1e-4, and of each tensor's update (the change of the f32 master)
-≥ 95 % of the entries agree to 1e-4 of its largest, with a mean error ≤ 1/10 of the
-distance between the reference's fp8 and bf16 updates. Measured: (see the report of
-the test's commit). Run in bf16 instead of fp8, without clipping or without the
-schedule, the same check fails (``test_the_check_fails_without_each_option``).
+and then an fp8 rounding. The losses agree to the bit (bf16) and the norms clipped to
+1e-3 relative (measured 6e-4; bf16's differ by 3e-2). The first step's update (the
+clipped gradient times lr 0.5) is the tight check: per tensor ≥ 90 % of the entries
+within 1e-4 of the largest (measured ≥ 97 %; the bf16 head's weight 63 %, ≥ 50 %
+asked) and a mean error ≤ 1/10 of the reference's fp8-vs-bf16 distance (measured ≤
+0.02, mean 0.001). Over three steps weights that moved flip their e4m3 roundings now
+and then and the layers far from the loss drift (measured: worst tensor 0.27 of the
+distance, mean 0.09; asked ≤ 0.5 and ≤ 0.2). Tessera run in bf16 gives 1.0 of the
+distance at step one, without clipping or the schedule 7 to 300 times it; without ZeRO
+the numbers are the same and the dp collectives (all-reduces, no reduce-scatters) fail.
 """
 
 from __future__ import annotations
@@ -57,7 +61,9 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 # --- the torch reference -------------------------------------------------------------------
 
 
-def fp8_values(x: torch.Tensor, fmt: tuple[torch.dtype, float]) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_values(
+    x: torch.Tensor, fmt: tuple[torch.dtype, float]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``x``'s fp8 values (``x / scale`` rounded, saturating) in f32, and the per-tensor
     current scale ``amax / max``."""
     dtype, largest = fmt
@@ -179,7 +185,11 @@ class Attention(torch.autograd.Function):
         p, vf = Attention.probabilities(q, k, v, scale)
         kf, dof = k.float().repeat_interleave(groups, dim=1), do.float()
         ds = p * (dof @ vf.transpose(-1, -2) - (dof * out.float()).sum(-1, keepdim=True))
-        dq, dk, dv = ds @ kf * scale, ds.transpose(-1, -2) @ q.float() * scale, p.transpose(-1, -2) @ dof
+        dq, dk, dv = (
+            ds @ kf * scale,
+            ds.transpose(-1, -2) @ q.float() * scale,
+            p.transpose(-1, -2) @ dof,
+        )
 
         def ungrouped(t: torch.Tensor) -> torch.Tensor:
             return t.reshape(t.shape[0], -1, groups, *t.shape[2:]).sum(2)
@@ -228,7 +238,9 @@ class Embedding(torch.autograd.Function):
 
         def weight(rows: torch.Tensor) -> torch.Tensor:
             out = torch.zeros(ctx.shape, dtype=torch.float32)
-            return out.index_add_(0, rows[..., -1].flatten().long(), rows[..., :-1].flatten(0, 1).float())
+            return out.index_add_(
+                0, rows[..., -1].flatten().long(), rows[..., :-1].flatten(0, 1).float()
+            )
 
         return None, by_rank(both, weight, ctx.dp), None
 
@@ -269,7 +281,9 @@ def attention_forward(module, query, key, value, attention_mask, scaling, dropou
     return Attention.apply(query, key, value, scaling).transpose(1, 2).contiguous(), None
 
 
-def reference_model(fp8: bool, dp: int, tp: int, monkeypatch: pytest.MonkeyPatch) -> torch.nn.Module:
+def reference_model(
+    fp8: bool, dp: int, tp: int, monkeypatch: pytest.MonkeyPatch
+) -> torch.nn.Module:
     """transformers' Llama of ``CONFIG`` computing as described in the module's docstring."""
     config = transformers.LlamaConfig(**CONFIG, attn_implementation="eager")
     hf = transformers.LlamaForCausalLM(config).to(BF16)
@@ -285,11 +299,15 @@ def reference_model(fp8: bool, dp: int, tp: int, monkeypatch: pytest.MonkeyPatch
         for block in (layer.self_attn, layer.mlp):
             for name in LINEARS:
                 if hasattr(block, name):
-                    linear = Module(getattr(block, name).weight, lambda x, w: Linear.apply(x, w, fp8))
+                    linear = Module(
+                        getattr(block, name).weight, lambda x, w: Linear.apply(x, w, fp8)
+                    )
                     setattr(block, name, linear)
     # the rotary frequencies computed in float64 and rounded, as tessera's (transformers: f32)
     head_dim = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
-    inv_freq = 1.0 / (config.rope_parameters["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim))
+    inv_freq = 1.0 / (
+        config.rope_parameters["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
+    )
     model.rotary_emb.inv_freq = torch.from_numpy(inv_freq).float()
     return hf
 
@@ -380,12 +398,14 @@ def test_fp8_llama_on_dp_tp_with_zero2_clipping_and_warmup_cosine(monkeypatch) -
     losses, norms, got, lowered = tessera_run(model, params, batches)
     assert losses == want_losses  # bf16 losses, to the bit
     assert all(n > 10 * CLIP for n in norms)  # every step clips
-    for n, ref, far in zip(norms, want_norms, bf16_norms, strict=True):
+    for n, ref in zip(norms, want_norms, strict=True):
         assert abs(n - ref) <= 1e-3 * ref, (norms, want_norms)
     # fp8's norm is not bf16's: steps 2 and 3 tell them apart by more than 1e-2
     assert max(abs(a - b) / b for a, b in zip(want_norms, bf16_norms, strict=True)) > 1e-2
     # ZeRO-2: the gradients are reduce-scattered over dp, none is all-reduced whole
-    dp_kinds = Counter(c.kind for c in lowered.collectives() if c.mesh_axes == ("dp",) and c.shape != ())
+    dp_kinds = Counter(
+        c.kind for c in lowered.collectives() if c.mesh_axes == ("dp",) and c.shape != ()
+    )
     assert dp_kinds["reduce_scatter"] and not dp_kinds["all_reduce"], dp_kinds
     # the first step's update (the clipped gradient times lr 0.5) entry by entry
     first = agreement(got[0], want[0], bf16[0], params)
@@ -396,3 +416,22 @@ def test_fp8_llama_on_dp_tp_with_zero2_clipping_and_warmup_cosine(monkeypatch) -
     last = agreement(got[-1], want[-1], bf16[-1], params)
     assert max(ratio for _, ratio in last.values()) <= 0.5, last
     assert sum(ratio for _, ratio in last.values()) / len(last) <= 0.2, last
+
+
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax", "rms_norm"])
+def test_bf16_row_ops_over_a_split_axis_compute_in_f32(fn: str) -> None:
+    """A row op over an axis split over tp (the vocab-parallel head's softmax in the
+    cross-entropy's backward) computes its statistics in f32 and rounds once, as the
+    unsplit op does: bf16 statistics (the sum of exps rounded per rank) moved the fp8
+    Llama on tp as far from its single-device self as bf16 is from fp8."""
+    import tessera as ts
+    from tessera import op
+
+    x = torch.randn(8, 96, generator=torch.Generator().manual_seed(3)).to(BF16) * 4
+    f = getattr(op, fn)
+    whole = ts.jit(f, kernels="reference")(x)
+    cols = dist.ShardSpec(partition=(1,), mesh_axes=("tp",))
+    split = ts.jit(f, mesh=dist.mesh({"tp": 2}), in_shardings=(cols,), kernels="reference")(x)
+    assert split.dtype == BF16
+    assert (split.float() == whole.float()).float().mean() >= 0.99
+    torch.testing.assert_close(split.float(), whole.float(), rtol=2**-7, atol=0)
