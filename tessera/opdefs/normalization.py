@@ -3,7 +3,8 @@
 Each reduces over an axis (or axes) internally: splitting it over a mesh needs per-row
 statistics (a ``STATISTIC`` factor), and the row kernel (``codegen.kernels``) computes it
 with a whole row in one block. Low-precision (f16/bf16) references compute in f32, then
-round, as torch's CPU kernels do. Rules compute in the op's dtype; cross-entropy's label
+round, as torch's CPU kernels do; so does an op over a split axis (its statistics and
+their all-reduces in f32). Rules compute in the op's dtype; cross-entropy's label
 pick goes through a one-hot matrix built by comparing the labels with an iota constant.
 """
 
@@ -129,6 +130,17 @@ def _split_rows(
     x = op.operands[0]
     if not mesh_axes or not aval(x).size:  # nothing split, or no statistics to take
         return None
+    dtype = aval(x).dtype
+    if dtype in (DType.f16, DType.bf16):  # in f32, rounded once, as the reference computes
+        result = _split_rows_of(b, op, b.op(graph.CastOp, x, dtype=DType.f32), axes, mesh_axes)
+        return b.op(graph.CastOp, result, dtype=dtype)
+    return _split_rows_of(b, op, x, axes, mesh_axes)
+
+
+def _split_rows_of(
+    b: GradBuilder, op: graph.GraphOp, x: SSAValue, axes: Sequence[int], mesh_axes: Sequence[str]
+) -> SSAValue:
+    """:func:`_split_rows` of ``x`` (the operand, or its f32 cast)."""
 
     def stat(kind: type[graph.ReductionOp], value: SSAValue) -> SSAValue:
         return _statistic(b, kind, value, axes, mesh_axes)
