@@ -198,7 +198,9 @@ def test_pipeline_string_is_the_declared_stages() -> None:
     lowered = grad_with_options()
     assert lowered.pipeline() == ",".join(lowered.pipeline(stage) for stage in STAGES[1:])
     assert lowered.pipeline("graph") == "canonicalize,cse,dce"
-    assert lowered.pipeline("schedule").startswith("bucket-gradients{bucket_bytes=1024}")
+    assert lowered.pipeline("schedule").startswith(
+        "hoist-all-gathers,bucket-gradients{bucket_bytes=1024}"
+    )
     assert "choose-collective-algorithms" not in lowered.pipeline()
     default = CompileConfig()
     assert pipeline_string(default).split(",")[:6] == [

@@ -223,15 +223,16 @@ def test_schedule_options_run_the_pass() -> None:
     options = schedule.ScheduleOptions()
     flags = [spec.flag for spec in passes(options)]
     assert flags == [
+        "hoist-all-gathers",
         "bucket-gradients",
         "lower-graph-to-schedule",
         "overlap-comm",
         "choose-collective-algorithms",
         "plan-memory",
     ]
-    assert dict(passes(options)[3].options) == {}  # the pass prices the mesh's machine
+    assert dict(passes(options)[4].options) == {}  # the pass prices the mesh's machine
     named = schedule.ScheduleOptions(topology="dgx_h100x2")
-    assert dict(passes(named)[3].options) == {"topology": "dgx_h100x2"}
+    assert dict(passes(named)[4].options) == {"topology": "dgx_h100x2"}
     off = schedule.ScheduleOptions(collective_algorithms=False)
     assert "choose-collective-algorithms" not in [spec.flag for spec in passes(off)]
 
