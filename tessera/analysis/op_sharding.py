@@ -10,9 +10,10 @@ The decision shared by ``shard-propagate`` (which writes the result layouts) and
   plus, for a matmul, its multiply-adds per rank at the device's rate (so that leaving
   a split operand's factor unsplit, which repeats the same products on every rank,
   costs what that compute takes); a move another user of the value makes anyway costs
-  nothing more (``available``). Equal times go to fewer bytes received per rank, then
-  (within a greedy round) to a move more users share, then to less result memory per
-  rank;
+  nothing more (``available``); the moves of the op's results are credited with the
+  compute between the op and their first reader (``Decisions.overlap``). Equal times go
+  to fewer bytes received per rank, then (within a greedy round) to a move more users
+  share, then to less result memory per rank;
 - :func:`required` is the layout an operand must have under that choice;
 - :func:`results` are the layouts the op then produces (split reduction factors make
   results partial; partial operands stay partial through linear ops, unless
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from math import prod
 
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 
 from tessera.analysis.reduction_points import REDUCE_WIDENED, ReductionPoints
 from tessera.analysis.sharding_clock import ShardingClock
@@ -308,6 +309,7 @@ class Decisions:
         self._mesh_key = (*self._sizes.items(), self.clock.key)
         self._reshards: dict[tuple[Sharding, Sharding, Tensor], Cost] = {}
         self._users: dict[SSAValue, int] = {}
+        self._compute_before: dict[Block, dict[Operation, tuple[int, float]]] = {}
 
     def users(self, value: SSAValue) -> int:
         """How many ops read ``value`` (a value's reshard is made once for all of them:
@@ -316,6 +318,53 @@ class Decisions:
         if found is None:
             found = self._users[value] = len({use.operation for use in value.uses})
         return found
+
+    def overlap(self, op: Operation) -> float:
+        """The compute ``op``'s result moves may hide behind: the matmuls between ``op``
+        and the first op reading its result (``overlap-comm`` starts a collective when
+        its operand is made and waits where its result is first read), each at its
+        multiply-adds split over the whole mesh (the least it can take per rank). The ops
+        of ``op``'s block are counted once, as they are when first asked; a reader made
+        since (a collective ``insert-collectives`` inserted) gives no window."""
+        block = op.parent_block()
+        if block is None:
+            return 0.0
+        before = self._compute_before.get(block)
+        if before is None:
+            before = self._compute_before[block] = self._block_compute(block)
+        start = before.get(op)
+        if start is None:
+            return 0.0
+        first = None
+        for result in op.results:
+            for use in result.uses:
+                reader = use.operation
+                while reader is not None and reader.parent_block() is not block:
+                    reader = reader.parent_op()
+                found = before.get(reader) if reader is not None else None
+                if found is None:
+                    return 0.0
+                if first is None or found[0] < first[0]:
+                    first = found
+        if first is None:
+            return 0.0
+        return max(first[1] - start[1] - self._op_compute(op), 0.0)
+
+    def _block_compute(self, block: Block) -> dict[Operation, tuple[int, float]]:
+        """Per op of ``block``: its index and the compute of the ops before it."""
+        table: dict[Operation, tuple[int, float]] = {}
+        total = 0.0
+        for index, op in enumerate(block.ops):
+            table[op] = (index, total)
+            total += self._op_compute(op)
+        return table
+
+    def _op_compute(self, op: Operation) -> float:
+        if not isinstance(op, graph.MatmulOp):
+            return 0.0
+        shape = self.shape(op)
+        work = (shape.work or 0) / self.clock.size
+        return self.clock.compute(work, shape.result_tensors[0][1])
 
     def forget(self, values: Iterable[SSAValue]) -> None:
         """``values``' uses changed: their readers are counted again when next asked."""
@@ -435,7 +484,8 @@ class Decisions:
         known, wanted = pricing.known, pricing.wanted
         reads = pricing.shape.read_reductions(known, pricing.reduced)
         key = (
-            pricing.shape, known, wanted, reads, self._mesh_key, pricing.available, pricing.users
+            pricing.shape, known, wanted, reads, self._mesh_key, pricing.available, pricing.users,
+            pricing.overlap,
         )  # fmt: skip
         found = _CHOICES.get(key)
         if found is None:
@@ -540,6 +590,21 @@ class _Pricing:
         all of them: ``insert-collectives`` shares it)."""
         return tuple(self.decisions.users(v) for v in self.op.operands)
 
+    @cached_property
+    def overlap(self) -> float:
+        """The time the moves of the op's results may hide behind (``Decisions.overlap``),
+        at most what the largest of them could take (two all-reduces of every result over
+        the whole mesh), so that ops alike far from their readers price alike."""
+        decisions = self.decisions
+        if not isinstance(self.op, Operation) or self.op.parent_block() is None:
+            return 0.0
+        axes = tuple(decisions.mesh.axis_names)
+        bound = sum(
+            2 * decisions.clock.collective("all_reduce", axes, prod(shape) * itemsize)
+            for shape, itemsize in self.shape.result_tensors
+        )
+        return min(decisions.overlap(self.op), bound) if bound else 0.0
+
     def shareable(self, assignment: Assignment) -> int:
         """The bytes of each operand ``assignment`` moves times the number of other ops
         that read it (a tie-break: at equal cost, a move more users may share wins)."""
@@ -609,6 +674,7 @@ class _Pricing:
         if shape.context:
             total = _add(total, self._context_cost(assignment, produced, passed))
         wants = [*self.wanted, *[None] * (len(produced) - len(self.wanted))]
+        moved = FREE
         for tensor, sharding, want in zip(shape.result_tensors, produced, wants, strict=True):
             # new partial axes are resolved (reduce-scattered where the users' split allows),
             # unless the users take them partial (a linear op adding it to another partial
@@ -621,8 +687,10 @@ class _Pricing:
             dims = want.dims if want is not None else sharding.dims
             target = Sharding(tuple(tuple(a for a in d if a not in gone) for d in dims), kept)
             if target != sharding:
-                total = _add(total, decisions.reshard_cost(sharding, target, tensor))
-        return total
+                moved = _add(moved, decisions.reshard_cost(sharding, target, tensor))
+        # the results' moves run while the ops before their first reader compute
+        hidden = min(moved[0], self.overlap)
+        return _add(total, (moved[0] - hidden, moved[1]))
 
     def gathers(self, assignment: Assignment) -> list[Sharding | None]:
         """:meth:`Decisions.gathers` under ``assignment``."""

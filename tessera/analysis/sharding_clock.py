@@ -25,9 +25,16 @@ sizes. Name the machine (``dist.mesh(..., topology="dgx_h100")``) to price laten
 then a few kilobytes may be gathered where gigabytes would be reduced, because one
 collective's latency outweighs their bytes.
 
-Not modelled: overlap. Every move is priced exposed, as if the op waited for it; the
-schedule (``overlap-comm``) may hide a move behind independent compute, which the
-choice does not credit (a choice moving more bytes early may in fact cost nothing).
+Overlap, in part: ``overlap-comm`` starts a collective when its operand is made and waits
+where its result is first read, so the moves of an op's *results* (a partial sum's
+reduction, a reshard to the split its users want) run while the matmuls between the op
+and that first reader compute. ``op_sharding`` credits them that compute
+(``Decisions.overlap``: each matmul's multiply-adds split over the whole mesh, the least
+it can take per rank): a weight gradient reduced while the rest of the backward runs is
+priced at what it leaves exposed. Not credited: moves of operands (a gather waits for its
+operand and is read at once, unless prefetched, which gathered weights would pay for in
+memory), and several moves under one window, which share the link, are each credited
+with all of it.
 
 Times are given in bytes of the machine's fastest link (seconds × its bandwidth),
 rounded to whole units (about 2 ps on NVLink): sums of them are exact, so equal choices

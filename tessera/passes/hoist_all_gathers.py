@@ -11,14 +11,15 @@ rank of the gather (broadcast along the gathered dim), the gather commutes with 
     all_gather(f(a, b), dim d)             == f(all_gather(a, dim d), b)   (b broadcast)
 
 A chain of such ops (each read only by the next) is walked up to the values whose
-gathers cost least: fewest bytes, then the fewest gathers whose ranks' blocks are not
-contiguous (a split dim with nothing before it: ``bucket-gradients`` packs only those).
-Two cases this finds:
+gathers move the fewest bytes, and the gather moves there only if that is strictly fewer
+bytes than gathering the value itself. The case it is for: a one-hot matrix
+``cast(ids == iota)`` (an embedding's or a cross-entropy's backward) is gathered as its
+integer ids, not as [vocabulary, tokens] floats.
 
-- a one-hot matrix ``cast(ids == iota)`` (an embedding's or a cross-entropy's backward)
-  is gathered as its integer ids, not as the [vocabulary, tokens] floats;
-- a transposed activation (a weight gradient's ``xᵀ``) is gathered along its rows and
-  transposed after, so its gather joins the other gathers' bucket.
+At equal bytes the gather stays: ``overlap-comm`` starts a gather as soon as its operand
+is made, so gathering an earlier value (a saved activation under a transpose, which would
+make its ranks' blocks contiguous for ``bucket-gradients``) would keep the gathered copy
+alive from the forward on, the memory sequence parallelism saves.
 
 The gathers of the chosen values go where the old gather was; the redone ops just before
 the first op reading the old gather's result, so consecutive gathers stay consecutive.
@@ -83,16 +84,11 @@ class _Leaf:
 @dataclass
 class _Plan:
     """The values to gather, and the ops to redo on them (producers first), each with the
-    dim of its result that is gathered."""
+    dim of its result that is gathered; the bytes the gathers make."""
 
     leaves: list[_Leaf]
     ops: list[tuple[Operation, int]]
     nbytes: int
-    scattered: int  # how many of the gathers have blocks that are not contiguous
-
-    @property
-    def cost(self) -> tuple[int, int]:
-        return (self.nbytes, self.scattered)
 
 
 def _sharding(function: func.FuncOp, value: SSAValue) -> Sharding | None:
@@ -104,9 +100,7 @@ def _sharding(function: func.FuncOp, value: SSAValue) -> Sharding | None:
 
 
 def _leaf_plan(value: SSAValue, dim: int, group: int) -> _Plan:
-    shape = aval(value).shape
-    contiguous = math.prod(shape[:dim]) == 1
-    return _Plan([_Leaf(value, dim)], [], aval(value).nbytes * group, 0 if contiguous else 1)
+    return _Plan([_Leaf(value, dim)], [], aval(value).nbytes * group)
 
 
 def _plan(
@@ -147,7 +141,7 @@ def _plan(
         return best
     leaves: list[_Leaf] = []
     ops: list[tuple[Operation, int]] = []
-    nbytes = scattered = 0
+    nbytes = 0
     for operand, at in inputs:
         if at is None:
             continue
@@ -158,9 +152,8 @@ def _plan(
         leaves += below.leaves
         ops += below.ops
         nbytes += below.nbytes
-        scattered += below.scattered
-    candidate = _Plan(leaves, [*ops, (op, dim)], nbytes, scattered)
-    return candidate if candidate.cost < best.cost else best
+    candidate = _Plan(leaves, [*ops, (op, dim)], nbytes)
+    return candidate if candidate.nbytes < best.nbytes else best
 
 
 def _hoist(

@@ -2,19 +2,18 @@
 // RUN: tessera-opt %s --split-input-file -p hoist-all-gathers | tessera-opt --split-input-file | filecheck %s
 // RUN: tessera-opt %s --split-input-file -p 'hoist-all-gathers,bucket-gradients{bucket_bytes=65536}' | filecheck %s --check-prefix=BUCKET
 
-// A weight gradient's transposed activation: gathered along its rows (blocks of ranks
-// contiguous) and transposed after, just before the matmul, so the two gathers over dp
-// are consecutive and bucket-gradients packs them into one.
+// A weight gradient's transposed activation, gathered along its columns: gathering it
+// along its rows and transposing after moves the same bytes, and would start the gather
+// where x is made (overlap-comm starts a gather at its operand), keeping the gathered x
+// alive longer. It stays, and the two gathers are not bucketed (x's blocks are columns).
 // CHECK-LABEL: func.func @transposed
-// CHECK-SAME:    (%[[X:[^:]*]]: tensor<4x8xf32> {{.*}}, %[[G:[^:]*]]: tensor<4x16xf32>
-// CHECK-NEXT:    %[[XG:.*]] = graph.all_gather %[[X]] {axes = [dp], dim = 0} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []]>} : tensor<4x8xf32> -> tensor<8x8xf32>
-// CHECK-NEXT:    %[[GG:.*]] = graph.all_gather %[[G]] {axes = [dp], dim = 0}
-// CHECK-NEXT:    %[[T:.*]] = graph.transpose %[[XG]] {perm = [1, 0]} attributes {graph.sharding = #graph.sharding<@mesh, {{\[\[}}], []]>} : tensor<8x8xf32>
-// CHECK-NEXT:    %[[M:.*]] = graph.matmul %[[T]], %[[GG]]
-// CHECK-NEXT:    func.return %[[M]]
+// CHECK-NEXT:    %[[T:.*]] = graph.transpose
+// CHECK-NEXT:    graph.all_gather %[[T]] {axes = [dp], dim = 1}
+// CHECK-NEXT:    graph.all_gather
+// CHECK-NEXT:    graph.matmul
 // BUCKET-LABEL: func.func @transposed
-// BUCKET-COUNT-1: graph.all_gather
-// BUCKET-NOT:     graph.all_gather
+// BUCKET-COUNT-2: graph.all_gather
+// BUCKET-NOT:     graph.concat
 graph.mesh @mesh axes = [dp = 2]
 func.func @transposed(%x: tensor<4x8xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], []]>}, %g: tensor<4x16xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], []]>}) -> tensor<8x16xf32> attributes {graph.partitioned} {
   %t = graph.transpose %x {perm = [1, 0]} attributes {graph.sharding = #graph.sharding<@mesh, [[], [dp]]>} : tensor<4x8xf32> -> tensor<8x4xf32>
@@ -72,4 +71,22 @@ func.func @left_alone(%a: tensor<4x8xf32> {graph.sharding = #graph.sharding<@mes
   %r = graph.random_bits %k0, %k1, %counter {stream = 0} attributes {graph.sharding = #graph.sharding<@mesh, [[dp], []]>} : tensor<i32>, tensor<i32>, tensor<4x8xi32> -> tensor<4x8xi32>
   %rg = graph.all_gather %r {axes = [dp], dim = 0} attributes {graph.sharding = #graph.sharding<@mesh, [[], []]>} : tensor<4x8xi32> -> tensor<8x8xi32>
   func.return %sg, %tg, %t, %pg, %rg : tensor<8x8xf32>, tensor<8x8xf32>, tensor<8x4xf32>, tensor<8x8xf32>, tensor<8x8xi32>
+}
+
+// -----
+
+// A widening cast under a transpose: the bf16 values are gathered (half the bytes), and
+// the cast and the transpose redone on them, where the old gather's reader is.
+// CHECK-LABEL: func.func @widened
+// CHECK-SAME:    (%[[X:[^:]*]]: tensor<4x8xbf16>
+// CHECK-NEXT:    %[[XG:.*]] = graph.all_gather %[[X]] {axes = [dp], dim = 0} {{.*}} : tensor<4x8xbf16> -> tensor<8x8xbf16>
+// CHECK-NEXT:    %[[F:.*]] = graph.cast %[[XG]] {{.*}} : tensor<8x8xbf16> -> tensor<8x8xf32>
+// CHECK-NEXT:    %[[T:.*]] = graph.transpose %[[F]] {perm = [1, 0]}
+// CHECK-NEXT:    func.return %[[T]]
+graph.mesh @mesh axes = [dp = 2]
+func.func @widened(%x: tensor<4x8xbf16> {graph.sharding = #graph.sharding<@mesh, [[dp], []]>}) -> tensor<8x8xf32> attributes {graph.partitioned} {
+  %f = graph.cast %x attributes {graph.sharding = #graph.sharding<@mesh, [[dp], []]>} : tensor<4x8xbf16> -> tensor<4x8xf32>
+  %t = graph.transpose %f {perm = [1, 0]} attributes {graph.sharding = #graph.sharding<@mesh, [[], [dp]]>} : tensor<4x8xf32> -> tensor<8x4xf32>
+  %g = graph.all_gather %t {axes = [dp], dim = 1} attributes {graph.sharding = #graph.sharding<@mesh, [[], []]>} : tensor<8x4xf32> -> tensor<8x8xf32>
+  func.return %g : tensor<8x8xf32>
 }
