@@ -596,8 +596,6 @@ class _Pricing:
         at most what the largest of them could take (two all-reduces of every result over
         the whole mesh), so that ops alike far from their readers price alike."""
         decisions = self.decisions
-        if not isinstance(self.op, Operation) or self.op.parent_block() is None:
-            return 0.0
         axes = tuple(decisions.mesh.axis_names)
         bound = sum(
             2 * decisions.clock.collective("all_reduce", axes, prod(shape) * itemsize)

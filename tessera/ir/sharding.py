@@ -274,14 +274,19 @@ def arg_sharding(function: func.FuncOp, index: int) -> Sharding | None:
     return attr.sharding if isinstance(attr, ShardingAttr) else None
 
 
+def annotated_sharding(function: func.FuncOp, value: SSAValue) -> Sharding | None:
+    """``value``'s annotation (its argument's or its producer's ``graph.sharding``), or
+    None without one."""
+    if isinstance(value, BlockArgument):
+        return arg_sharding(function, value.index)
+    annotated = op_shardings(value.owner)  # type: ignore[arg-type]
+    return annotated[value.index] if annotated else None  # type: ignore[attr-defined]
+
+
 def value_sharding(function: func.FuncOp, value: SSAValue) -> Sharding:
     """How ``value`` of ``function`` lies over the mesh: its argument's or its producer's
     annotation, replicated without one."""
-    if isinstance(value, BlockArgument):
-        found = arg_sharding(function, value.index)
-    else:
-        annotated = op_shardings(value.owner)  # type: ignore[arg-type]
-        found = annotated[value.index] if annotated else None  # type: ignore[attr-defined]
+    found = annotated_sharding(function, value)
     if found is not None:
         return found
     return Sharding.replicated(len(value.type.get_shape()))  # type: ignore[attr-defined]

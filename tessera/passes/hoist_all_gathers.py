@@ -44,7 +44,7 @@ from tessera.ir import graph
 from tessera.ir.abstract import aval
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import module_mesh
-from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
+from tessera.ir.sharding import Sharding, annotated_sharding, op_shardings, set_op_shardings
 from tessera.opdefs.registry import Fusion, lookup
 
 _NOT_PURE = (graph.RandomBitsOp, graph.WaitOp)  # elementwise, but not functions of elements
@@ -91,14 +91,6 @@ class _Plan:
     nbytes: int
 
 
-def _sharding(function: func.FuncOp, value: SSAValue) -> Sharding | None:
-    """``value``'s annotated sharding; None without one (a partial value may have none)."""
-    if isinstance(value, BlockArgument):
-        return arg_sharding(function, value.index)
-    found = op_shardings(value.owner)  # type: ignore[arg-type]
-    return found[value.index] if found else None  # type: ignore[attr-defined]
-
-
 def _leaf_plan(value: SSAValue, dim: int, group: int) -> _Plan:
     return _Plan([_Leaf(value, dim)], [], aval(value).nbytes * group)
 
@@ -128,7 +120,7 @@ def _plan(
         for operand in op.operands:
             shape = aval(operand).shape
             at = dim - (rank - len(shape))  # numpy broadcasting aligns trailing dims
-            sharding = _sharding(function, operand)
+            sharding = annotated_sharding(function, operand)
             if sharding is None or sharding.partial:
                 return best
             if at >= 0 and shape[at] == aval(value).shape[dim]:
@@ -145,7 +137,7 @@ def _plan(
     for operand, at in inputs:
         if at is None:
             continue
-        sharding = _sharding(function, operand)
+        sharding = annotated_sharding(function, operand)
         if sharding is None or sharding.partial or sharding.dims[at] != split:
             return best
         below = _plan(function, operand, at, split, group)
@@ -160,7 +152,7 @@ def _hoist(
     function: func.FuncOp, block: Block, gather: graph.AllGatherOp, mesh_name: str, mesh: Mesh
 ) -> None:
     source = gather.operands[0]
-    split = _sharding(function, source)
+    split = annotated_sharding(function, source)
     gathered = op_shardings(gather)
     users = [u.operation for u in gather.results[0].uses]
     if (
@@ -185,13 +177,16 @@ def _hoist(
             graph.AllGatherOp, [leaf.value], **{**attrs, "dim": leaf.dim}, group_size=group
         )
         Rewriter.insert_op(moved, InsertPoint.before(gather))
-        leaf_sharding = _sharding(function, leaf.value)
+        leaf_sharding = annotated_sharding(function, leaf.value)
         assert leaf_sharding is not None
         dims = list(leaf_sharding.dims)
         dims[leaf.dim] = after
         set_op_shardings(moved, mesh_name, [Sharding(tuple(dims))])
         values[leaf.value] = moved.results[0]
-    first_user = min(users, key=block.get_operation_index)
+    first_user = gather.next_op  # the first op after the gather that reads it
+    while first_user is not None and first_user not in users:
+        first_user = first_user.next_op
+    assert first_user is not None
     for op, at in plan.ops:  # producers first: each op's gathered operands are made
         result = op.results[0]
         old = aval(result)
