@@ -18,8 +18,10 @@ uses (its tp shard), n = dp and t = tp, bytes received under ring algorithms:
 - DP (ZeRO-0): all_reduce of the gradients, 2(n-1)/n Ψ;
 - ZeRO-1: all_reduce of the gradients and all_gather of the updated parameters, 3(n-1)/n Ψ;
 - ZeRO-2: reduce_scatter of the gradients and all_gather of the parameters, 2(n-1)/n Ψ;
-- ZeRO-3: all_gather of the parameters (once, kept for the backward) and reduce_scatter
-  of the gradients, 2(n-1)/n Ψ;
+- ZeRO-3: all_gather of the parameters for the forward, again for the backward, and
+  reduce_scatter of the gradients, 3(n-1)/n Ψ less (n-1)/n of what the backward does not
+  read: the layer norms' biases, and the first layer norm's weight (the gradient of
+  the data it normalises is not needed);
 - TP: per layer two all-reduces of the activations [B/dp, T, C] in the forward and two
   of their gradients in the backward (Megatron-LM, section 3), except the gradient of
   the first layer's input, which a step does not need (the input is data: ``dce``
@@ -304,13 +306,18 @@ def measure_training(
         for k, v in params.items()
     )
     n, t = dp, tp
-    dp_factor = {0: 2, 1: 3, 2: 2, 3: 2}[zero] * (n - 1) / n
+    dp_factor = {0: 2, 1: 3, 2: 2, 3: 3}[zero] * (n - 1) / n
+    # ZeRO-3 gathers again for the backward all but what it does not read
+    unread = sum(v.numel() * 4 for k, v in params.items() if k.startswith(("ln1_b", "ln2_b")))
+    unread += params["ln1_w0"].numel() * 4
     tp_factor = 2 * (t - 1) / t
     activations = (4 * layers - 1) * tp_factor * (batch // dp) * seq * dim * 4
     # the first layer norm's weight and bias gradients; from ZeRO-2 on, reduce-scattered
     # over dp before the all-reduce over tp
     norm_grads = 2 * tp_factor * dim * 4 / (n if zero >= 2 else 1)
     formula = dp_factor * per_rank + 2 * (n - 1) / n * 4 + activations + norm_grads
+    if zero >= 3:
+        formula -= (n - 1) / n * unread
     kinds = ", ".join(
         f"{c}× {k}[{','.join(a)}]"
         for (k, a), c in sorted(Counter((i.kind, i.mesh_axes) for i in infos).items())

@@ -18,8 +18,16 @@ pipelining requires) with 4 microbatches under GPipe and 1F1B: the per-rank peak
 runtime keeps between programs, replayed over the schedule's action lists) and the bytes
 of kept stage outputs (residuals) at most, on the worst pipeline rank.
 
+A third table compares the ZeRO stages (no recomputation) on the same dp × tp mesh: the
+per-rank peak, the model states ``step.memory(...).model_states`` counts (parameters,
+gradients, optimizer state as stored), the bytes the dp collectives move per rank and
+the simulated step time. ZeRO-3 gathers each parameter for its layer's forward and again
+for its backward, one all-gather ahead, so its peak holds about two layers' whole
+parameters, not the model's.
+
     python benchmarks/memory.py                         # 8, 16 and 32 layers
     python benchmarks/memory.py --layers 8 --dim 128    # smaller, faster
+    python benchmarks/memory.py --tables zero           # only the ZeRO table
 """
 
 from __future__ import annotations
@@ -34,21 +42,31 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
 import train_gpt
+from comm_volume import received
 
-from tessera import dist, numerics, schedule
+from tessera import dist, graph, numerics, schedule
+from tessera.backends.collective_info import collectives
+from tessera.program import Lowered
 
 POLICIES = ("everything", "matmuls", "nothing")
+TABLES = ("remat", "pipeline", "zero")
+
+
+def lowered_step(
+    layers: int, remat: str, zero: int, args: argparse.Namespace
+) -> tuple[graph.TrainingStep, Lowered]:
+    """The GPT step on the dp × tp mesh, compiled to its schedule (nothing runs)."""
+    mesh = dist.Mesh(axes=["dp", "tp"], shape=(args.dp, args.tp))
+    params = train_gpt.init_params(args.vocab, args.seq, args.dim, layers)
+    options = SimpleNamespace(lr=1e-3, zero=zero, heads=args.heads, layers=layers, remat=remat)
+    step = train_gpt.make_step(mesh, params, options)  # type: ignore[arg-type]
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq))
+    return step, step.lower(step.init(params), tokens, tokens)
 
 
 def measure(layers: int, remat: str, args: argparse.Namespace) -> tuple[int, float, float]:
     """Per-rank peak bytes and simulated step seconds (fast, deterministic numerics)."""
-    mesh = dist.Mesh(axes=["dp", "tp"], shape=(args.dp, args.tp))
-    params = train_gpt.init_params(args.vocab, args.seq, args.dim, layers)
-    options = SimpleNamespace(lr=1e-3, zero=args.zero, heads=args.heads, layers=layers, remat=remat)
-    step = train_gpt.make_step(mesh, params, options)  # type: ignore[arg-type]
-    state = step.init(params)
-    tokens = torch.randint(0, args.vocab, (args.batch, args.seq))
-    lowered = step.lower(state, tokens, tokens)
+    _, lowered = lowered_step(layers, remat, args.zero, args)
     with numerics.mode_of("deterministic"):
         ordered = lowered.simulate().step_time_s
     return lowered.memory().peak_bytes, lowered.simulate().step_time_s, ordered
@@ -69,6 +87,41 @@ def measure_pipelined(
     return memory.peak_bytes, max(r.saved_bytes for r in memory.ranks)
 
 
+def measure_zero(layers: int, zero: int, args: argparse.Namespace) -> dict[str, float]:
+    """Per-rank peak and model-state bytes, dp-collective bytes per rank and simulated
+    step seconds of the step under ZeRO stage ``zero``."""
+    _, lowered = lowered_step(layers, "everything", zero, args)
+    memory = lowered.memory()
+    states = memory.model_states
+    assert states is not None
+    moved = received([i for i in collectives(lowered.module_at("schedule")) if "dp" in i.mesh_axes])
+    return {
+        "peak": memory.peak_bytes,
+        "states": states.params + states.grads + states.optimizer_state,
+        "moved": moved,
+        "step": lowered.simulate().step_time_s,
+    }
+
+
+def zero_table(args: argparse.Namespace) -> None:
+    print(
+        f"\nZeRO stages: dp × tp = {args.dp} × {args.tp}, no recomputation; dp bytes: "
+        f"received per rank by the schedule's dp collectives"
+    )
+    print("| layers | zero | peak MiB/rank | model states MiB/rank | peak − states MiB "
+          "| dp MiB moved/rank | step ms (sim.) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for layers in args.layers:
+        for zero in (0, 1, 2, 3):
+            row = measure_zero(layers, zero, args)
+            print(
+                f"| {layers} | {zero} | {row['peak'] / 2**20:.1f} | {row['states'] / 2**20:.1f} "
+                f"| {(row['peak'] - row['states']) / 2**20:.1f} | {row['moved'] / 2**20:.2f} "
+                f"| {row['step'] * 1e3:.3f} |",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[8, 16, 32])
@@ -82,8 +135,21 @@ def main() -> None:
     parser.add_argument("--zero", type=int, default=1)
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument(
+        "--tables", nargs="+", choices=TABLES, default=list(TABLES), help="which tables to print"
+    )
     args = parser.parse_args()
     started = time.time()
+    if "remat" in args.tables:
+        remat_table(args)
+    if "pipeline" in args.tables:
+        pipeline_table(args)
+    if "zero" in args.tables:
+        zero_table(args)
+    print(f"\n({time.time() - started:.0f} s; compiled and simulated, nothing ran)")
+
+
+def remat_table(args: argparse.Namespace) -> None:
     print(
         f"GPT training step (AdamW, ZeRO-{args.zero}), dp × tp = {args.dp} × {args.tp}, "
         f"(B, T, C, heads, vocab) = ({args.batch}, {args.seq}, {args.dim}, {args.heads}, "
@@ -106,6 +172,9 @@ def main() -> None:
                 f"| {ordered_s * 1e3:.3f} | {ordered_s / step_s - 1:+.1%} |",
                 flush=True,
             )
+
+
+def pipeline_table(args: argparse.Namespace) -> None:
     print(
         f"\nPipelined: pp × dp × tp = {args.pp} × {args.dp} × {args.tp}, "
         f"{args.microbatches} microbatches, ZeRO off"
@@ -120,7 +189,6 @@ def main() -> None:
                     f"| {layers} | {kind} | {remat} | {peak / 2**20:.1f} | {saved / 2**20:.1f} |",
                     flush=True,
                 )
-    print(f"\n({time.time() - started:.0f} s; compiled and simulated, nothing ran)")
 
 
 if __name__ == "__main__":

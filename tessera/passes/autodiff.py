@@ -51,7 +51,7 @@ from tessera.ir.manual import in_specs, is_manual, op_varying, out_specs, varyin
 from tessera.ir.sharding import SHARDING_KEY, Sharding, ShardingAttr
 from tessera.opdefs import Fusion, fusion_of, lookup
 from tessera.opdefs.collective import per_rank_vjp
-from tessera.transforms.remat import CHECKPOINT, REGENERATE, REMAT, RematPolicy
+from tessera.transforms.remat import CHECKPOINT, REGATHER, REGENERATE, REMAT, RematPolicy
 
 
 def differentiate(
@@ -181,10 +181,39 @@ def backprop(
             cotangents[operand] = ct if previous is None else b.add(previous, ct)
     for block in {id(k): k for k in blocks.values()}.values():
         block.release(recomputed.get(block.key, {}))
+    _regather([op for op in forward if REGATHER in op.attributes], forward, b.point.block)
     for op in forward:
         op.attributes.pop(CHECKPOINT, None)
         op.attributes.pop(REGENERATE, None)
+        op.attributes.pop(REGATHER, None)
     return [cotangents.get(v) or b.zeros_like(v) for v in wrt]
+
+
+def _regather(tagged: Sequence[Operation], forward: Sequence[Operation], block: Block) -> None:
+    """Each ``graph.regather`` op's backward reads go to a copy of it (tagged
+    ``graph.remat``, so ``cse`` keeps it apart), made just before the first of them."""
+    if not tagged:
+        return
+    inside = set(forward)
+    position = {op: i for i, op in enumerate(block.ops)}
+    for op in tagged:
+        result = op.results[0]
+        later = [
+            (position[reader], use)
+            for use in list(result.uses)
+            if (reader := block.find_ancestor_op_in_block(use.operation)) is not None
+            and reader not in inside
+            and not isinstance(reader, func.ReturnOp)
+        ]
+        if not later:
+            continue
+        first = min(later, key=lambda found: found[0])[1].operation
+        copy = op.clone()
+        copy.attributes.pop(REGATHER, None)
+        copy.attributes[REMAT] = IntegerAttr(-1, i64)
+        Rewriter.insert_op(copy, InsertPoint.before(block.find_ancestor_op_in_block(first)))
+        for _, use in later:
+            use.operation.operands[use.index] = copy.results[0]
 
 
 # --- manual regions (dist.shard_map): per-rank transposes -----------------------------

@@ -38,8 +38,12 @@ ranks are contiguous, and packing them as one row per rank is a reshape::
 each result its column range reshaped). A split inner dimension (a context-parallel
 attention's k and v along the sequence) would need a transposed copy of each whole
 member: those stay apart (the copies would cost more memory than the latency saved). An
-all-gather is never moved earlier (its whole copy would live longer): consecutive ones
-with no use of a result between them are combined where the last of them was.
+all-gather is never moved earlier (its whole copy would live longer): each first moves
+down to just before its first use, and then consecutive ones with no use of a result
+between them are combined where the last of them was. So a ZeRO-3 step's parameters,
+all constrained at the function's start, are gathered layer by layer, not in one
+bucket whole for the forward, and ZeRO-1/2's updated parameters, read only by the
+return, in as few buckets as their bytes allow.
 """
 
 from __future__ import annotations
@@ -137,6 +141,23 @@ def _nbytes(op: Bucketed) -> int:
     return max(aval(op.operands[0]).nbytes, aval(op.results[0]).nbytes)
 
 
+def _sink_gathers(block: Block, candidates: set[Bucketed]) -> None:
+    """Moves every candidate all-gather down to just before the first op that uses it."""
+    position = {op: i for i, op in enumerate(block.ops)}
+    for op in [o for o in block.ops if isinstance(o, graph.AllGatherOp) and o in candidates]:
+        users = [
+            user
+            for use in op.results[0].uses
+            if (user := block.find_ancestor_op_in_block(use.operation)) is not None
+        ]
+        if not users:
+            continue
+        first = min(users, key=position.__getitem__)
+        if first is not op.next_op:
+            op.detach()
+            block.insert_op_before(op, first)
+
+
 def _hoist(block: Block, candidates: set[Reduction]) -> None:
     """Moves every candidate all-reduce to just after its operand's producer (after the
     ones moved there before it): insert-collectives puts one where it is first used, but it
@@ -159,6 +180,7 @@ def _hoist(block: Block, candidates: set[Reduction]) -> None:
 
 def _bucket_block(block: Block, bucket_bytes: int, mesh: Mesh) -> None:
     candidates = _candidates(block, bucket_bytes, mesh)
+    _sink_gathers(block, candidates)
     _hoist(block, candidates)
     open_buckets: dict[tuple[object, ...], _Bucket] = {}
     member_of: dict[Operation, tuple[object, ...]] = {}  # open member -> its bucket's key

@@ -10,7 +10,9 @@ replicated). Walking each function in order, for every op:
   all_gather), each annotated with the layout it leaves;
 - a ``graph.shard`` constraint or an explicit collective written by the user is a layout
   statement: it is replaced by the planned reshard to the layout it states (nothing,
-  when the value already has it);
+  when the value already has it); a constraint tagged ``graph.remat`` (a backward's
+  copy of a ZeRO-3 parameter's gather, :mod:`tessera.transforms.remat`) moves the value
+  again rather than reuse the forward's move;
 - ``func.return`` needs values that are not partial: partial sums are all-reduced;
 - a region call (``graph.call``) needs its operands laid out as the callee's arguments;
 - constants are produced replicated (every rank builds them) and sliced where a split
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -45,6 +47,7 @@ from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
 from tessera.opdefs import has_sharding_rule
+from tessera.transforms.remat import REMAT
 from tessera.transforms.reshard import ReshardStep, apply_step, plan_reshard, step_collective
 
 
@@ -152,20 +155,23 @@ class _Inserter:
             target = op.sharding.sharding
         else:
             target = after_collective(op, source)
-        replacement = self.reshard(op.operands[0], target, op)
+        replacement = self.reshard(op.operands[0], target, op, again=REMAT in op.attributes)
         self.decisions.forget((op.operands[0], op.results[0], replacement))
         op.results[0].replace_all_uses_with(replacement)
         Rewriter.erase_op(op)
 
-    def reshard(self, value: SSAValue, target: Sharding, before: Operation) -> SSAValue:
-        """``value`` laid out as ``target``, inserting collectives before ``before``."""
+    def reshard(
+        self, value: SSAValue, target: Sharding, before: Operation, again: bool = False
+    ) -> SSAValue:
+        """``value`` laid out as ``target``, inserting collectives before ``before`` (with
+        ``again``, even where an earlier reshard made it, and the later users keep that one)."""
         current = self.of(value)
         if current == target:
             return value
         key = (value, target)
-        if key in self.resharded:
+        if key in self.resharded and not again:
             return self.resharded[key]
-        moved = self._transpose_of_moved(value, target, before)
+        moved = None if again else self._transpose_of_moved(value, target, before)
         if moved is not None:
             self.resharded[key] = moved
             return moved
@@ -173,8 +179,11 @@ class _Inserter:
         for step in plan_reshard(current, target):
             current = apply_step(current, step)
             result = self._emit(step, result, current, before)
-        self.resharded[key] = result
-        self.moved.setdefault(value, set()).add(target)
+            if again:  # shard-partition keeps it apart from the earlier move too
+                result.owner.attributes[REMAT] = IntegerAttr(-1, i64)  # type: ignore[union-attr]
+        if not again:
+            self.resharded[key] = result
+            self.moved.setdefault(value, set()).add(target)
         return result
 
     def _available(self, op: Operation, value: SSAValue) -> frozenset[Sharding]:

@@ -14,10 +14,22 @@ wait are what the transfer can hide behind. The pass:
   start that reads the block, so the block moves on while that op computes with it and
   a ring holds two blocks at a time, not all of them (its wait goes along when the
   start moves past it);
+- but an *all-gather* starts no earlier than the first reader of the all-gather read
+  before it (ordering them by their first readers): one all-gather is prefetched while
+  the previous one's reader computes, as FSDP prefetches the next layer's parameters and
+  XLA's latency-hiding scheduler keeps one all-gather in flight. A gathered copy is
+  whole from its start, so starting every gather at its operand (a ZeRO-3 parameter's,
+  the function's start) would hold all of them at once (a gather only the return reads,
+  a result, is not held back);
 - moves every wait down to just before the first op that uses its result (the return,
   when only the return does; the end of the function for a send's wait), except a wait
   marked ``schedule.user_wait``: per-rank code called ``h.wait()`` there (a
-  ``dist.*_async`` handle), and it stays.
+  ``dist.*_async`` handle), and it stays;
+- but a *reduce-scatter* is waited for at the latest where the next one starts: its
+  operand, a whole gradient (ZeRO-2/3), is freed only when it is done, and holding every
+  one until the optimizer reads the shards would hold the whole model's gradients. So
+  one reduce-scatter is in flight while the next gradient is computed (XLA's
+  latency-hiding scheduler's limit of one, too).
 
 It changes no value, only the order, so results are bit-identical. Gradient all-reduces
 of a backward pass, which the optimizer needs only at the end, then run while the
@@ -26,6 +38,7 @@ backward of earlier layers computes.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -48,7 +61,9 @@ class OverlapCommPass(ModulePass):
             if isinstance(function, func.FuncOp) and function.body.blocks:
                 block = function.body.block
                 hoist_starts(block)
+                one_gather_ahead(block)
                 sink_waits(block)
+                one_scatter_in_flight(block)
 
 
 def hoist_starts(block: Block) -> None:
@@ -75,6 +90,62 @@ def hoist_starts(block: Block) -> None:
             block.insert_op_before(start, block.first_op)  # type: ignore[arg-type]
         else:
             block.insert_op_after(start, anchor)
+
+
+def one_gather_ahead(block: Block) -> None:
+    """Each all-gather's start (and its wait, when before) moved down to just before the
+    first reader of the all-gather read before it, when it is above that. One read only
+    by the return (a result: ZeRO-1/2's updated parameters) is left alone: its buffer is
+    the function's result, allocated anyway."""
+    position = {op: i for i, op in enumerate(block.ops)}
+    readers: list[tuple[int, schedule.StartOp, Operation]] = []
+    for start in block.ops:
+        if isinstance(start, schedule.StartOp) and start.collective_name == "all_gather":
+            reader = _first_reader(block, start, position)
+            if reader is not None and not isinstance(reader, func.ReturnOp):
+                readers.append((position[reader], start, reader))
+    readers.sort(key=lambda found: found[0])
+    for (_, _, previous), (_, start, _) in itertools.pairwise(readers):
+        if position[start] >= position[previous]:
+            continue
+        waits = [block.find_ancestor_op_in_block(use.operation) for use in start.results[0].uses]
+        start.detach()
+        block.insert_op_before(start, previous)
+        for wait in waits:  # it was before its reader, so before ``previous`` too
+            if wait is not None and position[wait] < position[previous]:
+                wait.detach()
+                block.insert_op_after(wait, start)
+
+
+def one_scatter_in_flight(block: Block) -> None:
+    """Each reduce-scatter's wait moved up to just before the next reduce-scatter's start,
+    when it is below it."""
+    starts = [
+        op
+        for op in block.ops
+        if isinstance(op, schedule.StartOp) and op.collective_name == "reduce_scatter"
+    ]
+    position = {op: i for i, op in enumerate(block.ops)}
+    for start, following in itertools.pairwise(starts):
+        for use in list(start.results[0].uses):
+            wait = block.find_ancestor_op_in_block(use.operation)
+            if isinstance(wait, schedule.WaitOp) and position[wait] > position[following]:
+                wait.detach()
+                block.insert_op_before(wait, following)
+
+
+def _first_reader(
+    block: Block, start: schedule.StartOp, position: dict[Operation, int]
+) -> Operation | None:
+    """The first op (not a wait) that reads the result of ``start``'s collective."""
+    readers = [
+        reader
+        for wait_use in start.results[0].uses
+        for result in wait_use.operation.results
+        for use in result.uses
+        if (reader := block.find_ancestor_op_in_block(use.operation)) is not None
+    ]
+    return min(readers, key=position.__getitem__, default=None)
 
 
 def _is_permute(start: Operation | None) -> bool:

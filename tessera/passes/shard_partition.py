@@ -73,6 +73,7 @@ from tessera.ir.sharding_rules import FactorKind, FactorWindows, ShardingRule, c
 from tessera.opdefs import Partition, has_sharding_rule, lookup
 from tessera.perf.context_parallel import RingPlan, ring_plan
 from tessera.transforms.block_moves import Window, plan_block_moves
+from tessera.transforms.remat import REMAT
 from tessera.transforms.reshard import ReshardStep, apply_step, plan_reshard, step_collective
 from tessera.transforms.ring_attention import Ring, ring_backward, ring_forward
 
@@ -506,8 +507,9 @@ _LAYOUT_MOVES = (
 
 def _moved_to(op: Operation, shardings: Sequence[Sharding]) -> tuple[SSAValue, Sharding] | None:
     """For a collective that moves a value to another layout (one ``insert-collectives``
-    placed), the value and that layout: the key of ``_Partitioner.gathered``."""
-    if not isinstance(op, _LAYOUT_MOVES):
+    placed), the value and that layout: the key of ``_Partitioner.gathered``; None for a
+    move made again on purpose (tagged ``graph.remat``: a ZeRO-3 backward's gather)."""
+    if not isinstance(op, _LAYOUT_MOVES) or REMAT in op.attributes:
         return None
     return op.operands[0], shardings[0]
 

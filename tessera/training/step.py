@@ -26,13 +26,15 @@ zero  sharded over dp              communication per step (Ψ = parameter bytes 
 0     nothing (plain DP)           all_reduce(grads): 2(n-1)/n Ψ
 1     optimizer state              all_reduce(grads) + all_gather(params): 3(n-1)/n Ψ
 2     + gradients                  reduce_scatter(grads) + all_gather(params): 2(n-1)/n Ψ
-3     + parameters                 all_gather(params) + reduce_scatter(grads): 2(n-1)/n Ψ
+3     + parameters                 2 all_gather(params) + reduce_scatter(grads): 3(n-1)/n Ψ
 ====  ===========================  =====================================================
 
 Stage 1 keeps a whole gradient on each rank (all-reduced, as DDP with torch's
 ``ZeroRedundancyOptimizer`` does); stage 2 reduces each gradient straight into the shard
-its rank updates. Stage 3 gathers each parameter once per step, at the start, and keeps
-it for the backward pass. A tensor is sharded over dp along its first dim that dp
+its rank updates. Stage 3 gathers each parameter for its layer's forward and again for
+its backward (``graph.regather``; FSDP's ``reshard_after_forward``), and ``overlap-comm``
+prefetches one all-gather ahead, so a rank holds about two layers' whole parameters at a
+time, not the model's (``benchmarks/memory.py --tables zero`` prints the peaks). A tensor is sharded over dp along its first dim that dp
 divides (after any split it already has); one that has none (the step count, an odd
 sized bias) stays replicated.
 
@@ -55,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from xdsl.dialects.builtin import UnitAttr
 
 from tessera import numerics as numerics_policy
 from tessera import op
@@ -82,7 +85,7 @@ from tessera.training.mixed_precision import (
     widened,
 )
 from tessera.training.state import TrainState, gathered, rank_shards, write_result
-from tessera.transforms.remat import RematPolicy
+from tessera.transforms.remat import REGATHER, RematPolicy
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -533,6 +536,15 @@ class TrainingStep:
                 for v, have, want in zip(values, shardings, wanted, strict=True)
             ]
 
+        def gather_parameters(stored: list[Tensor]) -> list[Tensor]:
+            """ZeRO-3: each parameter gathered for its forward, and again for its backward
+            (``graph.regather``), so it is whole only while its layer computes."""
+            used = constrain(stored, layouts.stored, layouts.compute)
+            for before, after in zip(stored, used, strict=True):
+                if after is not before:
+                    after.value.owner.attributes[REGATHER] = UnitAttr()
+            return used
+
         precision = self.precision
 
         def call(
@@ -561,8 +573,7 @@ class TrainingStep:
 
         def program(params: Any, opt_state: Any, *batch: Any) -> Any:
             stored = pytree.flatten(params)[0]
-            # ZeRO-3: gather each parameter once, at the start, for the forward and backward
-            used = pytree.unflatten(tree, constrain(stored, layouts.stored, layouts.compute))
+            used = pytree.unflatten(tree, gather_parameters(stored))
             check_call(user_fn, self.__name__, (used, *batch), {})
             scale = opt_state["loss_scale"]["scale"] if precision.scaled else None
             fp8 = None

@@ -10,9 +10,12 @@ from collections import Counter
 import pytest
 import torch
 import torch.nn.functional as F
+from xdsl.dialects import func
 
 import tessera as ts
 from tessera import dist, graph, op, optim
+from tessera.ir import schedule
+from tessera.ir.abstract import aval
 
 DP, TP = 2, 2
 C, H, B = 8, 32, 64  # model width, hidden width, batch (tokens)
@@ -107,7 +110,9 @@ def _dp_collectives(zero: int) -> Counter[str]:
         (0, {"all_reduce": 3}),  # the three gradients
         (1, {"all_reduce": 3, "all_gather": 3}),  # + the updated parameters
         (2, {"reduce_scatter": 3, "all_gather": 3}),
-        (3, {"all_gather": 3, "reduce_scatter": 3}),  # gathered once, at the start
+        # each parameter gathered for the forward, and w2 again for the backward's input
+        # gradient (that of w1's matmul is not needed, and a bias's reads no bias)
+        (3, {"all_gather": 4, "reduce_scatter": 3}),
     ],
 )
 def test_zero_stage_inserts_the_expected_dp_collectives(
@@ -202,3 +207,44 @@ def test_sgd_momentum_training_step_on_a_dp_mesh() -> None:
         torch.testing.assert_close(
             state.params[name].double(), ref[name].detach(), rtol=1e-5, atol=1e-6
         )
+
+
+def _gathered_live_at_once(layers: int, zero: int) -> tuple[int, int]:
+    """For a chain of ``layers`` 64 × 64 matmuls on dp 4: the most bytes of dp-gathered
+    parameters live at once in the schedule (each from its gather's start to its last
+    reader), and how many gathers the schedule has."""
+    width = 64
+
+    @graph.training_step(
+        optimizer=optim.SGD(lr=0.1), mesh=dist.mesh({"dp": 4}), zero=zero, kernels="reference"
+    )
+    def chain(p, x, y):
+        h = x
+        for i in range(layers):
+            h = op.gelu(h @ p[f"w{i}"])
+        return graph.backward(op.mean((h - y) * (h - y))), {}
+
+    params = {f"w{i}": torch.randn(width, width) for i in range(layers)}
+    x = torch.randn(512, width)
+    module = chain.lower(chain.init(params), x, x).module_at("schedule")
+    (function,) = [f for f in module.ops if isinstance(f, func.FuncOp)]
+    ops = list(function.body.block.ops)
+    live = []  # (first index, last index, bytes)
+    for i, start in enumerate(ops):
+        if isinstance(start, schedule.StartOp) and start.collective_name == "all_gather":
+            (wait,) = [use.operation for use in start.results[0].uses]
+            readers = [ops.index(use.operation) for use in wait.results[0].uses]
+            live.append((i, max(readers), aval(wait.results[0]).nbytes))
+    most = max(sum(n for a, b, n in live if a <= i <= b) for i in range(len(ops)))
+    return most, len(live)
+
+
+def test_zero3_holds_two_gathered_parameters_at_most() -> None:
+    """ZeRO-3 gathers each parameter where its layer needs it, prefetching one ahead, and
+    again for the backward: at most two whole parameters live at once, however deep the
+    model (it was every parameter, gathered in one bucket at the start and kept for the
+    backward)."""
+    for layers in (4, 8):
+        most, gathers = _gathered_live_at_once(layers, zero=3)
+        assert most == 2 * 64 * 64 * 4
+        assert gathers == 2 * layers - 1  # the first layer's backward reads no weight

@@ -171,3 +171,28 @@ func.func @gathers(%a: tensor<2x8xf32>, %b: tensor<1x2x3xf32>, %c: tensor<2x2x3x
   %gb = graph.all_gather %b {axes = [dp], dim = 1} : tensor<1x2x3xf32> -> tensor<1x4x3xf32>
   func.return %ga, %gb, %gc : tensor<4x8xf32>, tensor<1x4x3xf32>, tensor<2x4x3xf32>
 }
+
+// -----
+
+// All-gathers made at the function's start (ZeRO-3's parameters) first move down to
+// their first uses: gathers read by different layers stay apart, so each layer's
+// parameters are whole only for it; the two read by one matmul are combined there.
+// CHECK-LABEL: func.func @gathers_at_their_uses
+// CHECK:         %[[G0:.*]] = graph.all_gather %w0 {axes = [dp], dim = 0} : tensor<4x8xf32> -> tensor<8x8xf32>
+// CHECK-NEXT:    %[[Y0:.*]] = graph.matmul %x, %[[G0]]
+// CHECK-NEXT:    %[[Z0:.*]] = graph.tanh %[[Y0]]
+// CHECK:         graph.concat
+// CHECK-NEXT:    %[[G:.*]] = graph.all_gather %{{.*}} {axes = [dp], dim = 0} : tensor<1x64xf32> -> tensor<2x64xf32>
+// CHECK:         graph.matmul
+// CHECK-NEXT:    func.return
+graph.mesh @mesh axes = [dp = 2]
+func.func @gathers_at_their_uses(%x: tensor<8x8xf32>, %w0: tensor<4x8xf32>, %w1: tensor<4x8xf32>, %w2: tensor<4x8xf32>) -> tensor<8x8xf32> attributes {graph.partitioned} {
+  %g0 = graph.all_gather %w0 {axes = [dp], dim = 0} : tensor<4x8xf32> -> tensor<8x8xf32>
+  %g1 = graph.all_gather %w1 {axes = [dp], dim = 0} : tensor<4x8xf32> -> tensor<8x8xf32>
+  %g2 = graph.all_gather %w2 {axes = [dp], dim = 0} : tensor<4x8xf32> -> tensor<8x8xf32>
+  %y0 = graph.matmul %x, %g0 : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  %z0 = graph.tanh %y0 : tensor<8x8xf32>
+  %w = graph.add %g1, %g2 : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  %y1 = graph.matmul %z0, %w : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  func.return %y1 : tensor<8x8xf32>
+}

@@ -615,3 +615,22 @@ func.func @partial_axes_in_either_order(%a: tensor<4x8xf32> {graph.sharding = #g
   %s = graph.add %sa, %sb : tensor<f32>
   func.return %s : tensor<f32>
 }
+
+// -----
+
+// A constraint tagged graph.remat (a ZeRO-3 backward's copy of a parameter's gather)
+// gathers the argument again instead of reusing the forward's gather.
+// CHECK-LABEL: func.func @gathered_again
+// CHECK:         %[[F:.*]] = graph.all_gather %w {axes = [dp], dim = 0}
+// CHECK:         graph.matmul %x, %[[F]]
+// CHECK:         %[[B:.*]] = graph.all_gather %w {axes = [dp], dim = 0} attributes {{{.*}}graph.remat = -1 : i64{{.*}}}
+// CHECK:         graph.matmul %{{.*}}, %[[B]]
+graph.mesh @mesh axes = [dp = 2]
+func.func @gathered_again(%x: tensor<4x8xf32>, %w: tensor<8x8xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], []]>}) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  %g = graph.shard %w {sharding = #graph.sharding<@mesh, [[], []]>} : tensor<8x8xf32>
+  %y = graph.matmul %x, %g : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  %t = graph.tanh %y : tensor<4x8xf32>
+  %b = graph.shard %w {sharding = #graph.sharding<@mesh, [[], []]>} attributes {graph.remat = -1 : i64} : tensor<8x8xf32>
+  %z = graph.matmul %t, %b : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  func.return %y, %z : tensor<4x8xf32>, tensor<4x8xf32>
+}

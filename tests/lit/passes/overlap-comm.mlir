@@ -423,3 +423,75 @@ func.func @relay_moves_past_a_user_wait(%x: tensor<8xf32>) -> (tensor<8xf32>, te
   }
   func.return %o0, %o1, %o2, %o3 : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
 }
+
+// -----
+
+// All-gathers are prefetched one ahead: each starts at the first reader of the one read
+// before it, not all at the function's start (ZeRO-3's parameters, FSDP's prefetch); a
+// gather only the return reads (a result) is not held back.
+// CHECK-LABEL: func.func @one_gather_ahead
+// CHECK-NEXT:    %[[H0:.*]] = schedule.start all_gather %w0
+// CHECK-NEXT:    %[[HR:.*]] = schedule.start all_gather %w3
+// CHECK-NEXT:    %[[H1:.*]] = schedule.start all_gather %w1
+// CHECK-NEXT:    %[[R0:.*]] = schedule.wait %[[H0]]
+// CHECK-NEXT:    %[[Y0:.*]] = schedule.kernel @k0(%{{.*}} = %x, %{{.*}} = %[[R0]])
+// CHECK:         %[[H2:.*]] = schedule.start all_gather %w2
+// CHECK-NEXT:    %[[R1:.*]] = schedule.wait %[[H1]]
+// CHECK-NEXT:    %[[Y1:.*]] = schedule.kernel @k1(%{{.*}} = %[[Y0]], %{{.*}} = %[[R1]])
+// CHECK:         %[[R2:.*]] = schedule.wait %[[H2]]
+// CHECK-NEXT:    %[[Y2:.*]] = schedule.kernel @k2(%{{.*}} = %[[Y1]], %{{.*}} = %[[R2]])
+// CHECK:         %[[RR:.*]] = schedule.wait %[[HR]]
+// CHECK-NEXT:    func.return %[[Y2]], %[[RR]]
+graph.mesh @mesh axes = [dp = 4]
+func.func @one_gather_ahead(%x: tensor<8x16xf32>, %w0: tensor<4x16xf32>, %w1: tensor<4x16xf32>, %w2: tensor<4x16xf32>, %w3: tensor<4x16xf32>) -> (tensor<8x16xf32>, tensor<16x16xf32>) {
+  %h0 = schedule.start all_gather %w0 {axes = [dp], dim = 0} : tensor<4x16xf32> -> !schedule.handle<tensor<16x16xf32>>
+  %r0 = schedule.wait %h0 : !schedule.handle<tensor<16x16xf32>> -> tensor<16x16xf32>
+  %h1 = schedule.start all_gather %w1 {axes = [dp], dim = 0} : tensor<4x16xf32> -> !schedule.handle<tensor<16x16xf32>>
+  %r1 = schedule.wait %h1 : !schedule.handle<tensor<16x16xf32>> -> tensor<16x16xf32>
+  %h2 = schedule.start all_gather %w2 {axes = [dp], dim = 0} : tensor<4x16xf32> -> !schedule.handle<tensor<16x16xf32>>
+  %r2 = schedule.wait %h2 : !schedule.handle<tensor<16x16xf32>> -> tensor<16x16xf32>
+  %h3 = schedule.start all_gather %w3 {axes = [dp], dim = 0} : tensor<4x16xf32> -> !schedule.handle<tensor<16x16xf32>>
+  %r3 = schedule.wait %h3 : !schedule.handle<tensor<16x16xf32>> -> tensor<16x16xf32>
+  %y0 = schedule.kernel @k0(%a = %x, %b = %r0) : (tensor<8x16xf32>, tensor<16x16xf32>) -> tensor<8x16xf32> {
+    %0 = graph.matmul %a, %b : tensor<8x16xf32>, tensor<16x16xf32> -> tensor<8x16xf32>
+    schedule.yield %0 : tensor<8x16xf32>
+  }
+  %y1 = schedule.kernel @k1(%a = %y0, %b = %r1) : (tensor<8x16xf32>, tensor<16x16xf32>) -> tensor<8x16xf32> {
+    %0 = graph.matmul %a, %b : tensor<8x16xf32>, tensor<16x16xf32> -> tensor<8x16xf32>
+    schedule.yield %0 : tensor<8x16xf32>
+  }
+  %y2 = schedule.kernel @k2(%a = %y1, %b = %r2) : (tensor<8x16xf32>, tensor<16x16xf32>) -> tensor<8x16xf32> {
+    %0 = graph.matmul %a, %b : tensor<8x16xf32>, tensor<16x16xf32> -> tensor<8x16xf32>
+    schedule.yield %0 : tensor<8x16xf32>
+  }
+  func.return %y2, %r3 : tensor<8x16xf32>, tensor<16x16xf32>
+}
+
+// -----
+
+// A reduce-scatter is waited for where the next one starts (its operand, a whole
+// gradient, is freed then), not where the optimizer reads the shards.
+// CHECK-LABEL: func.func @one_scatter_in_flight
+// CHECK:         %[[G0:.*]] = schedule.kernel @k0
+// CHECK:         %[[H0:.*]] = schedule.start reduce_scatter %[[G0]]
+// CHECK-NEXT:    %[[G1:.*]] = schedule.kernel @k1
+// CHECK:         %[[S0:.*]] = schedule.wait %[[H0]]
+// CHECK-NEXT:    %[[H1:.*]] = schedule.start reduce_scatter %[[G1]]
+// CHECK-NEXT:    %[[S1:.*]] = schedule.wait %[[H1]]
+// CHECK-NEXT:    func.return %[[S0]], %[[S1]]
+graph.mesh @mesh axes = [dp = 4]
+func.func @one_scatter_in_flight(%x: tensor<16x16xf32>) -> (tensor<4x16xf32>, tensor<4x16xf32>) {
+  %g0 = schedule.kernel @k0(%a = %x) : (tensor<16x16xf32>) -> tensor<16x16xf32> {
+    %0 = graph.exp %a : tensor<16x16xf32>
+    schedule.yield %0 : tensor<16x16xf32>
+  }
+  %g1 = schedule.kernel @k1(%a = %g0) : (tensor<16x16xf32>) -> tensor<16x16xf32> {
+    %0 = graph.tanh %a : tensor<16x16xf32>
+    schedule.yield %0 : tensor<16x16xf32>
+  }
+  %h0 = schedule.start reduce_scatter %g0 {axes = [dp], kind = sum, dim = 0} : tensor<16x16xf32> -> !schedule.handle<tensor<4x16xf32>>
+  %s0 = schedule.wait %h0 : !schedule.handle<tensor<4x16xf32>> -> tensor<4x16xf32>
+  %h1 = schedule.start reduce_scatter %g1 {axes = [dp], kind = sum, dim = 0} : tensor<16x16xf32> -> !schedule.handle<tensor<4x16xf32>>
+  %s1 = schedule.wait %h1 : !schedule.handle<tensor<4x16xf32>> -> tensor<4x16xf32>
+  func.return %s0, %s1 : tensor<4x16xf32>, tensor<4x16xf32>
+}
