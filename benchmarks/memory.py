@@ -21,9 +21,11 @@ of kept stage outputs (residuals) at most, on the worst pipeline rank.
 A third table compares the ZeRO stages (no recomputation) on the same dp × tp mesh: the
 per-rank peak, the model states ``step.memory(...).model_states`` counts (parameters,
 gradients, optimizer state as stored), the bytes the dp collectives move per rank and
-the simulated step time. ZeRO-3 gathers each parameter for its layer's forward and again
-for its backward, one all-gather ahead, so its peak holds about two layers' whole
-parameters, not the model's.
+the simulated step time. Without recomputation the peak is at the forward's end (every
+activation kept, no gradient yet), so it holds the stored parameters and optimizer
+state, not the gradients the model states count. ZeRO-3 gathers each parameter for its
+layer's forward and again for its backward, one all-gather ahead, so its peak holds
+about two layers' whole parameters, not the model's.
 
     python benchmarks/memory.py                         # 8, 16 and 32 layers
     python benchmarks/memory.py --layers 8 --dim 128    # smaller, faster
@@ -108,16 +110,15 @@ def zero_table(args: argparse.Namespace) -> None:
         f"\nZeRO stages: dp × tp = {args.dp} × {args.tp}, no recomputation; dp bytes: "
         f"received per rank by the schedule's dp collectives"
     )
-    print("| layers | zero | peak MiB/rank | model states MiB/rank | peak − states MiB "
-          "| dp MiB moved/rank | step ms (sim.) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| layers | zero | peak MiB/rank | model states MiB/rank | dp MiB moved/rank "
+          "| step ms (sim.) |")
+    print("|---:|---:|---:|---:|---:|---:|")
     for layers in args.layers:
         for zero in (0, 1, 2, 3):
             row = measure_zero(layers, zero, args)
             print(
                 f"| {layers} | {zero} | {row['peak'] / 2**20:.1f} | {row['states'] / 2**20:.1f} "
-                f"| {(row['peak'] - row['states']) / 2**20:.1f} | {row['moved'] / 2**20:.2f} "
-                f"| {row['step'] * 1e3:.3f} |",
+                f"| {row['moved'] / 2**20:.2f} | {row['step'] * 1e3:.3f} |",
                 flush=True,
             )
 
