@@ -195,6 +195,14 @@ def _regather(tagged: Sequence[Operation], forward: Sequence[Operation], block: 
     if not tagged:
         return
     inside = set(forward)
+    for op in forward:  # a region call's forward call, put after it (``_take_over``)
+        taken = op.next_op
+        if (
+            isinstance(op, graph.CallOp | graph.ScanOp)
+            and isinstance(taken, graph.CallOp | graph.ScanOp)
+            and list(taken.operands) == list(op.operands)
+        ):
+            inside.add(taken)
     position = {op: i for i, op in enumerate(block.ops)}
     for op in tagged:
         result = op.results[0]

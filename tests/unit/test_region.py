@@ -142,18 +142,27 @@ def test_nested_regions() -> None:
     assert _max_difference(grads, _torch_grads(params, x)) < TOL
 
 
-def test_training_step_from_regions_equals_the_unrolled_step() -> None:
+@pytest.mark.parametrize("zero", [0, 3])
+def test_training_step_from_regions_equals_the_unrolled_step(zero: int) -> None:
+    """Also under ZeRO-3, whose backward gathers each parameter again: a backward region
+    call reads its own gather."""
     layers, heads = 2, 4
     layout = comm_volume.layouts(MESH, False)[1]
-    states = []
+    states, gathers = [], []
     for regions in (False, True):
-        step = comm_volume.training_step(MESH, 0, layers, heads, True, regions)
+        step = comm_volume.training_step(MESH, zero, layers, heads, True, regions)
         params = comm_volume.layer_params(32, layers)
         state = step.init(params)
         x = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(5))
+        gathers.append(sum(c.kind == "all_gather" for c in step.lower(state, x).collectives()))
         losses = [float(step(state, x)["loss"]) for _ in range(2)]
         states.append((losses, {k: torch.as_tensor(v) for k, v in state.params.items()}))
     (unrolled_losses, unrolled), (region_losses, regions) = states
+    if zero == 3:  # a region's backward call reads (and gathers again) every parameter
+        # the layer's forward call read; unrolled, only those the backward reads
+        assert gathers[1] == 2 * len(params) > gathers[0] > len(params)
+    else:
+        assert gathers[0] == gathers[1] == 0
     assert unrolled_losses == pytest.approx(region_losses, rel=1e-5)  # float32
     assert max((unrolled[k] - regions[k]).abs().max().item() for k in unrolled) < 1e-5
     assert layout  # the step is Megatron-sharded over tp
