@@ -182,16 +182,16 @@ def backprop(
     for block in {id(k): k for k in blocks.values()}.values():
         block.release(recomputed.get(block.key, {}))
     _regather([op for op in forward if REGATHER in op.attributes], forward, b.point.block)
-    for op in forward:
-        op.attributes.pop(CHECKPOINT, None)
+    for op in forward:  # a graph.regather tag stays: it keeps cse from merging the op
+        op.attributes.pop(CHECKPOINT, None)  # with another microbatch's
         op.attributes.pop(REGENERATE, None)
-        op.attributes.pop(REGATHER, None)
     return [cotangents.get(v) or b.zeros_like(v) for v in wrt]
 
 
 def _regather(tagged: Sequence[Operation], forward: Sequence[Operation], block: Block) -> None:
     """Each ``graph.regather`` op's backward reads go to a copy of it (tagged
-    ``graph.remat``, so ``cse`` keeps it apart), made just before the first of them."""
+    ``graph.remat`` with the op's id, so ``cse`` keeps it apart), made just before the
+    first of them."""
     if not tagged:
         return
     inside = set(forward)
@@ -217,8 +217,8 @@ def _regather(tagged: Sequence[Operation], forward: Sequence[Operation], block: 
             continue
         first = min(later, key=lambda found: found[0])[1].operation
         copy = op.clone()
-        copy.attributes.pop(REGATHER, None)
-        copy.attributes[REMAT] = IntegerAttr(-1, i64)
+        tag = copy.attributes.pop(REGATHER)
+        copy.attributes[REMAT] = tag if isinstance(tag, IntegerAttr) else IntegerAttr(-1, i64)
         Rewriter.insert_op(copy, InsertPoint.before(block.find_ancestor_op_in_block(first)))
         for _, use in later:
             use.operation.operands[use.index] = copy.results[0]

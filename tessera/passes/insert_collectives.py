@@ -10,9 +10,10 @@ replicated). Walking each function in order, for every op:
   all_gather), each annotated with the layout it leaves;
 - a ``graph.shard`` constraint or an explicit collective written by the user is a layout
   statement: it is replaced by the planned reshard to the layout it states (nothing,
-  when the value already has it); a constraint tagged ``graph.remat`` (a backward's
-  copy of a ZeRO-3 parameter's gather, :mod:`tessera.transforms.remat`) moves the value
-  again rather than reuse the forward's move;
+  when the value already has it); a constraint tagged ``graph.regather`` or
+  ``graph.remat`` (a ZeRO-3 parameter's gather in a microbatch's forward, or the
+  backward's copy, :mod:`tessera.transforms.remat`) moves the value again rather than
+  reuse an earlier move;
 - ``func.return`` needs values that are not partial: partial sums are all-reduced;
 - a region call (``graph.call``) needs its operands laid out as the callee's arguments;
 - constants are produced replicated (every rank builds them) and sliced where a split
@@ -47,7 +48,7 @@ from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
 from tessera.ir.sharding import Sharding, arg_sharding, op_shardings, set_op_shardings
 from tessera.opdefs import has_sharding_rule
-from tessera.transforms.remat import REMAT
+from tessera.transforms.remat import REGATHER, REMAT
 from tessera.transforms.reshard import ReshardStep, apply_step, plan_reshard, step_collective
 
 
@@ -155,7 +156,8 @@ class _Inserter:
             target = op.sharding.sharding
         else:
             target = after_collective(op, source)
-        replacement = self.reshard(op.operands[0], target, op, again=REMAT in op.attributes)
+        again = REMAT in op.attributes or REGATHER in op.attributes
+        replacement = self.reshard(op.operands[0], target, op, again=again)
         self.decisions.forget((op.operands[0], op.results[0], replacement))
         op.results[0].replace_all_uses_with(replacement)
         Rewriter.erase_op(op)

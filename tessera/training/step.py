@@ -32,9 +32,11 @@ zero  sharded over dp              communication per step (Ψ = parameter bytes 
 Stage 1 keeps a whole gradient on each rank (all-reduced, as DDP with torch's
 ``ZeroRedundancyOptimizer`` does); stage 2 reduces each gradient straight into the shard
 its rank updates. Stage 3 gathers each parameter for its layer's forward and again for
-its backward (``graph.regather``; FSDP's ``reshard_after_forward``), and ``overlap-comm``
-prefetches one all-gather ahead, so a rank holds about two layers' whole parameters at a
-time, not the model's (``benchmarks/memory.py --tables zero`` prints the peaks). A tensor is sharded over dp along its first dim that dp
+its backward (``graph.regather``; FSDP's ``reshard_after_forward``), for each microbatch,
+in the compute dtype (a bf16 step gathers bf16: FSDP's ``param_dtype``), and
+``overlap-comm`` prefetches one all-gather ahead, so a rank holds about two layers' whole
+parameters at a time, not the model's (``benchmarks/memory.py --tables zero`` prints
+the peaks). A tensor is sharded over dp along its first dim that dp
 divides (after any split it already has); one that has none (the step count, an odd
 sized bias) stays replicated.
 
@@ -57,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from xdsl.dialects.builtin import UnitAttr
+from xdsl.dialects.builtin import IntegerAttr, i64
 
 from tessera import numerics as numerics_policy
 from tessera import op
@@ -68,7 +70,7 @@ from tessera.dist.tensor import DistTensor
 from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
-from tessera.frontend.tracer import Tensor
+from tessera.frontend.tracer import Tensor, current_trace
 from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
 from tessera.jit_function import JitFunction, broadcast_prefix, check_call
@@ -537,20 +539,30 @@ class TrainingStep:
             ]
 
         def gather_parameters(stored: list[Tensor]) -> list[Tensor]:
-            """ZeRO-3: each parameter gathered for its forward, and again for its backward
-            (``graph.regather``), so it is whole only while its layer computes."""
-            used = constrain(stored, layouts.stored, layouts.compute)
-            for before, after in zip(stored, used, strict=True):
+            """The parameters in the compute dtype, laid out for computing: under ZeRO-3
+            each is cast, then gathered (in the compute dtype, as FSDP's ``param_dtype``)
+            for the forward and again for the backward (``graph.regather``, one id per
+            gather so ``cse`` keeps each microbatch's apart), so it is whole only while
+            its layer computes."""
+            cast = to_compute(stored, precision)
+            used = constrain(cast, layouts.stored, layouts.compute)
+            trace = current_trace()
+            for before, after in zip(cast, used, strict=True):
                 if after is not before:
-                    after.value.owner.attributes[REGATHER] = UnitAttr()
+                    after.value.owner.attributes[REGATHER] = IntegerAttr(trace.checkpoints, i64)
+                    trace.checkpoints += 1
             return used
 
         precision = self.precision
 
         def call(
-            used: Any, batch: Sequence[Any], scale: Tensor | None, fp8: op.Fp8History | None = None
+            stored: list[Tensor],
+            batch: Sequence[Any],
+            scale: Tensor | None,
+            fp8: op.Fp8History | None = None,
         ) -> tuple[list[Tensor], Any]:
-            used, batch = to_compute(used, precision), to_compute(tuple(batch), precision)
+            used = pytree.unflatten(tree, gather_parameters(stored))  # per microbatch
+            batch = to_compute(tuple(batch), precision)
             with (
                 tracing_step(StepTrace(used, self.remat, scale)),
                 op.fp8_matmuls(precision.fp8),
@@ -573,18 +585,17 @@ class TrainingStep:
 
         def program(params: Any, opt_state: Any, *batch: Any) -> Any:
             stored = pytree.flatten(params)[0]
-            used = pytree.unflatten(tree, gather_parameters(stored))
-            check_call(user_fn, self.__name__, (used, *batch), {})
+            check_call(user_fn, self.__name__, (params, *batch), {})
             scale = opt_state["loss_scale"]["scale"] if precision.scaled else None
             fp8 = None
             if precision.delayed:  # no rows while the step counts its fp8 tensors
                 history = opt_state["fp8"]["amax_history"]
                 fp8 = op.Fp8History(history if history.aval.shape[0] else None, precision.fp8_margin)
             if self.accumulate == 1:
-                grad_leaves, metrics = call(used, batch, scale, fp8)
+                grad_leaves, metrics = call(stored, batch, scale, fp8)
             else:
                 grad_leaves, metrics = accumulate_microbatches(
-                    lambda micro: call(used, micro, scale), batch, self.accumulate, self._dp_size()
+                    lambda micro: call(stored, micro, scale), batch, self.accumulate, self._dp_size()
                 )
             masters = [p.aval.dtype for p in stored]
             if precision.mixed and precision.reduce == "f32":  # the reductions in f32

@@ -16,9 +16,10 @@ keeps them for the following blocks anyway.
 nothing but its inputs and outputs): ``op.dropout``'s, whose mask the backward
 regenerates from the key instead of keeping it.
 
-``graph.regather`` tags a ``dist.shard`` whose result the backward does not keep: it
-shards the operand again, just before the backward first reads the result (tagged
-``graph.remat``). ZeRO-3 tags the gathers of its parameters, so each whole parameter
+``graph.regather = <id>`` tags a ``dist.shard`` whose result the backward does not keep:
+it shards the operand again, just before the backward first reads the result (tagged
+``graph.remat = <id>``; the ids keep ``cse`` from merging one microbatch's gathers with
+another's, and the forward op keeps its tag for that). ZeRO-3 tags the gathers of its parameters, so each whole parameter
 lives for its layer's forward and, gathered again, its layer's backward, not the whole
 step (ZeRO's stage 3; FSDP's ``reshard_after_forward``).
 """
@@ -32,7 +33,7 @@ from tessera.errors import TesseraError
 CHECKPOINT = "graph.checkpoint"  # on forward ops: the checkpointed block they belong to
 REMAT = "graph.remat"  # on recomputed ops: the block they recompute
 REGENERATE = "graph.regenerate"  # on forward ops: a block always recomputed (its id)
-REGATHER = "graph.regather"  # on a forward dist.shard: the backward shards its operand again
+REGATHER = "graph.regather"  # on a forward dist.shard: the backward shards again (its id)
 
 SAVE_POLICIES = ("nothing", "matmuls", "everything")
 

@@ -105,3 +105,14 @@ def test_the_numerics_option_orders_the_sums(layout: str, monkeypatch: pytest.Mo
         with fm.options_context(layout_):
             step(state, *fm.batches(layout_)[0])
         assert bool(calls) == expected, option
+
+
+@pytest.mark.parametrize("layout", ["dp2 x tp2", "dp2 x tp2 +SP"])
+def test_every_option_at_once_with_zero3(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "all" column's configuration (bf16, clipping, two microbatches, remat,
+    deterministic sums, warmup-cosine) with ZeRO-3 instead of ZeRO-2 matches torch: each
+    microbatch's backward gathers every parameter again, inside checkpointed blocks."""
+    monkeypatch.setattr(fm, "ALL_ZERO", 3)
+    cell = fm.run_cell(layout, "all")
+    assert cell.status == "ok", f"{layout} x all, ZeRO-3: {cell.reason}"
+    assert cell.deviation <= cell.tolerance

@@ -248,3 +248,29 @@ def test_zero3_holds_two_gathered_parameters_at_most() -> None:
         most, gathers = _gathered_live_at_once(layers, zero=3)
         assert most == 2 * 64 * 64 * 4
         assert gathers == 2 * layers - 1  # the first layer's backward reads no weight
+
+
+def test_zero3_gathers_in_the_compute_dtype_for_each_microbatch() -> None:
+    """bf16 compute and two microbatches: each parameter is cast, then gathered in bf16
+    (half the bytes of its f32 master), for each microbatch's forward and again for its
+    backward (w2 only: the backward reads neither w1 nor b1), so none stays whole from
+    one microbatch to the next."""
+    params, x, y = init()
+
+    @graph.training_step(
+        optimizer=optim.AdamW(lr=1e-2),
+        mesh=dist.mesh({"dp": DP, "tp": TP}),
+        zero=3,
+        precision="bf16",
+        accumulate=2,
+        param_shardings={"w1": COLUMNS, "b1": ROWS, "w2": ROWS},
+        kernels="reference",
+    )
+    def step(p, x, y):
+        out = op.gelu(x @ p["w1"] + p["b1"]) @ p["w2"]
+        return graph.backward(op.mean((out - y) * (out - y))), {}
+
+    infos = step.lower(step.init(params), x, y).collectives()
+    gathers = [i for i in infos if i.kind == "all_gather" and i.mesh_axes == ("dp",)]
+    assert len(gathers) == 2 * (3 + 1)
+    assert {i.dtype for i in gathers} == {"bf16"}

@@ -58,16 +58,15 @@ func.func @stopped(%x: tensor<4xf32>) -> tensor<f32> {
 
 // A constraint tagged graph.regather (a ZeRO-3 parameter's gather) is not kept for the
 // backward: the backward constrains the argument again just before its first use there,
-// tagged graph.remat (so cse keeps it apart); the forward's loses the tag.
+// tagged graph.remat with the same id (so cse keeps it apart); the forward's keeps its tag.
 // CHECK-LABEL: func.func @regather_grad
-// CHECK-NEXT:    %[[G:.*]] = graph.shard %w {sharding = #graph.sharding<@mesh, {{\[\[}}], []]>} : tensor<8x8xf32>
+// CHECK-NEXT:    %[[G:.*]] = graph.shard %w {sharding = #graph.sharding<@mesh, {{\[\[}}], []]>} attributes {graph.regather = 7 : i64} : tensor<8x8xf32>
 // CHECK-NEXT:    graph.matmul %x, %[[G]]
-// CHECK:         %[[B:.*]] = graph.shard %w {sharding = #graph.sharding<@mesh, {{\[\[}}], []]>} attributes {graph.remat = -1 : i64} : tensor<8x8xf32>
+// CHECK:         %[[B:.*]] = graph.shard %w {sharding = #graph.sharding<@mesh, {{\[\[}}], []]>} attributes {graph.remat = 7 : i64} : tensor<8x8xf32>
 // CHECK-NEXT:    graph.transpose %[[B]]
-// CHECK-NOT:     graph.regather
 graph.mesh @mesh axes = [dp = 2]
 func.func @regather(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> tensor<f32> {
-  %g = graph.shard %w {sharding = #graph.sharding<@mesh, [[], []]>} attributes {graph.regather} : tensor<8x8xf32>
+  %g = graph.shard %w {sharding = #graph.sharding<@mesh, [[], []]>} attributes {graph.regather = 7 : i64} : tensor<8x8xf32>
   %y = graph.matmul %x, %g : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
   %t = graph.tanh %y : tensor<4x8xf32>
   %s = graph.sum %t {axes = [0, 1], keepdims = false} : tensor<4x8xf32> -> tensor<f32>
