@@ -169,7 +169,8 @@ class Ablation:
 
 def ablations() -> list[Ablation]:
     """Narayanan et al. 2021, §5.4, Figures 13–15: 64 A100 GPUs (8 DGX A100 servers)."""
-    full = {"remat": "full", "micro_batch": 1, "zero": 0}
+    # the 2021 runs had no sequence parallelism (Korthikanti et al. 2022)
+    full = {"remat": "full", "micro_batch": 1, "zero": 0, "sp": False}
     big = gpt("gpt-162.2b", 32, 20480, 128)
     small = gpt("gpt-5.9b", 32, 3840, 32)
     return [
