@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
 import train_gpt
 from comm_volume import received
 
-from tessera import dist, graph, numerics, schedule
+from tessera import dist, numerics, schedule
 from tessera.backends.collective_info import collectives
 from tessera.program import Lowered
 
@@ -54,21 +54,19 @@ POLICIES = ("everything", "matmuls", "nothing")
 TABLES = ("remat", "pipeline", "zero")
 
 
-def lowered_step(
-    layers: int, remat: str, zero: int, args: argparse.Namespace
-) -> tuple[graph.TrainingStep, Lowered]:
-    """The GPT step on the dp × tp mesh, compiled to its schedule (nothing runs)."""
+def lowered_step(layers: int, remat: str, zero: int, args: argparse.Namespace) -> Lowered:
+    """The GPT step on the dp × tp mesh, lowered (its stages compile when read; nothing runs)."""
     mesh = dist.Mesh(axes=["dp", "tp"], shape=(args.dp, args.tp))
     params = train_gpt.init_params(args.vocab, args.seq, args.dim, layers)
     options = SimpleNamespace(lr=1e-3, zero=zero, heads=args.heads, layers=layers, remat=remat)
     step = train_gpt.make_step(mesh, params, options)  # type: ignore[arg-type]
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq))
-    return step, step.lower(step.init(params), tokens, tokens)
+    return step.lower(step.init(params), tokens, tokens)
 
 
 def measure(layers: int, remat: str, args: argparse.Namespace) -> tuple[int, float, float]:
     """Per-rank peak bytes and simulated step seconds (fast, deterministic numerics)."""
-    _, lowered = lowered_step(layers, remat, args.zero, args)
+    lowered = lowered_step(layers, remat, args.zero, args)
     with numerics.mode_of("deterministic"):
         ordered = lowered.simulate().step_time_s
     return lowered.memory().peak_bytes, lowered.simulate().step_time_s, ordered
@@ -92,7 +90,7 @@ def measure_pipelined(
 def measure_zero(layers: int, zero: int, args: argparse.Namespace) -> dict[str, float]:
     """Per-rank peak and model-state bytes, dp-collective bytes per rank and simulated
     step seconds of the step under ZeRO stage ``zero``."""
-    _, lowered = lowered_step(layers, "everything", zero, args)
+    lowered = lowered_step(layers, "everything", zero, args)
     memory = lowered.memory()
     states = memory.model_states
     assert states is not None
