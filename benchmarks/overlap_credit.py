@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 from collections import Counter
 from collections.abc import Iterator
@@ -30,15 +31,22 @@ HIDDEN, FFN = 1024, 4096
 @contextmanager
 def exposed_moves() -> Iterator[None]:
     """Every move priced exposed: the overlap credit zero (and the choices cache cleared
-    before and after, as it holds choices made with the credit)."""
+    before and after, as it holds choices made with the credit; the program cache off, as
+    its key does not know of the patch: a credited program would be read back)."""
     credit = op_sharding._Pricing.__dict__["overlap"]
+    cache = os.environ.get("TESSERA_PROGRAM_CACHE")
     op_sharding._Pricing.overlap = 0.0  # type: ignore[assignment]
     op_sharding._CHOICES.clear()
+    os.environ["TESSERA_PROGRAM_CACHE"] = "0"
     try:
         yield
     finally:
         op_sharding._Pricing.overlap = credit  # type: ignore[method-assign]
         op_sharding._CHOICES.clear()
+        if cache is None:
+            del os.environ["TESSERA_PROGRAM_CACHE"]
+        else:
+            os.environ["TESSERA_PROGRAM_CACHE"] = cache
 
 
 def weight_gradients(tokens: int) -> ts.Lowered:

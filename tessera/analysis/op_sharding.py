@@ -220,9 +220,18 @@ class OpShape:
         """The partial axes each operand could have and still be passed through: for an
         op linear in all its operands (an add), the partial axes of those that are partial
         or that its users take its result partial over (``wanted``; all alike), which
-        every operand may then carry, their one reduction after the op serving all; else
-        what ``passthrough`` lets operands keep."""
+        every operand may then carry, their one reduction after the op serving all; for
+        an op of one operand linear in it (a transpose, a reshape), also the partial axes
+        its users take its result over; else what ``passthrough`` lets operands keep."""
         passed, _ = self.passthrough(known, reduced)
+        if self.linear and self.policy == (0,) and len(known) == 1 and not passed:
+            taken = {
+                tuple((a, k) for a, k in w.partial if KINDS[k].linear)
+                for w in wanted
+                if w is not None and w.partial
+            }
+            if len(taken) == 1:
+                return {0: next(iter(taken))}
         if self.policy != "all" or not self.linear:
             return passed
         partials = {
@@ -428,6 +437,21 @@ class Decisions:
     ) -> Assignment:
         """:func:`choose` for ``op`` (``available``: as in :meth:`decide`)."""
         return self._choose(_Pricing(self, op, self.shape(op), known, wanted, available))
+
+    def priced_choice(
+        self,
+        op: graph.GraphOp,
+        known: Sequence[Sharding | None],
+        wanted: Sequence[Sharding | None] = (),
+        available: Sequence[frozenset[Sharding]] = (),
+    ) -> Cost:
+        """The cost of :meth:`choose`'s pick for these layouts and wishes."""
+        pricing = _Pricing(self, op, self.shape(op), known, wanted, available)
+        return pricing.cost(self._choose(pricing))
+
+    def move_cost(self, value: SSAValue, src: Sharding, dst: Sharding) -> Cost:
+        """:meth:`reshard_cost` of ``value`` from ``src`` to ``dst``."""
+        return self.reshard_cost(src, dst, _tensor(value))
 
     def needs(
         self, op: graph.GraphOp, assignment: Assignment, known: Sequence[Sharding | None]

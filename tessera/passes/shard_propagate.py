@@ -16,7 +16,9 @@ The pass sweeps forward and backward to a fixed point:
   every operand also records the split its consumer wants of it (a constraint's, or
   what the consumer's choice requires; partial over the axes an add would pass through,
   when its other operand or its own users are partial over them, so that a producer
-  leaves such a sum partial for the one reduction), which its producer weighs going forward as
+  leaves such a sum partial for the one reduction; a sum whose every term a contraction
+  could leave partial for free asks for them partial when its one reduction takes less
+  time than the terms' producers spend to avoid it), which its producer weighs going forward as
   proposals and as the cost of moving its results there (a *result-side* proposal: a
   reshape whose merged dims cannot carry its operand's split takes its user's split
   by an all-to-all, a partial sum is reduce-scattered into the split its user wants).
@@ -63,6 +65,7 @@ from tessera.ir.located_error import LocatedPassFailure
 from tessera.ir.manual import in_specs, is_manual, out_specs
 from tessera.ir.mesh import Mesh
 from tessera.ir.mesh_symbol import sharded_functions
+from tessera.ir.reduction_kinds import KINDS
 from tessera.ir.sharding import (
     Sharding,
     ShardingAttr,
@@ -397,9 +400,100 @@ class _Propagation:
         self._need(op, choice, known)
         if choice.wants is None:
             wanted = [self.wanted.get(r) for r in op.results]
+            summed = self._summed_partial(op, wanted)
+            if summed:
+                wanted = [summed]
             choice.wants = self.decisions.wants(op, choice.assignment, known, wanted)
         for value, want in zip(op.operands, choice.wants, strict=True):
             self.wanted[value] = want
+
+    def _summed_partial(
+        self, op: graph.GraphOp, wanted: Sequence[Sharding | None]
+    ) -> Sharding | None:
+        """For a sum of terms (an op linear in all its operands, such as an add) that
+        nobody takes partial yet: its result partial over the mesh axes over which every
+        term's producer could leave its term partial without moving an operand (a
+        contraction whose operands split its reduction factor there, seen through
+        transposes and reshapes), when one reduction of the sum takes less time than what
+        the producers' own choices spend to avoid a partial result, as GSPMD reduces
+        partial sums once (a tied weight's two gradient terms: one all-reduce, not the
+        gathers each contraction would choose alone). Else None."""
+        shape = self.decisions.shape(op)
+        if shape.policy != "all" or not shape.linear or len(op.operands) < 2:
+            return None
+        if any(w is not None and w.partial for w in wanted):
+            return None
+        result = wanted[0] or self.shardings.get(op.results[0])
+        if result is None or result.partial:
+            return None
+        terms = [t for v in op.operands if (t := self._partial_term(v, depth=4)) is not None]
+        if len(terms) != len(op.operands):
+            return None
+        common = set.intersection(*(axes for _, axes in terms))
+        common -= {p for p in common if any(p[0] in d for d in result.dims)}
+        if not common:
+            return None
+        partial = tuple(sorted(common))
+        summed = Sharding(result.dims, partial)
+        once = self.decisions.move_cost(op.results[0], summed, result)
+        saved = (0.0, 0.0)
+        for producer, _ in terms:
+            if producer is not None:
+                cost = self._partial_saving(producer, partial)
+                saved = (saved[0] + cost[0], saved[1] + cost[1])
+        return summed if saved > once else None
+
+    def _partial_term(
+        self, value: SSAValue, depth: int
+    ) -> tuple[graph.GraphOp | None, set[tuple[str, str]]] | None:
+        """The contraction that makes ``value`` (through transposes and reshapes read by
+        nothing else) and the (axis, kind) partial sums it could leave it in without
+        moving an operand: its reduction factor split alike on every operand; (None, its
+        axes) for a value partial already; None where there is no such producer."""
+        known = self.shardings.get(value)
+        if known is not None and known.partial:
+            return None, {p for p in known.partial if KINDS[p[1]].linear}
+        producer = value.owner
+        if depth == 0 or not value.has_one_use() or not isinstance(producer, graph.GraphOp):
+            return None
+        if not has_sharding_rule(producer):
+            return None
+        shape = self.decisions.shape(producer)
+        operands = [self.shardings.get(v) for v in producer.operands]
+        if not shape.reductions:
+            if not shape.linear or len(operands) != 1:
+                return None
+            return self._partial_term(producer.operands[0], depth - 1)
+        kind = shape.rule.reduction_kind
+        if not KINDS[kind].linear or len(producer.results) != 1:
+            return None
+        found: set[tuple[str, str]] = set()
+        for factor in shape.reductions:
+            splits = set()
+            for sharding, factors in zip(operands, shape.operand_factors, strict=True):
+                for dim, f in enumerate(factors):
+                    if f == factor:
+                        splits.add(sharding.dims[dim] if sharding is not None else None)
+            if len(splits) == 1 and (axes := next(iter(splits))):
+                found |= {(a, kind) for a in axes}
+        return (producer, found) if found else None
+
+    def _partial_saving(
+        self, producer: graph.GraphOp, partial: tuple[tuple[str, str], ...]
+    ) -> tuple[float, float]:
+        """What ``producer``'s choice costs (time, bytes) with its users wanting its
+        result whole, less what it costs when they take it partial over ``partial``."""
+        known = [self.shardings.get(v) for v in producer.operands]
+        available = self._available(producer)
+        result = self.shardings.get(producer.results[0])
+        whole = self.wanted.get(producer.results[0]) or result
+        if whole is None:
+            return (0.0, 0.0)
+        whole = Sharding(whole.dims)
+        dims = tuple(tuple(a for a in d if a not in dict(partial)) for d in whole.dims)
+        plain = self.decisions.priced_choice(producer, known, [whole], available)
+        taken = self.decisions.priced_choice(producer, known, [Sharding(dims, partial)], available)
+        return (plain[0] - taken[0], plain[1] - taken[1])
 
     def _need(self, op: graph.GraphOp, choice: _Choice, known: list[Sharding | None]) -> None:
         """Records the layouts ``op``'s choice needs its operands in (see ``needed``):

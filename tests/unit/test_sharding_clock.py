@@ -92,6 +92,41 @@ def test_the_pick_by_time_differs_from_the_pick_by_bytes() -> None:
         assert _sum_over_split_rows(dist.mesh({"tp": 4})) == {"all_gather"}
 
 
+def test_a_sum_of_partial_terms_is_reduced_once() -> None:
+    """A tied embedding's gradient on dp 2 × tp 4 (DGX H100): the head's ``x.T @ g`` and
+    the embedding's one-hot product each contract over the tokens split over dp. Alone,
+    each would gather its two operands over dp (two 3 us gathers against one 6 us
+    all-reduce); their sum takes both terms partial and all-reduces once over dp, as
+    GSPMD does (two gathers per term before, four in all). The sizes of
+    ``benchmarks/sharding_vs_jax.py``'s row; at a quarter of them the terms' operands are
+    too small to gather anyway."""
+    vocab, width, tokens = 1024, 128, 64
+    mesh = dist.mesh({"dp": 2, "tp": 4}, topology="dgx_h100")
+
+    def tied_head_grad(wte, ids, labels):
+        def loss(w):
+            x = op.layer_norm(op.embedding(ids, w))
+            return op.cross_entropy(x @ op.transpose(w, (1, 0)), labels)
+
+        return ts.grad(loss)(wte)
+
+    rows, tokens_split = dist.ShardSpec((0,), ("tp",)), dist.ShardSpec((0,), ("dp",))
+    compiled = ts.jit(
+        tied_head_grad, mesh=mesh, in_shardings=(rows, tokens_split, tokens_split), out_shardings=rows
+    )
+    generator = torch.Generator().manual_seed(0)
+    wte = torch.randn(vocab, width, generator=generator, dtype=torch.float64)
+    ids, labels = (torch.randint(0, vocab, (tokens,), generator=generator) for _ in range(2))
+    want = wte.clone().requires_grad_()
+    x = torch.nn.functional.layer_norm(want[ids], (width,))
+    torch.nn.functional.cross_entropy(x @ want.T, labels).backward()
+    got = compiled(wte.float(), ids.int(), labels.int())
+    torch.testing.assert_close(got.double(), want.grad, rtol=1e-4, atol=1e-5)
+    over_dp = [c.kind for c in compiled.lower(wte.float(), ids.int(), labels.int()).collectives()
+               if c.mesh_axes == ("dp",)]  # fmt: skip
+    assert over_dp == ["all_reduce"], over_dp
+
+
 @pytest.mark.parametrize(("axes", "shape"), [(("tp",), (4,)), (("dp", "tp"), (4, 4))])
 def test_a_mesh_naming_no_topology_prices_bytes_without_latency(
     axes: tuple[str, ...], shape: tuple[int, ...]
