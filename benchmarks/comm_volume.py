@@ -285,16 +285,18 @@ def measure_training(
     dims: tuple[int, int, int, int],
     check: tuple[int, int, int, int],
     layers: int,
+    regions: bool = False,
 ) -> dict[str, object]:
     """Collectives of one step at ``dims`` = (B, T, C, heads) (compiled, not run) and the
-    largest parameter difference after one step run at ``check`` against one device."""
+    largest parameter difference after one step run at ``check`` against one device
+    (``regions``: each layer a call of one ``graph.region``)."""
     batch, seq, dim, heads = dims
     mesh = dist.mesh({"dp": dp, "tp": tp}, topology=default_machine(dp * tp).name)
     params = {
         k: torch.empty(v.shape) for k, v in layer_params(dim, layers, materialize=False).items()
     }
     x = torch.empty(batch, seq, dim)
-    step = training_step(mesh, zero, layers, heads, tp > 1)
+    step = training_step(mesh, zero, layers, heads, tp > 1, regions)
     state = step.init(params)
     lowered = step.lower(state, x)
     infos = lowered.collectives()
@@ -307,14 +309,18 @@ def measure_training(
     )
     n, t = dp, tp
     dp_factor = {0: 2, 1: 3, 2: 2, 3: 3}[zero] * (n - 1) / n
-    # ZeRO-3 gathers again for the backward all but what it does not read
+    # ZeRO-3 gathers again for the backward all but what it does not read: the biases,
+    # and unrolled the first norm's weight (the input's gradient is not made; the backward
+    # every layer's region call shares makes it)
     unread = sum(v.numel() * 4 for k, v in params.items() if k.startswith(("ln1_b", "ln2_b")))
-    unread += params["ln1_w0"].numel() * 4
+    unread += 0 if regions else params["ln1_w0"].numel() * 4
     tp_factor = 2 * (t - 1) / t
-    activations = (4 * layers - 1) * tp_factor * (batch // dp) * seq * dim * 4
+    # unrolled, the first layer's input gradient is not made: one all-reduce fewer
+    activations = (4 * layers - (0 if regions else 1)) * tp_factor * (batch // dp) * seq * dim * 4
     # the first layer norm's weight and bias gradients; from ZeRO-2 on, reduce-scattered
-    # over dp before the all-reduce over tp
-    norm_grads = 2 * tp_factor * dim * 4 / (n if zero >= 2 else 1)
+    # over dp before the all-reduce over tp (with regions none: the backward all layers
+    # share makes them from the input's gradient, all-reduced over tp anyway)
+    norm_grads = 0 if regions else 2 * tp_factor * dim * 4 / (n if zero >= 2 else 1)
     formula = dp_factor * per_rank + 2 * (n - 1) / n * 4 + activations + norm_grads
     if zero >= 3:
         formula -= (n - 1) / n * unread
@@ -324,14 +330,14 @@ def measure_training(
     )
     return {
         "mesh": f"dp={dp} × tp={tp}", "zero": zero, "collectives": kinds, "received": received(infos),
-        "formula": formula, "ratio": received(infos) / formula, "error": check_training(dp, tp, zero, check, layers),
+        "formula": formula, "ratio": received(infos) / formula, "error": check_training(dp, tp, zero, check, layers, regions),
         "params": memory.params, "grads": memory.grads, "state": memory.optimizer_state,
         "comm_us": comm_us(infos, mesh),
     }  # fmt: skip
 
 
 def check_training(
-    dp: int, tp: int, zero: int, dims: tuple[int, int, int, int], layers: int
+    dp: int, tp: int, zero: int, dims: tuple[int, int, int, int], layers: int, regions: bool = False
 ) -> float:
     """Largest parameter difference after one sharded step vs the same step on one device."""
     batch, seq, dim, heads = dims
@@ -339,7 +345,7 @@ def check_training(
     x = torch.randn(batch, seq, dim, generator=torch.Generator().manual_seed(1))
     machine = default_machine(dp * tp).name
     sharded = training_step(
-        dist.mesh({"dp": dp, "tp": tp}, topology=machine), zero, layers, heads, tp > 1
+        dist.mesh({"dp": dp, "tp": tp}, topology=machine), zero, layers, heads, tp > 1, regions
     )
     single = training_step(None, 0, layers, heads, False)
     states = [s.init({k: v.clone() for k, v in params.items()}) for s in (sharded, single)]
@@ -432,6 +438,9 @@ def main() -> None:
         "--check", type=int, nargs=4, default=(8, 16, 64, 8), metavar=("B", "T", "C", "HEADS")
     )
     parser.add_argument("--only", choices=("forward", "training", "llama"), default=None)
+    parser.add_argument(
+        "--regions", action="store_true", help="training steps: each layer a graph.region call"
+    )
     args = parser.parse_args()
     if args.only == "llama":
         llama_table()
@@ -455,7 +464,8 @@ def main() -> None:
     print()
     (batch, seq, dim, heads), check = args.train, args.check
     print(
-        f"Training step (forward, backward, AdamW): {args.layers} layers, B={batch}, T={seq}, C={dim}, heads={heads}, f32"
+        f"Training step (forward, backward, AdamW): {args.layers} layers"
+        f"{' (each a graph.region call)' if args.regions else ''}, B={batch}, T={seq}, C={dim}, heads={heads}, f32"
     )
     print(
         f"(volumes of the program compiled at that size; errors from one step run at B, T, C, heads = {tuple(check)})"
@@ -472,7 +482,9 @@ def main() -> None:
         (2, 2, 3),
     ]
     for dp, tp, zero in configs:
-        r = measure_training(dp, tp, zero, tuple(args.train), tuple(check), args.layers)
+        r = measure_training(
+            dp, tp, zero, tuple(args.train), tuple(check), args.layers, args.regions
+        )
         print(
             f"| {r['mesh']} | {r['zero']} | {r['collectives']} | {r['received']:.0f} | {r['formula']:.0f} "
             f"| {r['ratio']:.2f} | {r['comm_us']:.1f} | {r['params']} / {r['grads']} / {r['state']} | {r['error']:.1e} |"

@@ -48,3 +48,39 @@ func.func @unused_function(%x: tensor<4xf32>) -> tensor<4xf32> {
   %n = graph.neg %x : tensor<4xf32>
   func.return %n : tensor<4xf32>
 }
+
+// -----
+
+// An argument a private function never reads leaves it and every graph.call of it (as
+// MLIR's remove-dead-values), and the ops that made only that operand go too: a region's
+// backward called with a bias it does not read gathers no copy of it. A function a scan
+// names keeps its signature.
+// CHECK-LABEL: func.func @unread_argument
+// CHECK-NEXT:    %[[Y:.*]] = graph.call @backward(%x) : (tensor<4xf32>) -> (tensor<4xf32>)
+// CHECK-NEXT:    %[[Z:.*]] = graph.call @backward(%[[Y]]) : (tensor<4xf32>) -> (tensor<4xf32>)
+// CHECK-NEXT:    func.return %[[Z]]
+// CHECK:       func.func private @backward(%x: tensor<4xf32>) -> tensor<4xf32>
+// CHECK-NEXT:    %{{.*}} = graph.exp %x
+func.func @unread_argument(%x: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
+  %copy = graph.exp %b : tensor<4xf32>
+  %y = graph.call @backward(%x, %copy) : (tensor<4xf32>, tensor<4xf32>) -> (tensor<4xf32>)
+  %z = graph.call @backward(%y, %b) : (tensor<4xf32>, tensor<4xf32>) -> (tensor<4xf32>)
+  func.return %z : tensor<4xf32>
+}
+func.func private @backward(%x: tensor<4xf32>, %bias: tensor<4xf32>) -> tensor<4xf32> {
+  %e = graph.exp %x : tensor<4xf32>
+  func.return %e : tensor<4xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @scanned_step
+// CHECK:         graph.scan @step(%h, %ws)
+// CHECK:       func.func private @step(%h: tensor<4xf32>, %w: tensor<4xf32>)
+func.func @scanned_step(%h: tensor<4xf32>, %ws: tensor<3x4xf32>) -> tensor<4xf32> {
+  %0 = graph.scan @step(%h, %ws) {carries = 1, length = 3, reverse = false} : (tensor<4xf32>, tensor<3x4xf32>) -> (tensor<4xf32>)
+  func.return %0 : tensor<4xf32>
+}
+func.func private @step(%h: tensor<4xf32>, %w: tensor<4xf32>) -> tensor<4xf32> {
+  func.return %h : tensor<4xf32>
+}
