@@ -185,6 +185,7 @@ def measure(
         row["kernels"] = len(kernels) - views
         row["views"] = views
         row["kernels/layer"] = (len(kernels) - views) / layers
+        row["peak MiB"] = lowered.memory().peak_bytes / 2**20  # per rank: plan-memory's plan
     row["total s"] = compiled
     return row
 
@@ -314,7 +315,7 @@ def main() -> None:
             value = row.get(c)
             if value is None:
                 cells.append("–")
-            elif c.endswith(" s") or c in ("kernels/layer", "schedule KB"):
+            elif c.endswith(" s") or c in ("kernels/layer", "schedule KB", "peak MiB"):
                 cells.append(f"{value:.2f}" if c.endswith(" s") else f"{value:.1f}")
             else:
                 cells.append(f"{int(value)}")

@@ -138,7 +138,13 @@ def adamw(
     else:  # one region call per group of parameters one region call reads (a layer's)
         new = [()] * len(leaves)
         update = region(_adamw_group)
-        for group in region_groups(leaves):
+        for reader, group in region_groups(leaves):
+            if reader is None:  # read by no region call (a scan's stacked parameters, the
+                # embeddings): updated here, in place of the donated state, as unrolled
+                # (a region's results are new buffers: a whole copy of the state at once)
+                for i in group:
+                    new[i] = _adamw_leaf(*(column[i] for column in columns), *static, flags[i])
+                continue
             rows = [[column[i] for i in group] for column in columns]
             results = update(*rows, *static, tuple(flags[i] for i in group))
             for i, p, m, v in zip(group, *results, strict=True):
@@ -197,18 +203,20 @@ def _in_regions() -> bool:
     return is_tracing() and bool(current_trace().functions.functions)
 
 
-def region_groups(leaves: Sequence[Any]) -> list[list[int]]:
+def region_groups(leaves: Sequence[Any]) -> list[tuple[Any, list[int]]]:
     """The indices of ``leaves`` (parameters of the function being traced) grouped by the
     first region call (``graph.call``) of the traced function that reads each, directly
-    or through sharding constraints and casts (a layer's parameters: one group per layer);
-    the leaves no call reads are one group. Groups are in the order of their first leaf."""
+    or through sharding constraints and casts (a layer's parameters: one group per layer),
+    with that call; the leaves no call reads are one group, with None (a ``graph.scan``
+    is no such call: it reads every layer's stacked parameters at once). Groups are in the
+    order of their first leaf."""
     block = current_trace().block
     position = {o: i for i, o in enumerate(block.ops)}
     groups: dict[Any, list[int]] = {}
     for index, leaf in enumerate(leaves):
         reader = _first_call(leaf.value, position) if isinstance(leaf, Tensor) else None
         groups.setdefault(reader, []).append(index)
-    return list(groups.values())
+    return list(groups.items())
 
 
 def _first_call(value: Any, position: dict[Any, int]) -> Any:
