@@ -205,7 +205,10 @@ class Lowered:
         return simulate(self.module_at("schedule"), self.name, self.mesh, topology)
 
     def collectives(self) -> list[CollectiveInfo]:
-        """The communicating collectives each rank runs, in program order."""
+        """The communicating collectives of the partitioned program, in program order: one
+        per move the sharding passes made, before the schedule buckets, hoists or splits
+        any (what runs: ``collectives(self.module_at("schedule"))`` of
+        ``tessera.backends.collective_info``)."""
         if self.mesh is None:
             return []
         return collectives(self.module_at("partitioned"))
