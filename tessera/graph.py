@@ -114,7 +114,8 @@ def backward(loss: Tensor, params: Any = None, remat: Remat | str | bool | None 
     grads = backprop(
         forward,
         None if seeds else loss.value,
-        [leaf.value for leaf in leaves] + [probe.value for _, probe in probes],
+        [trace.moved_gathers.get(leaf.value, leaf.value) for leaf in leaves]
+        + [probe.value for _, probe in probes],
         GradBuilder(InsertPoint.at_end(trace.block)),
         "graph.backward",
         seeds,

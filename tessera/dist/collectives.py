@@ -64,10 +64,10 @@ def shard_unread(values: Sequence[Any], specs: Sequence[ShardSpec | Sharding | N
     None, for values the traced code reads no more (a step's outputs, the gradients the
     optimizer reads constrained): an unread, unconstrained result of a region call is
     constrained by the call (``graph.result_shardings``, what ``canonicalize`` would fold
-    the ``graph.shard`` into) and returned as is, with no op; each call's constraints are
-    set at once."""
+    the ``graph.shard`` into; a scan's stacked result when the layout keeps dim 0 whole)
+    and returned as is, with no op; each call's constraints are set at once."""
     found: list[Any] = []
-    folded: dict[graph.CallOp, list[ShardingAttr | None]] = {}
+    folded: dict[graph.CallOp | graph.ScanOp, list[ShardingAttr | None]] = {}
     functions = current_trace().functions.functions
     for x, spec in zip(values, specs, strict=True):
         if spec is None or not isinstance(x, Tensor):
@@ -75,11 +75,12 @@ def shard_unread(values: Sequence[Any], specs: Sequence[ShardSpec | Sharding | N
             continue
         value = x.value
         call = value.owner
-        index = value.index if isinstance(call, graph.CallOp) else 0  # type: ignore[attr-defined]
-        if isinstance(call, graph.CallOp) and call not in folded:
-            callee = functions.get(call.callee_name)
+        caller = isinstance(call, graph.CallOp | graph.ScanOp)
+        index = value.index if caller else 0  # type: ignore[attr-defined]
+        if caller and call not in folded:
+            callee = functions.get(call.callee_name)  # type: ignore[union-attr]
             if callee is not None and graph.MANUAL not in callee.attributes:
-                folded[call] = call.result_constraint_attrs()
+                folded[call] = call.result_constraint_attrs()  # type: ignore[union-attr]
         attrs = folded.get(call)  # type: ignore[call-overload]
         if attrs is None or value.uses or attrs[index] is not None or per_rank.in_manual_region():
             found.append(shard(x, spec))
@@ -91,6 +92,9 @@ def shard_unread(values: Sequence[Any], specs: Sequence[ShardSpec | Sharding | N
         else:
             spec.validate(mesh, x.shape, where)
             sharding = spec
+        if isinstance(call, graph.ScanOp) and not graph.scan_constrainable(call, index, sharding):
+            found.append(shard(x, spec))
+            continue
         attrs[index] = ShardingAttr.get(MESH_SYMBOL, sharding)
         found.append(x)
     for call, attrs in folded.items():

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from xdsl.dialects.builtin import FileLineColLoc, IntAttr, StringAttr
+from xdsl.dialects.builtin import FileLineColLoc, IntAttr, IntegerAttr, StringAttr, i64
 
 from tessera.errors import TraceError
 from tessera.frontend import pytree
@@ -46,6 +46,8 @@ from tessera.frontend.tracer import (
 )
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.sharding import Sharding, ShardingAttr
+from tessera.transforms.remat import REGATHER
 
 
 @dataclass(frozen=True)
@@ -184,14 +186,19 @@ def scan(fn: Callable[..., Any], init: Any, xs: Any) -> tuple[Any, Any]:
                 f"graph.scan {_name(fn)}: init and xs must be tensors of the traced function, "
                 f"found {type(leaf).__name__} at {user_location()}"
             )
-    key = ("scan", fn, carry_tree, xs_tree, *(leaf.aval for leaf in leaves))
+    gathers = [_sunk_gather(x) for x in slices]
+    sources = [x if g is None else g[0] for x, g in zip(slices, gathers, strict=True)]
+    sunk = tuple(None if g is None else g[1] for g in gathers)
+    key = ("scan", fn, carry_tree, xs_tree, *(leaf.aval for leaf in leaves), sunk)
     traced = trace.regions.get(key)
     if traced is None:
-        traced = trace.regions[key] = _trace_step(fn, trace, carries, carry_tree, slices, xs_tree)
+        traced = trace.regions[key] = _trace_step(
+            fn, trace, carries, carry_tree, slices, xs_tree, sunk
+        )
     name, y_tree, result_types = traced
     op = graph.ScanOp.get(
-        name, [t.value for t in leaves], _stacked(result_types, len(carries), length), length,
-        len(carries),
+        name, [t.value for t in [*carries, *sources]],
+        _stacked(result_types, len(carries), length), length, len(carries),
     )  # fmt: skip
     if (frame := _user_frame()) is not None:
         op.location = FileLineColLoc(
@@ -201,6 +208,23 @@ def scan(fn: Callable[..., Any], init: Any, xs: Any) -> tuple[Any, Any]:
     results = [Tensor(trace, r) for r in op.results]
     carry = pytree.unflatten(carry_tree, results[: len(carries)])
     return carry, pytree.unflatten(y_tree, results[len(carries) :])
+
+
+def _sunk_gather(x: Tensor) -> tuple[Tensor, ShardingAttr] | None:
+    """A ZeRO-3 gather of a stacked parameter (a ``graph.shard`` tagged
+    ``graph.regather`` that keeps dim 0 whole) moves into the scan's step: the scan reads
+    the sharded stack, and each step gathers its own slice (again for its backward), so a
+    rank holds one layer's whole parameters at a time, not the stack. Returns the
+    gather's operand and the step's layout, or None."""
+    gather = x.value.owner
+    if not isinstance(gather, graph.ShardOp) or REGATHER not in gather.attributes:
+        return None
+    wanted = gather.sharding
+    if wanted.sharding.dims[:1] != ((),) or wanted.sharding.partial:
+        return None
+    step = Sharding(wanted.sharding.dims[1:])
+    x.trace.moved_gathers[x.value] = gather.input
+    return Tensor(x.trace, gather.input), ShardingAttr.get(wanted.mesh_name, step)
 
 
 def _stacked(types: tuple[Any, ...], carries: int, length: int) -> list[Any]:
@@ -214,8 +238,10 @@ def _trace_step(
     carry_tree: Any,
     slices: list[Any],
     xs_tree: Any,
+    sunk: tuple[ShardingAttr | None, ...],
 ) -> tuple[str, Any, tuple[Any, ...]]:
-    """Traces one step of ``fn`` into a private function: (carries, slices) -> (carries, ys)."""
+    """Traces one step of ``fn`` into a private function: (carries, slices) -> (carries,
+    ys); a slice with a ``sunk`` layout is gathered to it first (:func:`_sunk_gather`)."""
     avals = [c.aval for c in carries] + [
         AbstractTensor(s.aval.shape[1:], s.aval.dtype) for s in slices
     ]
@@ -223,6 +249,11 @@ def _trace_step(
     body = Trace(name, avals, mesh=outer.mesh, functions=outer.functions, region=name)
     body.regions = outer.regions
     args = [Tensor(body, a) for a in body.block.args]
+    for index, layout in enumerate(sunk, start=len(carries)):
+        if layout is not None:
+            (args[index],) = body.bind(graph.ShardOp, [args[index]], sharding=layout)
+            args[index].value.owner.attributes[REGATHER] = IntegerAttr(body.checkpoints, i64)
+            body.checkpoints += 1
     carry = pytree.unflatten(carry_tree, args[: len(carries)])
     x = pytree.unflatten(xs_tree, args[len(carries) :])
     with tracing(body):

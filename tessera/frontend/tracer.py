@@ -87,6 +87,9 @@ class Trace:
         self.region = region  # the region this trace is the body of, if any
         self.manual = False  # a dist.shard_map body: per-rank types and collectives
         self.sends: list[Any] = []  # its dist.send calls no dist.recv has matched yet
+        # gathers a graph.scan moved into its step: gradients of the gathered value are
+        # the gathered one's (graph.backward differentiates with respect to it)
+        self.moved_gathers: dict[SSAValue, SSAValue] = {}
         register(self.block, self.functions)
 
     def bind(

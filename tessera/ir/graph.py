@@ -1054,8 +1054,75 @@ class ShardOp(UnaryGraphOp):
         return x
 
 
+class ConstrainedResults:
+    """``graph.result_shardings`` on a region call (``graph.call``, ``graph.scan``): per
+    result a ``#graph.sharding`` it is constrained to, as a ``graph.shard`` of it would
+    (``canonicalize`` folds such constraints into the call), or ``unit`` (open). A scan
+    constrains only its stacked results, each with dim 0 (the steps) whole."""
+
+    def result_constraint_attrs(self) -> list[ShardingAttr | None]:
+        """Per result, the ``#graph.sharding`` of ``graph.result_shardings`` (None: open)."""
+        attr = self.attributes.get(RESULT_SHARDINGS)
+        if not isinstance(attr, ArrayAttr):
+            return [None] * len(self.results)
+        return [a if isinstance(a, ShardingAttr) else None for a in attr.data]
+
+    def result_constraints(self) -> list[Sharding | None]:
+        """Per result, the layout ``graph.result_shardings`` constrains it to (None: open)."""
+        return [a.sharding if a is not None else None for a in self.result_constraint_attrs()]
+
+    def set_result_constraints(self, constraints: Sequence[ShardingAttr | None]) -> None:
+        """Sets ``graph.result_shardings`` (removed when no result is constrained)."""
+        if all(c is None for c in constraints):
+            self.attributes.pop(RESULT_SHARDINGS, None)
+            return
+        self.attributes[RESULT_SHARDINGS] = ArrayAttr(
+            [c if c is not None else UnitAttr() for c in constraints]
+        )
+
+    def _verify_result_constraints(self) -> None:
+        attr = self.attributes.get(RESULT_SHARDINGS)
+        if attr is None:
+            return
+        if not isinstance(attr, ArrayAttr) or len(attr.data) != len(self.results):
+            raise VerifyException(
+                f"{self.name} @{self.callee_name}: {RESULT_SHARDINGS} needs one "
+                f"#graph.sharding or unit per result ({len(self.results)}), found {attr}"
+            )
+        for index, (entry, result) in enumerate(zip(attr.data, self.results, strict=True)):
+            if isinstance(entry, UnitAttr):
+                continue
+            if not isinstance(entry, ShardingAttr):
+                raise VerifyException(
+                    f"{self.name} @{self.callee_name}: {RESULT_SHARDINGS} entry #{index} must "
+                    f"be a #graph.sharding or unit, found {entry}"
+                )
+            rank = AbstractTensor.from_xdsl(result.type).rank
+            if len(entry.dims.data) != rank:
+                raise VerifyException(
+                    f"{self.name} @{self.callee_name}: {RESULT_SHARDINGS} entry #{index} "
+                    f"has {len(entry.dims.data)} dims for a result of rank {rank}"
+                )
+        if isinstance(self, ScanOp):
+            for index, entry in enumerate(attr.data):
+                if isinstance(entry, ShardingAttr) and not scan_constrainable(
+                    self, index, entry.sharding
+                ):
+                    raise VerifyException(
+                        f"{self.name} @{self.callee_name}: {RESULT_SHARDINGS} entry #{index} "
+                        f"must be unit (a carry) or keep dim 0 whole (a stacked result), "
+                        f"found {entry}"
+                    )
+
+
+def scan_constrainable(scan: ScanOp, index: int, sharding: Sharding) -> bool:
+    """Whether ``scan``'s result ``index`` may be constrained to ``sharding``: a
+    stacked result (not a carry) whose constraint keeps dim 0 whole."""
+    return index >= scan.carry_count and sharding.dims[:1] == ((),)
+
+
 @irdl_op_definition
-class CallOp(GraphOp):
+class CallOp(ConstrainedResults, GraphOp):
     """A call of an outlined region (``graph.region``): ``func.func @callee`` of the same
     module computes the results from the operands, and every call of one callee runs
     that one function (compiled once, whatever the number of calls)::
@@ -1096,26 +1163,6 @@ class CallOp(GraphOp):
             return None
         return function_named(parent, self.callee_name)
 
-    def result_constraint_attrs(self) -> list[ShardingAttr | None]:
-        """Per result, the ``#graph.sharding`` of ``graph.result_shardings`` (None: open)."""
-        attr = self.attributes.get(RESULT_SHARDINGS)
-        if not isinstance(attr, ArrayAttr):
-            return [None] * len(self.results)
-        return [a if isinstance(a, ShardingAttr) else None for a in attr.data]
-
-    def result_constraints(self) -> list[Sharding | None]:
-        """Per result, the layout ``graph.result_shardings`` constrains it to (None: open)."""
-        return [a.sharding if a is not None else None for a in self.result_constraint_attrs()]
-
-    def set_result_constraints(self, constraints: Sequence[ShardingAttr | None]) -> None:
-        """Sets ``graph.result_shardings`` (removed when no result is constrained)."""
-        if all(c is None for c in constraints):
-            self.attributes.pop(RESULT_SHARDINGS, None)
-            return
-        self.attributes[RESULT_SHARDINGS] = ArrayAttr(
-            [c if c is not None else UnitAttr() for c in constraints]
-        )
-
     def verify_(self) -> None:
         self._verify_result_constraints()
         function = self.callee_function()
@@ -1138,30 +1185,6 @@ class CallOp(GraphOp):
                 f"graph.call @{self.callee_name}: result types {_types(results)} do not match "
                 f"the function's results {_types(outputs)}"
             )
-
-    def _verify_result_constraints(self) -> None:
-        attr = self.attributes.get(RESULT_SHARDINGS)
-        if attr is None:
-            return
-        if not isinstance(attr, ArrayAttr) or len(attr.data) != len(self.results):
-            raise VerifyException(
-                f"graph.call @{self.callee_name}: {RESULT_SHARDINGS} needs one "
-                f"#graph.sharding or unit per result ({len(self.results)}), found {attr}"
-            )
-        for index, (entry, result) in enumerate(zip(attr.data, self.results, strict=True)):
-            if isinstance(entry, UnitAttr):
-                continue
-            if not isinstance(entry, ShardingAttr):
-                raise VerifyException(
-                    f"graph.call @{self.callee_name}: {RESULT_SHARDINGS} entry #{index} must "
-                    f"be a #graph.sharding or unit, found {entry}"
-                )
-            rank = AbstractTensor.from_xdsl(result.type).rank
-            if len(entry.dims.data) != rank:
-                raise VerifyException(
-                    f"graph.call @{self.callee_name}: {RESULT_SHARDINGS} entry #{index} "
-                    f"has {len(entry.dims.data)} dims for a result of rank {rank}"
-                )
 
     def print(self, printer: Printer) -> None:
         print_call_like(self, printer, {})
@@ -1330,7 +1353,7 @@ class ScanLike:
 
 
 @irdl_op_definition
-class ScanOp(ScanLike, GraphOp):
+class ScanOp(ConstrainedResults, ScanLike, GraphOp):
     """A loop over ``length`` steps of a region (``graph.scan``): ``@callee(carries,
     slices) -> (carries, per-step results)``. The first ``carries`` operands are the
     initial carries, each other operand stacks the steps' slices on dim 0; the results
@@ -1367,6 +1390,7 @@ class ScanOp(ScanLike, GraphOp):
         return CallOp.callee_function(self)  # type: ignore[arg-type]
 
     def verify_(self) -> None:
+        self._verify_result_constraints()
         self.verify_scan()
 
 

@@ -175,15 +175,21 @@ class FoldCallResultSharding(RewritePattern):
     (``graph.result_shardings``), when the constraint is the result's only use and the
     callee is a region (a ``dist.shard_map`` body's results are closed to its
     ``out_specs``: a constraint after it is a move). ``shard-propagate`` honours the
-    constraint as it would the ``graph.shard``: the call's result has that layout."""
+    constraint as it would the ``graph.shard``: the call's result has that layout. A
+    ``graph.scan``'s stacked result folds a constraint that keeps dim 0 whole (each step
+    then returns its slice so laid out: a ZeRO gradient reduce-scattered in the step)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: graph.ShardOp, rewriter: PatternRewriter) -> None:
         value = op.input
         call = value.owner
-        if not isinstance(call, graph.CallOp) or not value.has_one_use():
+        if not isinstance(call, graph.CallOp | graph.ScanOp) or not value.has_one_use():
             return
         index = value.index  # type: ignore[attr-defined]
+        if isinstance(call, graph.ScanOp) and not graph.scan_constrainable(
+            call, index, op.sharding.sharding
+        ):
+            return
         attrs = call.result_constraint_attrs()
         if attrs[index] is not None:
             return

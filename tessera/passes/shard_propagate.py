@@ -37,7 +37,9 @@ others are ``@f_1``, ``@f_2``... Calls neither take their users' wishes nor pass
 on: layouts cross a region boundary forward only. A call's ``graph.result_shardings``
 (constraints ``canonicalize`` folded into it) are part of its variant: the variant returns
 those results constrained, as a ``graph.shard`` before its return, so the call's results
-have the constrained layouts (closed, as a ``graph.shard``'s result is).
+have the constrained layouts (closed, as a ``graph.shard``'s result is). A scan's
+constrained stacked result (dim 0 whole) has its step return each slice so constrained:
+a ZeRO gradient is reduce-scattered step by step.
 
 A call of a manual function (``dist.shard_map``'s body, see ``tessera.ir.manual``) is
 not propagated into: its results are closed to its ``out_specs``, and its open operands
@@ -119,12 +121,10 @@ class _Variants:
         self.constraints: dict[Operation, tuple[Sharding | None, ...]] = {}
 
     def constrained(self, call: Caller) -> tuple[Sharding | None, ...]:
-        """``call``'s result constraints (``graph.result_shardings``; none for a scan)."""
+        """``call``'s result constraints (``graph.result_shardings``)."""
         found = self.constraints.get(call)
         if found is None:
-            found = self.constraints[call] = (
-                tuple(call.result_constraints()) if isinstance(call, graph.CallOp) else ()
-            )
+            found = self.constraints[call] = tuple(call.result_constraints())
         return found
 
     def key(self, call: Caller, operands: Sequence[Sharding]) -> _VariantKey:
@@ -132,11 +132,14 @@ class _Variants:
         (never partial; a scan's stacked operands without their scanned dim 0), and the
         call's result constraints."""
         layouts = [Sharding(s.dims) for s in operands]
-        if isinstance(call, graph.ScanOp):
+        constraints = self.constrained(call)
+        if isinstance(call, graph.ScanOp):  # a step's layouts: without the steps' dim 0
             carries = call.carry_count
             layouts[carries:] = [Sharding(s.dims[1:]) for s in layouts[carries:]]
-            return (call.callee_name, tuple(layouts), ())
-        return (call.callee_name, tuple(layouts), self.constrained(call))
+            constraints = tuple(
+                None if c is None else Sharding(c.dims[1:], c.partial) for c in constraints
+            )
+        return (call.callee_name, tuple(layouts), constraints)
 
     def results(self, call: Caller, operands: Sequence[Sharding]) -> list[Sharding]:
         """The layouts of ``call``'s results when its operands have ``operands``: its
@@ -315,15 +318,13 @@ class _Propagation:
                 changed |= self._set(result, spec)
             return changed
         changed = False
-        if isinstance(op, graph.CallOp):  # constrained results: closed from the start
-            constraints = (
-                self.variants.constrained(op) if self.variants else op.result_constraints()
-            )
-            for result, constraint in zip(op.results, constraints, strict=True):
-                if constraint is not None and result not in self.closed:
-                    constraint.validate(self.mesh, aval(result).shape, f"{op.name} constraint")
-                    self.closed.add(result)
-                    changed |= self._set(result, constraint)
+        # constrained results: closed from the start
+        constraints = self.variants.constrained(op) if self.variants else op.result_constraints()
+        for result, constraint in zip(op.results, constraints, strict=True):
+            if constraint is not None and result not in self.closed:
+                constraint.validate(self.mesh, aval(result).shape, f"{op.name} constraint")
+                self.closed.add(result)
+                changed |= self._set(result, constraint)
         known = [self.shardings.get(v) or _made_here(v) for v in op.operands]
         if any(k is None for k in known) or self.variants is None:
             return changed

@@ -48,12 +48,16 @@ def rank_shards(
     step_name: str,
 ) -> list[DistTensor]:  # fmt: skip
     """This rank's shard of each state leaf (a copy: the leaf is never written), as a
-    ``DistTensor`` laid out as ``layouts`` say; leaves that are shards already stay."""
+    ``DistTensor`` laid out as ``layouts`` say; leaves that are shards so laid out already
+    stay, shards laid out otherwise are gathered (a collective: every rank places its
+    state the same way) and cut again."""
     shards = []
     for leaf, layout, path in zip(leaves, layouts, paths, strict=True):
         if isinstance(leaf, DistTensor):
-            shards.append(leaf)
-            continue
+            if leaf.sharding == layout:
+                shards.append(leaf)
+                continue
+            leaf = gathered(leaf, rank)
         tensor = leaf if isinstance(leaf, torch.Tensor) else torch.as_tensor(leaf)
         local = piece(tensor.detach(), layout, mesh, rank).clone()
         whole = (

@@ -38,7 +38,11 @@ in the compute dtype (a bf16 step gathers bf16: FSDP's ``param_dtype``), and
 parameters at a time, not the model's (``benchmarks/memory.py --tables zero`` prints
 the peaks). A tensor is sharded over dp along its first dim that dp
 divides (after any split it already has); one that has none (the step count, an odd
-sized bias) stays replicated.
+sized bias) stays replicated. From ZeRO-2 on, a parameter stack a ``graph.scan`` steps
+over is sharded along such a dim after the scanned dim 0 (the first trace finds the
+scanned stacks; the step is traced again when it does): each step of the scan then
+reduce-scatters its layer's gradients and, under ZeRO-3, gathers its layer's parameters
+(the gathers move into the scan's step), as the unrolled layers do.
 
 The step's program donates the parameters and optimizer state (``donate_argnums``):
 ``plan-memory`` lets the update write in their place, and the runtime copies the new
@@ -60,6 +64,7 @@ from typing import Any
 
 import torch
 from xdsl.dialects.builtin import IntegerAttr, i64
+from xdsl.ir import Operation
 
 from tessera import numerics as numerics_policy
 from tessera import op
@@ -71,6 +76,7 @@ from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, current_trace
+from tessera.ir.graph import ScanOp
 from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
 from tessera.jit_function import JitFunction, broadcast_prefix, check_call
@@ -137,14 +143,18 @@ def traced_step() -> StepTrace | None:
     return _traced_steps[-1] if _traced_steps else None
 
 
-def zero_sharding(sharding: Sharding, shape: Sequence[int], mesh: Mesh, axis: str) -> Sharding:
-    """``sharding`` with ``axis`` added to the first dim it divides, inside the dim's other
-    axes: a rank's block of the outermost dim is contiguous, so ``bucket-gradients`` can
-    pack its reduce-scatters and all-gathers with the others' without a transposed copy."""
+def zero_sharding(
+    sharding: Sharding, shape: Sequence[int], mesh: Mesh, axis: str, first: int = 0
+) -> Sharding:
+    """``sharding`` with ``axis`` added to the first dim from ``first`` it divides, inside
+    the dim's other axes: a rank's block of the outermost dim is contiguous, so
+    ``bucket-gradients`` can pack its reduce-scatters and all-gathers with the others'
+    without a transposed copy. (A parameter stack a ``graph.scan`` steps over starts at
+    dim 1: each step reads one layer's slice, which must be whole along dim 0.)"""
     if axis in sharding.split_axes or mesh.axis_size(axis) == 1:
         return sharding
     size = mesh.axis_size(axis)
-    for dim in range(len(shape)):
+    for dim in range(first, len(shape)):
         if shape[dim] % (sharding.shards(mesh, dim) * size) == 0:
             dims = list(sharding.dims)
             dims[dim] = (*dims[dim], axis)
@@ -256,6 +266,10 @@ class TrainingStep:
                 f"optimizer state sharded over {dp_axis!r}) or zero=1 with pipelining"
             )
         self._jit: dict[tuple[pytree.TreeDef, int], tuple[JitFunction, _Layouts]] = {}
+        # per parameter tree: the leaves a graph.scan steps over (ZeRO keeps their dim 0
+        # whole), as the last trace found them
+        self._scanned: dict[pytree.TreeDef, frozenset[int]] = {}
+        self._found_scanned: set[int] = set()
         self._fp8_tensors = 0  # delayed fp8 scaling: the fp8 tensors the step quantises
 
     # --- user API ---------------------------------------------------------------------------
@@ -375,15 +389,16 @@ class TrainingStep:
         """Whether this step runs one rank per process (``tessera run``)."""
         return self.mesh is not None and distributed.launched()
 
-    def _placed(self, state: TrainState) -> TrainState:
+    def _placed(self, state: TrainState, relaid: bool = False) -> TrainState:
         """``state`` as this process keeps it: under ``tessera run`` its leaves become this
-        rank's shards (in place; see :mod:`tessera.training.state`)."""
+        rank's shards (in place; see :mod:`tessera.training.state`); ``relaid``: the
+        step's layouts changed, shards laid out otherwise are cut again."""
         if not self._processes():
             return state
         assert self.mesh is not None
         param_leaves, tree = pytree.flatten(state.params)
         state_leaves, state_tree = pytree.flatten(state.opt_state)
-        if all(isinstance(x, DistTensor) for x in (*param_leaves, *state_leaves)):
+        if not relaid and all(isinstance(x, DistTensor) for x in (*param_leaves, *state_leaves)):
             return state
         param_layouts, state_layouts = self._state_layouts(param_leaves, tree)
         rank = distributed.runtime().rank
@@ -415,11 +430,30 @@ class TrainingStep:
             )
         jitted, layouts = self._compiled(state, len(batch))
         with numerics_policy.mode_of(self.numerics):  # read into the program's config
+            self._found_scanned = set()
             lowered = jitted.lower(state.params, state.opt_state, *batch)
+            if self._found_scanned_stacks(state):  # ZeRO laid them out over the layers
+                self._placed(state, relaid=True)
+                jitted, layouts = self._compiled(state, len(batch))
+                lowered = jitted.lower(state.params, state.opt_state, *batch)
             if self.precision.delayed and self._sized_histories(state):
                 lowered = jitted.lower(state.params, state.opt_state, *batch)
         lowered.model_states = lambda: self._model_states(lowered, state, layouts)
         return lowered
+
+    def _found_scanned_stacks(self, state: TrainState) -> bool:
+        """Whether the trace just made found parameters a ``graph.scan`` steps over that
+        the step's layouts did not know of; then they are known (and the step's programs
+        for this tree forgotten), so that ZeRO-2/3 shard them along a dim other than the
+        scanned one and each step reduces and gathers its own layer."""
+        tree = pytree.flatten(state.params)[1]
+        found = frozenset(self._found_scanned)
+        if self.zero < 2 or self.dp_axis is None or found <= self._scanned.get(tree, frozenset()):
+            return False
+        self._scanned[tree] = found | self._scanned.get(tree, frozenset())
+        for key in [k for k in self._jit if k[0] == tree]:
+            del self._jit[key]
+        return True
 
     def _sized_histories(self, state: TrainState) -> bool:
         """Delayed fp8 scaling: gives a state without amax histories (from ``init``) one
@@ -516,9 +550,10 @@ class TrainingStep:
             compute.append(sharding)
         if self.dp_axis is None:
             return _Layouts(compute, compute, compute, compute)
+        scanned = self._scanned.get(tree, frozenset())
         sharded = [
-            zero_sharding(s, shape, self.mesh, self.dp_axis)
-            for s, shape in zip(compute, shapes, strict=True)
+            zero_sharding(s, shape, self.mesh, self.dp_axis, first=int(index in scanned))
+            for index, (s, shape) in enumerate(zip(compute, shapes, strict=True))
         ]
         stored = sharded if self.zero >= 3 else compute
         grad = sharded if self.zero >= 2 else compute
@@ -561,7 +596,8 @@ class TrainingStep:
             scale: Tensor | None,
             fp8: op.Fp8History | None = None,
         ) -> tuple[list[Tensor], Any]:
-            used = pytree.unflatten(tree, gather_parameters(stored))  # per microbatch
+            used_leaves = gather_parameters(stored)  # per microbatch
+            used = pytree.unflatten(tree, used_leaves)
             batch = to_compute(tuple(batch), precision)
             with (
                 tracing_step(StepTrace(used, self.remat, scale)),
@@ -569,6 +605,7 @@ class TrainingStep:
                 op.fp8_history(fp8),
             ):
                 returned = user_fn(used, *batch)
+            self._found_scanned.update(scanned_leaves(stored, used_leaves))
             if not (isinstance(returned, tuple) and len(returned) == 2):
                 raise TraceError(
                     f"{self.__name__} must return (grads, metrics), as graph.backward's "
@@ -647,6 +684,27 @@ class TrainingStep:
             grads=local_bytes(layouts.grad, param_leaves),
             optimizer_state=local_bytes(state_layouts, state_leaves),
         )
+
+
+def scanned_leaves(stored: Sequence[Tensor], used: Sequence[Tensor]) -> list[int]:
+    """While tracing: the parameters (``stored``, as the step received them; ``used``,
+    as its function got them: cast and gathered) that a ``graph.scan`` steps over, as
+    they are or as what made them from the stored one."""
+    found = []
+    for index, (origin, value) in enumerate(zip(stored, used, strict=True)):
+        chain, current = [value.value], value.value
+        while current is not origin.value and isinstance(current.owner, Operation):
+            if len(current.owner.operands) != 1:
+                break
+            current = current.owner.operands[0]
+            chain.append(current)
+        if any(
+            isinstance(use.operation, ScanOp) and use.index >= use.operation.carry_count
+            for v in chain
+            for use in v.uses
+        ):
+            found.append(index)
+    return found
 
 
 def metric_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -4,6 +4,7 @@ unrolled program (values and gradients, on one device and on a dp × tp mesh).""
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,61 @@ def test_a_scan_step_updates_its_stacked_state_in_place() -> None:
     state_copy = 3 * sum(v.numel() * 4 for v in flat.values())  # parameters and two moments
     assert "@_adamw_group" not in texts[1]
     assert peaks[0] < peaks[1] < peaks[0] + state_copy / 2, (peaks, state_copy)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_zero_shards_a_scan_per_layer_as_unrolled(zero: int) -> None:
+    """ZeRO-2/3 on a scan over stacked parameters: the stacks are sharded over dp along a
+    dim other than the scanned one, each step reduce-scatters its layer's gradients and
+    (ZeRO-3) gathers its layer's parameters, for the forward and again for the backward,
+    as the unrolled step does; the scan's parameters after three steps equal the unrolled
+    step's (float32: 1e-6). Before, ZeRO split the stacks along the layers, so the scan
+    gathered whole stacks and all-reduced whole gradients: ZeRO-3's peak was above
+    ZeRO-1's."""
+    layers, dim = 4, 32
+    x = torch.randn(8, 8, dim, generator=torch.Generator().manual_seed(5))
+    found = {}
+    for scan in (False, True):
+        params = comm_volume.layer_params(dim, layers)
+        if scan:
+            params = comm_volume.stacked(params, layers)
+            step = comm_volume.scan_training_step(MESH, zero, 4)
+        else:
+            step = comm_volume.training_step(MESH, zero, layers, 4, True)
+        state = step.init(params)
+        losses = [float(step(state, x)["loss"]) for _ in range(3)]
+        kinds = Counter(
+            (c.kind, c.mesh_axes) for c in step.lower(state, x).collectives()
+        )
+        final = {k: torch.as_tensor(v) for k, v in state.params.items()}
+        found[scan] = (losses, final if scan else comm_volume.stacked(final, layers), kinds)
+    (losses, unrolled, kinds), (scan_losses, scanned, scan_kinds) = found[False], found[True]
+    assert scan_losses == pytest.approx(losses, rel=1e-6)
+    assert max((unrolled[k] - scanned[k]).abs().max().item() for k in unrolled) < 1e-6
+    assert scan_kinds["reduce_scatter", ("dp",)] == kinds["reduce_scatter", ("dp",)] > 0
+    assert scan_kinds["all_reduce", ("dp",)] == kinds["all_reduce", ("dp",)] == 1  # the loss
+    if zero == 3:  # per layer: its 10 parameters for the forward, again for the backward
+        # all but the two layer norms' biases, which it does not read
+        assert scan_kinds["all_gather", ("dp",)] == (10 + 8) * layers
+
+
+def test_zero3_of_a_scan_holds_one_layer_at_a_time() -> None:
+    """The peak of a ZeRO-3 scan step (8 layers at width 256 on dp × tp = 2 × 2) is below
+    its ZeRO-1 peak by at least half the parameters' bytes a rank no longer holds
+    whole (ZeRO-1 keeps every parameter whole; ZeRO-3 one dp shard of each, and the
+    whole of one layer while it computes). Compiled, not run."""
+    layers, width = 8, 256
+    shapes = comm_volume.stacked(
+        {k: torch.empty(v.shape) for k, v in comm_volume.layer_params(width, layers, False).items()},
+        layers,
+    )
+    peaks = {}
+    for zero in (1, 3):
+        step = comm_volume.scan_training_step(MESH, zero, 4)
+        state = step.init({k: torch.empty(v.shape) for k, v in shapes.items()})
+        peaks[zero] = step.lower(state, torch.empty(4, 64, width)).memory().peak_bytes
+    per_rank = sum(v.numel() * 4 / (2 if v.dim() == 3 else 1) for v in shapes.values())  # tp
+    assert peaks[3] < peaks[1] - per_rank / 2 / 2, (peaks, per_rank)
 
 
 def test_llama_as_a_scan_equals_llama_unrolled() -> None:
