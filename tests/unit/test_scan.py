@@ -183,6 +183,20 @@ def test_zero_shards_a_scan_per_layer_as_unrolled(zero: int) -> None:
         assert scan_kinds["all_gather", ("dp",)] == (10 + 8) * layers
 
 
+def test_scan_zero_benchmark_moves_the_unrolled_bytes() -> None:
+    """``benchmarks/scan_zero.py`` at toy size: under ZeRO-2 and ZeRO-3 the scan's dp
+    collectives receive the unrolled step's bytes per rank (to 1%: the scan's step
+    reduces the first layer's input gradient too; before, ZeRO-2 received 1.5× as much)."""
+    import argparse
+
+    import scan_zero
+
+    args = argparse.Namespace(dim=64, heads=4, seq=16, batch=4)
+    for zero in (2, 3):
+        unrolled, scan = (scan_zero.measure(2, zero, s, args) for s in (False, True))
+        assert scan["moved"] == pytest.approx(unrolled["moved"], rel=0.01), (zero, unrolled, scan)
+
+
 def test_zero3_of_a_scan_holds_one_layer_at_a_time() -> None:
     """The peak of a ZeRO-3 scan step (8 layers at width 256 on dp × tp = 2 × 2) is below
     its ZeRO-1 peak by at least half the parameters' bytes a rank no longer holds
