@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import torch
@@ -234,9 +235,11 @@ def stacked_layouts(mesh: dist.Mesh) -> dict[str, dist.ShardSpec | None]:
     }  # fmt: skip
 
 
-def scan_training_step(mesh: dist.Mesh, zero: int, heads: int) -> graph.TrainingStep:
+def scan_training_step(
+    mesh: dist.Mesh, zero: int, heads: int, **options: Any
+) -> graph.TrainingStep:
     """:func:`training_step` with stacked parameters (:func:`stacked`): the layers are
-    one ``graph.scan`` of ``transformer_layer``."""
+    one ``graph.scan`` of ``transformer_layer`` (``options``: the step's others)."""
 
     def step(p, x):
         x, _ = graph.scan(lambda h, layer: (transformer_layer(h, layer, heads), None), x, p)
@@ -245,15 +248,16 @@ def scan_training_step(mesh: dist.Mesh, zero: int, heads: int) -> graph.Training
 
     return graph.training_step(
         step, optimizer=optim.AdamW(lr=1e-3), mesh=mesh, param_shardings=stacked_layouts(mesh),
-        zero=zero, kernels="reference",
+        zero=zero, kernels="reference", **options,
     )  # fmt: skip
 
 
 def training_step(
-    mesh: dist.Mesh | None, zero: int, layers: int, heads: int, tp: bool, regions: bool = False
+    mesh: dist.Mesh | None, zero: int, layers: int, heads: int, tp: bool, regions: bool = False,
+    **options: Any,
 ) -> graph.TrainingStep:
     """AdamW on ``transformer_layer`` × ``layers`` (each a ``graph.region`` call with
-    ``regions``) and a mean-square loss."""
+    ``regions``) and a mean-square loss (``options``: the step's others)."""
     layout = layouts(mesh, False)[1] if tp else {}
     specs = {f"{n}{i}": spec for i in range(layers) for n, spec in layout.items()} or None
     layer = graph.region(transformer_layer) if regions else transformer_layer
@@ -274,7 +278,7 @@ def training_step(
 
     return graph.training_step(
         step, optimizer=optim.AdamW(lr=1e-3), mesh=mesh, param_shardings=specs if mesh else None,
-        zero=zero, kernels="reference",
+        zero=zero, kernels="reference", **options,
     )  # fmt: skip
 
 

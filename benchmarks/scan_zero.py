@@ -1,16 +1,19 @@
-"""ZeRO stages on a training step whose layers are one ``graph.scan``, against the same
-layers unrolled: per-rank peak memory, the dp collectives and the bytes they move.
+"""ZeRO stages on a training step whose layers are one ``graph.scan`` or ``graph.region``
+calls, against the same layers unrolled: per-rank peak memory, the dp collectives and
+the bytes they move.
 
 The step is ``benchmarks/comm_volume.py``'s (pre-LN transformer layers with Megatron
 tensor parallelism, a mean-square loss, ``graph.backward`` and AdamW) on a dp × tp =
-2 × 2 virtual mesh; ``scan`` stacks each parameter over the layers and steps one
-``graph.scan`` over them. For each layer count, ZeRO stage and form it compiles the step
-to its schedule (nothing runs) and prints ``plan-memory``'s per-rank peak, the dp
-collectives of the schedule by kind (a scan's step counted once per layer), the bytes
-they move per rank, and the step time ``tessera.perf`` simulates (DGX H100).
+2 × 2 virtual mesh; ``regions`` makes each layer a call of one ``graph.region``,
+``scan`` stacks each parameter over the layers and steps one ``graph.scan`` over them.
+For each layer count, ZeRO stage and form it compiles the step to its schedule (nothing
+runs) and prints ``plan-memory``'s per-rank peak, the dp collectives by kind (a scan's
+step counted once per layer), the bytes they move per rank (in their dtypes), and the
+step time ``tessera.perf`` simulates (DGX H100).
 
     python benchmarks/scan_zero.py                     # 8 and 32 layers, width 256
     python benchmarks/scan_zero.py --layers 4 --dim 64
+    python benchmarks/scan_zero.py --precision bf16 --accumulate 2 --forms regions scan
 """
 
 from __future__ import annotations
@@ -30,16 +33,19 @@ from tessera import dist
 from tessera.backends.collective_info import collectives
 
 
-def measure(layers: int, zero: int, scan: bool, args: argparse.Namespace) -> dict[str, object]:
-    """Peak bytes, dp collective counts, dp bytes received per rank and simulated seconds."""
+def measure(layers: int, zero: int, form: str, args: argparse.Namespace) -> dict[str, object]:
+    """Peak bytes, dp collective counts, dp bytes received per rank and simulated seconds
+    (``form``: unrolled, regions or scan)."""
     mesh = dist.mesh({"dp": 2, "tp": 2})
     shapes = comm_volume.layer_params(args.dim, layers, materialize=False)
     params = {k: torch.empty(v.shape) for k, v in shapes.items()}
-    if scan:
+    options = {"precision": args.precision, "accumulate": args.accumulate}
+    if form == "scan":
         params = comm_volume.stacked(params, layers)
-        step = comm_volume.scan_training_step(mesh, zero, args.heads)
+        step = comm_volume.scan_training_step(mesh, zero, args.heads, **options)
     else:
-        step = comm_volume.training_step(mesh, zero, layers, args.heads, True)
+        regions = form == "regions"
+        step = comm_volume.training_step(mesh, zero, layers, args.heads, True, regions, **options)
     lowered = step.lower(step.init(params), torch.empty(args.batch, args.seq, args.dim))
     moves = [i for i in collectives(lowered.module_at("schedule")) if "dp" in i.mesh_axes]
     return {
@@ -57,21 +63,26 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--precision", default=None, help="the step's precision (bf16, fp16...)")
+    parser.add_argument("--accumulate", type=int, default=1, help="microbatches per step")
+    parser.add_argument("--forms", nargs="+", default=["unrolled", "scan"],
+                        choices=["unrolled", "regions", "scan"])  # fmt: skip
     args = parser.parse_args()
     print(
         f"dp × tp = 2 × 2, hidden {args.dim}, {args.heads} heads, batch {args.batch}, "
-        f"sequence {args.seq}, AdamW, f32; compiled, not run"
+        f"sequence {args.seq}, AdamW, precision {args.precision or 'f32'}, "
+        f"{args.accumulate} microbatch(es); compiled, not run"
     )
     print("| layers | zero | layers as | peak MiB/rank | dp collectives | dp MiB received/rank "
           "| step ms (sim.) |")
     print("|---:|---:|---|---:|---|---:|---:|")
     for layers in args.layers:
         for zero in (0, 1, 2, 3):
-            for scan in (False, True):
-                row = measure(layers, zero, scan, args)
+            for form in args.forms:
+                row = measure(layers, zero, form, args)
                 kinds = ", ".join(f"{n}× {k}" for k, n in sorted(row["kinds"].items()))  # type: ignore[attr-defined]
                 print(
-                    f"| {layers} | {zero} | {'scan' if scan else 'unrolled'} "
+                    f"| {layers} | {zero} | {form} "
                     f"| {row['peak'] / 2**20:.1f} | {kinds} | {row['moved'] / 2**20:.2f} "  # type: ignore[operator]
                     f"| {row['step'] * 1e3:.3f} |",  # type: ignore[operator]
                     flush=True,

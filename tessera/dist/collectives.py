@@ -82,7 +82,7 @@ def shard_unread(values: Sequence[Any], specs: Sequence[ShardSpec | Sharding | N
             if callee is not None and graph.MANUAL not in callee.attributes:
                 folded[call] = call.result_constraint_attrs()  # type: ignore[union-attr]
         attrs = folded.get(call)  # type: ignore[call-overload]
-        if attrs is None or value.uses or attrs[index] is not None or per_rank.in_manual_region():
+        if attrs is None or value.uses or per_rank.in_manual_region():
             found.append(shard(x, spec))
             continue
         mesh = _mesh("dist.shard")
@@ -92,7 +92,12 @@ def shard_unread(values: Sequence[Any], specs: Sequence[ShardSpec | Sharding | N
         else:
             spec.validate(mesh, x.shape, where)
             sharding = spec
-        if isinstance(call, graph.ScanOp) and not graph.scan_constrainable(call, index, sharding):
+        if attrs[index] is not None and attrs[index].sharding == sharding:
+            found.append(x)  # constrained so already
+            continue
+        if attrs[index] is not None or (
+            isinstance(call, graph.ScanOp) and not graph.scan_constrainable(call, index, sharding)
+        ):
             found.append(shard(x, spec))
             continue
         attrs[index] = ShardingAttr.get(MESH_SYMBOL, sharding)

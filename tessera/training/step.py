@@ -92,6 +92,7 @@ from tessera.training.mixed_precision import (
     updated_history,
     widened,
 )
+from tessera.training.region_grads import reduced_in_regions
 from tessera.training.state import TrainState, gathered, rank_shards, write_result
 from tessera.transforms.remat import REGATHER, RematPolicy
 
@@ -618,6 +619,10 @@ class TrainingStep:
                     f"{self.__name__}: the gradients returned have a different structure "
                     f"from the parameters; return graph.backward(loss) as is"
                 )
+            if mesh is not None:  # a region call's or scan's: reduced inside it, per microbatch
+                wide = precision.mixed and precision.reduce == "f32"
+                masters = [p.aval.dtype if wide else None for p in stored]
+                grad_leaves = reduced_in_regions(grad_leaves, layouts.grad, masters)
             return grad_leaves, metrics
 
         def program(params: Any, opt_state: Any, *batch: Any) -> Any:

@@ -196,7 +196,8 @@ def test_a_hung_rank_is_named_at_the_timeout() -> None:
     timeout the summary names rank 1 and its line (its heartbeat says where it is), not
     rank 0, which only waited."""
     result, seconds, summary = misbehave("hang", timeout=3)
-    assert seconds < 3 + 10, (seconds, result.stderr[-3000:])
+    # the timeout and the ranks' start and teardown (16 s once on a loaded 2-core machine)
+    assert seconds < 3 + 25, (seconds, result.stderr[-3000:])
     assert result.returncode == 1
     line = _line_of("time.sleep(120)")
     assert (
