@@ -849,6 +849,8 @@ class MoeCombineOp(GraphOp):
 PARTITIONED = "graph.partitioned"  # unit attribute of a func.func with per-rank types
 MANUAL = "graph.manual"  # unit attribute of a dist.shard_map body (see tessera.ir.manual)
 RESULT_SHARDINGS = "graph.result_shardings"  # a graph.call's constraints on its results
+# on a region variant (shard-propagate): the results it returns partial, as its calls' constraints say
+PARTIAL_RESULTS = "graph.partial_results"
 DONATED = "graph.donated"  # unit argument attribute: the program may reuse its buffer
 
 

@@ -14,7 +14,8 @@ replicated). Walking each function in order, for every op:
   ``graph.remat`` (a ZeRO-3 parameter's gather in a microbatch's forward, or the
   backward's copy, :mod:`tessera.transforms.remat`) moves the value again rather than
   reuse an earlier move;
-- ``func.return`` needs values that are not partial: partial sums are all-reduced;
+- ``func.return`` needs values that are not partial: partial sums are all-reduced
+  (but for the results a region variant returns partial, ``graph.partial_results``);
 - a region call (``graph.call``) needs its operands laid out as the callee's arguments;
 - constants are produced replicated (every rank builds them) and sliced where a split
   is needed, which is free.
@@ -77,11 +78,15 @@ class _Inserter:
             self.layout[arg] = arg_sharding(function, index) or Sharding.replicated(aval(arg).rank)
 
     def run(self) -> None:
+        partial = self.function.attributes.get(graph.PARTIAL_RESULTS)
+        kept = set(partial.get_values()) if partial is not None else set()  # type: ignore[attr-defined]
         for op in list(self.function.body.block.ops):
             if isinstance(op, func.ReturnOp):
                 for index, value in enumerate(op.operands):
                     current = self.of(value)
-                    self._use(op, index, self.reshard(value, Sharding(current.dims), op))
+                    if index not in kept:  # returned complete
+                        current = Sharding(current.dims)
+                    self._use(op, index, self.reshard(value, current, op))
             elif isinstance(op, (graph.ShardOp, graph.CollectiveOp)):
                 self._replace_statement(op)
             elif isinstance(op, graph.CallOp | graph.ScanOp):
@@ -136,7 +141,15 @@ class _Inserter:
                 needed = Sharding(((), *needed.dims))
             self._use(op, index, self.reshard(value, needed, op))
         shardings = op_shardings(op) or [Sharding.replicated(aval(r).rank) for r in op.results]
-        self._record(op, [Sharding(s.dims) for s in shardings])
+        # complete, but where a constraint keeps a result partial (shard-propagate)
+        constraints = op.result_constraints()
+        self._record(
+            op,
+            [
+                Sharding(s.dims, c.partial if c is not None else ())
+                for s, c in zip(shardings, constraints, strict=True)
+            ],
+        )
         # the callee's variant returns them constrained (shard-propagate), as it would
         # a graph.shard of each: the constraints are spent, as graph.shard ops are
         op.attributes.pop(graph.RESULT_SHARDINGS, None)

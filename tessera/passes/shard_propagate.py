@@ -29,7 +29,8 @@ Values never reached are replicated. The result sharding is written on each op
 Region calls (``graph.call``, ``graph.scan``) are propagated per distinct layout of
 their operands: the callee is propagated once per layout its calls pass (its arguments
 closed to it), and the call's results take the layouts the callee returns, never
-partial (a region reduces its partial results before returning). A scan's step gets its
+partial (a region reduces its partial results before returning) unless a constraint on
+the call keeps one partial (a gradient summed over microbatches, reduced once after). A scan's step gets its
 stacked operands' layouts without dim 0 (which stays whole), and returns its carries
 constrained to the layouts it got them in. After the callers' fixed point each call names
 the variant for its operands' layouts: the first variant of ``@f`` keeps the name, the
@@ -54,7 +55,7 @@ from math import prod
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
+from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, StringAttr, SymbolRefAttr, i64
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -159,6 +160,9 @@ class _Variants:
             # leave its callee constrained
             kept = {index: key[1][index] for index in range(carries)}
             kept |= {i: c for i, c in enumerate(key[2]) if c is not None}
+            partial = [i for i, c in kept.items() if c.partial]
+            if partial:  # insert-collectives leaves them partial at the return
+                variant.attributes[graph.PARTIAL_RESULTS] = DenseArrayBase.from_list(i64, partial)
             for index, sharding in kept.items():
                 value = returned.operands[index]
                 constraint = graph.ShardOp.create(
@@ -169,9 +173,13 @@ class _Variants:
                 Rewriter.insert_op(constraint, InsertPoint.before(returned))
                 returned.operands[index] = constraint.results[0]
             _Propagation(self.mesh, self.mesh_name, variant, self).run(self.max_iterations)
-            layouts = [Sharding(value_sharding(variant, v).dims) for v in returned.operands]
+            # complete values, but where a constraint keeps a result partial
+            layouts = [
+                Sharding(value_sharding(variant, v).dims, c.partial if c is not None else ())
+                for v, c in zip(returned.operands, _padded(key[2], len(returned.operands)), strict=True)
+            ]
             if isinstance(call, graph.ScanOp):
-                layouts[carries:] = [Sharding(((), *s.dims)) for s in layouts[carries:]]
+                layouts[carries:] = [Sharding(((), *s.dims), s.partial) for s in layouts[carries:]]
             self.propagated[key] = (variant, layouts)
         return self.propagated[key][1]
 
@@ -213,6 +221,10 @@ class _Variants:
                 block.erase_op(original)
         for variant in placed:
             block.add_op(variant)
+
+
+def _padded(constraints: Sequence[Sharding | None], count: int) -> list[Sharding | None]:
+    return [*constraints, *[None] * (count - len(constraints))]
 
 
 def _made_here(value: SSAValue) -> Sharding | None:

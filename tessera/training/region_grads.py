@@ -12,7 +12,9 @@ the gradient is made, per microbatch:
   the reduction runs in f32 after the cast, as unrolled);
 - the gradient is constrained to its reduced layout on the call (``graph.result_shardings``),
   so ZeRO-2/3 reduce-scatter it inside the call, each microbatch (as DeepSpeed's ZeRO-2
-  and FSDP do), rather than all-reducing it whole and slicing.
+  and FSDP do), rather than all-reducing it whole and slicing; a gradient kept whole
+  over dp (ZeRO-0/1) summed over microbatches leaves the call partial instead, and the
+  sum is all-reduced once (as DDP's ``no_sync``), not each microbatch's.
 """
 
 from __future__ import annotations
@@ -37,11 +39,16 @@ Caller = graph.CallOp | graph.ScanOp
 
 
 def reduced_in_regions(
-    grads: Sequence[Tensor], layouts: Sequence[Sharding], widen_to: Sequence[DType | None]
+    grads: Sequence[Tensor],
+    layouts: Sequence[Sharding],
+    widen_to: Sequence[DType | None],
+    summed_over: str | None = None,
 ) -> list[Tensor]:
     """``grads`` with each one a region call or scan makes (and nothing reads yet) cast
     to ``widen_to`` inside the callee (None: as it is) and constrained to its layout on
-    the call; the others as they are."""
+    the call; the others as they are. With ``summed_over`` (the dp axis, when the step
+    sums microbatches) a layout not split over that axis is kept partial over it: the
+    sum of the microbatches' gradients is reduced once, after it (as DDP's ``no_sync``)."""
     made: dict[Caller, list[int]] = {}
     for index, grad in enumerate(grads):
         _drop_dead_readers(grad)
@@ -59,7 +66,13 @@ def reduced_in_regions(
         for i in indices:
             found[i] = Tensor(grads[i].trace, results[grads[i].value.index])  # type: ignore[attr-defined]
     chosen = [i for indices in made.values() for i in indices]
-    constrained = shard_unread([found[i] for i in chosen], [layouts[i] for i in chosen])
+    wanted = [
+        Sharding(layouts[i].dims, ((summed_over, "sum"),))
+        if summed_over is not None and summed_over not in layouts[i].split_axes
+        else layouts[i]
+        for i in chosen
+    ]
+    constrained = shard_unread([found[i] for i in chosen], wanted)
     for i, grad in zip(chosen, constrained, strict=True):
         found[i] = grad
     return found

@@ -622,7 +622,8 @@ class TrainingStep:
             if mesh is not None:  # a region call's or scan's: reduced inside it, per microbatch
                 wide = precision.mixed and precision.reduce == "f32"
                 masters = [p.aval.dtype if wide else None for p in stored]
-                grad_leaves = reduced_in_regions(grad_leaves, layouts.grad, masters)
+                summed = self.dp_axis if self.accumulate > 1 else None
+                grad_leaves = reduced_in_regions(grad_leaves, layouts.grad, masters, summed)
             return grad_leaves, metrics
 
         def program(params: Any, opt_state: Any, *batch: Any) -> Any:

@@ -197,21 +197,23 @@ def test_scan_zero_benchmark_moves_the_unrolled_bytes() -> None:
         assert scan["moved"] == pytest.approx(unrolled["moved"], rel=0.01), (zero, unrolled, scan)
 
 
-@pytest.mark.parametrize("zero", [2, 3])
-def test_region_and_scan_gradients_are_reduce_scattered_in_f32_per_microbatch(zero: int) -> None:
-    """bf16 with f32 reductions and 2 microbatches under ZeRO-2/3, the layers unrolled,
-    as region calls and as one scan: every form reduce-scatters each gradient over dp in
-    f32 (the region's and scan's per microbatch, as DeepSpeed's ZeRO-2 does; unrolled
-    once, after the sum) and makes no dp all-reduce but the loss's; the losses of three
-    steps agree (bf16 compute, f32 sums in other orders: 2e-3 relative). Before, a region
-    call or scan all-reduced each gradient whole, in bf16, once per microbatch."""
+@pytest.mark.parametrize("zero", [0, 2, 3])
+def test_region_and_scan_gradients_are_reduced_in_f32_as_unrolled(zero: int) -> None:
+    """bf16 with f32 reductions and 2 microbatches, the layers unrolled, as region calls
+    and as one scan: every form reduces the gradients over dp in f32 and receives the
+    unrolled step's bytes for them under ZeRO-0 (the microbatches' sum all-reduced once,
+    as DDP's ``no_sync``); under ZeRO-2/3 every form reduce-scatters each gradient (the
+    region's and scan's per microbatch, as DeepSpeed's ZeRO-2 does; unrolled once, after
+    the sum) and makes no dp all-reduce but the loss's. The losses of three steps agree
+    (bf16 compute, f32 sums in other orders: 2e-3 relative). Before, a region call or
+    scan all-reduced each gradient whole, in bf16, once per microbatch."""
     layers, layout = 2, comm_volume.layouts(MESH, False)[1]
     options = {
         "zero": zero, "precision": "bf16", "accumulate": 2, "kernels": "reference",
         "mesh": MESH, "optimizer": optim.AdamW(lr=1e-3),
     }  # fmt: skip
     x = torch.randn(8, 8, 32, generator=torch.Generator().manual_seed(5))
-    found = {}
+    found, reduced = {}, {}
     for mode in ("unrolled", "regions", "scan"):
         if mode == "scan":
 
@@ -241,11 +243,18 @@ def test_region_and_scan_gradients_are_reduce_scattered_in_f32_per_microbatch(ze
         losses = [float(train(state, x)["loss"]) for _ in range(3)]
         moves = [c for c in train.lower(state, x).collectives() if "dp" in c.mesh_axes]
         found[mode] = losses
+        # the gradients' (the loss's, a bf16 scalar, aside)
+        reductions = [c for c in moves if c.kind in ("reduce_scatter", "all_reduce") and c.shape]
+        assert {c.dtype for c in reductions} == {"f32"}, mode
+        if zero == 0:
+            reduced[mode] = sum(c.nbytes for c in reductions)
+            continue
         scatters = [c for c in moves if c.kind == "reduce_scatter"]
-        assert scatters and {c.dtype for c in scatters} == {"f32"}, mode
         assert sum(c.kind == "all_reduce" for c in moves) == 1, (mode, moves)  # the loss
         per_microbatch = 2 if mode != "unrolled" else 1
         assert len(scatters) == per_microbatch * 10 * layers, (mode, len(scatters))
+    if zero == 0:
+        assert reduced["regions"] == reduced["scan"] == reduced["unrolled"], reduced
     assert found["regions"] == pytest.approx(found["unrolled"], rel=2e-3)
     assert found["scan"] == pytest.approx(found["unrolled"], rel=2e-3)
 
@@ -325,6 +334,20 @@ def test_regions_and_scans_over_four_processes() -> None:
     from test_distributed import SCRIPTS, tessera_run
 
     result = tessera_run(4, SCRIPTS / "regions.py", kernels="reference", limit=240.0, timeout=180.0)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in range(4):
+        assert f"rank {rank}: unrolled, regions and scan losses" in result.stdout
+
+
+def test_zero3_regions_and_scans_over_four_processes() -> None:
+    """The same under ZeRO-3: each process re-cuts its shards of the scan's stacks when
+    the first trace finds them scanned (the stacks move from a split over the layers to
+    a split inside each layer), and the three forms still agree on every rank."""
+    from test_distributed import SCRIPTS, tessera_run
+
+    result = tessera_run(
+        4, SCRIPTS / "regions.py", "3", kernels="reference", limit=240.0, timeout=180.0
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in range(4):
         assert f"rank {rank}: unrolled, regions and scan losses" in result.stdout

@@ -62,3 +62,64 @@ func.func private @layer(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
   %y = graph.exp %x : tensor<8x16xf32>
   func.return %y : tensor<8x16xf32>
 }
+
+// -----
+
+// A scan's stacked result folds a constraint that keeps dim 0 (the steps) whole: each
+// step returns its slice so laid out, so the dp-partial product (a gradient) is
+// reduce-scattered step by step inside the scan, not all-reduced whole.
+// FOLD-LABEL:  func.func @scanned
+// FOLD:          graph.scan @step(%x, %w) {carries = 1, length = 2, reverse = false} attributes {graph.result_shardings = [unit, #graph.sharding<@mesh, {{\[\[}}], [dp], []]>]}
+// FOLD-NOT:      = graph.shard %
+// SHARD-LABEL: func.func @scanned
+// SHARD-NOT:     graph.result_shardings
+// SHARD-NOT:     = graph.shard %
+// SHARD:       func.func private @step(
+// SHARD:         graph.reduce_scatter %{{.*}} {axes = [dp], dim = 0, kind = sum}
+// SHARD-NOT:     graph.all_reduce
+// SHARD:         func.return
+graph.mesh @mesh axes = [dp = 2]
+func.func @scanned(%x: tensor<64x16xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], []]>}, %w: tensor<2x64x16xf32> {graph.sharding = #graph.sharding<@mesh, [[], [], []]>}) -> (tensor<64x16xf32>, tensor<2x16x16xf32>) {
+  %h, %g = graph.scan @step(%x, %w) {carries = 1, length = 2, reverse = false} : (tensor<64x16xf32>, tensor<2x64x16xf32>) -> (tensor<64x16xf32>, tensor<2x16x16xf32>)
+  %s = graph.shard %g {sharding = #graph.sharding<@mesh, [[], [dp], []]>} : tensor<2x16x16xf32>
+  func.return %h, %s : tensor<64x16xf32>, tensor<2x16x16xf32>
+}
+func.func private @step(%h: tensor<64x16xf32>, %w: tensor<64x16xf32>) -> (tensor<64x16xf32>, tensor<16x16xf32>) {
+  %t = graph.transpose %h {perm = [1, 0]} : tensor<64x16xf32> -> tensor<16x64xf32>
+  %g = graph.matmul %t, %h : tensor<16x64xf32>, tensor<64x16xf32> -> tensor<16x16xf32>
+  %n = graph.add %h, %w : tensor<64x16xf32>
+  func.return %n, %g : tensor<64x16xf32>, tensor<16x16xf32>
+}
+
+// -----
+
+// A constraint that keeps a result partial (a gradient summed over microbatches) leaves
+// the variant partial (graph.partial_results: no reduction at its return); the caller
+// sums the two calls' partial results and all-reduces the sum once.
+// FOLD-LABEL:  func.func @summed
+// FOLD:          graph.call @grad(%x) attributes {graph.result_shardings = [#graph.sharding<@mesh, {{\[\[}}], []], partial = sum[dp]>]}
+// FOLD:          graph.call @grad(%y) attributes {graph.result_shardings = [#graph.sharding<@mesh, {{\[\[}}], []], partial = sum[dp]>]}
+// SHARD-LABEL: func.func @summed
+// SHARD:         graph.call @grad(%x)
+// SHARD:         graph.call @grad(%y)
+// SHARD:         graph.add
+// SHARD:         graph.all_reduce %{{.*}} {axes = [dp], kind = sum}
+// SHARD-NOT:     graph.all_reduce
+// SHARD:       func.func private @grad({{.*}} attributes {graph.partial_results = array<i64: 0>
+// SHARD-NOT:     graph.all_reduce
+// SHARD:         func.return
+graph.mesh @mesh axes = [dp = 2]
+func.func @summed(%x: tensor<64x16xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], []]>}, %y: tensor<64x16xf32> {graph.sharding = #graph.sharding<@mesh, [[dp], []]>}) -> tensor<16x16xf32> {
+  %a = graph.call @grad(%x) : (tensor<64x16xf32>) -> (tensor<16x16xf32>)
+  %pa = graph.shard %a {sharding = #graph.sharding<@mesh, [[], []], partial = sum[dp]>} : tensor<16x16xf32>
+  %b = graph.call @grad(%y) : (tensor<64x16xf32>) -> (tensor<16x16xf32>)
+  %pb = graph.shard %b {sharding = #graph.sharding<@mesh, [[], []], partial = sum[dp]>} : tensor<16x16xf32>
+  %s = graph.add %pa, %pb : tensor<16x16xf32>
+  %r = graph.shard %s {sharding = #graph.sharding<@mesh, [[], []]>} : tensor<16x16xf32>
+  func.return %r : tensor<16x16xf32>
+}
+func.func private @grad(%x: tensor<64x16xf32>) -> tensor<16x16xf32> {
+  %t = graph.transpose %x {perm = [1, 0]} : tensor<64x16xf32> -> tensor<16x64xf32>
+  %g = graph.matmul %t, %x : tensor<16x64xf32>, tensor<64x16xf32> -> tensor<16x16xf32>
+  func.return %g : tensor<16x16xf32>
+}

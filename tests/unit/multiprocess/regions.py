@@ -1,6 +1,7 @@
 """A dp x tp = 2 x 2 training step over four processes (gloo), its layers unrolled, as
 graph.region calls and as one graph.scan over stacked parameters: on every process the
-three give the same losses (float32, relative tolerance 1e-5)."""
+three give the same losses (float32, relative tolerance 1e-5). The ZeRO stage is the
+first argument (default 0)."""
 
 from __future__ import annotations
 
@@ -16,15 +17,16 @@ import comm_volume
 from tessera import dist
 
 LAYERS, STEPS = 3, 2
+ZERO = int(sys.argv[1]) if len(sys.argv) > 1 else 0
 
 
 def losses(mode: str) -> list[float]:
     mesh = dist.mesh({"dp": 2, "tp": 2})
     if mode == "scan":
-        step = comm_volume.scan_training_step(mesh, 0, 4)
+        step = comm_volume.scan_training_step(mesh, ZERO, 4)
         params = comm_volume.stacked(comm_volume.layer_params(32, LAYERS), LAYERS)
     else:
-        step = comm_volume.training_step(mesh, 0, LAYERS, 4, True, mode == "regions")
+        step = comm_volume.training_step(mesh, ZERO, LAYERS, 4, True, mode == "regions")
         params = comm_volume.layer_params(32, LAYERS)
     state = step.init(params)
     x = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(5))

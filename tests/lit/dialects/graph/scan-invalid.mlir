@@ -56,3 +56,17 @@ func.func @constraint_kind(%x: tensor<4xf32>) -> tensor<4xf32> {
 func.func private @called(%x: tensor<4xf32>) -> tensor<4xf32> {
   func.return %x : tensor<4xf32>
 }
+
+// -----
+
+// A scan constrains only its stacked results, each with dim 0 (the steps) whole.
+// CHECK: graph.scan @step: graph.result_shardings entry #1 must be unit (a carry) or keep dim 0 whole (a stacked result), found #graph.sharding<@mesh, {{\[\[}}tp], []]>
+graph.mesh @mesh axes = [tp = 2]
+func.func @split_steps(%x: tensor<4xf32>, %w: tensor<2x4xf32>) -> (tensor<4xf32>, tensor<2x4xf32>) {
+  %h, %y = graph.scan @step(%x, %w) {carries = 1, length = 2, reverse = false} attributes {graph.result_shardings = [unit, #graph.sharding<@mesh, [[tp], []]>]} : (tensor<4xf32>, tensor<2x4xf32>) -> (tensor<4xf32>, tensor<2x4xf32>)
+  func.return %h, %y : tensor<4xf32>, tensor<2x4xf32>
+}
+func.func private @step(%h: tensor<4xf32>, %w: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  %n = graph.add %h, %w : tensor<4xf32>
+  func.return %n, %n : tensor<4xf32>, tensor<4xf32>
+}
