@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -63,6 +64,36 @@ def _check(grads, expected) -> None:
     (g, gx), (e, ex) = grads, expected
     assert max((g[k] - e[k]).abs().max().item() for k in g) < TOL
     assert (gx - ex).abs().max().item() < TOL
+
+
+def _layers_as(
+    mode: str, layers: int, block: Any, options: dict[str, Any]
+) -> tuple[graph.TrainingStep, dict[str, torch.Tensor]]:
+    """A training step of ``layers`` ``block`` layers (``comm_volume``'s Megatron layouts
+    on ``MESH``) with ``options``, the layers unrolled, as region calls or as one scan
+    over stacked parameters; and its parameters (width 32)."""
+    if mode == "scan":
+
+        def step(p, x):
+            x, _ = graph.scan(lambda h, q: (block(h, q, 4), None), x, p)
+            loss = op.mean(x * x)
+            return graph.backward(loss), {"loss": loss}
+
+        specs = comm_volume.stacked_layouts(MESH)
+        params = comm_volume.stacked(comm_volume.layer_params(32, layers), layers)
+    else:
+        layout = comm_volume.layouts(MESH, False)[1]
+        layer = graph.region(block) if mode == "regions" else block
+
+        def step(p, x):
+            for i in range(layers):
+                x = layer(x, {n: p[f"{n}{i}"] for n in layout}, 4)
+            loss = op.mean(x * x)
+            return graph.backward(loss), {"loss": loss}
+
+        specs = {f"{n}{i}": s for i in range(layers) for n, s in layout.items()}
+        params = comm_volume.layer_params(32, layers)
+    return graph.training_step(step, param_shardings=specs, **options), params
 
 
 @pytest.mark.parametrize("kernels", ["reference", "triton"])
@@ -207,7 +238,7 @@ def test_region_and_scan_gradients_are_reduced_in_f32_as_unrolled(zero: int) -> 
     the sum) and makes no dp all-reduce but the loss's. The losses of three steps agree
     (bf16 compute, f32 sums in other orders: 2e-3 relative). Before, a region call or
     scan all-reduced each gradient whole, in bf16, once per microbatch."""
-    layers, layout = 2, comm_volume.layouts(MESH, False)[1]
+    layers = 2
     options = {
         "zero": zero, "precision": "bf16", "accumulate": 2, "kernels": "reference",
         "mesh": MESH, "optimizer": optim.AdamW(lr=1e-3),
@@ -215,30 +246,7 @@ def test_region_and_scan_gradients_are_reduced_in_f32_as_unrolled(zero: int) -> 
     x = torch.randn(8, 8, 32, generator=torch.Generator().manual_seed(5))
     found, reduced = {}, {}
     for mode in ("unrolled", "regions", "scan"):
-        if mode == "scan":
-
-            def step(p, x):
-                x, _ = graph.scan(
-                    lambda h, q: (comm_volume.transformer_layer(h, q, 4), None), x, p
-                )
-                loss = op.mean(x * x)
-                return graph.backward(loss), {"loss": loss}
-
-            specs = comm_volume.stacked_layouts(MESH)
-            params = comm_volume.stacked(comm_volume.layer_params(32, layers), layers)
-        else:
-            block = comm_volume.transformer_layer
-            layer = graph.region(block) if mode == "regions" else block
-
-            def step(p, x, layer=layer):
-                for i in range(layers):
-                    x = layer(x, {n: p[f"{n}{i}"] for n in layout}, 4)
-                loss = op.mean(x * x)
-                return graph.backward(loss), {"loss": loss}
-
-            specs = {f"{n}{i}": s for i in range(layers) for n, s in layout.items()}
-            params = comm_volume.layer_params(32, layers)
-        train = graph.training_step(step, param_shardings=specs, **options)
+        train, params = _layers_as(mode, layers, comm_volume.transformer_layer, options)
         state = train.init(params)
         losses = [float(train(state, x)["loss"]) for _ in range(3)]
         moves = [c for c in train.lower(state, x).collectives() if "dp" in c.mesh_axes]
@@ -357,7 +365,7 @@ def test_every_training_option_at_once_agrees_unrolled_regions_and_scan() -> Non
     """ZeRO-2, bf16, clipping, accumulation, checkpointed layers and a warmup-cosine
     schedule on dp × tp: the layers unrolled, as region calls and as one scan give the
     same losses (bf16 compute: 1e-2 relative)."""
-    layers, layout = 3, comm_volume.layouts(MESH, False)[1]
+    layers = 3
     block = graph.checkpoint(comm_volume.transformer_layer)
     options = {
         "zero": 2, "precision": "bf16", "clip_grad_norm": 0.5, "accumulate": 2,
@@ -366,27 +374,7 @@ def test_every_training_option_at_once_agrees_unrolled_regions_and_scan() -> Non
     }  # fmt: skip
     found = {}
     for mode in ("unrolled", "regions", "scan"):
-        if mode == "scan":
-
-            def step(p, x):
-                x, _ = graph.scan(lambda h, q: (block(h, q, 4), None), x, p)
-                loss = op.mean(x * x)
-                return graph.backward(loss), {"loss": loss}
-
-            specs = comm_volume.stacked_layouts(MESH)
-            params = comm_volume.stacked(comm_volume.layer_params(32, layers), layers)
-        else:
-            layer = graph.region(block) if mode == "regions" else block
-
-            def step(p, x, layer=layer):
-                for i in range(layers):
-                    x = layer(x, {n: p[f"{n}{i}"] for n in layout}, 4)
-                loss = op.mean(x * x)
-                return graph.backward(loss), {"loss": loss}
-
-            specs = {f"{n}{i}": s for i in range(layers) for n, s in layout.items()}
-            params = comm_volume.layer_params(32, layers)
-        train = graph.training_step(step, param_shardings=specs, **options)
+        train, params = _layers_as(mode, layers, block, options)
         state = train.init(params)
         x = torch.randn(8, 8, 32, generator=torch.Generator().manual_seed(5))
         found[mode] = [float(train(state, x)["loss"]) for _ in range(3)]
