@@ -505,9 +505,10 @@ def _derivative(
         for v in o.operands:
             if v in defined and v.owner not in constants and v not in residuals:
                 residuals.append(v)
+    residuals, views = _views_recomputed(residuals, forward_part, set(primal), constants)
     used_constants = [
         o for o in forward_part if o in constants and any(
-            u.operation in backward_part for r in o.results for u in r.uses
+            u.operation in (*views, *backward_part) for r in o.results for u in r.uses
         )
     ]  # fmt: skip
     forward_results = [*outputs, *residuals]
@@ -519,13 +520,49 @@ def _derivative(
         ]  # fmt: skip
     forward = _outline(f"{name}_fwd", primal, _live(forward_part, forward_results), forward_results)
     backward = _outline(
-        f"{name}_bwd", backward_arguments, [*used_constants, *backward_part], list(grads)
+        f"{name}_bwd", backward_arguments, [*used_constants, *views, *backward_part], list(grads)
     )
     derivative = _Derivative(
         table.add(forward), table.add(backward), float_results, float_arguments
     )
     table.derived[key] = derivative  # type: ignore[assignment]
     return derivative
+
+
+def _views_recomputed(
+    residuals: Sequence[SSAValue],
+    forward: Sequence[Operation],
+    primal: set[SSAValue],
+    constants: set[Operation],
+) -> tuple[list[SSAValue], list[Operation]]:
+    """The residuals with each made by a layout op (a reshape, a transpose, a broadcast:
+    :attr:`Fusion.LAYOUT`) of one operand replaced by that operand, when the operand is a
+    primal argument, a constant (the backward copies those), another residual, or no
+    larger; and those layout ops, in forward order, for the backward to redo. A view the
+    forward returns would be materialised (its result leaves the function), where the
+    backward's kernels read it in place, as the unrolled step's do: XLA and Inductor's
+    min-cut partitioners recompute such ops rather than save them."""
+    order = {o: i for i, o in enumerate(forward)}
+    kept = list(residuals)
+    views: set[Operation] = set()
+    changed = True
+    while changed:
+        changed = False
+        for v in list(kept):
+            maker = v.owner
+            if not isinstance(maker, Operation) or maker not in order or len(maker.operands) != 1:
+                continue
+            if fusion_of(maker) is not Fusion.LAYOUT or len(maker.results) != 1:
+                continue
+            source = maker.operands[0]
+            if not (source in primal or source in kept or aval(source).nbytes <= aval(v).nbytes):
+                continue
+            kept.remove(v)
+            if source not in primal and source not in kept and source.owner not in constants:
+                kept.append(source)
+            views.add(maker)
+            changed = True
+    return kept, sorted(views, key=order.__getitem__)
 
 
 def _live(ops: Sequence[Operation], needed: Sequence[SSAValue]) -> list[Operation]:

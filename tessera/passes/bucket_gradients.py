@@ -34,8 +34,9 @@ ranks are contiguous, and packing them as one row per rank is a reshape::
     packed = concat(reshape(x_0, [n, m_0]), …, axis 1); r = reduce_scatter(packed, dim 0)
     r_i = reshape(slice(r, [0, o_i : 1, o_i + m_i]), local shape_i)
 
-(an all-gather the inverse: local blocks flattened into one row, gathered along dim 0,
-each result its column range reshaped). A split inner dimension (a context-parallel
+(an all-gather the inverse: local blocks flattened into one row, gathered along dim 0;
+each member's columns of the ``n`` rows are strided, so one ``graph.split`` copies them
+all out in one pass, as FSDP2's ``split_with_sizes_copy`` does, and each is reshaped). A split inner dimension (a context-parallel
 attention's k and v along the sequence) would need a transposed copy of each whole
 member: those stay apart (the copies would cost more memory than the latency saved). An
 all-gather is never moved earlier (its whole copy would live longer): each first moves
@@ -56,7 +57,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
-from xdsl.rewriter import Rewriter
+from xdsl.rewriter import InsertPoint, Rewriter
 
 from tessera.errors import TesseraError
 from tessera.ir import graph
@@ -258,17 +259,22 @@ def _emit_rows(members: list[Bucketed], n: int) -> None:
     ]
     packed = emit(graph.ConcatOp, rows, axis=1)
     moved = emit(type(last), [packed], **{**last.attrs(), "dim": 0}, group_size=n)
-    offset, results = 0, []
-    for member, width in zip(members, widths, strict=True):
-        piece = emit(
-            graph.SliceOp,
-            [moved],
-            starts=[0, offset],
-            limits=[rows_out, offset + width],
-            strides=[1, 1],
-        )
-        results.append(emit(graph.ReshapeOp, [piece], shape=aval(member.results[0]).shape))
-        offset += width
+    shapes = [aval(m.results[0]).shape for m in members]
+    results: list[SSAValue] = []
+    if rows_out == 1:  # one row: each member's columns are a contiguous slice (a view)
+        offset = 0
+        for width, shape in zip(widths, shapes, strict=True):
+            piece = emit(
+                graph.SliceOp, [moved], starts=[0, offset], limits=[1, offset + width],
+                strides=[1, 1],
+            )  # fmt: skip
+            results.append(emit(graph.ReshapeOp, [piece], shape=shape))
+            offset += width
+    else:  # rows of ranks: each member's columns are strided, copied out in one pass
+        split = graph.build(graph.SplitOp, [moved], axis=1, sizes=widths)
+        Rewriter.insert_op(split, InsertPoint.before(last))
+        for piece, shape in zip(split.results, shapes, strict=True):
+            results.append(emit(graph.ReshapeOp, [piece], shape=shape))
     _replace(members, results)
 
 

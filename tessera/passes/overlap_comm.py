@@ -20,7 +20,12 @@ wait are what the transfer can hide behind. The pass:
   XLA's latency-hiding scheduler keeps one all-gather in flight. A gathered copy is
   whole from its start, so starting every gather at its operand (a ZeRO-3 parameter's,
   the function's start) would hold all of them at once (a gather only the return reads,
-  a result, is not held back);
+  a result, is not held back). The reader is looked for through *moves*, kernels that
+  only slice, split, reshape or concatenate (``bucket-gradients``' unpacking of a bucket): a
+  region call's parameters, gathered as one bucket, are prefetched while the previous
+  call computes, not while the previous bucket unpacks. A gather that starts below
+  that point because its operand is packed there (``bucket-gradients``' concat of the
+  members' shards, whose inputs are ready earlier) moves up with its pack;
 - moves every wait down to just before the first op that uses its result (the return,
   when only the return does; the end of the function for a send's wait), except a wait
   marked ``schedule.user_wait``: per-rank code called ``h.wait()`` there (a
@@ -47,7 +52,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation
 from xdsl.passes import ModulePass
 
-from tessera.ir import schedule
+from tessera.ir import graph, schedule
 
 
 @dataclass(frozen=True)
@@ -94,27 +99,44 @@ def hoist_starts(block: Block) -> None:
 
 def one_gather_ahead(block: Block) -> None:
     """Each all-gather's start (and its wait, when before) moved down to just before the
-    first reader of the all-gather read before it, when it is above that. One read only
-    by the return (a result: ZeRO-1/2's updated parameters) is left alone: its buffer is
-    the function's result, allocated anyway."""
-    position = {op: i for i, op in enumerate(block.ops)}
-    readers: list[tuple[int, schedule.StartOp, Operation]] = []
+    first reader of the all-gather read before it (looked for through moves), when it is
+    above that and its own result is not read before; or up there with the move that
+    packs its operand (:func:`_raise_with_pack`), when it is below. One read only by the
+    return (a result: ZeRO-1/2's updated parameters) is left alone: its buffer is the
+    function's result, allocated anyway."""
+    position: dict[Operation, float] = {op: i for i, op in enumerate(block.ops)}
+    readers: list[tuple[float, schedule.StartOp, Operation]] = []
     for start in block.ops:
         if isinstance(start, schedule.StartOp) and start.collective_name == "all_gather":
-            reader = _first_reader(block, start, position)
+            reader = _first_reader(block, start, position, through_moves=True)
             if reader is not None and not isinstance(reader, func.ReturnOp):
                 readers.append((position[reader], start, reader))
     readers.sort(key=lambda found: found[0])
     for (_, _, previous), (_, start, _) in itertools.pairwise(readers):
-        if position[start] >= position[previous]:
+        target = previous
+        own = _first_reader(block, start, position, through_moves=False)
+        if own is not None and position[own] < position[target]:
+            target = own  # a move unpacks it there: the start and wait stay above it
+        if position[start] >= position[target]:
+            _raise_with_pack(block, start, target, position)
             continue
         waits = [block.find_ancestor_op_in_block(use.operation) for use in start.results[0].uses]
-        start.detach()
-        block.insert_op_before(start, previous)
-        for wait in waits:  # it was before its reader, so before ``previous`` too
-            if wait is not None and position[wait] < position[previous]:
+        _move_before(block, start, target, position)
+        for wait in waits:  # it was before its reader, so before ``target`` too
+            if wait is not None and position[wait] < position[target]:
                 wait.detach()
                 block.insert_op_after(wait, start)
+                position[wait] = position[start] + 0.25
+
+
+def _move_before(
+    block: Block, op: Operation, target: Operation, position: dict[Operation, float]
+) -> None:
+    """``op`` moved to just before ``target``; its position (used for ordering only) in
+    between."""
+    op.detach()
+    block.insert_op_before(op, target)
+    position[op] = position[target] - 0.5
 
 
 def one_scatter_in_flight(block: Block) -> None:
@@ -135,17 +157,57 @@ def one_scatter_in_flight(block: Block) -> None:
 
 
 def _first_reader(
-    block: Block, start: schedule.StartOp, position: dict[Operation, int]
+    block: Block,
+    start: schedule.StartOp,
+    position: dict[Operation, float],
+    through_moves: bool,
 ) -> Operation | None:
-    """The first op (not a wait) that reads the result of ``start``'s collective."""
-    readers = [
-        reader
-        for wait_use in start.results[0].uses
-        for result in wait_use.operation.results
-        for use in result.uses
-        if (reader := block.find_ancestor_op_in_block(use.operation)) is not None
-    ]
+    """The first op (not a wait) that reads the result of ``start``'s collective; with
+    ``through_moves``, not a move either (see :func:`_is_move`): the first that reads it
+    through moves."""
+    values = [result for use in start.results[0].uses for result in use.operation.results]
+    readers: list[Operation] = []
+    while values:
+        for use in values.pop().uses:
+            reader = block.find_ancestor_op_in_block(use.operation)
+            if reader is None:
+                continue
+            if through_moves and _is_move(reader):
+                values.extend(reader.results)
+            else:
+                readers.append(reader)
     return min(readers, key=position.__getitem__, default=None)
+
+
+_MOVES = (graph.SliceOp, graph.ReshapeOp, graph.ConcatOp, graph.SplitOp)
+
+
+def _is_move(op: Operation) -> bool:
+    """A kernel that only slices, splits, reshapes or concatenates (a bucket's packing or
+    unpacking): it computes nothing a transfer could hide behind."""
+    return isinstance(op, schedule.KernelOp) and all(
+        isinstance(inner, (*_MOVES, schedule.YieldOp)) for inner in op.body.block.ops
+    )
+
+
+def _raise_with_pack(
+    block: Block, start: schedule.StartOp, target: Operation, position: dict[Operation, float]
+) -> None:
+    """``start`` (at or below ``target``) moved to just before ``target`` with the move
+    kernel that packs its operand, when that kernel is read only by ``start`` and its
+    inputs are made above ``target``."""
+    pack = start.operands[0].owner
+    if not isinstance(pack, Operation) or not _is_move(pack) or pack.parent_block() is not block:
+        return
+    if any(use.operation is not start for result in pack.results for use in result.uses):
+        return
+    for value in pack.operands:
+        maker = value.owner
+        if isinstance(maker, Operation) and position[maker] >= position[target]:
+            return
+    _move_before(block, pack, target, position)
+    _move_before(block, start, target, position)
+    position[pack] = position[start] - 0.25
 
 
 def _is_permute(start: Operation | None) -> bool:

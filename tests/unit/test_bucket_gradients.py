@@ -8,6 +8,7 @@ import torch
 
 import tessera as ts
 from tessera import dist, graph, op, optim, schedule
+from tessera.ir import graph as ir_graph
 from tessera.ir import schedule as schedule_ir
 
 ROWS = dist.ShardSpec(partition=(0,), mesh_axes=("dp",))
@@ -184,6 +185,22 @@ def test_zero_reduce_scatters_and_parameter_gathers_share_buckets_bit_identicall
     ref = {k: v.double() for k, v in params.items()}
     out = torch.nn.functional.gelu(x.double() @ ref["w1"] + ref["b1"]) @ ref["w2"]
     assert l0[0].item() == pytest.approx(((out - y.double()) ** 2).mean().item(), rel=1e-6)
+
+
+def test_a_bucket_of_gathers_is_copied_out_in_one_kernel() -> None:
+    """ZeRO-2's updated parameters, gathered as one bucket of rows (a rank's blocks per
+    row), are copied out of the rows by one split kernel, as FSDP2's
+    ``split_with_sizes_copy`` does, not by one strided slice kernel per parameter; then
+    only reshapes, which cost nothing."""
+    step = _zero2_step()
+    params, x, y = _zero2_inputs()
+    lowered = step.lower(step.init(params), x, y)
+    (gather,) = [s for s in _starts(lowered) if s.collective.data == "all_gather"]
+    (wait,) = [use.operation for use in gather.handle.uses]
+    (kernel,) = {use.operation for use in wait.results[0].uses}
+    assert isinstance(kernel, schedule_ir.KernelOp)
+    (split,) = [o for o in kernel.body.block.ops if isinstance(o, ir_graph.SplitOp)]
+    assert len(split.results) == 3
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -44,3 +44,27 @@ func.func private @step(%h: tensor<4xf32>, %w: tensor<4xf32>) -> tensor<4xf32> {
   %1 = graph.tanh %0 : tensor<4xf32>
   func.return %1 : tensor<4xf32>
 }
+
+// -----
+
+// A residual made by a layout op (the transpose of a matmul's result) is not saved: the
+// forward returns the matmul's result, and the backward redoes the transpose, which its
+// kernels read in place (saved, it would be copied out of the forward).
+// CHECK-LABEL: func.func @loss
+// CHECK:       func.func private @heads_fwd(%x: tensor<4x6xf32>, %w: tensor<6x6xf32>) -> (tensor<6x4xf32>, tensor<4x6xf32>)
+// CHECK:         %[[Y:.*]] = graph.matmul %x, %w
+// CHECK:         func.return %{{.*}}, %[[Y]] : tensor<6x4xf32>, tensor<4x6xf32>
+// CHECK:       func.func private @heads_bwd(%x: tensor<4x6xf32>, %w: tensor<6x6xf32>, %[[R:.*]]: tensor<4x6xf32>, %{{.*}}: tensor<6x4xf32>)
+// CHECK-NEXT:    %[[T:.*]] = graph.transpose %[[R]] {perm = [1, 0]}
+// CHECK:         graph.mul %{{.*}}, %[[T]]
+func.func @loss(%x: tensor<4x6xf32>, %w: tensor<6x6xf32>) -> tensor<f32> {
+  %0 = graph.call @heads(%x, %w) : (tensor<4x6xf32>, tensor<6x6xf32>) -> (tensor<6x4xf32>)
+  %1 = graph.sum %0 {axes = [0, 1], keepdims = false} : tensor<6x4xf32> -> tensor<f32>
+  func.return %1 : tensor<f32>
+}
+func.func private @heads(%x: tensor<4x6xf32>, %w: tensor<6x6xf32>) -> tensor<6x4xf32> {
+  %0 = graph.matmul %x, %w : tensor<4x6xf32>, tensor<6x6xf32> -> tensor<4x6xf32>
+  %1 = graph.transpose %0 {perm = [1, 0]} : tensor<4x6xf32> -> tensor<6x4xf32>
+  %2 = graph.mul %1, %1 : tensor<6x4xf32>
+  func.return %2 : tensor<6x4xf32>
+}

@@ -149,17 +149,17 @@ func.func @scatters(%a: tensor<4x8xf32>, %b: tensor<1x4x3xf32>, %c: tensor<2x4x3
 
 // All-gathers of one (axes, dtype) with no use between them are combined where the last
 // was (never moved earlier): each block flattened into one row, one gather of the rows
-// over dp = 2, each result its column range reshaped (a gathered dim 1 of 1x2x3 too:
-// nothing before it). The gather of dim 1 of 2x2x3 stays alone.
+// over dp = 2, the rows split into the members' column ranges in one pass (their
+// columns are strided: FSDP2's split_with_sizes_copy), each reshaped (a gathered dim 1
+// of 1x2x3 too: nothing before it). The gather of dim 1 of 2x2x3 stays alone.
 // CHECK-LABEL: func.func @gathers
 // CHECK:         graph.all_gather %{{.*}} {axes = [dp], dim = 1} : tensor<2x2x3xf32> -> tensor<2x4x3xf32>
 // CHECK:         %[[FA:.*]] = graph.reshape %{{.*}} : tensor<2x8xf32> -> tensor<1x16xf32>
 // CHECK-NEXT:    %[[FB:.*]] = graph.reshape %{{.*}} : tensor<1x2x3xf32> -> tensor<1x6xf32>
 // CHECK-NEXT:    %[[P:.*]] = graph.concat %[[FA]], %[[FB]] {axis = 1} : tensor<1x16xf32>, tensor<1x6xf32> -> tensor<1x22xf32>
 // CHECK-NEXT:    %[[G:.*]] = graph.all_gather %[[P]] {axes = [dp], dim = 0} : tensor<1x22xf32> -> tensor<2x22xf32>
-// CHECK-NEXT:    %[[SA:.*]] = graph.slice %[[G]] {starts = [0, 0], limits = [2, 16], strides = [1, 1]} : tensor<2x22xf32> -> tensor<2x16xf32>
+// CHECK-NEXT:    %[[SA:.*]], %[[SB:.*]] = graph.split %[[G]] {axis = 1} : tensor<2x22xf32> -> (tensor<2x16xf32>, tensor<2x6xf32>)
 // CHECK-NEXT:    graph.reshape %[[SA]] : tensor<2x16xf32> -> tensor<4x8xf32>
-// CHECK-NEXT:    %[[SB:.*]] = graph.slice %[[G]] {starts = [0, 16], limits = [2, 22], strides = [1, 1]} : tensor<2x22xf32> -> tensor<2x6xf32>
 // CHECK-NEXT:    graph.reshape %[[SB]] : tensor<2x6xf32> -> tensor<1x4x3xf32>
 // CHECK-NEXT:    func.return
 // OFF-LABEL: func.func @gathers

@@ -495,3 +495,62 @@ func.func @one_scatter_in_flight(%x: tensor<16x16xf32>) -> (tensor<4x16xf32>, te
   %s1 = schedule.wait %h1 : !schedule.handle<tensor<4x16xf32>> -> tensor<4x16xf32>
   func.return %s0, %s1 : tensor<4x16xf32>, tensor<4x16xf32>
 }
+
+// -----
+
+// A bucket of gathers (bucket-gradients' pack, gather, split) is prefetched while the
+// previous layer computes: its first reader is looked for through the moves that unpack
+// it, and the gather moves up with the move that packs it (the pack reads arguments).
+// CHECK-LABEL: func.func @gather_moves_up_with_its_pack
+// CHECK:         %[[P0:.*]] = schedule.kernel @pack0
+// CHECK:         %[[H0:.*]] = schedule.start all_gather %[[P0]]
+// CHECK-NEXT:    %[[G0:.*]] = schedule.wait %[[H0]]
+// CHECK-NEXT:    schedule.kernel @unpack0
+// CHECK:         %[[P1:.*]] = schedule.kernel @pack1
+// CHECK:         %[[H1:.*]] = schedule.start all_gather %[[P1]]
+// CHECK-NEXT:    schedule.kernel @layer0
+// CHECK:         %[[G1:.*]] = schedule.wait %[[H1]]
+// CHECK-NEXT:    schedule.kernel @unpack1
+// CHECK:         schedule.kernel @layer1
+graph.mesh @mesh axes = [dp = 2]
+func.func @gather_moves_up_with_its_pack(%x: tensor<8x16xf32>, %a0: tensor<8x16xf32>, %b0: tensor<8x16xf32>, %a1: tensor<8x16xf32>, %b1: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  %p0 = schedule.kernel @pack0(%a = %a0, %b = %b0) : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<1x256xf32> {
+    %0 = graph.reshape %a : tensor<8x16xf32> -> tensor<1x128xf32>
+    %1 = graph.reshape %b : tensor<8x16xf32> -> tensor<1x128xf32>
+    %2 = graph.concat %0, %1 {axis = 1} : tensor<1x128xf32>, tensor<1x128xf32> -> tensor<1x256xf32>
+    schedule.yield %2 : tensor<1x256xf32>
+  }
+  %h0 = schedule.start all_gather %p0 {axes = [dp], dim = 0} : tensor<1x256xf32> -> !schedule.handle<tensor<2x256xf32>>
+  %g0 = schedule.wait %h0 : !schedule.handle<tensor<2x256xf32>> -> tensor<2x256xf32>
+  %u0, %v0 = schedule.kernel @unpack0(%g = %g0) : (tensor<2x256xf32>) -> (tensor<2x128xf32>, tensor<2x128xf32>) {
+    %0, %1 = graph.split %g {axis = 1} : tensor<2x256xf32> -> (tensor<2x128xf32>, tensor<2x128xf32>)
+    schedule.yield %0, %1 : tensor<2x128xf32>, tensor<2x128xf32>
+  }
+  %y0 = schedule.kernel @layer0(%h = %x, %u = %u0, %v = %v0) : (tensor<8x16xf32>, tensor<2x128xf32>, tensor<2x128xf32>) -> tensor<8x16xf32> {
+    %0 = graph.reshape %u : tensor<2x128xf32> -> tensor<16x16xf32>
+    %1 = graph.reshape %v : tensor<2x128xf32> -> tensor<16x16xf32>
+    %2 = graph.matmul %h, %0 : tensor<8x16xf32>, tensor<16x16xf32> -> tensor<8x16xf32>
+    %3 = graph.matmul %2, %1 : tensor<8x16xf32>, tensor<16x16xf32> -> tensor<8x16xf32>
+    schedule.yield %3 : tensor<8x16xf32>
+  }
+  %p1 = schedule.kernel @pack1(%a = %a1, %b = %b1) : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<1x256xf32> {
+    %0 = graph.reshape %a : tensor<8x16xf32> -> tensor<1x128xf32>
+    %1 = graph.reshape %b : tensor<8x16xf32> -> tensor<1x128xf32>
+    %2 = graph.concat %0, %1 {axis = 1} : tensor<1x128xf32>, tensor<1x128xf32> -> tensor<1x256xf32>
+    schedule.yield %2 : tensor<1x256xf32>
+  }
+  %h1 = schedule.start all_gather %p1 {axes = [dp], dim = 0} : tensor<1x256xf32> -> !schedule.handle<tensor<2x256xf32>>
+  %g1 = schedule.wait %h1 : !schedule.handle<tensor<2x256xf32>> -> tensor<2x256xf32>
+  %u1, %v1 = schedule.kernel @unpack1(%g = %g1) : (tensor<2x256xf32>) -> (tensor<2x128xf32>, tensor<2x128xf32>) {
+    %0, %1 = graph.split %g {axis = 1} : tensor<2x256xf32> -> (tensor<2x128xf32>, tensor<2x128xf32>)
+    schedule.yield %0, %1 : tensor<2x128xf32>, tensor<2x128xf32>
+  }
+  %y1 = schedule.kernel @layer1(%h = %y0, %u = %u1, %v = %v1) : (tensor<8x16xf32>, tensor<2x128xf32>, tensor<2x128xf32>) -> tensor<8x16xf32> {
+    %0 = graph.reshape %u : tensor<2x128xf32> -> tensor<16x16xf32>
+    %1 = graph.reshape %v : tensor<2x128xf32> -> tensor<16x16xf32>
+    %2 = graph.matmul %h, %0 : tensor<8x16xf32>, tensor<16x16xf32> -> tensor<8x16xf32>
+    %3 = graph.matmul %2, %1 : tensor<8x16xf32>, tensor<16x16xf32> -> tensor<8x16xf32>
+    schedule.yield %3 : tensor<8x16xf32>
+  }
+  func.return %y1 : tensor<8x16xf32>
+}
