@@ -22,7 +22,10 @@ results; values inside a kernel are registers or tiles and take no arena space.
 
 A region call (``func.call``, ``schedule.scan``) makes its results where it is, and while it runs the
 callee's own buffers (its peak less its arguments, which are the caller's) take a
-scratch span of the caller's arena; callees are planned before their callers.
+scratch span of the caller's arena, placed before the call's results (the results, a
+forward call's residuals, then fill the gaps the span leaves: on
+``benchmarks/scan_zero.py``'s region calls this fragments the arena less); callees are
+planned before their callers.
 """
 
 from __future__ import annotations
@@ -130,12 +133,12 @@ def _plan(function: func.FuncOp, alignment: int, scratch: dict[str, int]) -> int
     born: dict[SSAValue | _Scratch, int] = {a: -1 for a in block.args}
     sizes: dict[_Scratch, int] = {}
     for index, op in enumerate(ops):
-        if isinstance(op, (schedule.KernelOp, schedule.WaitOp, func.CallOp, schedule.ScanOp)):
-            born.update((r, index) for r in op.results)
         if isinstance(op, func.CallOp | schedule.ScanOp):
             span = _Scratch()
             born[span] = index
             sizes[span] = scratch.get(op.callee.root_reference.data, 0)
+        if isinstance(op, (schedule.KernelOp, schedule.WaitOp, func.CallOp, schedule.ScanOp)):
+            born.update((r, index) for r in op.results)
     donated = {block.args[i] for i in donated_args(function)}
     arguments = set(block.args)
     # arguments are caller-owned and live throughout, unless donated
