@@ -105,6 +105,7 @@ from xdsl.utils.exceptions import PassFailedException
 from tessera.codegen.attention import find_attention
 from tessera.codegen.kernels import reduced_axes
 from tessera.ir import graph, schedule
+from tessera.ir.located_error import LocatedPassFailure
 from tessera.opdefs import Fusion, fusion_of
 from tessera.transforms.remat import REMAT
 
@@ -132,11 +133,8 @@ class LowerGraphToSchedulePass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for function in op.ops:
             if isinstance(function, func.FuncOp) and graph.is_graph_function(function, self.name):
-                if graph.PARTITIONED not in function.attributes and _has_collectives(function):
-                    raise PassFailedException(
-                        f"lower-graph-to-schedule: @{function.sym_name.data} has collectives with global "
-                        f"types; run shard-partition first"
-                    )
+                if graph.PARTITIONED not in function.attributes:
+                    _check_partitioned(function, op)
                 _split_cross_entropy(function)
                 _fold_batch_sums(function)
                 _Lowering(function).run()
@@ -186,8 +184,28 @@ def _fold_batch_sums(function: func.FuncOp) -> None:
         Rewriter.erase_op(source)
 
 
-def _has_collectives(function: func.FuncOp) -> bool:
-    return any(isinstance(o, graph.CollectiveOp) for o in function.body.block.ops)
+def _check_partitioned(function: func.FuncOp, module: ModuleOp) -> None:
+    """An unpartitioned function (global types) may not hold collectives, nor call a
+    partitioned one (per-rank types: a ``dist.shard_map`` region) with other types."""
+    name = function.sym_name.data
+    if any(isinstance(o, graph.CollectiveOp) for o in function.body.block.ops):
+        raise PassFailedException(
+            f"lower-graph-to-schedule: @{name} has collectives with global types; run "
+            f"shard-partition first"
+        )
+    callees = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
+    for call in function.body.block.ops:
+        if not isinstance(call, graph.CallOp):
+            continue
+        callee = callees.get(call.callee_name)
+        if callee is None or graph.PARTITIONED not in callee.attributes:
+            continue
+        if [v.type for v in call.operands] != list(callee.function_type.inputs.data):
+            raise LocatedPassFailure(
+                call,
+                f"lower-graph-to-schedule: @{name} calls @{call.callee_name}, a per-rank "
+                f"(partitioned) function, with global types; run shard-partition first",
+            )
 
 
 def _short(op: Operation) -> str:
