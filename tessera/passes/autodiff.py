@@ -506,9 +506,10 @@ def _derivative(
             if v in defined and v.owner not in constants and v not in residuals:
                 residuals.append(v)
     residuals, views = _views_recomputed(residuals, forward_part, set(primal), constants)
+    redone = {*views, *backward_part}
     used_constants = [
         o for o in forward_part if o in constants and any(
-            u.operation in (*views, *backward_part) for r in o.results for u in r.uses
+            u.operation in redone for r in o.results for u in r.uses
         )
     ]  # fmt: skip
     forward_results = [*outputs, *residuals]

@@ -36,15 +36,16 @@ ranks are contiguous, and packing them as one row per rank is a reshape::
 
 (an all-gather the inverse: local blocks flattened into one row, gathered along dim 0;
 each member's columns of the ``n`` rows are strided, so one ``graph.split`` copies them
-all out in one pass, as FSDP2's ``split_with_sizes_copy`` does, and each is reshaped). A split inner dimension (a context-parallel
-attention's k and v along the sequence) would need a transposed copy of each whole
-member: those stay apart (the copies would cost more memory than the latency saved). An
-all-gather is never moved earlier (its whole copy would live longer): each first moves
-down to just before its first use, and then consecutive ones with no use of a result
-between them are combined where the last of them was. So a ZeRO-3 step's parameters,
-all constrained at the function's start, are gathered layer by layer, not in one
-bucket whole for the forward, and ZeRO-1/2's updated parameters, read only by the
-return, in as few buckets as their bytes allow.
+all out in one pass, as FSDP2's ``split_with_sizes_copy`` does, and each is reshaped).
+A split inner dimension (a context-parallel attention's k and v along the sequence)
+would need a transposed copy of each whole member: those stay apart (the copies would
+cost more memory than the latency saved). An all-gather is never moved earlier (its
+whole copy would live longer): each first moves down to just before its first use,
+and then consecutive ones with no use of a result between them are combined where the
+last of them was. So a ZeRO-3 step's parameters, all constrained at the function's
+start, are gathered layer by layer, not in one bucket whole for the forward, and
+ZeRO-1/2's updated parameters, read only by the return, in as few buckets as their
+bytes allow.
 """
 
 from __future__ import annotations

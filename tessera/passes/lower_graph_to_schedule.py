@@ -131,10 +131,11 @@ class LowerGraphToSchedulePass(ModulePass):
     name = "lower-graph-to-schedule"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for function in op.ops:
-            if isinstance(function, func.FuncOp) and graph.is_graph_function(function, self.name):
+        functions = {f.sym_name.data: f for f in op.ops if isinstance(f, func.FuncOp)}
+        for function in functions.values():
+            if graph.is_graph_function(function, self.name):
                 if graph.PARTITIONED not in function.attributes:
-                    _check_partitioned(function, op)
+                    _check_partitioned(function, functions)
                 _split_cross_entropy(function)
                 _fold_batch_sums(function)
                 _Lowering(function).run()
@@ -184,20 +185,20 @@ def _fold_batch_sums(function: func.FuncOp) -> None:
         Rewriter.erase_op(source)
 
 
-def _check_partitioned(function: func.FuncOp, module: ModuleOp) -> None:
+def _check_partitioned(function: func.FuncOp, functions: dict[str, func.FuncOp]) -> None:
     """An unpartitioned function (global types) may not hold collectives, nor call a
-    partitioned one (per-rank types: a ``dist.shard_map`` region) with other types."""
+    partitioned one of ``functions`` (per-rank types: a ``dist.shard_map`` region) with
+    other types."""
     name = function.sym_name.data
     if any(isinstance(o, graph.CollectiveOp) for o in function.body.block.ops):
         raise PassFailedException(
             f"lower-graph-to-schedule: @{name} has collectives with global types; run "
             f"shard-partition first"
         )
-    callees = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
     for call in function.body.block.ops:
         if not isinstance(call, graph.CallOp):
             continue
-        callee = callees.get(call.callee_name)
+        callee = functions.get(call.callee_name)
         if callee is None or graph.PARTITIONED not in callee.attributes:
             continue
         if [v.type for v in call.operands] != list(callee.function_type.inputs.data):
