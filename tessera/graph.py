@@ -32,6 +32,7 @@ from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.checkpoint import checkpoint
 from tessera.frontend.region import region, scan
+from tessera.frontend.roll_regions import roll_region_chains
 from tessera.frontend.tracer import Tensor, current_trace, user_location
 from tessera.ir.grad_builder import GradBuilder
 from tessera.ir.mesh import Mesh
@@ -107,6 +108,12 @@ def backward(loss: Tensor, params: Any = None, remat: Remat | str | bool | None 
     trace = loss.trace
     scale = step.loss_scale if step else None  # loss scaling: the gradients of scale·loss
     seeds = None if scale is None else {loss.value: astype(scale, loss.aval.dtype).value}
+    # layers that are region calls over slices of stacked parameters: one graph.scan each
+    # (the slices these do not read are traced now)
+    rolled = {id(t) for t in roll_region_chains(trace).values()} if trace.slices else set()
+    trace.materialize_slices()  # (a slice read elsewhere too: its gradient is the stack's)
+    stacks = {x.stack.value: x.stack for x in leaves if id(x) in rolled}  # type: ignore[attr-defined]
+    wrt = [leaf for leaf in leaves if id(leaf) not in rolled] + list(stacks.values())
     forward = list(trace.block.ops)
     # delayed fp8 scaling: the gradients' amaxes come back as the gradients of probes
     history = current_fp8_history() if step is not None else None
@@ -114,19 +121,28 @@ def backward(loss: Tensor, params: Any = None, remat: Remat | str | bool | None 
     grads = backprop(
         forward,
         None if seeds else loss.value,
-        [trace.moved_gathers.get(leaf.value, leaf.value) for leaf in leaves]
+        [trace.moved_gathers.get(leaf.value, leaf.value) for leaf in wrt]
         + [probe.value for _, probe in probes],
         GradBuilder(InsertPoint.at_end(trace.block)),
         "graph.backward",
         seeds,
         remat=policy,
     )
-    for (slot, _), amax in zip(probes, grads[len(leaves) :], strict=True):
+    for (slot, _), amax in zip(probes, grads[len(wrt) :], strict=True):
         assert history is not None
         history.amaxes[slot] = Tensor(trace, amax)
     if history is not None:
         history.probes.clear()
-    return pytree.unflatten(tree, [Tensor(trace, g) for g in grads[: len(leaves)]])
+    of = {leaf.value: Tensor(trace, g) for leaf, g in zip(wrt, grads, strict=False)}
+    # a slice's gradient: the slice of its stack's (lazy: traced if an op reads it)
+    pieces = {v: trace.lazy_slices(of[v]) for v in stacks}
+    return pytree.unflatten(
+        tree,
+        [
+            pieces[x.stack.value][x.index] if id(x) in rolled else of[x.value]  # type: ignore[attr-defined]
+            for x in leaves
+        ],
+    )
 
 
 def training_step(fn: Callable[..., Any] | None = None, **options: Any) -> Any:

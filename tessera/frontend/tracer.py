@@ -90,7 +90,45 @@ class Trace:
         # gathers a graph.scan moved into its step: gradients of the gathered value are
         # the gathered one's (graph.backward differentiates with respect to it)
         self.moved_gathers: dict[SSAValue, SSAValue] = {}
+        # slices of stacks not traced yet (see lazy_slices), by their placeholder values
+        self.slices: dict[SSAValue, SliceTensor] = {}
         register(self.block, self.functions)
+
+    def lazy_slices(self, stack: Tensor) -> list[SliceTensor]:
+        """``stack[0]``, ``stack[1]``, …, traced only when an op reads one: until then each
+        is a placeholder value of a block of its own, which :meth:`materialize_slices`
+        replaces by the slice's ops. A step of stacked layers hands these to its function:
+        the region calls that read them become one ``graph.scan`` over the stack
+        (:mod:`tessera.frontend.roll_regions`), so the slices cost no ops at all."""
+        length, *shape = stack.aval.shape
+        element = AbstractTensor(tuple(shape), stack.aval.dtype).to_xdsl()
+        placeholders = Block(arg_types=[element] * length)
+        slices = [SliceTensor(self, stack, i, v) for i, v in enumerate(placeholders.args)]
+        self.slices.update((t.value, t) for t in slices)
+        return slices
+
+    def materialize_slices(self) -> None:
+        """Traces each lazy slice an op reads, before its first reader."""
+        pending = {v: t for v, t in self.slices.items() if v.first_use is not None}
+        if not pending:
+            return
+        first: dict[SSAValue, Operation] = {}
+        for op in self.block.ops:
+            for operand in op.operands:
+                if operand in pending and operand not in first:
+                    first[operand] = op
+        for placeholder, reader in first.items():
+            piece = pending[placeholder]
+            shape = piece.stack.aval.shape
+            cut = graph.build(
+                graph.SliceOp, [piece.stack.value], starts=(piece.index, *(0 for _ in shape[1:])),
+                limits=(piece.index + 1, *shape[1:]), strides=(1,) * len(shape),
+            )  # fmt: skip
+            value = graph.build(graph.ReshapeOp, [cut.results[0]], shape=tuple(shape[1:]))
+            self.block.insert_ops_before([cut, value], reader)
+            placeholder.replace_all_uses_with(value.results[0])
+            piece.value = value.results[0]
+            del self.slices[placeholder]
 
     def bind(
         self, op_type: type[graph.GraphOp], operands: Sequence[Tensor], **attrs: Any
@@ -148,6 +186,7 @@ class Trace:
     ) -> func.FuncOp:
         """Closes the function with a return of ``outputs``: the ``func.func``."""
         self.block.add_op(func.ReturnOp(*[t.value for t in outputs]))
+        self.materialize_slices()
         arg_types = [a.type for a in self.block.args]
 
         def attrs(per_value: Sequence[dict[str, Attribute]] | None) -> ArrayAttr | None:
@@ -470,6 +509,19 @@ def register_operators(module: Any) -> None:
     here (``tessera.jit_function`` imports it before tracing anything)."""
     global _operators
     _operators = module
+
+
+
+class SliceTensor(Tensor):
+    """``stack[index]`` traced lazily (:meth:`Trace.lazy_slices`): its value is a
+    placeholder until an op reads it, then the slice's."""
+
+    def __init__(self, trace: Trace, stack: Tensor, index: int, placeholder: SSAValue):
+        self.trace = trace
+        self.stack = stack
+        self.index = index
+        self.value = placeholder
+        self.aval = AbstractTensor.from_xdsl(placeholder.type)
 
 
 def _op() -> Any:

@@ -55,6 +55,8 @@ each process holds and updates its rank's shards only (``DistTensor``; see
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -76,14 +78,17 @@ from tessera.dtypes import as_dtype
 from tessera.errors import ShardingError, TesseraError, TraceError
 from tessera.frontend import pytree
 from tessera.frontend.tracer import Tensor, current_trace
+from tessera.ir.abstract import AbstractTensor
 from tessera.ir.graph import ScanOp
 from tessera.ir.mesh import Mesh
 from tessera.ir.sharding import Sharding
 from tessera.jit_function import JitFunction, broadcast_prefix, check_call
+from tessera.optim import decay_mask
 from tessera.program import Lowered, MemoryStats, ModelStateMemory
-from tessera.training import checkpoint, fault_injection
+from tessera.training import checkpoint, fault_injection, layer_stacks
 from tessera.training.accumulation import accumulate_microbatches
 from tessera.training.grad_clip import clip_by_global_norm
+from tessera.training.layer_stacks import LayerStacks
 from tessera.training.mixed_precision import (
     Fp8Delayed,
     LossScaled,
@@ -186,6 +191,7 @@ class TrainingStep:
         precision: Precision | str | None = None,
         numerics: str | None = None,
         cuda_graphs: bool = False,
+        scan_layers: bool = True,
     ):
         """``fn(params, *batch) -> (grads, metrics)`` compiled with the ``optimizer``'s
         update, on ``mesh`` (a ``dist.Mesh``; None: one device). ``param_shardings`` is a pytree prefix of ``dist.ShardSpec`` for the
@@ -201,7 +207,10 @@ class TrainingStep:
         (``graph.Precision``, or ``"bf16"`` / ``"fp16"`` / ``"fp8"``: :mod:`tessera.training.mixed_precision`),
         ``numerics`` the step's numerics policy (``"fast"`` or ``"deterministic"``;
         default the global one: :mod:`tessera.numerics`), ``cuda_graphs`` whether the
-        step replays from a CUDA graph (``ts.jit``'s option; not for pipelined steps)."""
+        step replays from a CUDA graph (``ts.jit``'s option; not for pipelined steps),
+        ``scan_layers`` whether layers that are calls of one ``graph.region`` are kept
+        stacked and run as one ``graph.scan`` (:mod:`tessera.training.layer_stacks`;
+        False: one call each)."""
         if zero not in ZERO_STAGES:
             raise TesseraError(f"training_step: zero must be one of {ZERO_STAGES}, found {zero!r}")
         if not (hasattr(optimizer, "update") and hasattr(optimizer, "init")):
@@ -231,6 +240,9 @@ class TrainingStep:
                 f"training_step: accumulate must be a positive int (microbatches per step), "
                 f"found {accumulate!r}"
             )
+        if not isinstance(scan_layers, bool):
+            raise TesseraError(f"training_step: scan_layers must be True or False, found {scan_layers!r}")
+        self.scan_layers = scan_layers
         self.clip_grad_norm = clip_grad_norm
         self.accumulate = accumulate
         self.precision = Precision.of(precision)
@@ -271,6 +283,8 @@ class TrainingStep:
         # whole), as the last trace found them
         self._scanned: dict[pytree.TreeDef, frozenset[int]] = {}
         self._found_scanned: set[int] = set()
+        # per parameter tree: the layers it keeps stacked (tessera.training.layer_stacks)
+        self._stacks: dict[pytree.TreeDef, LayerStacks | None] = {}
         self._fp8_tensors = 0  # delayed fp8 scaling: the fp8 tensors the step quantises
 
     # --- user API ---------------------------------------------------------------------------
@@ -289,10 +303,11 @@ class TrainingStep:
         fault_injection.before_step(state.step)  # off unless TESSERA_FAULT_INJECT is set
         self._placed(state)
         lowered = self.lower(state, *batch)
+        params, opt_state = self._program_state(state)
         with numerics_policy.mode_of(self.numerics):  # the collectives' order as compiled
-            new_params, new_opt_state, metrics = lowered(state.params, state.opt_state, *batch)
+            new_params, new_opt_state, metrics = lowered(params, opt_state, *batch)
         for old, new in zip(
-            pytree.flatten((state.params, state.opt_state))[0],
+            pytree.flatten((params, opt_state))[0],
             pytree.flatten((new_params, new_opt_state))[0],
             strict=True,
         ):
@@ -429,18 +444,47 @@ class TrainingStep:
                 f"{self.__name__} expects a TrainState (from {self.__name__}.init(params)) "
                 f"first, found {type(state).__name__}"
             )
-        jitted, layouts = self._compiled(state, len(batch))
+        jitted, layouts = self._compiled(state, batch)
         with numerics_policy.mode_of(self.numerics):  # read into the program's config
             self._found_scanned = set()
-            lowered = jitted.lower(state.params, state.opt_state, *batch)
+            lowered = jitted.lower(*self._program_types(state), *batch)
             if self._found_scanned_stacks(state):  # ZeRO laid them out over the layers
                 self._placed(state, relaid=True)
-                jitted, layouts = self._compiled(state, len(batch))
-                lowered = jitted.lower(state.params, state.opt_state, *batch)
+                jitted, layouts = self._compiled(state, batch)
+                lowered = jitted.lower(*self._program_types(state), *batch)
             if self.precision.delayed and self._sized_histories(state):
-                lowered = jitted.lower(state.params, state.opt_state, *batch)
-        lowered.model_states = lambda: self._model_states(lowered, state, layouts)
+                lowered = jitted.lower(*self._program_types(state), *batch)
+        params, opt_state = self._program_types(state)
+        lowered.model_states = lambda: self._model_states(lowered, params, opt_state, layouts)
         return lowered
+
+    def _program_types(self, state: TrainState) -> tuple[Any, Any]:
+        """The program's parameters and optimizer state as a signature needs them: the
+        state's own, or meta tensors shaped as their stacks (nothing copied)."""
+        param_leaves, tree = pytree.flatten(state.params)
+        stacks = self._stacks.get(tree)
+        if stacks is None:
+            return state.params, state.opt_state
+        entries, program_tree = layer_stacks.state_entries(self.optimizer, tree, stacks)
+        params = layer_stacks.by_entries(stacks.entries, param_leaves, _meta_stack)
+        opt_state = layer_stacks.by_entries(entries, pytree.flatten(state.opt_state)[0], _meta_stack)
+        return pytree.unflatten(stacks.tree(), params), pytree.unflatten(program_tree, opt_state)
+
+    def _program_state(self, state: TrainState) -> tuple[Any, Any]:
+        """The parameters and optimizer state as the step's program takes them: the
+        state's own, or, for a step that stacks its layers, their stacks (made on first
+        use: the state's leaves become views into them; :mod:`.layer_stacks`)."""
+        param_leaves, tree = pytree.flatten(state.params)
+        stacks = self._stacks.get(tree)
+        if stacks is None:
+            return state.params, state.opt_state
+        params, param_leaves = layer_stacks.stacked_storage(param_leaves, stacks.entries)
+        state.params = pytree.unflatten(tree, param_leaves)
+        entries, program_tree = layer_stacks.state_entries(self.optimizer, tree, stacks)
+        state_leaves, state_tree = pytree.flatten(state.opt_state)
+        opt_state, state_leaves = layer_stacks.stacked_storage(state_leaves, entries)
+        state.opt_state = pytree.unflatten(state_tree, state_leaves)
+        return pytree.unflatten(stacks.tree(), params), pytree.unflatten(program_tree, opt_state)
 
     def _found_scanned_stacks(self, state: TrainState) -> bool:
         """Whether the trace just made found parameters a ``graph.scan`` steps over that
@@ -449,7 +493,9 @@ class TrainingStep:
         scanned one and each step reduces and gathers its own layer."""
         tree = pytree.flatten(state.params)[1]
         found = frozenset(self._found_scanned)
-        if self.zero < 2 or self.dp_axis is None or found <= self._scanned.get(tree, frozenset()):
+        stacks = self._stacks.get(tree)  # the program's parameters are its stacks, then the rest
+        known = frozenset(range(len(stacks.groups))) if stacks is not None else frozenset()
+        if self.zero < 2 or self.dp_axis is None or found <= known | self._scanned.get(tree, frozenset()):
             return False
         self._scanned[tree] = found | self._scanned.get(tree, frozenset())
         for key in [k for k in self._jit if k[0] == tree]:
@@ -478,15 +524,20 @@ class TrainingStep:
 
     # --- compilation ------------------------------------------------------------------------
 
-    def _compiled(self, state: TrainState, batch_args: int) -> tuple[JitFunction, _Layouts]:
-        leaves, tree = pytree.flatten(state.params)
-        if (tree, batch_args) in self._jit:
-            return self._jit[tree, batch_args]
-        layouts = self._layouts(leaves, tree)
+    def _compiled(self, state: TrainState, batch: Sequence[Any]) -> tuple[JitFunction, _Layouts]:
+        leaves, user_tree = pytree.flatten(state.params)
+        batch_args = len(batch)
+        if (user_tree, batch_args) in self._jit:
+            return self._jit[user_tree, batch_args]
+        if user_tree not in self._stacks:
+            self._stacks[user_tree] = self._find_stacks(leaves, user_tree, batch)
+        stacks = self._stacks[user_tree]
+        tree = stacks.tree() if stacks is not None else user_tree  # the program's parameters
+        layouts = self._layouts(leaves, user_tree, stacks)
         state_tree = self.optimizer.state_layout(
             pytree.unflatten(tree, layouts.state), Sharding(())
         )
-        layouts.opt_state = self._state_layouts(leaves, tree)[1]
+        layouts.opt_state = pytree.flatten(state_tree)[0]
 
         def specs(shardings: list[Sharding], structure: pytree.TreeDef = tree) -> Any:
             return pytree.unflatten(structure, [ShardSpec.from_sharding(s) for s in shardings])
@@ -499,7 +550,7 @@ class TrainingStep:
         if self.mesh is not None:
             in_shardings = (specs(layouts.stored), state_specs, *batch_specs)
             out_shardings = (out_params, state_specs, None)
-        program = self._program(tree, layouts)
+        program = self._program(user_tree, layouts, stacks)
         jitted = JitFunction(
             program,
             mesh=self.mesh,
@@ -510,8 +561,51 @@ class TrainingStep:
             cuda_graphs=self.cuda_graphs,
             compile_options=self.compile_options(),
         )
-        self._jit[tree, batch_args] = (jitted, layouts)
+        self._jit[user_tree, batch_args] = (jitted, layouts)
         return jitted, layouts
+
+    def _find_stacks(
+        self, leaves: Sequence[Any], tree: pytree.TreeDef, batch: Sequence[Any]
+    ) -> LayerStacks | None:
+        """The layers this step keeps stacked for parameters ``leaves`` (None: none, or
+        it runs a process per rank, where they stay separate for now)."""
+        if self._processes() or not self.scan_layers:
+            return None
+        compute = self._layouts(leaves, tree).compute
+        decayed = self._decay_flags(tree, len(leaves))
+        dtypes = [leaf.dtype for leaf in leaves]
+        avals = [AbstractTensor(tuple(leaf.shape), as_dtype(leaf.dtype)) for leaf in leaves]
+
+        def alike(i: int, j: int) -> bool:
+            return (compute[i], dtypes[i], decayed[i]) == (compute[j], dtypes[j], decayed[j])
+
+        def micro(x: Any) -> Any:  # the shapes the step's function sees
+            if not isinstance(x, torch.Tensor) or self.accumulate == 1 or x.ndim == 0:
+                return x
+            return torch.empty((x.shape[0] // self.accumulate, *x.shape[1:]), dtype=x.dtype, device="meta")
+
+        micro_batch = [pytree.unflatten(t, [micro(x) for x in xs]) for xs, t in map(pytree.flatten, batch)]
+        return layer_stacks.find(
+            self.fn, tree, avals, micro_batch, self.mesh, alike,
+            lambda used: tracing_step(StepTrace(used, self.remat, recorded=[])),
+        )  # fmt: skip
+
+    def _decay_flags(self, tree: pytree.TreeDef, count: int) -> list[bool]:
+        """Per parameter: whether the optimizer decays it (all alike without a mask)."""
+        inner = _innermost(self.optimizer)
+        mask = getattr(inner, "weight_decay_mask", None)
+        if mask is None or not getattr(inner, "weight_decay", 0):
+            return [True] * count
+        return decay_mask(mask, pytree.unflatten(tree, [0] * count), type(inner).__name__)
+
+    def _program_optimizer(self, tree: pytree.TreeDef, stacks: LayerStacks | None) -> Any:
+        """The optimizer for the program's parameters: for stacked layers, its weight-decay
+        mask given per stack (the layers of a stack share theirs)."""
+        inner = _innermost(self.optimizer)
+        if stacks is None or getattr(inner, "weight_decay_mask", None) is None:
+            return self.optimizer
+        flags = layer_stacks.by_entries(stacks.entries, self._decay_flags(tree, stacks.count), lambda g: g[0])
+        return _with_inner(self.optimizer, dataclasses.replace(inner, weight_decay_mask=pytree.unflatten(stacks.tree(), flags)))
 
     def _batch_specs(self, count: int) -> tuple[Any, ...]:
         """One spec (or pytree prefix of specs) per batch argument."""
@@ -529,11 +623,18 @@ class TrainingStep:
             )
         return tuple(specs)
 
-    def _layouts(self, leaves: Sequence[torch.Tensor], tree: pytree.TreeDef) -> _Layouts:
+    def _layouts(
+        self, leaves: Sequence[torch.Tensor], tree: pytree.TreeDef, stacks: LayerStacks | None = None
+    ) -> _Layouts:
+        """The layouts of the parameters ``leaves`` (of ``tree``), or, with ``stacks``, of
+        the program's parameters: each stack laid out as its layers, dim 0 whole."""
         shapes = [tuple(int(d) for d in leaf.shape) for leaf in leaves]
+        if stacks is not None:
+            shapes = layer_stacks.by_entries(stacks.entries, shapes, lambda g: (len(g), *g[0]))
         if self.mesh is None:
             whole = [Sharding.replicated(len(s)) for s in shapes]
             return _Layouts(whole, whole, whole, whole)
+        shapes = [tuple(int(d) for d in leaf.shape) for leaf in leaves]
         specs = broadcast_prefix(self.param_shardings, tree, "param_shardings")
         compute = []
         for spec, shape, path in zip(specs, shapes, leaf_paths(tree), strict=True):
@@ -549,9 +650,13 @@ class TrainingStep:
                     f"{self.dp_axis!r}; use zero=3 to shard parameters over dp"
                 )
             compute.append(sharding)
+        scanned = self._scanned.get(tree, frozenset())
+        if stacks is not None:
+            compute = layer_stacks.by_entries(stacks.entries, compute, _stacked_layout)
+            shapes = layer_stacks.by_entries(stacks.entries, shapes, lambda g: (len(g), *g[0]))
+            scanned = scanned | frozenset(range(len(stacks.groups)))
         if self.dp_axis is None:
             return _Layouts(compute, compute, compute, compute)
-        scanned = self._scanned.get(tree, frozenset())
         sharded = [
             zero_sharding(s, shape, self.mesh, self.dp_axis, first=int(index in scanned))
             for index, (s, shape) in enumerate(zip(compute, shapes, strict=True))
@@ -561,8 +666,14 @@ class TrainingStep:
         state = sharded if self.zero >= 1 else compute
         return _Layouts(compute, stored, grad, state)
 
-    def _program(self, tree: pytree.TreeDef, layouts: _Layouts) -> Callable[..., Any]:
-        user_fn, optimizer, mesh = self.fn, self.optimizer, self.mesh
+    def _program(
+        self, tree: pytree.TreeDef, layouts: _Layouts, stacks: LayerStacks | None
+    ) -> Callable[..., Any]:
+        """The step's program over the parameters of ``tree`` (the program takes their
+        ``stacks``' storage when there are some)."""
+        user_fn, mesh = self.fn, self.mesh
+        optimizer = self._program_optimizer(tree, stacks)
+        program_tree = stacks.tree() if stacks is not None else tree
 
         def constrain(
             values: list[Tensor], shardings: list[Sharding], wanted: list[Sharding]
@@ -598,10 +709,12 @@ class TrainingStep:
             fp8: op.Fp8History | None = None,
         ) -> tuple[list[Tensor], Any]:
             used_leaves = gather_parameters(stored)  # per microbatch
-            used = pytree.unflatten(tree, used_leaves)
+            traced = StepTrace(None, self.remat, scale)
+            leaves = used_leaves if stacks is None else stacks.unstacked(used_leaves)
+            used = traced.params = pytree.unflatten(tree, leaves)
             batch = to_compute(tuple(batch), precision)
             with (
-                tracing_step(StepTrace(used, self.remat, scale)),
+                tracing_step(traced),
                 op.fp8_matmuls(precision.fp8),
                 op.fp8_history(fp8),
             ):
@@ -619,6 +732,8 @@ class TrainingStep:
                     f"{self.__name__}: the gradients returned have a different structure "
                     f"from the parameters; return graph.backward(loss) as is"
                 )
+            if stacks is not None:  # a stack's gradient (a scan's, when graph.backward rolled it)
+                grad_leaves = stacks.restacked(grad_leaves)
             if mesh is not None:  # a region call's or scan's: reduced inside it, per microbatch
                 wide = precision.mixed and precision.reduce == "f32"
                 masters = [p.aval.dtype if wide else None for p in stored]
@@ -653,7 +768,7 @@ class TrainingStep:
                 if isinstance(metrics, dict):
                     metrics = {**metrics, "grad_norm": norm}
             new_params, new_state = optimizer.update(
-                params, pytree.unflatten(tree, grad_leaves), opt_state
+                params, pytree.unflatten(program_tree, grad_leaves), opt_state
             )
             if fp8 is not None:
                 self._fp8_tensors = len(fp8.amaxes)
@@ -668,11 +783,11 @@ class TrainingStep:
         return self.mesh.axis_size(self.dp_axis) if self.mesh and self.dp_axis else 1
 
     def _model_states(
-        self, lowered: Lowered, state: TrainState, layouts: _Layouts
+        self, lowered: Lowered, params: Any, opt_state: Any, layouts: _Layouts
     ) -> ModelStateMemory:
         mesh = self.mesh or Mesh(("device",), (1,))
-        param_leaves = pytree.flatten(state.params)[0]
-        state_leaves = pytree.flatten(state.opt_state)[0]
+        param_leaves = pytree.flatten(params)[0]
+        state_leaves = pytree.flatten(opt_state)[0]
 
         def local_bytes(shardings: Sequence[Sharding], leaves: Sequence[Any]) -> int:
             return sum(
@@ -711,6 +826,32 @@ def scanned_leaves(stored: Sequence[Tensor], used: Sequence[Tensor]) -> list[int
         ):
             found.append(index)
     return found
+
+
+def _meta_stack(layers: list[Any]) -> torch.Tensor:
+    """A meta tensor shaped as ``layers`` stacked on dim 0."""
+    return torch.empty((len(layers), *layers[0].shape), dtype=layers[0].dtype, device="meta")
+
+
+def _stacked_layout(layers: list[Sharding]) -> Sharding:
+    """A stack's layout: its layers' (one), after dim 0, which is whole."""
+    return Sharding(((), *layers[0].dims))
+
+
+def _innermost(optimizer: Any) -> Any:
+    """The optimizer a loss-scaling or fp8 wrapper (``.inner``) wraps, or ``optimizer``."""
+    while hasattr(optimizer, "inner"):
+        optimizer = optimizer.inner
+    return optimizer
+
+
+def _with_inner(optimizer: Any, inner: Any) -> Any:
+    """``optimizer`` with the optimizer its wrappers wrap replaced by ``inner``."""
+    if not hasattr(optimizer, "inner"):
+        return inner
+    outer = copy.copy(optimizer)
+    outer.inner = _with_inner(optimizer.inner, inner)
+    return outer
 
 
 def metric_dtype(dtype: torch.dtype) -> torch.dtype:

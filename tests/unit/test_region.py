@@ -142,15 +142,19 @@ def test_nested_regions() -> None:
     assert _max_difference(grads, _torch_grads(params, x)) < TOL
 
 
+@pytest.mark.parametrize("scan_layers", [False, True])
 @pytest.mark.parametrize("zero", [0, 3])
-def test_training_step_from_regions_equals_the_unrolled_step(zero: int) -> None:
+def test_training_step_from_regions_equals_the_unrolled_step(zero: int, scan_layers: bool) -> None:
     """Also under ZeRO-3, whose backward gathers each parameter again: a backward region
-    call reads its own gather."""
+    call reads its own gather. The layers as region calls, or (``scan_layers``) stacked
+    and rolled into one scan."""
     layers, heads = 2, 4
     layout = comm_volume.layouts(MESH, False)[1]
     states, gathers = [], []
     for regions in (False, True):
-        step = comm_volume.training_step(MESH, zero, layers, heads, True, regions)
+        step = comm_volume.training_step(
+            MESH, zero, layers, heads, True, regions, scan_layers=scan_layers
+        )
         params = comm_volume.layer_params(32, layers)
         state = step.init(params)
         x = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(5))
@@ -171,7 +175,9 @@ def test_training_step_from_regions_equals_the_unrolled_step(zero: int) -> None:
 
 
 def test_optimizer_updates_each_layer_in_one_call() -> None:
-    step = comm_volume.training_step(MESH, 0, 3, 4, True, regions=True)
+    """Layers left as region calls (``scan_layers=False``; also layers no scan can give,
+    tests/unit/test_layer_stacks.py)."""
+    step = comm_volume.training_step(MESH, 0, 3, 4, True, regions=True, scan_layers=False)
     params = comm_volume.layer_params(32, 3)
     lowered = step.lower(step.init(params), torch.empty(4, 8, 32))
     text = lowered.as_text("graph")
@@ -273,7 +279,7 @@ def test_collectives_simulation_and_memory_count_every_call() -> None:
     backward also reduces the gradient of its input, which the unrolled program drops)."""
     numbers = []
     for regions in (False, True):
-        step = comm_volume.training_step(MESH, 0, 3, 4, True, regions)
+        step = comm_volume.training_step(MESH, 0, 3, 4, True, regions, scan_layers=False)
         lowered = step.lower(step.init(comm_volume.layer_params(64, 3)), torch.empty(4, 16, 64))
         infos = lowered.collectives()
         numbers.append(
@@ -310,7 +316,7 @@ def test_region_calls_model_about_the_unrolled_step_time(zero: int) -> None:
     copied out in one split, not one strided slice per parameter."""
     times = []
     for regions in (False, True):
-        step = comm_volume.training_step(MESH, zero, 2, 4, True, regions)
+        step = comm_volume.training_step(MESH, zero, 2, 4, True, regions, scan_layers=False)
         params = {k: torch.empty(v.shape) for k, v in comm_volume.layer_params(256, 2).items()}
         lowered = step.lower(step.init(params), torch.empty(4, 64, 256))
         times.append(lowered.simulate().step_time_s)

@@ -1,0 +1,186 @@
+"""Layer stacks: a training step whose layers are calls of one ``graph.region`` keeps
+their parameters stacked and rolls the calls into one ``graph.scan``
+(``tessera.training.layer_stacks``, ``tessera.frontend.roll_regions``). Each test
+compares against the same step with its layers unrolled (float32: 1e-5 relative), and
+checks that the layers did (or, where they cannot, did not) become one scan."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tessera import dist, graph, op, optim
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import comm_volume
+
+MESH = dist.mesh({"dp": 2, "tp": 2})
+LAYOUT = comm_volume.layouts(MESH, False)[1]
+NAMES = list(LAYOUT)
+
+
+def _step(
+    layers: int, regions: bool, extra: Any = None, table: bool = False, **options: Any
+) -> graph.TrainingStep:
+    """``layers`` transformer layers (width 32, Megatron layouts on dp × tp), as region
+    calls or unrolled, under a mean-square loss plus ``extra(params, hidden states)``;
+    with ``table`` every layer also reads one tensor made from the batch."""
+    block = comm_volume.transformer_layer
+    if table:
+
+        def block(x: Any, p: Any, heads: int, shift: Any) -> Any:  # type: ignore[misc]
+            return comm_volume.transformer_layer(x + shift, p, heads)
+
+    layer = graph.region(block) if regions else block
+
+    def step(p: Any, x: Any) -> Any:
+        hidden = []
+        shift = op.mean(x, axis=0) * 0.5 if table else None
+        for i in range(layers):
+            args = (shift,) if table else ()
+            x = layer(x, {n: p[f"{n}{i}"] for n in NAMES}, 4, *args)
+            hidden.append(x)
+        loss = op.mean(x * x)
+        if extra is not None:
+            loss = loss + extra(p, hidden)
+        return graph.backward(loss), {"loss": loss}
+
+    options = {"optimizer": optim.AdamW(lr=1e-2), "kernels": "reference"} | options
+    specs = {f"{n}{i}": s for i in range(layers) for n, s in LAYOUT.items()}
+    return graph.training_step(step, mesh=MESH, param_shardings=specs, **options)
+
+
+def _trained(step: graph.TrainingStep, layers: int, steps: int = 2) -> tuple[list[float], Any, Any]:
+    """Losses of ``steps`` steps, the final parameters and the step's graph (compiled
+    to the ``graph`` stage: dead ops removed)."""
+    state = step.init(comm_volume.layer_params(32, layers))
+    x = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(5))
+    text = step.lower(state, x).as_text("graph")
+    losses = [float(step(state, x)["loss"]) for _ in range(steps)]
+    params = step.state_dict(state)["params"]
+    return losses, {k: torch.as_tensor(v).clone() for k, v in params.items()}, text
+
+
+def _step_function(text: str) -> str:
+    return text.split("func.func private")[0]
+
+
+def _rolled(text: str) -> bool:
+    """Whether the step's layers are one scan (its forward and its backward), no call."""
+    return (
+        text.count("_scan_fwd(") == 1 and text.count("_scan_bwd(") == 1 and "graph.call @" not in text
+    )
+
+
+def _agree(layers: int, **step_options: Any) -> tuple[str, str]:
+    """Trains the step unrolled and from regions; checks they agree; returns the traced
+    step functions (unrolled, regions)."""
+    unrolled = _trained(_step(layers, False, **step_options), layers)
+    regions = _trained(_step(layers, True, **step_options), layers)
+    assert regions[0] == pytest.approx(unrolled[0], rel=1e-5)
+    for name, value in unrolled[1].items():
+        torch.testing.assert_close(regions[1][name], value, rtol=1e-5, atol=1e-6)
+    return _step_function(unrolled[2]), _step_function(regions[2])
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_region_layers_become_one_scan_over_stacked_parameters(zero: int) -> None:
+    layers = 3
+    unrolled, text = _agree(layers, zero=zero)
+    assert _rolled(text)
+    # the step takes each of the ten kinds of layer parameter as one stack of 3
+    (signature,) = [line for line in text.splitlines() if "func.func @step(" in line]
+    (unrolled_signature,) = [line for line in unrolled.splitlines() if "func.func @step(" in line]
+    assert signature.count("%params") == 10 and unrolled_signature.count("%params") == 30
+
+
+def test_the_state_holds_each_layer_as_a_view_into_its_stack() -> None:
+    layers = 3
+    step = _step(layers, True)
+    state = step.init(comm_volume.layer_params(32, layers))
+    x = torch.randn(4, 8, 32)
+    step(state, x)
+    stacks = {name: state.params[f"{name}0"]._base for name in NAMES}
+    for name, stack in stacks.items():
+        assert stack is not None and stack.shape[0] == layers
+        for i in range(layers):
+            leaf = state.params[f"{name}{i}"]
+            assert leaf._base is stack and torch.equal(leaf, stack[i])
+    before = {k: v.clone() for k, v in state.params.items()}
+    step(state, x)  # updated in place: the views see the new values
+    assert all(not torch.equal(before[k], state.params[k]) for k in before)
+    m = state.opt_state["m"]
+    assert m["wq1"]._base is m["wq0"]._base  # the moments are stacked too
+
+
+def test_a_tensor_every_layer_reads_is_carried_through_the_scan() -> None:
+    _, text = _agree(3, table=True)
+    assert _rolled(text)
+
+
+def test_a_parameter_read_outside_the_layers_too_is_sliced_from_its_stack() -> None:
+    def penalty(p: Any, hidden: Any) -> Any:
+        return op.sum(p["w10"] * p["w10"]) * 1e-2
+
+    _, text = _agree(3, extra=penalty)
+    assert _rolled(text) and "graph.slice" in text
+
+
+def test_layers_whose_outputs_are_read_elsewhere_stay_calls() -> None:
+    """Each layer's output feeds the loss too: no scan can give it, so the layers stay
+    region calls (updated one call per layer), with the same values."""
+
+    def every_layer(p: Any, hidden: Any) -> Any:
+        return sum(op.mean(h) for h in hidden[:-1]) * 0.1
+
+    _, text = _agree(3, extra=every_layer)
+    assert "graph.scan" not in text and text.count("graph.call @transformer_layer_fwd(") == 3
+    assert text.count("graph.call @_adamw_group(") == 3
+
+
+def test_a_weight_decay_mask_that_differs_between_layers_keeps_them_calls() -> None:
+    only_first = optim.AdamW(lr=1e-2, weight_decay_mask=lambda name: name == "wq0")
+    _, text = _agree(3, optimizer=only_first)
+    assert "graph.scan" not in text
+
+
+def test_a_weight_decay_mask_alike_in_every_layer_applies_to_the_stacks() -> None:
+    matrices = optim.AdamW(lr=1e-2, weight_decay=0.5, weight_decay_mask=lambda n: n[0] == "w")
+    _, text = _agree(3, optimizer=matrices)
+    assert _rolled(text)
+
+
+def test_every_option_at_once_rolls_and_agrees() -> None:
+    """ZeRO-2, bf16, clipping, accumulation and a warmup-cosine schedule (bf16 compute:
+    losses to 1e-2 relative, as tests/unit/test_scan.py's)."""
+    layers = 3
+    options = {
+        "zero": 2, "precision": "bf16", "clip_grad_norm": 0.5, "accumulate": 2,
+        "optimizer": optim.AdamW(lr=optim.schedules.warmup_cosine(1e-3, 2, 10)),
+    }  # fmt: skip
+    found = []
+    for regions in (False, True):
+        step = _step(layers, regions, **options)
+        state = step.init(comm_volume.layer_params(32, layers))
+        x = torch.randn(8, 8, 32, generator=torch.Generator().manual_seed(5))
+        text = _step_function(step.lower(state, x).as_text("graph"))
+        found.append([float(step(state, x)["loss"]) for _ in range(3)])
+    assert text.count("_scan_fwd(") == 2  # one per microbatch
+    assert found[1] == pytest.approx(found[0], rel=1e-2)
+
+
+def test_the_compiled_step_does_not_grow_with_depth() -> None:
+    """Schedule IR text and traced ops of the step at 4 and 16 layers: the same to 2%
+    (each more layer adds only its place in the stacks' shapes)."""
+    sizes = []
+    for layers in (4, 16):
+        step = _step(layers, True)
+        state = step.init({k: torch.empty(v.shape) for k, v in comm_volume.layer_params(32, layers, False).items()})
+        lowered = step.lower(state, torch.empty(4, 8, 32))
+        sizes.append((len(lowered.as_text("schedule")), sum(1 for _ in lowered.module_at("graph").walk())))
+    (text4, ops4), (text16, ops16) = sizes
+    assert text16 < 1.02 * text4 and ops16 == ops4, sizes
