@@ -14,6 +14,7 @@ kernels and launched kernels per layer. Nothing runs. ``--forward`` compiles the
     python benchmarks/compile_time.py --torch-compile          # adds torch.compile's first call
     python benchmarks/compile_time.py --second-process         # cold and warm program cache
     python benchmarks/compile_time.py --regions --layers 8 64  # each layer a graph.region call
+    python benchmarks/compile_time.py --regions --calls --layers 8 64  # ... kept as calls
     python benchmarks/compile_time.py --scan --layers 8 64     # stacked layers, one graph.scan
     python benchmarks/compile_time.py --model llama3-405b --regions --layers 126 --dims 2 1024 0 0
 
@@ -52,12 +53,17 @@ STEPS = [*STAGES[1:], "triton"]
 LAYER_PARAMS = ("wq", "wk", "wv", "wo", "w1", "w2", "ln1_w", "ln1_b", "ln2_w", "ln2_b")
 
 
-def _program(layers: int, heads: int, forward: bool, regions: bool = False) -> Any:
+def _program(
+    layers: int, heads: int, forward: bool, regions: bool = False, scan_layers: bool = True
+) -> Any:
     """The jitted forward (batch over dp, Megatron layouts over tp) or the training step;
-    with ``regions`` each layer is a call of one ``graph.region``."""
+    with ``regions`` each layer is a call of one ``graph.region`` (which the training step
+    stacks and rolls into one scan unless ``scan_layers`` is False)."""
     mesh = dist.mesh({"dp": 2, "tp": 2})
     if not forward:
-        return comm_volume.training_step(mesh, 0, layers, heads, True, regions)
+        return comm_volume.training_step(
+            mesh, 0, layers, heads, True, regions, scan_layers=scan_layers
+        )
     batch_spec, layout = comm_volume.layouts(mesh, True)
     layer = graph.region(comm_volume.transformer_layer) if regions else comm_volume.transformer_layer
 
@@ -74,7 +80,7 @@ LLAMA3_405B = {"vocab": 128256, "dim": 16384, "heads": 128, "kv_heads": 8, "ffn"
 
 
 def llama_405b_step(
-    layers: int, seq: int, regions: bool, scan: bool = False
+    layers: int, seq: int, regions: bool, scan: bool = False, scan_layers: bool = True
 ) -> tuple[Any, tuple[Any, ...]]:
     """Llama-3-405B's training step at real width (``examples/llama.py``: GQA, SwiGLU,
     RoPE; AdamW, ZeRO-1) on a dp × tp = 2 × 8 mesh, Megatron layouts with a
@@ -115,7 +121,7 @@ def llama_405b_step(
 
     train = graph.training_step(
         step, optimizer=optim.AdamW(lr=1e-4), mesh=mesh, param_shardings=layouts, zero=1,
-        kernels="reference",
+        kernels="reference", scan_layers=scan_layers,
     )  # fmt: skip
     tokens = torch.empty(2, seq, dtype=torch.int64, device="meta")
     return train, (train.init(params), tokens, tokens)
@@ -145,11 +151,12 @@ def measure(
     regions: bool = False,
     model: str = "gpt",
     scan: bool = False,
+    scan_layers: bool = True,
 ) -> dict[str, float]:
     """Seconds and op counts of each compile stage for one layer count."""
     batch, seq, dim, heads = dims
     if model == "llama3-405b":
-        program, arguments = llama_405b_step(layers, seq, regions, scan)
+        program, arguments = llama_405b_step(layers, seq, regions, scan, scan_layers)
     elif scan:  # stacked parameters, one graph.scan over the layers
         shapes = comm_volume.layer_params(dim, layers, materialize=False)
         params = comm_volume.stacked({k: torch.empty(v.shape) for k, v in shapes.items()}, layers)
@@ -158,7 +165,7 @@ def measure(
     else:
         shapes = comm_volume.layer_params(dim, layers, materialize=False)
         params = {k: torch.empty(v.shape) for k, v in shapes.items()}
-        program = _program(layers, heads, forward, regions)
+        program = _program(layers, heads, forward, regions, scan_layers)
         x = torch.empty(batch, seq, dim)
         # allocating AdamW's moments: not part of the compile
         arguments = (params if forward else program.init(params), x)
@@ -234,6 +241,7 @@ def second_process(layers: int, args: argparse.Namespace) -> dict[str, float]:
             command += ["--stages", *RUN_NEEDS, "--dims", *map(str, args.dims)]
             command += ["--forward"] if args.forward else []
             command += ["--regions"] if args.regions else []
+            command += ["--calls"] if args.calls else []
             command += ["--model", args.model] + (["--scan"] if args.scan else [])
             done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
             row[which] = json.loads(done.stdout.splitlines()[-1])["total s"]
@@ -248,6 +256,12 @@ def main() -> None:
     parser.add_argument("--forward", action="store_true", help="the forward alone")
     parser.add_argument(
         "--regions", action="store_true", help="each layer a call of one graph.region"
+    )
+    parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="with --regions: the training step keeps each layer a call (scan_layers=False) "
+        "instead of stacking the layers and rolling them into one graph.scan",
     )
     parser.add_argument(
         "--scan", action="store_true", help="stacked parameters, the layers one graph.scan"
@@ -276,7 +290,16 @@ def main() -> None:
     rows = []
     for layers in args.layers:
         runs = [
-            measure(layers, steps, dims, args.forward, args.regions, args.model, args.scan)
+            measure(
+                layers,
+                steps,
+                dims,
+                args.forward,
+                args.regions,
+                args.model,
+                args.scan,
+                not args.calls,
+            )
             for _ in range(args.repeat)
         ]
         row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -295,7 +318,11 @@ def main() -> None:
     columns = list(dict.fromkeys(c for _, row in rows for c in row))
     what = "forward" if args.forward else "training step"
     layers_as = (
-        "one graph.scan" if args.scan else "graph.region calls" if args.regions else "unrolled layers"
+        "one graph.scan"
+        if args.scan
+        else "graph.region calls" + (", kept as calls" if args.calls else ", stacked: one graph.scan")
+        if args.regions
+        else "unrolled layers"
     )
     if args.model == "llama3-405b":
         print(

@@ -4,8 +4,9 @@ the bytes they move.
 
 The step is ``benchmarks/comm_volume.py``'s (pre-LN transformer layers with Megatron
 tensor parallelism, a mean-square loss, ``graph.backward`` and AdamW) on a dp × tp =
-2 × 2 virtual mesh; ``regions`` makes each layer a call of one ``graph.region``,
-``scan`` stacks each parameter over the layers and steps one ``graph.scan`` over them.
+2 × 2 virtual mesh; ``regions`` makes each layer a call of one ``graph.region`` (which
+the training step stacks and rolls into one scan: ``tessera.training.layer_stacks``),
+``calls`` the same kept as calls (``scan_layers=False``), ``scan`` stacks each parameter over the layers and steps one ``graph.scan`` over them.
 For each layer count, ZeRO stage and form it compiles the step to its schedule (nothing
 runs) and prints ``plan-memory``'s per-rank peak, the dp collectives by kind (a scan's
 step counted once per layer), the bytes they move per rank (in their dtypes), and the
@@ -35,7 +36,7 @@ from tessera.backends.collective_info import collectives
 
 def measure(layers: int, zero: int, form: str, args: argparse.Namespace) -> dict[str, object]:
     """Peak bytes, dp collective counts, dp bytes received per rank and simulated seconds
-    (``form``: unrolled, regions or scan)."""
+    (``form``: unrolled, regions, calls or scan)."""
     mesh = dist.mesh({"dp": 2, "tp": 2})
     shapes = comm_volume.layer_params(args.dim, layers, materialize=False)
     params = {k: torch.empty(v.shape) for k, v in shapes.items()}
@@ -44,8 +45,10 @@ def measure(layers: int, zero: int, form: str, args: argparse.Namespace) -> dict
         params = comm_volume.stacked(params, layers)
         step = comm_volume.scan_training_step(mesh, zero, args.heads, **options)
     else:
-        regions = form == "regions"
-        step = comm_volume.training_step(mesh, zero, layers, args.heads, True, regions, **options)
+        regions = form in ("regions", "calls")
+        step = comm_volume.training_step(
+            mesh, zero, layers, args.heads, True, regions, scan_layers=form != "calls", **options
+        )
     lowered = step.lower(step.init(params), torch.empty(args.batch, args.seq, args.dim))
     moves = [i for i in collectives(lowered.module_at("schedule")) if "dp" in i.mesh_axes]
     return {
@@ -66,7 +69,7 @@ def main() -> None:
     parser.add_argument("--precision", default=None, help="the step's precision (bf16, fp16...)")
     parser.add_argument("--accumulate", type=int, default=1, help="microbatches per step")
     parser.add_argument("--forms", nargs="+", default=["unrolled", "scan"],
-                        choices=["unrolled", "regions", "scan"])  # fmt: skip
+                        choices=["unrolled", "regions", "calls", "scan"])  # fmt: skip
     args = parser.parse_args()
     print(
         f"dp × tp = 2 × 2, hidden {args.dim}, {args.heads} heads, batch {args.batch}, "

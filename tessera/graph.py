@@ -70,7 +70,9 @@ def backward(loss: Tensor, params: Any = None, remat: Remat | str | bool | None 
     """Gradients of the scalar ``loss`` with respect to the tensors of ``params`` (by
     default, inside ``@graph.training_step``, the step's parameters). ``remat`` is the
     policy for the ``graph.checkpoint`` blocks (default: the training step's, else
-    nothing saved)."""
+    nothing saved). Chains of region calls over slices of stacked parameters (a training
+    step's layer stacks) first become one ``graph.scan`` each
+    (:mod:`tessera.frontend.roll_regions`)."""
     if not isinstance(loss, Tensor):
         raise TraceError(
             f"graph.backward expects a traced scalar loss, found {type(loss).__name__} at {user_location()}"

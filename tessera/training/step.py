@@ -44,6 +44,11 @@ scanned stacks; the step is traced again when it does): each step of the scan th
 reduce-scatters its layer's gradients and, under ZeRO-3, gathers its layer's parameters
 (the gathers move into the scan's step), as the unrolled layers do.
 
+Layers that are calls of one ``graph.region`` are kept stacked and run as one
+``graph.scan`` (``scan_layers``, default on; :mod:`tessera.training.layer_stacks`): the
+program takes each group of like layer parameters as one stack, and the state's leaves
+are views into the stacks.
+
 The step's program donates the parameters and optimizer state (``donate_argnums``):
 ``plan-memory`` lets the update write in their place, and the runtime copies the new
 values into the tensors of the :class:`TrainState`. On the virtual mesh these are the
@@ -292,7 +297,8 @@ class TrainingStep:
     def init(self, params: Any) -> TrainState:
         """The training state for ``params`` (a pytree of float tensors) and fresh
         optimizer state. On the virtual mesh ``params`` are kept, not copied: steps update
-        them in place. Under ``tessera run`` the state holds this rank's shards (copies:
+        them in place (layers the step stacks are copied into their stacks at the first
+        step, and the state's leaves become views into them: read them from the state). Under ``tessera run`` the state holds this rank's shards (copies:
         ``params`` are never updated); :meth:`gather` and :meth:`state_dict` give the
         whole state."""
         params = _float_tensors(params)
@@ -478,12 +484,14 @@ class TrainingStep:
         stacks = self._stacks.get(tree)
         if stacks is None:
             return state.params, state.opt_state
-        params, param_leaves = layer_stacks.stacked_storage(param_leaves, stacks.entries)
-        state.params = pytree.unflatten(tree, param_leaves)
+        params, views = layer_stacks.stacked_storage(param_leaves, stacks.entries)
+        if any(a is not b for a, b in zip(views, param_leaves, strict=True)):
+            state.params = pytree.unflatten(tree, views)
         entries, program_tree = layer_stacks.state_entries(self.optimizer, tree, stacks)
         state_leaves, state_tree = pytree.flatten(state.opt_state)
-        opt_state, state_leaves = layer_stacks.stacked_storage(state_leaves, entries)
-        state.opt_state = pytree.unflatten(state_tree, state_leaves)
+        opt_state, views = layer_stacks.stacked_storage(state_leaves, entries)
+        if any(a is not b for a, b in zip(views, state_leaves, strict=True)):
+            state.opt_state = pytree.unflatten(state_tree, views)
         return pytree.unflatten(stacks.tree(), params), pytree.unflatten(program_tree, opt_state)
 
     def _found_scanned_stacks(self, state: TrainState) -> bool:

@@ -184,3 +184,59 @@ def test_the_compiled_step_does_not_grow_with_depth() -> None:
         sizes.append((len(lowered.as_text("schedule")), sum(1 for _ in lowered.module_at("graph").walk())))
     (text4, ops4), (text16, ops16) = sizes
     assert text16 < 1.02 * text4 and ops16 == ops4, sizes
+
+
+def test_llama_layers_as_regions_roll_and_train_as_unrolled() -> None:
+    """The Llama example (GQA, SwiGLU, RoPE; each layer a checkpointed block) as region
+    calls on dp × tp with ZeRO-1 and remat: rolled into one scan, the same losses and
+    parameters as the unrolled layers after two AdamW steps (float64: 1e-9)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import llama
+
+    config = llama.LlamaConfig(layers=3)
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, config.vocab, (4, config.seq), generator=g)
+    targets = torch.randint(0, config.vocab, (4, config.seq), generator=g)
+    found = []
+    for regions in (False, True):
+
+        def step(p: Any, t: Any, y: Any, regions: bool = regions) -> Any:
+            loss = llama.loss(p, t, y, config, regions=regions)
+            return graph.backward(loss), {"loss": loss}
+
+        params = llama.init_params(config, dtype=torch.float64)
+        train = graph.training_step(
+            step, optimizer=optim.AdamW(lr=1e-2), mesh=MESH, zero=1, remat="nothing",
+            param_shardings=llama.megatron_layout(params), kernels="reference",
+        )  # fmt: skip
+        state = train.init(params)
+        text = _step_function(train.lower(state, tokens, targets).as_text("graph"))
+        losses = [float(train(state, tokens, targets)["loss"]) for _ in range(2)]
+        found.append((losses, {k: v.clone() for k, v in state.params.items()}, text))
+    (losses, params, _), (region_losses, region_params, text) = found
+    assert _rolled(text)
+    assert region_losses == pytest.approx(losses, rel=1e-9)
+    for name, value in params.items():
+        torch.testing.assert_close(region_params[name], value, rtol=1e-9, atol=1e-12)
+
+
+def test_an_error_in_the_step_function_names_the_users_line() -> None:
+    """The first compile traces the forward once to find the layers; an error there is
+    the step's own error, raised by its trace at the user's line, not a failure to find
+    the layers."""
+    layer = graph.region(comm_volume.transformer_layer)
+
+    def step(p: Any, x: Any) -> Any:
+        x = layer(x, {n: p[f"{n}0"] for n in NAMES}, 4)
+        loss = op.mean(x @ p["w10"] @ p["w10"])  # [4, 8, 32] @ [32, 128] @ [32, 128]
+        return graph.backward(loss), {"loss": loss}
+
+    specs = {f"{n}0": s for n, s in LAYOUT.items()}
+    train = graph.training_step(
+        step, optimizer=optim.AdamW(lr=1e-2), mesh=MESH, param_shardings=specs,
+        kernels="reference",
+    )  # fmt: skip
+    state = train.init(comm_volume.layer_params(32, 1))
+    with pytest.raises(Exception, match=r"test_layer_stacks\.py:\d+") as error:
+        train(state, torch.randn(4, 8, 32))
+    assert "matmul" in str(error.value)

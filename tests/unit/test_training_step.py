@@ -236,7 +236,7 @@ def test_the_training_step_options_are_defined_once() -> None:
     assert [p.name for p in expected] == [
         "optimizer", "mesh", "param_shardings", "batch_shardings", "zero", "dp_axis",
         "kernels", "module", "pp_axis", "remat", "clip_grad_norm", "accumulate",
-        "precision", "numerics", "cuda_graphs",
+        "precision", "numerics", "cuda_graphs", "scan_layers",
     ]  # fmt: skip
     assert options(graph.training_step) == expected
     assert options(PipelinedTrainingStep) == expected
