@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,6 +94,21 @@ class DistTensor:
             step = self.shape[dim] // pieces
             index.append(slice(position * step, (position + 1) * step))
         return self.data[tuple(index)]
+
+    def with_local(self, shard: torch.Tensor) -> DistTensor:
+        """This per-rank value with ``shard`` as its rank's piece (same shape, dtype and
+        layout): e.g. a view of the piece in a larger buffer."""
+        if self._shard is None or self._data is not None:
+            raise ShardingError("with_local: this dist.tensor was not built from a local shard")
+        rank, piece = self._shard
+        if shard.shape != piece.shape or shard.dtype != piece.dtype:
+            raise ShardingError(
+                f"with_local: the new shard is {shard.dtype}{list(shard.shape)}, the old "
+                f"{piece.dtype}{list(piece.shape)}"
+            )
+        value = copy.copy(self)
+        value._shard = (rank, shard)
+        return value
 
     def __repr__(self) -> str:
         return f"DistTensor(shape={list(self.shape)}, sharding={self.sharding}, {self.mesh})"

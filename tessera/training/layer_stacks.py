@@ -22,8 +22,8 @@ stacked layers do by hand, the step keeps each group of like parameters (every l
    ``graph.scan`` over the stacks before it differentiates, and the optimizer updates the
    stacks (:meth:`LayerStacks.restacked` gives it their gradients).
 
-Under ``tessera run`` (a process per rank) and on pipelined steps the layers stay
-separate arguments for now.
+Under ``tessera run`` (a process per rank) the stacks are this rank's shards of them
+(:func:`stacked_shards`). Pipelined steps keep their layers separate for now.
 """
 
 from __future__ import annotations
@@ -36,11 +36,14 @@ import torch
 from xdsl.ir import BlockArgument, SSAValue
 
 from tessera import op
+from tessera.dist.shard_spec import ShardSpec
+from tessera.dist.tensor import DistTensor
 from tessera.dtypes import as_dtype
 from tessera.frontend import pytree
 from tessera.frontend.roll_regions import region_chains
 from tessera.frontend.tracer import SliceTensor, Tensor, Trace, tracing
 from tessera.ir.abstract import AbstractTensor
+from tessera.ir.sharding import Sharding
 
 # a program's state leaves in order, each a stack of the user's leaves (their indices,
 # in layer order) or one of them (its index)
@@ -175,6 +178,30 @@ def stacked_storage(
             for index, leaf in enumerate(entry):
                 leaves[leaf] = base[index]
         storage.append(base)
+    return storage, leaves
+
+
+def stacked_shards(
+    leaves: Sequence[DistTensor], entries: Entries, layouts: Sequence[Sharding], mesh: Any, rank: int
+) -> tuple[list[DistTensor], list[DistTensor]]:
+    """:func:`stacked_storage` for a state held as this rank's shards (``tessera run``):
+    a stack's shard is its layers' shards stacked (its layout, ``layouts``, is theirs
+    after a whole dim 0), and each layer's shard becomes a view into it."""
+    leaves = list(leaves)
+    storage = []
+    for entry, layout in zip(entries, layouts, strict=True):
+        if not isinstance(entry, tuple):
+            storage.append(leaves[entry])
+            continue
+        members = [leaves[i] for i in entry]
+        pieces = [m.local(rank) for m in members]
+        base = pieces[0]._base
+        if base is None or not _views_of(base, pieces):
+            base = torch.stack([p.detach() for p in pieces])
+            for index, leaf in enumerate(entry):
+                leaves[leaf] = members[index].with_local(base[index])
+        spec = ShardSpec.from_sharding(layout)
+        storage.append(DistTensor.from_local(base, spec, mesh, rank, name="a layer stack"))
     return storage, leaves
 
 

@@ -309,7 +309,7 @@ class TrainingStep:
         fault_injection.before_step(state.step)  # off unless TESSERA_FAULT_INJECT is set
         self._placed(state)
         lowered = self.lower(state, *batch)
-        params, opt_state = self._program_state(state)
+        params, opt_state = self._program_state(state, self._compiled(state, batch)[1])
         with numerics_policy.mode_of(self.numerics):  # the collectives' order as compiled
             new_params, new_opt_state, metrics = lowered(params, opt_state, *batch)
         for old, new in zip(
@@ -476,20 +476,32 @@ class TrainingStep:
         opt_state = layer_stacks.by_entries(entries, pytree.flatten(state.opt_state)[0], _meta_stack)
         return pytree.unflatten(stacks.tree(), params), pytree.unflatten(program_tree, opt_state)
 
-    def _program_state(self, state: TrainState) -> tuple[Any, Any]:
-        """The parameters and optimizer state as the step's program takes them: the
-        state's own, or, for a step that stacks its layers, their stacks (made on first
-        use: the state's leaves become views into them; :mod:`.layer_stacks`)."""
+    def _program_state(self, state: TrainState, layouts: _Layouts) -> tuple[Any, Any]:
+        """The parameters and optimizer state as the step's program (laid out as
+        ``layouts``) takes them: the state's own, or, for a step that stacks its layers,
+        their stacks (made on first use: the state's leaves become views into them;
+        :mod:`.layer_stacks`)."""
         param_leaves, tree = pytree.flatten(state.params)
         stacks = self._stacks.get(tree)
         if stacks is None:
             return state.params, state.opt_state
-        params, views = layer_stacks.stacked_storage(param_leaves, stacks.entries)
-        if any(a is not b for a, b in zip(views, param_leaves, strict=True)):
-            state.params = pytree.unflatten(tree, views)
         entries, program_tree = layer_stacks.state_entries(self.optimizer, tree, stacks)
         state_leaves, state_tree = pytree.flatten(state.opt_state)
-        opt_state, views = layer_stacks.stacked_storage(state_leaves, entries)
+        if self._processes():  # this rank's shards
+            assert self.mesh is not None
+            rank = distributed.runtime().rank
+            params, views = layer_stacks.stacked_shards(
+                param_leaves, stacks.entries, layouts.stored, self.mesh, rank
+            )
+            opt_state, opt_views = layer_stacks.stacked_shards(
+                state_leaves, entries, layouts.opt_state, self.mesh, rank
+            )
+        else:
+            params, views = layer_stacks.stacked_storage(param_leaves, stacks.entries)
+            opt_state, opt_views = layer_stacks.stacked_storage(state_leaves, entries)
+        if any(a is not b for a, b in zip(views, param_leaves, strict=True)):
+            state.params = pytree.unflatten(tree, views)
+        views = opt_views
         if any(a is not b for a, b in zip(views, state_leaves, strict=True)):
             state.opt_state = pytree.unflatten(state_tree, views)
         return pytree.unflatten(stacks.tree(), params), pytree.unflatten(program_tree, opt_state)
@@ -577,7 +589,7 @@ class TrainingStep:
     ) -> LayerStacks | None:
         """The layers this step keeps stacked for parameters ``leaves`` (None: none, or
         it runs a process per rank, where they stay separate for now)."""
-        if self._processes() or not self.scan_layers:
+        if not self.scan_layers:
             return None
         compute = self._layouts(leaves, tree).compute
         decayed = self._decay_flags(tree, len(leaves))

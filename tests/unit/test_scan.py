@@ -337,20 +337,21 @@ def test_outside_tracing_scan_runs_step_by_step() -> None:
 
 
 def test_regions_and_scans_over_four_processes() -> None:
-    """The same training step unrolled, as region calls and as a scan, each process
-    running its rank's programs with gloo collectives: the three agree on every rank."""
+    """The same training step unrolled, as region calls (stacked and rolled into a scan,
+    and kept as calls) and as a scan, each process running its rank's programs with gloo
+    collectives: the four agree on every rank."""
     from test_distributed import SCRIPTS, tessera_run
 
     result = tessera_run(4, SCRIPTS / "regions.py", kernels="reference", limit=240.0, timeout=180.0)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in range(4):
-        assert f"rank {rank}: unrolled, regions and scan losses" in result.stdout
+        assert f"rank {rank}: unrolled, regions, calls and scan losses" in result.stdout
 
 
 def test_zero3_regions_and_scans_over_four_processes() -> None:
     """The same under ZeRO-3: each process re-cuts its shards of the scan's stacks when
     the first trace finds them scanned (the stacks move from a split over the layers to
-    a split inside each layer), and the three forms still agree on every rank."""
+    a split inside each layer), and the four forms still agree on every rank."""
     from test_distributed import SCRIPTS, tessera_run
 
     result = tessera_run(
@@ -358,7 +359,7 @@ def test_zero3_regions_and_scans_over_four_processes() -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in range(4):
-        assert f"rank {rank}: unrolled, regions and scan losses" in result.stdout
+        assert f"rank {rank}: unrolled, regions, calls and scan losses" in result.stdout
 
 
 def test_every_training_option_at_once_agrees_unrolled_regions_and_scan() -> None:
