@@ -511,7 +511,6 @@ def register_operators(module: Any) -> None:
     _operators = module
 
 
-
 class SliceTensor(Tensor):
     """``stack[index]`` traced lazily (:meth:`Trace.lazy_slices`): its value is a
     placeholder until an op reads it, then the slice's."""

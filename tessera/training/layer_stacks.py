@@ -78,6 +78,10 @@ class LayerStacks:
         """The program's parameters as :data:`Entries`."""
         return [*self.groups, *self.rest]
 
+    def storage_shapes(self, shapes: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The program's parameters' shapes from the step function's."""
+        return by_entries(self.entries, shapes, lambda group: (len(group), *group[0]))
+
     def unstacked(self, used: Sequence[Tensor]) -> list[Tensor]:
         """While tracing: the step function's parameters from the program's (``used``): each
         grouped one a lazy slice of its stack (:meth:`Trace.lazy_slices`)."""
@@ -151,8 +155,9 @@ def find(
     taken: set[int] = set()
     for chain in region_chains(trace.block, stack_of):
         found = [g for g in chain.stacked.values() if isinstance(g, tuple)]
-        if any(taken & set(g) for g in found):
-            continue  # a leaf another chain reads too: these layers stay calls
+        leaves = [i for group in found for i in group]
+        if len(set(leaves)) != len(leaves) or taken & set(leaves):
+            continue  # a leaf in two stacks: these layers stay calls
         for group in found:
             taken |= set(group)
             groups.append(group)

@@ -298,9 +298,9 @@ class TrainingStep:
         """The training state for ``params`` (a pytree of float tensors) and fresh
         optimizer state. On the virtual mesh ``params`` are kept, not copied: steps update
         them in place (layers the step stacks are copied into their stacks at the first
-        step, and the state's leaves become views into them: read them from the state). Under ``tessera run`` the state holds this rank's shards (copies:
-        ``params`` are never updated); :meth:`gather` and :meth:`state_dict` give the
-        whole state."""
+        step, and the state's leaves become views into them: read them from the state).
+        Under ``tessera run`` the state holds this rank's shards (copies: ``params`` are
+        never updated); :meth:`gather` and :meth:`state_dict` give the whole state."""
         params = _float_tensors(params)
         return self._placed(TrainState(params, self.optimizer.init(params)))
 
@@ -501,9 +501,8 @@ class TrainingStep:
             opt_state, opt_views = layer_stacks.stacked_storage(state_leaves, entries)
         if any(a is not b for a, b in zip(views, param_leaves, strict=True)):
             state.params = pytree.unflatten(tree, views)
-        views = opt_views
-        if any(a is not b for a, b in zip(views, state_leaves, strict=True)):
-            state.opt_state = pytree.unflatten(state_tree, views)
+        if any(a is not b for a, b in zip(opt_views, state_leaves, strict=True)):
+            state.opt_state = pytree.unflatten(state_tree, opt_views)
         return pytree.unflatten(stacks.tree(), params), pytree.unflatten(program_tree, opt_state)
 
     def _found_scanned_stacks(self, state: TrainState) -> bool:
@@ -588,7 +587,7 @@ class TrainingStep:
         self, leaves: Sequence[Any], tree: pytree.TreeDef, batch: Sequence[Any]
     ) -> LayerStacks | None:
         """The layers this step keeps stacked for parameters ``leaves`` (None: none, or
-        it runs a process per rank, where they stay separate for now)."""
+        ``scan_layers`` is off)."""
         if not self.scan_layers:
             return None
         compute = self._layouts(leaves, tree).compute
@@ -602,9 +601,11 @@ class TrainingStep:
         def micro(x: Any) -> Any:  # the shapes the step's function sees
             if not isinstance(x, torch.Tensor) or self.accumulate == 1 or x.ndim == 0:
                 return x
-            return torch.empty((x.shape[0] // self.accumulate, *x.shape[1:]), dtype=x.dtype, device="meta")
+            shape = (x.shape[0] // self.accumulate, *x.shape[1:])
+            return torch.empty(shape, dtype=x.dtype, device="meta")
 
-        micro_batch = [pytree.unflatten(t, [micro(x) for x in xs]) for xs, t in map(pytree.flatten, batch)]
+        flat = [pytree.flatten(b) for b in batch]
+        micro_batch = [pytree.unflatten(structure, [micro(x) for x in xs]) for xs, structure in flat]
         return layer_stacks.find(
             self.fn, tree, avals, micro_batch, self.mesh, alike,
             lambda used: tracing_step(StepTrace(used, self.remat, recorded=[])),
@@ -624,8 +625,10 @@ class TrainingStep:
         inner = _innermost(self.optimizer)
         if stacks is None or getattr(inner, "weight_decay_mask", None) is None:
             return self.optimizer
-        flags = layer_stacks.by_entries(stacks.entries, self._decay_flags(tree, stacks.count), lambda g: g[0])
-        return _with_inner(self.optimizer, dataclasses.replace(inner, weight_decay_mask=pytree.unflatten(stacks.tree(), flags)))
+        flags = self._decay_flags(tree, stacks.count)
+        stacked = layer_stacks.by_entries(stacks.entries, flags, lambda group: group[0])
+        mask = pytree.unflatten(stacks.tree(), stacked)
+        return _with_inner(self.optimizer, dataclasses.replace(inner, weight_decay_mask=mask))
 
     def _batch_specs(self, count: int) -> tuple[Any, ...]:
         """One spec (or pytree prefix of specs) per batch argument."""
@@ -649,12 +652,10 @@ class TrainingStep:
         """The layouts of the parameters ``leaves`` (of ``tree``), or, with ``stacks``, of
         the program's parameters: each stack laid out as its layers, dim 0 whole."""
         shapes = [tuple(int(d) for d in leaf.shape) for leaf in leaves]
-        if stacks is not None:
-            shapes = layer_stacks.by_entries(stacks.entries, shapes, lambda g: (len(g), *g[0]))
         if self.mesh is None:
-            whole = [Sharding.replicated(len(s)) for s in shapes]
+            program = shapes if stacks is None else stacks.storage_shapes(shapes)
+            whole = [Sharding.replicated(len(s)) for s in program]
             return _Layouts(whole, whole, whole, whole)
-        shapes = [tuple(int(d) for d in leaf.shape) for leaf in leaves]
         specs = broadcast_prefix(self.param_shardings, tree, "param_shardings")
         compute = []
         for spec, shape, path in zip(specs, shapes, leaf_paths(tree), strict=True):
@@ -671,9 +672,9 @@ class TrainingStep:
                 )
             compute.append(sharding)
         scanned = self._scanned.get(tree, frozenset())
-        if stacks is not None:
+        if stacks is not None:  # the program's parameters: the stacks, then the others
             compute = layer_stacks.by_entries(stacks.entries, compute, _stacked_layout)
-            shapes = layer_stacks.by_entries(stacks.entries, shapes, lambda g: (len(g), *g[0]))
+            shapes = stacks.storage_shapes(shapes)
             scanned = scanned | frozenset(range(len(stacks.groups)))
         if self.dp_axis is None:
             return _Layouts(compute, compute, compute, compute)
