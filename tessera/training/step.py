@@ -290,6 +290,7 @@ class TrainingStep:
         self._found_scanned: set[int] = set()
         # per parameter tree: the layers it keeps stacked (tessera.training.layer_stacks)
         self._stacks: dict[pytree.TreeDef, LayerStacks | None] = {}
+        self._entries: dict[pytree.TreeDef, tuple[layer_stacks.Entries, pytree.TreeDef]] = {}
         self._fp8_tensors = 0  # delayed fp8 scaling: the fp8 tensors the step quantises
 
     # --- user API ---------------------------------------------------------------------------
@@ -453,14 +454,16 @@ class TrainingStep:
         jitted, layouts = self._compiled(state, batch)
         with numerics_policy.mode_of(self.numerics):  # read into the program's config
             self._found_scanned = set()
-            lowered = jitted.lower(*self._program_types(state), *batch)
+            params, opt_state = self._program_types(state)
+            lowered = jitted.lower(params, opt_state, *batch)
             if self._found_scanned_stacks(state):  # ZeRO laid them out over the layers
                 self._placed(state, relaid=True)
                 jitted, layouts = self._compiled(state, batch)
-                lowered = jitted.lower(*self._program_types(state), *batch)
+                params, opt_state = self._program_types(state)
+                lowered = jitted.lower(params, opt_state, *batch)
             if self.precision.delayed and self._sized_histories(state):
-                lowered = jitted.lower(*self._program_types(state), *batch)
-        params, opt_state = self._program_types(state)
+                params, opt_state = self._program_types(state)
+                lowered = jitted.lower(params, opt_state, *batch)
         lowered.model_states = lambda: self._model_states(lowered, params, opt_state, layouts)
         return lowered
 
@@ -471,7 +474,7 @@ class TrainingStep:
         stacks = self._stacks.get(tree)
         if stacks is None:
             return state.params, state.opt_state
-        entries, program_tree = layer_stacks.state_entries(self.optimizer, tree, stacks)
+        entries, program_tree = self._state_entries(tree, stacks)
         params = layer_stacks.by_entries(stacks.entries, param_leaves, _meta_stack)
         opt_state = layer_stacks.by_entries(entries, pytree.flatten(state.opt_state)[0], _meta_stack)
         return pytree.unflatten(stacks.tree(), params), pytree.unflatten(program_tree, opt_state)
@@ -485,7 +488,7 @@ class TrainingStep:
         stacks = self._stacks.get(tree)
         if stacks is None:
             return state.params, state.opt_state
-        entries, program_tree = layer_stacks.state_entries(self.optimizer, tree, stacks)
+        entries, program_tree = self._state_entries(tree, stacks)
         state_leaves, state_tree = pytree.flatten(state.opt_state)
         if self._processes():  # this rank's shards
             assert self.mesh is not None
@@ -504,6 +507,15 @@ class TrainingStep:
         if any(a is not b for a, b in zip(opt_views, state_leaves, strict=True)):
             state.opt_state = pytree.unflatten(state_tree, opt_views)
         return pytree.unflatten(stacks.tree(), params), pytree.unflatten(program_tree, opt_state)
+
+    def _state_entries(
+        self, tree: pytree.TreeDef, stacks: LayerStacks
+    ) -> tuple[layer_stacks.Entries, pytree.TreeDef]:
+        """:func:`layer_stacks.state_entries` for the parameter tree ``tree`` (once per tree:
+        every step asks)."""
+        if tree not in self._entries:
+            self._entries[tree] = layer_stacks.state_entries(self.optimizer, tree, stacks)
+        return self._entries[tree]
 
     def _found_scanned_stacks(self, state: TrainState) -> bool:
         """Whether the trace just made found parameters a ``graph.scan`` steps over that
