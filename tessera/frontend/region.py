@@ -27,7 +27,7 @@ marks go between calls, not inside a region. Outside tracing the function runs a
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,6 +231,24 @@ def _stacked(types: tuple[Any, ...], carries: int, length: int) -> list[Any]:
     return [*types[:carries], *(graph.scan_stack(t, length) for t in types[carries:])]
 
 
+def step_trace(
+    outer: Trace, name: str, avals: list[AbstractTensor], sunk: Sequence[ShardingAttr | None]
+) -> tuple[Trace, list[Tensor]]:
+    """The trace of a scan's step function, a private function of ``outer`` named after
+    ``name``, and its arguments: the last ``len(sunk)`` are slices, each with a ``sunk``
+    layout gathered to it first (:func:`_sunk_gather`)."""
+    name = outer.functions.unique_name(name)
+    body = Trace(name, avals, mesh=outer.mesh, functions=outer.functions, region=name)
+    body.regions = outer.regions  # a region called inside the step is traced once too
+    args = [Tensor(body, a) for a in body.block.args]
+    for index, layout in enumerate(sunk, start=len(args) - len(sunk)):
+        if layout is not None:
+            (args[index],) = body.bind(graph.ShardOp, [args[index]], sharding=layout)
+            args[index].value.owner.attributes[REGATHER] = IntegerAttr(body.checkpoints, i64)
+            body.checkpoints += 1
+    return body, args
+
+
 def _trace_step(
     fn: Callable[..., Any],
     outer: Trace,
@@ -245,15 +263,8 @@ def _trace_step(
     avals = [c.aval for c in carries] + [
         AbstractTensor(s.aval.shape[1:], s.aval.dtype) for s in slices
     ]
-    name = outer.functions.unique_name(_name(fn).strip("<>") or "scan")
-    body = Trace(name, avals, mesh=outer.mesh, functions=outer.functions, region=name)
-    body.regions = outer.regions
-    args = [Tensor(body, a) for a in body.block.args]
-    for index, layout in enumerate(sunk, start=len(carries)):
-        if layout is not None:
-            (args[index],) = body.bind(graph.ShardOp, [args[index]], sharding=layout)
-            args[index].value.owner.attributes[REGATHER] = IntegerAttr(body.checkpoints, i64)
-            body.checkpoints += 1
+    body, args = step_trace(outer, _name(fn).strip("<>") or "scan", avals, sunk)
+    name = body.name
     carry = pytree.unflatten(carry_tree, args[: len(carries)])
     x = pytree.unflatten(xs_tree, args[len(carries) :])
     with tracing(body):

@@ -28,11 +28,11 @@ from typing import Any
 from xdsl.dialects.builtin import IntegerAttr, i64
 from xdsl.ir import Attribute, Block, SSAValue
 
-from tessera.frontend.region import _stacked, _sunk_gather
+from tessera.frontend.region import _sunk_gather, step_trace
 from tessera.frontend.tracer import SliceTensor, Tensor, Trace
 from tessera.ir import graph
 from tessera.ir.abstract import AbstractTensor
-from tessera.transforms.remat import CHECKPOINT, REGATHER
+from tessera.transforms.remat import CHECKPOINT
 
 # given the values one operand has in each call of a chain, the stack they are the
 # slices of in order (a key), or None
@@ -131,7 +131,7 @@ def roll_region_chains(trace: Trace) -> dict[SSAValue, SliceTensor]:
         stacks = {p: trace.slices[first.operands[p]].stack for p in chain.stacked}
         _roll(trace, chain, stacks)
         for call in chain.calls:
-            rolled.update((v, trace.slices[v]) for p in chain.stacked if (v := call.operands[p]))
+            rolled.update((call.operands[p], trace.slices[call.operands[p]]) for p in chain.stacked)
         for call in reversed(chain.calls):
             trace.block.erase_op(call)
     return rolled
@@ -146,17 +146,18 @@ def _roll(trace: Trace, chain: Chain, stacks: dict[int, Tensor]) -> graph.ScanOp
     positions = sorted(stacks)
     gathers = [_sunk_gather(stacks[p]) for p in positions]
     sources = [stacks[p] if g is None else g[0] for p, g in zip(positions, gathers, strict=True)]
+    sunk = tuple(None if g is None else g[1] for g in gathers)
     key = (
-        "roll", first.callee_name, chain.carries, chain.invariant, tuple(positions),
-        tuple(None if g is None else g[1] for g in gathers), CHECKPOINT in first.attributes,
+        "roll", first.callee_name, chain.carries, chain.invariant, tuple(positions), sunk,
+        CHECKPOINT in first.attributes,
     )  # fmt: skip
     if key not in trace.regions:  # one step function however many chains share it
-        trace.regions[key] = _step_function(trace, chain, stacks, gathers)
+        trace.regions[key] = _step_function(trace, chain, stacks, sunk)
     name, types = trace.regions[key]
+    # every result a carry: the step returns the region's results and the invariants
     scan = graph.ScanOp.get(
-        name, [*carried, *(s.value for s in sources)], _stacked(tuple(types), len(types), len(chain.calls)),
-        len(chain.calls), len(types),
-    )  # fmt: skip
+        name, [*carried, *(s.value for s in sources)], types, len(chain.calls), len(types)
+    )
     scan.location = first.location
     trace.block.insert_op_before(scan, first)
     for old, new in zip(last.results, scan.results, strict=False):
@@ -165,7 +166,7 @@ def _roll(trace: Trace, chain: Chain, stacks: dict[int, Tensor]) -> graph.ScanOp
 
 
 def _step_function(
-    trace: Trace, chain: Chain, stacks: dict[int, Tensor], gathers: list[Any]
+    trace: Trace, chain: Chain, stacks: dict[int, Tensor], sunk: tuple[Any, ...]
 ) -> tuple[str, list[Attribute]]:
     """The scan's step: the region's body inlined (a call inside the step would end each
     layer's work at its boundary, as a call does), reading each stacked operand's slice
@@ -174,18 +175,10 @@ def _step_function(
     first = chain.calls[0]
     carried = [first.operands[p] for p in [*chain.carries, *chain.invariant]]
     positions = sorted(stacks)
-    name = trace.functions.unique_name(f"{first.callee_name}_scan")
     avals = [AbstractTensor.from_xdsl(v.type) for v in carried] + [
         AbstractTensor(stacks[p].aval.shape[1:], stacks[p].aval.dtype) for p in positions
     ]
-    body = Trace(name, avals, mesh=trace.mesh, functions=trace.functions, region=name)
-    body.regions = trace.regions
-    args = [Tensor(body, a) for a in body.block.args]
-    for index, gather in enumerate(gathers, start=len(carried)):
-        if gather is not None:
-            (args[index],) = body.bind(graph.ShardOp, [args[index]], sharding=gather[1])
-            args[index].value.owner.attributes[REGATHER] = IntegerAttr(body.checkpoints, i64)
-            body.checkpoints += 1
+    body, args = step_trace(trace, f"{first.callee_name}_scan", avals, sunk)
     by_position = dict(zip([*chain.carries, *chain.invariant, *positions], args, strict=True))
     callee = trace.functions.get(first.callee_name)
     mapping: dict[SSAValue, SSAValue] = {
@@ -206,4 +199,4 @@ def _step_function(
         body.checkpoints += 1
     outputs = [Tensor(body, r) for r in returned] + args[len(chain.carries) : len(carried)]
     trace.functions.add(body.finish_function(outputs, private=True))
-    return name, [t.value.type for t in outputs]
+    return body.name, [t.value.type for t in outputs]

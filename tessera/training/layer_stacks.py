@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from xdsl.ir import BlockArgument, SSAValue
+from xdsl.ir import SSAValue
 
 from tessera import op
 from tessera.dist.shard_spec import ShardSpec
@@ -142,7 +142,7 @@ def find(
     position = {a.value: i for i, a in enumerate(arguments[: len(params)])}
 
     def stack_of(values: list[SSAValue]) -> Hashable | None:
-        leaves = [position.get(v) if isinstance(v, BlockArgument) else None for v in values]
+        leaves = [position.get(v) for v in values]
         if any(i is None for i in leaves) or len(set(leaves)) != len(leaves):
             return None
         first = leaves[0]
